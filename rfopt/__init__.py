@@ -1,0 +1,46 @@
+"""rfopt: an Optuna-native engine for GRPO hyperparameter search.
+
+Each GRPO configuration (`TrialConfig`) is an Optuna trial; `Study.optimize` time-slices all live
+trials chunk by chunk on TRL's `GRPOTrainer`, reports every chunk's evaluation to Optuna, and lets
+Optuna's pruners stop losers at rung boundaries.
+
+    import optuna, rfopt
+    study = rfopt.create_study(study_name="demo", storage="sqlite:///rfopt.db",
+                               pruner=optuna.pruners.SuccessiveHalvingPruner())
+    study.optimize(space, train_dataset, eval_dataset, n_trials=8, num_chunks=4)
+    print(study.leaderboard_text())
+"""
+
+from .checkpoints import CheckpointError, CheckpointStore
+from .chunks import ChunkPlan, PlanError, TrialSchedule, trial_schedule
+from .config import ConfigError, TrialConfig
+from .evaluation import EvalResult, EvalSettings, RewardFunctionError
+from .models import ModelUnavailableError
+from .runner import TrialRunner
+from .spaces import grid
+from .study import LeaderboardRow, Study, create_study, load_study
+from .studyfile import StudySpec
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointStore",
+    "ChunkPlan",
+    "ConfigError",
+    "EvalResult",
+    "EvalSettings",
+    "LeaderboardRow",
+    "ModelUnavailableError",
+    "PlanError",
+    "RewardFunctionError",
+    "Study",
+    "StudySpec",
+    "TrialConfig",
+    "TrialRunner",
+    "TrialSchedule",
+    "create_study",
+    "grid",
+    "load_study",
+    "trial_schedule",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,218 @@
+"""The checkpoint store: each trial's latest state on disk, written durably, and its final adapter.
+
+Layout under the store's root::
+
+    trial-00003/
+        LATEST                 the name of the newest complete checkpoint (replaced atomically)
+        unit-0002/             one checkpoint: the state after the trial's third chunk unit
+            tensors.safetensors    weights, optimizer tensors, torch RNG state
+            state.json             counters, scheduler, optimizer groups, python/numpy RNG state
+        adapter/               the finished trial's adapter in PEFT format (PeftModel.from_pretrained loads it)
+
+A checkpoint is written to a temporary directory, fsynced, renamed into place, and only then named
+in ``LATEST``; older checkpoints are removed after that. A crash at any moment leaves the previous
+checkpoint intact and named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .runner import RngState, TrialState
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unreadable or corrupt; names the trial and the file."""
+
+
+class CheckpointStore:
+    """Checkpoints of a study's trials in a local directory."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def trial_dir(self, trial_number: int) -> Path:
+        return self.root / f"trial-{trial_number:05d}"
+
+    def adapter_dir(self, trial_number: int) -> Path:
+        return self.trial_dir(trial_number) / "adapter"
+
+    # ------------------------------------------------------------------ resume checkpoints
+    def save(self, trial_number: int, state: TrialState) -> Path:
+        """Write `state` durably as the trial's latest checkpoint and return its directory."""
+        from safetensors.torch import save_file
+
+        trial_dir = self.trial_dir(trial_number)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        name = f"unit-{state.units_done:04d}"
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=trial_dir))
+        try:
+            tensors, meta = _flatten(state)
+            save_file(tensors, str(staging / "tensors.safetensors"))
+            _write_durably(staging / "state.json", json.dumps(meta).encode())
+            _fsync_file(staging / "tensors.safetensors")
+            final = trial_dir / name
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+            _fsync_dir(trial_dir)
+            _write_durably(trial_dir / "LATEST", name.encode())
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        for old in trial_dir.glob("unit-*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def latest(self, trial_number: int) -> Path | None:
+        pointer = self.trial_dir(trial_number) / "LATEST"
+        if not pointer.exists():
+            return None
+        return self.trial_dir(trial_number) / pointer.read_text().strip()
+
+    def load(self, trial_number: int) -> TrialState | None:
+        """The trial's latest checkpoint, or None if it has none; `CheckpointError` if it is unreadable."""
+        from safetensors.torch import load_file
+
+        path = self.latest(trial_number)
+        if path is None:
+            return None
+        try:
+            meta = json.loads((path / "state.json").read_text())
+            tensors = load_file(str(path / "tensors.safetensors"))
+            return _unflatten(tensors, meta)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"trial {trial_number}: checkpoint {path} is unreadable: {exc}") from exc
+
+    # ------------------------------------------------------------------ final adapters
+    def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Path:
+        """Save a PEFT adapter so that ``PeftModel.from_pretrained(base, path)`` loads it."""
+        target = self.adapter_dir(trial_number)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".adapter.", dir=target.parent))
+        try:
+            model.save_pretrained(str(staging), selected_adapters=[adapter])
+            # PEFT puts every adapter but "default" in a subdirectory named after it.
+            saved = staging / adapter if (staging / adapter).is_dir() else staging
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(saved))
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(saved, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    def save_model(self, trial_number: int, model: Any, tokenizer: Any = None) -> Path:
+        """Save a fully fine-tuned model (no adapter) where the adapter would go."""
+        target = self.adapter_dir(trial_number)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".model.", dir=target.parent))
+        model.save_pretrained(str(staging))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staging))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+        return target
+
+
+def _flatten(state: TrialState) -> tuple[dict[str, Any], dict[str, Any]]:
+    import torch
+
+    tensors: dict[str, Any] = {f"weights.{k}": v.detach().contiguous().cpu() for k, v in state.weights.items()}
+    meta: dict[str, Any] = {
+        "units_done": state.units_done,
+        "global_step": state.global_step,
+        "tokens_seen": state.tokens_seen,
+        "scheduler": state.scheduler,
+        "optimizer": None,
+        "rng": None,
+    }
+    if state.optimizer is not None:
+        plain_state: dict[str, dict[str, Any]] = {}
+        for index, entry in state.optimizer["state"].items():
+            plain_state[str(index)] = {}
+            for key, value in entry.items():
+                if torch.is_tensor(value):
+                    tensors[f"optimizer.{index}.{key}"] = value.detach().contiguous().cpu()
+                    plain_state[str(index)][key] = {"tensor": f"optimizer.{index}.{key}"}
+                else:
+                    plain_state[str(index)][key] = value
+        meta["optimizer"] = {"state": plain_state, "param_groups": state.optimizer["param_groups"]}
+    if state.rng is not None:
+        tensors["rng.torch"] = state.rng.torch
+        for i, cuda_state in enumerate(state.rng.cuda):
+            tensors[f"rng.cuda.{i}"] = cuda_state
+        version, internal, gauss = state.rng.python
+        kind, keys, pos, has_gauss, cached = state.rng.numpy
+        meta["rng"] = {
+            "python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "cuda_devices": len(state.rng.cuda),
+        }
+    return tensors, meta
+
+
+def _unflatten(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialState:
+    import numpy as np
+
+    weights = {k[len("weights.") :]: v for k, v in tensors.items() if k.startswith("weights.")}
+    optimizer = None
+    if meta["optimizer"] is not None:
+        opt_state = {}
+        for index, entry in meta["optimizer"]["state"].items():
+            opt_state[int(index)] = {
+                key: tensors[value["tensor"]] if isinstance(value, dict) and "tensor" in value else value
+                for key, value in entry.items()
+            }
+        optimizer = {"state": opt_state, "param_groups": meta["optimizer"]["param_groups"]}
+    rng = None
+    if meta["rng"] is not None:
+        version, internal, gauss = meta["rng"]["python"]
+        kind, keys, pos, has_gauss, cached = meta["rng"]["numpy"]
+        rng = RngState(
+            python=(version, tuple(internal), gauss),
+            numpy=(kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+            torch=tensors["rng.torch"],
+            cuda=[tensors[f"rng.cuda.{i}"] for i in range(meta["rng"]["cuda_devices"])],
+        )
+    return TrialState(
+        units_done=meta["units_done"],
+        global_step=meta["global_step"],
+        tokens_seen=meta["tokens_seen"],
+        weights=weights,
+        optimizer=optimizer,
+        scheduler=meta["scheduler"],
+        rng=rng,
+    )
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

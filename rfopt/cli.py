@@ -1,0 +1,208 @@
+"""The ``rfopt`` command line.
+
+    rfopt run studies/arithmetic.py                 run (or continue) a study file
+    rfopt status [--study NAME]                     studies in a storage, and a study's leaderboard
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STORAGE = "sqlite:///rfopt.db"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("rfopt").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    _quiet_libraries(args.verbose)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted: rerun the same command to continue the study from its last committed chunks",
+              file=sys.stderr)
+        return 130
+    except (ValueError, LookupError, FileNotFoundError, RuntimeError) as exc:
+        if args.verbose:
+            raise
+        print(f"rfopt: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rfopt",
+        description="Optuna-native GRPO hyperparameter search: train many TRL GRPO configurations "
+        "concurrently, chunk by chunk, and let Optuna prune the losers.",
+        epilog="Storage defaults to %s (a SQLite file in the working directory); "
+        "any Optuna storage URL works (postgresql://... across hosts)." % DEFAULT_STORAGE,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each trial's progress and show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run (or continue) a study file",
+        description="Run the study defined in a study file (STUDY = rfopt.StudySpec(...)). Rerunning the same "
+        "command continues the study: finished trials are kept, running ones resume from their checkpoints.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent(
+            """\
+            examples:
+              rfopt run studies/arithmetic.py
+              rfopt run studies/arithmetic.py --fast --storage sqlite:///smoke.db
+              rfopt run studies/gsm8k_lite.py --device cuda --study-name gsm8k-2
+            """
+        ),
+    )
+    run.add_argument("study_file", help="path to a study file, e.g. studies/arithmetic.py")
+    run.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
+    run.add_argument("--study-name", help="study name (default: the study file's name)")
+    run.add_argument("--n-trials", type=int, help="trials to run (default: the study file's)")
+    run.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
+    run.add_argument("--max-concurrent", type=int, help="trials time-sliced at once (default: the study file's)")
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    run.add_argument("--checkpoint-dir", help="where checkpoints and adapters go (default: rfopt-checkpoints/ "
+                     "beside the SQLite file)")
+    run.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(handler=_cmd_run)
+
+    status = sub.add_parser("status", help="list studies, or show one study's leaderboard")
+    status.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
+    status.add_argument("--study", dest="study_name", help="show this study's leaderboard")
+    status.set_defaults(handler=_cmd_status)
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import rfopt
+    from rfopt.studyfile import load_spec
+
+    spec = load_spec(args.study_file)
+    if args.fast:
+        spec = spec.with_fast()
+    name = args.study_name or spec.name
+    print(f"rfopt: study {name!r} from {args.study_file} in {args.storage}", file=sys.stderr)
+    if spec.description:
+        print(textwrap.fill(spec.description, 100), file=sys.stderr)
+    train, evaluation = spec.datasets()
+    space = spec.space() if callable(spec.space) and _takes_no_arguments(spec.space) else spec.space
+    study = rfopt.create_study(
+        study_name=name,
+        storage=args.storage,
+        sampler=spec.sampler() if spec.sampler else None,
+        pruner=spec.pruner() if spec.pruner else None,
+        direction=spec.direction,
+        load_if_exists=True,
+        checkpoint_dir=args.checkpoint_dir,
+    )
+    study.optimize(
+        space,
+        train,
+        evaluation,
+        n_trials=args.n_trials if args.n_trials is not None else spec.n_trials,
+        num_chunks=args.num_chunks or spec.num_chunks,
+        max_concurrent=args.max_concurrent or spec.max_concurrent,
+        objective=spec.objective,
+        eval_settings=spec.eval_settings,
+        device=args.device,
+        show_progress_bar=not args.no_progress,
+    )
+    _print_summary(study, args.storage)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import optuna
+
+    import rfopt
+
+    storage = rfopt.study._storage(args.storage)
+    if args.study_name is None:
+        summaries = optuna.get_all_study_summaries(storage)
+        if not summaries:
+            print(f"no studies in {args.storage}")
+            return 0
+        for s in summaries:
+            counts = {}
+            for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials(deepcopy=False):
+                counts[t.state.name] = counts.get(t.state.name, 0) + 1
+            best = f"{s.best_trial.value:.4f} (trial {s.best_trial.number})" if s.best_trial else "-"
+            state = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
+            print(f"{s.study_name}: {state or 'no trials'}; best {best}")
+        return 0
+    study = rfopt.load_study(args.study_name, storage)
+    print(study.leaderboard_text())
+    return 0
+
+
+def _print_summary(study: Any, storage: str) -> None:
+    from rfopt.study import SAMPLES_ATTR
+
+    print()
+    print(study.leaderboard_text())
+    print()
+    try:
+        adapter = study.best_adapter()
+    except LookupError as exc:
+        print(f"no best adapter: {exc}")
+    else:
+        best = study.optuna.best_trial
+        print(f"best trial: {best.number}, {study.optuna.user_attrs.get('rfopt:objective', 'reward')} = {best.value:.4f}")
+        print(f"best adapter (PEFT format): {adapter}")
+        samples_keys = sorted(k for k in best.user_attrs if k.startswith(SAMPLES_ATTR + ":"))
+        if samples_keys:
+            print("sample completions of the best adapter on the eval set:")
+            for sample in best.user_attrs[samples_keys[-1]][:3]:
+                prompt = textwrap.shorten(str(sample.get("prompt", "")), 100)
+                print(f"  prompt:     {prompt}")
+                print(textwrap.indent(str(sample.get("completion", "")).strip() or "(empty)", "  completion: "))
+                print(f"  reward:     {sample.get('reward')}")
+    print()
+    print("open the dashboard:")
+    print(f"  optuna-dashboard {_absolute_sqlite(storage)}")
+
+
+def _absolute_sqlite(storage: str) -> str:
+    prefix = "sqlite:///"
+    if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
+        return prefix + str(Path(storage[len(prefix):]).resolve())
+    return storage
+
+
+def _takes_no_arguments(func: Any) -> bool:
+    import inspect
+
+    try:
+        return not inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    import warnings
+
+    if verbose:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

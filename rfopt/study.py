@@ -1,0 +1,584 @@
+"""The study API: `create_study`, `load_study`, and `Study.optimize`, which runs trials round-robin.
+
+    >>> study = rfopt.create_study(study_name="demo", storage="sqlite:///rfopt.db")   # doctest: +SKIP
+    >>> study.optimize(space, train_dataset, eval_dataset, n_trials=8, num_chunks=4)  # doctest: +SKIP
+    >>> print(study.leaderboard_text())                                               # doctest: +SKIP
+    >>> study.optuna   # the real optuna.Study: visualization, optuna-dashboard and Optuna's CLI all work
+
+Each trial is an Optuna trial. `optimize` keeps up to `max_concurrent` trials live on the device and
+trains them one chunk unit at a time, least progress first (scheduler.py). After each unit the
+trial is evaluated, its checkpoint is written durably, then its metrics and its value are committed
+to storage (``trial.report(value, step=unit)``). When every live trial has reported a step, the
+study's pruner decides at that rung (pruning/). A finished trial saves its adapter in PEFT format
+and is told its last value; a pruned one ends PRUNED; a trial whose config, reward function or
+training fails ends FAIL with the reason in its ``rfopt:fail_reason`` user attr, and the study goes
+on. Rerunning `optimize` on the same study continues its RUNNING trials from their checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState as OptunaState
+
+from .checkpoints import CheckpointStore
+from .chunks import ChunkPlan, PlanError, TrialSchedule, dataset_fingerprint, trial_schedule
+from .config import ConfigError, TrialConfig
+from .evaluation import EvalSettings
+from .models import ModelPool, adapter_name
+from .pruning import decide, decision_key, load_decision
+from .runner import TrialRunner
+from .scheduler import LiveTrial, completed_rungs, next_trial
+from .spaces import CONFIG_ATTR, LIST_INDEX_ATTR, ListSpace, as_space
+
+logger = logging.getLogger("rfopt")
+
+PLAN_ATTR = "rfopt:plan"
+OBJECTIVE_ATTR = "rfopt:objective"
+TRAIN_FINGERPRINT_ATTR = "rfopt:train_fingerprint"
+EVAL_ATTR = "rfopt:eval"
+CHECKPOINT_DIR_ATTR = "rfopt:checkpoint_dir"
+SCHEDULE_ATTR = "rfopt:schedule"
+FAIL_REASON_ATTR = "rfopt:fail_reason"
+ADAPTER_ATTR = "rfopt:adapter"
+METRICS_ATTR = "rfopt:metrics"
+SAMPLES_ATTR = "rfopt:samples"
+
+
+def chunk_attr(prefix: str, unit: int) -> str:
+    return f"{prefix}:{unit:04d}"
+
+
+@dataclass
+class LeaderboardRow:
+    number: int
+    state: str
+    value: float | None
+    chunks_done: int
+    params: dict[str, Any]
+    adapter: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class _Live:
+    trial: optuna.Trial
+    config: TrialConfig
+    runner: TrialRunner
+    schedule: TrialSchedule
+    info: LiveTrial
+    last_value: float | None = None
+    decided: set[int] = field(default_factory=set)
+
+
+class Study:
+    """An rfopt study: an `optuna.Study` plus rfopt's chunk plan, objective and checkpoint store."""
+
+    def __init__(self, optuna_study: optuna.Study, checkpoint_dir: str | os.PathLike | None = None) -> None:
+        self.optuna = optuna_study
+        stored = optuna_study.user_attrs.get(CHECKPOINT_DIR_ATTR)
+        if checkpoint_dir is None:
+            checkpoint_dir = stored or _default_checkpoint_dir(optuna_study)
+        checkpoint_dir = str(Path(checkpoint_dir).resolve())
+        if stored != checkpoint_dir:
+            optuna_study.set_user_attr(CHECKPOINT_DIR_ATTR, checkpoint_dir)
+        self.checkpoints = CheckpointStore(checkpoint_dir)
+
+    @property
+    def study_name(self) -> str:
+        return self.optuna.study_name
+
+    # ------------------------------------------------------------------ the main loop
+    def optimize(
+        self,
+        space: Any,
+        train_dataset: Any,
+        eval_dataset: Any,
+        *,
+        n_trials: int | None = None,
+        num_chunks: int = 4,
+        max_concurrent: int | None = None,
+        objective: str = "reward",
+        eval_settings: EvalSettings | None = None,
+        device: str = "cpu",
+        chunk_seed: int = 0,
+        show_progress_bar: bool = True,
+        on_unit: Callable[[int, int, float], None] | None = None,
+    ) -> None:
+        """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
+
+        Args:
+            space: a function ``trial -> TrialConfig``, a list of `TrialConfig`, or `rfopt.grid(...)`.
+            train_dataset, eval_dataset: `datasets.Dataset` with a ``prompt`` column (plus any columns the
+                reward functions read, e.g. ``answer``).
+            n_trials: trials to run in this call (default: the length of a list space; required for a function).
+            num_chunks: chunks the training set is split into (fixed for the study once chosen).
+            max_concurrent: live trials time-sliced at once (default: ``min(n_trials, 8)``).
+            objective: ``"reward"`` (mean weighted total reward on the eval set) or a reward function's name.
+            eval_settings: generation settings of the per-chunk evaluation (greedy by default).
+            device: ``"cpu"`` or ``"cuda"`` / ``"cuda:1"``.
+            on_unit: called after each committed unit with ``(trial_number, step, value)``.
+        """
+        space = as_space(space)
+        _check_dataset(train_dataset, "train_dataset")
+        _check_dataset(eval_dataset, "eval_dataset")
+        if len(eval_dataset) == 0:
+            raise ValueError("eval_dataset is empty; evaluation after each chunk needs at least one prompt")
+        settings = eval_settings or EvalSettings()
+        plan = self._plan(train_dataset, num_chunks, chunk_seed)
+        self._check_study_attrs(objective, settings, train_dataset)
+        if isinstance(space, ListSpace):
+            for i, config in enumerate(space.configs):  # refuse a bad list before training anything
+                try:
+                    config.validate()
+                    trial_schedule(plan, config.resolved_grpo())
+                    config.to_json()
+                except (ConfigError, PlanError) as exc:
+                    raise type(exc)(f"configs[{i}]: {exc}") from exc
+            space.enqueue_missing(self.optuna)
+            if n_trials is None:  # the configs not run yet (all of them, the first time)
+                n_trials = sum(
+                    t.state == OptunaState.WAITING and LIST_INDEX_ATTR in t.user_attrs
+                    for t in self.optuna.get_trials(deepcopy=False)
+                )
+        elif n_trials is None:
+            raise ValueError("n_trials is required when the search space is a function")
+        if n_trials < 0:
+            raise ValueError(f"n_trials must be >= 0, got {n_trials}")
+        if max_concurrent is None:
+            max_concurrent = max(1, min(n_trials, 8))
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+
+        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
+        run.resume_running()
+        run.loop(n_trials, max_concurrent, show_progress_bar)
+
+    # ------------------------------------------------------------------ results
+    def leaderboard(self) -> list[LeaderboardRow]:
+        """Every trial, best first: finished trials by value, then the rest by progress."""
+        sign = 1 if self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+        rows = []
+        for t in self.optuna.get_trials(deepcopy=False):
+            if t.state == OptunaState.WAITING:
+                continue
+            value = t.value if t.state == OptunaState.COMPLETE else _last_value(t)
+            reason = t.user_attrs.get(FAIL_REASON_ATTR) or _prune_reason(t)
+            rows.append(
+                LeaderboardRow(
+                    number=t.number,
+                    state=t.state.name,
+                    value=value,
+                    chunks_done=len(t.intermediate_values),
+                    params=dict(t.params),
+                    adapter=t.user_attrs.get(ADAPTER_ATTR),
+                    reason=reason,
+                )
+            )
+        order = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}
+        rows.sort(
+            key=lambda r: (
+                order.get(r.state, 4),
+                -sign * r.value if r.value is not None and math.isfinite(r.value) else math.inf,
+                -r.chunks_done,
+                r.number,
+            )
+        )
+        return rows
+
+    def leaderboard_text(self) -> str:
+        from .display import format_leaderboard
+
+        return format_leaderboard(self.leaderboard(), self.optuna.user_attrs.get(OBJECTIVE_ATTR, "reward"))
+
+    def best_adapter(self) -> Path:
+        """Directory of the best finished trial's adapter (PEFT format)."""
+        complete = [t for t in self.optuna.get_trials(deepcopy=False, states=[OptunaState.COMPLETE])]
+        if not complete:
+            raise LookupError(f"study {self.study_name!r} has no finished trial yet")
+        best = self.optuna.best_trial
+        path = best.user_attrs.get(ADAPTER_ATTR)
+        if path is None or not Path(path).exists():
+            raise LookupError(f"trial {best.number}: its adapter is not in the checkpoint store ({path})")
+        return Path(path)
+
+    def export_best(self, path: str | os.PathLike) -> Path:
+        """Copy the best trial's adapter (PEFT format, with its tokenizer) to `path`."""
+        source = self.best_adapter()
+        target = Path(path)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(source, target)
+        return target
+
+    def trial_config(self, number: int) -> TrialConfig:
+        trial = self.optuna.trials[number]
+        if CONFIG_ATTR not in trial.user_attrs:
+            raise LookupError(f"trial {number} has no rfopt config")
+        return TrialConfig.from_json(trial.user_attrs[CONFIG_ATTR])
+
+    def chunk_metrics(self, number: int) -> list[dict[str, Any]]:
+        """Per-chunk training and eval metrics stored on trial `number`, in chunk order."""
+        attrs = self.optuna.trials[number].user_attrs
+        keys = sorted(k for k in attrs if k.startswith(METRICS_ATTR + ":"))
+        return [attrs[k] for k in keys]
+
+    # ------------------------------------------------------------------ study attrs
+    def _plan(self, train_dataset: Any, num_chunks: int, seed: int) -> ChunkPlan:
+        stored = self.optuna.user_attrs.get(PLAN_ATTR)
+        if stored is not None:
+            if stored["num_chunks"] != num_chunks or stored["num_rows"] != len(train_dataset) or stored["seed"] != seed:
+                raise PlanError(
+                    f"study {self.study_name!r} was planned with {stored}; this call asks for "
+                    f"num_chunks={num_chunks}, {len(train_dataset)} rows, chunk_seed={seed}. "
+                    "Use the same values to continue it, or a new study name"
+                )
+            return ChunkPlan.from_dict(stored)
+        plan = ChunkPlan.build(len(train_dataset), num_chunks, seed)
+        self.optuna.set_user_attr(PLAN_ATTR, plan.to_dict())
+        return plan
+
+    def _check_study_attrs(self, objective: str, settings: EvalSettings, train_dataset: Any) -> None:
+        wanted = {
+            OBJECTIVE_ATTR: objective,
+            EVAL_ATTR: asdict(settings),
+            TRAIN_FINGERPRINT_ATTR: dataset_fingerprint(train_dataset),
+        }
+        attrs = self.optuna.user_attrs
+        for key, value in wanted.items():
+            if key in attrs and attrs[key] != value:
+                raise ValueError(
+                    f"study {self.study_name!r} was run with {key}={attrs[key]!r}, this call gives {value!r}; "
+                    "trials would not be comparable. Use the same value, or a new study name"
+                )
+        for key, value in wanted.items():
+            if key not in attrs:
+                self.optuna.set_user_attr(key, value)
+
+
+class _Run:
+    """One call of `Study.optimize`: live trials, the model pool, and the round-robin loop."""
+
+    def __init__(self, study, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit):
+        self.study = study
+        self.optuna: optuna.Study = study.optuna
+        self.space = space
+        self.plan = plan
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.objective = objective
+        self.settings = settings
+        self.pool = ModelPool(device)
+        self.workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
+        self.live: dict[int, _Live] = {}
+        self.on_unit = on_unit
+        self.started = 0
+        self.progress = None
+
+    # ------------------------------------------------------------------ trial lifecycle
+    def resume_running(self) -> None:
+        """Take over RUNNING trials of this study (left by a stopped or crashed process) from their checkpoints."""
+        for frozen in self.optuna.get_trials(deepcopy=False, states=[OptunaState.RUNNING]):
+            if CONFIG_ATTR not in frozen.user_attrs:
+                continue
+            trial = optuna.trial.Trial(self.optuna, frozen._trial_id)
+            try:
+                config = TrialConfig.from_json(frozen.user_attrs[CONFIG_ATTR])
+                live = self._start(trial, config)
+                state = self.study.checkpoints.load(trial.number)
+                reported = len(frozen.intermediate_values)
+                if state is not None:
+                    live.runner.load_state(state)
+                    live.info.units_done = state.units_done
+                if live.info.units_done < reported:
+                    raise RuntimeError(
+                        f"its checkpoint holds {live.info.units_done} chunks but {reported} were reported"
+                    )
+                if reported:
+                    live.last_value = frozen.intermediate_values[max(frozen.intermediate_values)]
+                live.decided = {s for s in range(reported) if decision_key(s) in frozen.user_attrs}
+                if live.info.units_done > reported:  # checkpoint written, report not committed
+                    self._commit(live, live.info.units_done - 1, *self._evaluate(live))
+                logger.info("trial %d: resumed at chunk %d", trial.number, live.info.units_done)
+            except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
+                self._fail(trial, f"could not resume: {type(exc).__name__}: {exc}")
+
+    def _ask(self) -> _Live | None:
+        trial = self.optuna.ask()
+        self.started += 1
+        try:
+            config = self.space.config_for(trial)
+            config.validate()
+            trial.set_user_attr(CONFIG_ATTR, config.to_json())
+            return self._start(trial, config)
+        except Exception as exc:  # noqa: BLE001 - a bad config fails its trial, not the study
+            self._fail(trial, f"{type(exc).__name__}: {exc}")
+            return None
+
+    def _start(self, trial: optuna.Trial, config: TrialConfig) -> _Live:
+        schedule = trial_schedule(self.plan, config.resolved_grpo())
+        if SCHEDULE_ATTR not in trial.user_attrs:
+            trial.set_user_attr(SCHEDULE_ATTR, schedule.to_dict())
+        runner = TrialRunner(
+            trial.number, config, self.plan, schedule, self.train_dataset, self.pool, self.workdir
+        )
+        info = LiveTrial(trial.number, 0, schedule.num_units, config.model_key)
+        live = _Live(trial=trial, config=config, runner=runner, schedule=schedule, info=info)
+        self.live[trial.number] = live
+        return live
+
+    def _fail(self, trial: optuna.Trial, reason: str) -> None:
+        logger.warning("trial %d failed: %s", trial.number, reason)
+        live = self.live.pop(trial.number, None)
+        try:
+            trial.set_user_attr(FAIL_REASON_ATTR, reason[:2000])
+            self.optuna.tell(trial, state=OptunaState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+        if live is not None:
+            live.runner.cleanup()
+
+    def _finish(self, live: _Live) -> None:
+        number = live.trial.number
+        runner = live.runner
+        if live.config.peft is not None:
+            path = self.study.checkpoints.save_adapter(number, runner.model, adapter_name(number), runner.tokenizer)
+        else:
+            path = self.study.checkpoints.save_model(number, runner.model, runner.tokenizer)
+        live.trial.set_user_attr(ADAPTER_ATTR, str(path))
+        self.optuna.tell(live.trial, live.last_value)
+        self.live.pop(number)
+        runner.cleanup()
+
+    def _prune(self, live: _Live, reason: str) -> None:
+        self.optuna.tell(live.trial, state=OptunaState.PRUNED)
+        self.live.pop(live.trial.number)
+        live.runner.cleanup()
+        logger.info("trial %d pruned: %s", live.trial.number, reason)
+
+    # ------------------------------------------------------------------ units
+    def _evaluate(self, live: _Live) -> tuple[float, dict[str, Any]]:
+        result = live.runner.evaluate(self.eval_dataset, self.settings)
+        value = result.objective(self.objective)
+        if not math.isfinite(value):
+            raise ValueError(
+                f"objective {self.objective!r} is {value} on the eval set (every reward was None/NaN?); "
+                "check the reward functions"
+            )
+        return value, {"eval": result.metrics, "samples": result.samples}
+
+    def _commit(self, live: _Live, unit: int, value: float, extra: dict[str, Any], train: dict[str, Any] | None = None) -> None:
+        trial = live.trial
+        metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"]}
+        if train is not None:
+            metrics["train"] = train
+        trial.set_user_attr(chunk_attr(METRICS_ATTR, unit), _finite(metrics))
+        trial.set_user_attr(chunk_attr(SAMPLES_ATTR, unit), _finite(extra["samples"]))
+        trial.report(value, step=unit)
+        live.last_value = value
+
+    def _run_unit(self, live: _Live) -> None:
+        unit = live.info.units_done
+        started = time.perf_counter()
+        chunk = live.runner.train_chunk()
+        value, extra = self._evaluate(live)
+        self.study.checkpoints.save(live.trial.number, live.runner.state())
+        train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
+        self._commit(live, unit, value, extra, train)
+        live.info.units_done = unit + 1
+        if self.on_unit is not None:
+            self.on_unit(live.trial.number, unit, value)
+
+    # ------------------------------------------------------------------ rungs
+    def _decide_rungs(self) -> None:
+        pruner = self.optuna.pruner
+        infos = [l.info for l in self.live.values()]
+        complete = completed_rungs(infos)
+        n_steps = self._n_steps()
+        for step in range(complete):
+            pending = [l for l in self.live.values() if step not in l.decided and l.info.units_done > step]
+            if not pending:
+                continue
+            decisions = decide(self.optuna, [l.trial.number for l in pending], step, pruner, n_steps=n_steps)
+            for decision in decisions:
+                live = self.live.get(decision.trial_number)
+                if live is None:
+                    continue
+                live.decided.add(step)
+                if decision.prune:
+                    self._prune(live, decision.reason)
+
+    # ------------------------------------------------------------------ loop
+    def loop(self, n_trials: int, max_concurrent: int, show_progress_bar: bool) -> None:
+        from .display import Progress
+
+        total_units = sum(l.schedule.num_units - l.info.units_done for l in self.live.values())
+        # Inside this loop `study.stop()` works as in `optuna.Study.optimize` (GridSampler calls it when its grid is
+        # done): no new trial is asked, the live ones finish.
+        self.optuna._thread_local.in_optimize_loop = True
+        self.optuna._stop_flag = False
+        with Progress(self.optuna.study_name, enabled=show_progress_bar) as progress:
+            self.progress = progress
+            progress.add_units(total_units)
+            try:
+                while True:
+                    while len(self.live) < max_concurrent and self.started < n_trials and not self.optuna._stop_flag:
+                        live = self._ask()
+                        if live is not None:
+                            progress.add_units(live.schedule.num_units)
+                    pick = next_trial([l.info for l in self.live.values()], self.pool_keys())
+                    if pick is None:
+                        break
+                    live = self.live[pick.number]
+                    try:
+                        self._run_unit(live)
+                    except Exception as exc:  # noqa: BLE001 - the trial fails alone, with its reason stored
+                        progress.skip_units(live.schedule.num_units - live.info.units_done)
+                        self._fail(live.trial, f"{type(exc).__name__}: {exc}")
+                        continue
+                    progress.unit_done(live.trial.number, live.info.units_done - 1, live.last_value)
+                    if live.info.finished:
+                        self._finish(live)
+                    before = set(self.live)
+                    self._decide_rungs()
+                    for number in before - set(self.live):
+                        progress.skip_units(self._remaining_of(number))
+                    progress.set_counts(self._counts())
+            finally:
+                self.optuna._thread_local.in_optimize_loop = False
+                shutil.rmtree(self.workdir, ignore_errors=True)
+                self.progress = None
+
+    def _n_steps(self) -> int:
+        """Chunk units of the study's longest trial: the budget "auto" pruner settings are derived from."""
+        units = [s["num_epochs"] * s["num_chunks"] for s in self._schedules()]
+        return max(units, default=self.plan.num_chunks)
+
+    def _schedules(self) -> list[dict[str, int]]:
+        return [t.user_attrs[SCHEDULE_ATTR] for t in self.optuna.get_trials(deepcopy=False) if SCHEDULE_ATTR in t.user_attrs]
+
+    def pool_keys(self) -> set[str]:
+        return {l.config.model_key for l in self.live.values() if self.pool.has_base(l.config)}
+
+    def _remaining_of(self, number: int) -> int:
+        frozen = self.optuna.trials[number]
+        schedule = frozen.user_attrs.get(SCHEDULE_ATTR)
+        if schedule is None:
+            return 0
+        return schedule["num_epochs"] * schedule["num_chunks"] - len(frozen.intermediate_values)
+
+    def _counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in self.optuna.get_trials(deepcopy=False):
+            counts[t.state.name] = counts.get(t.state.name, 0) + 1
+        return counts
+
+
+# ---------------------------------------------------------------------- module API
+def create_study(
+    study_name: str | None = None,
+    storage: str | optuna.storages.BaseStorage | None = None,
+    *,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    direction: str = "maximize",
+    load_if_exists: bool = False,
+    checkpoint_dir: str | os.PathLike | None = None,
+) -> Study:
+    """Create (or, with `load_if_exists`, load) a study, exactly as `optuna.create_study` would.
+
+    `storage` defaults to a SQLite file ``rfopt.db`` in the working directory. `pruner` is any Optuna
+    pruner; rfopt applies it at rung boundaries (see `rfopt.pruning`). Checkpoints go to
+    `checkpoint_dir` (default: ``rfopt-checkpoints/<study name>`` beside a SQLite file, else in the
+    working directory).
+    """
+    storage = _storage(storage or "sqlite:///rfopt.db")
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=storage,
+        sampler=sampler,
+        pruner=pruner,
+        direction=direction,
+        load_if_exists=load_if_exists,
+    )
+    return Study(study, checkpoint_dir)
+
+
+def load_study(
+    study_name: str | None,
+    storage: str | optuna.storages.BaseStorage,
+    *,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+) -> Study:
+    """Load an existing study (its checkpoint directory is read from the study)."""
+    study = optuna.load_study(study_name=study_name, storage=_storage(storage), sampler=sampler, pruner=pruner)
+    return Study(study, checkpoint_dir)
+
+
+def _storage(storage: str | optuna.storages.BaseStorage) -> str | optuna.storages.BaseStorage:
+    if isinstance(storage, str) and storage.startswith("sqlite:"):
+        # A dashboard polling the same file holds read locks; wait for them instead of failing the write.
+        return optuna.storages.RDBStorage(storage, engine_kwargs={"connect_args": {"timeout": 60}})
+    if isinstance(storage, str) and storage.startswith("postgresql"):
+        return optuna.storages.RDBStorage(storage, engine_kwargs={"pool_pre_ping": True})
+    return storage
+
+
+def _default_checkpoint_dir(study: optuna.Study) -> Path:
+    base = Path.cwd()
+    storage = getattr(study._storage, "_backend", study._storage)  # optuna wraps RDBStorage in a cache
+    url = getattr(getattr(storage, "engine", None), "url", None)
+    if url is not None and url.drivername.startswith("sqlite") and url.database:
+        base = Path(url.database).resolve().parent
+    return base / "rfopt-checkpoints" / study.study_name
+
+
+def _check_dataset(dataset: Any, name: str) -> None:
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or not hasattr(dataset, "select"):
+        raise TypeError(f"{name} must be a datasets.Dataset, got {type(dataset).__name__}")
+    if "prompt" not in columns:
+        raise ValueError(
+            f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt', "
+            "e.g. dataset.rename_column('question', 'prompt')"
+        )
+
+
+def _last_value(trial: optuna.trial.FrozenTrial) -> float | None:
+    if not trial.intermediate_values:
+        return None
+    return trial.intermediate_values[max(trial.intermediate_values)]
+
+
+def _prune_reason(trial: optuna.trial.FrozenTrial) -> str | None:
+    if trial.state != OptunaState.PRUNED:
+        return None
+    for step in sorted(trial.intermediate_values, reverse=True):
+        decision = load_decision(trial, step)
+        if decision is not None and decision.prune:
+            return decision.reason
+    return None
+
+
+def _finite(data: Any) -> Any:
+    """JSON-safe copy: NaN and infinities become strings (SQL storages keep user attrs as JSON)."""
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_finite(v) for v in data]
+    if isinstance(data, float) and not math.isfinite(data):
+        return str(data)
+    return data

@@ -1,0 +1,12 @@
+import doctest
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["rewards", "extract", "answers", "formats", "math_answers", "length", "spec"])
+def test_docstring_examples_give_what_they_show(module):
+    name = module if module == "rewards" else f"rewards.{module}"
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0
+    assert result.attempted > 0

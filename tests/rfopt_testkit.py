@@ -1,0 +1,83 @@
+"""Shared pieces of the engine tests: tiny datasets, trial configs on the tiny model, reward functions.
+
+Reward functions live here (not in a test module) so that configs holding them can be stored by
+import path and loaded again, as a real study's would.
+"""
+
+from __future__ import annotations
+
+import math
+
+from datasets import Dataset
+
+
+def reward_len(completions, **kwargs):
+    """Rewards longer completions, up to 8 characters: the tiny model can learn it."""
+    return [min(len(_text(c)), 8) / 8 for c in completions]
+
+
+def reward_vowels(completions, **kwargs):
+    return [sum(ch in "aeiou" for ch in _text(c)) / 4 for c in completions]
+
+
+def reward_raises(completions, **kwargs):
+    raise RuntimeError("reward server unreachable")
+
+
+def reward_wrong_length(completions, **kwargs):
+    return [0.0] * (len(completions) - 1)
+
+
+def reward_nan(completions, **kwargs):
+    return [math.nan] * len(completions)
+
+
+def _text(completion):
+    return completion[0]["content"] if isinstance(completion, list) else completion
+
+
+def prompts_dataset(n: int, prefix: str = "Q", conversational: bool = False) -> Dataset:
+    rows = []
+    for i in range(n):
+        question = f"{prefix}{i}: add {i} and {i % 7}"
+        prompt = [{"role": "user", "content": question}] if conversational else question
+        rows.append({"prompt": prompt, "answer": str(i + i % 7)})
+    return Dataset.from_list(rows)
+
+
+def grpo_config(**overrides):
+    from trl import GRPOConfig
+
+    settings = dict(
+        output_dir="unused",
+        learning_rate=5e-3,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        num_train_epochs=1,
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        seed=7,
+    )
+    settings.update(overrides)
+    return GRPOConfig(**settings)
+
+
+def lora_config(**overrides):
+    from peft import LoraConfig
+
+    settings = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    settings.update(overrides)
+    return LoraConfig(**settings)
+
+
+def trial_config(model_path, rewards=(reward_len, reward_vowels), peft=None, **grpo_overrides):
+    import rfopt
+
+    return rfopt.TrialConfig(
+        model=str(model_path),
+        peft=peft if peft is not None else lora_config(),
+        grpo=grpo_config(**grpo_overrides),
+        rewards=list(rewards),
+    )

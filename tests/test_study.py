@@ -1,0 +1,123 @@
+"""A study on SQLite: trials trained round-robin, reported per chunk, stored, and their adapters saved."""
+
+import json
+
+import optuna
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import rfopt
+from rfopt.study import ADAPTER_ATTR, METRICS_ATTR, chunk_attr
+from rfopt_testkit import prompts_dataset, trial_config
+
+
+def _space_factory(model_path):
+    def space(trial):
+        lr = trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True)
+        r = trial.suggest_categorical("lora_r", [4, 8])
+        return trial_config(model_path, learning_rate=lr, peft=rfopt_lora(r))
+
+    return space
+
+
+def rfopt_lora(r):
+    from rfopt_testkit import lora_config
+
+    return lora_config(r=r)
+
+
+def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_model, tmp_path, storage):
+    study = rfopt.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    units = []
+    study.optimize(
+        _space_factory(tiny_model),
+        prompts_dataset(24),
+        prompts_dataset(4, prefix="E"),
+        n_trials=4,
+        num_chunks=3,
+        show_progress_bar=False,
+        on_unit=lambda number, step, value: units.append((number, step)),
+    )
+
+    # Round-robin: every trial trains chunk k before any trains chunk k+1.
+    assert [step for _, step in units] == [0] * 4 + [1] * 4 + [2] * 4
+
+    # Everything is in the SQLite file, readable by plain Optuna in a fresh load.
+    loaded = optuna.load_study(study_name="s", storage=storage)
+    trials = loaded.get_trials()
+    assert len(trials) == 4
+    for t in trials:
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert sorted(t.intermediate_values) == [0, 1, 2]
+        assert t.value == t.intermediate_values[2]
+        for step in range(3):
+            metrics = t.user_attrs[chunk_attr(METRICS_ATTR, step)]
+            assert metrics["eval"]["reward"] == pytest.approx(t.intermediate_values[step])
+            for key in ("loss", "reward", "reward_std", "rewards/reward_len/mean", "completions/mean_length", "entropy"):
+                assert key in metrics["train"], key
+        config = rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"])
+        assert config.grpo.learning_rate == pytest.approx(t.params["learning_rate"])
+        assert config.peft.r == t.params["lora_r"]
+
+    # The best adapter loads with PEFT onto the base model and generates.
+    path = study.export_best(tmp_path / "best")
+    assert path.joinpath("adapter_config.json").exists()
+    best = loaded.best_trial
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    model = PeftModel.from_pretrained(base, str(path))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    inputs = tokenizer("Q1: add 1 and 1", return_tensors="pt")
+    out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > inputs["input_ids"].shape[1]
+    # ... and holds the trained weights: the adapter stored for the best trial is not a fresh LoRA.
+    assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
+    assert best.user_attrs[ADAPTER_ATTR].endswith("adapter")
+
+    rows = study.leaderboard()
+    assert [r.number for r in rows][0] == best.number
+    assert "COMPLETE" in study.leaderboard_text()
+
+
+def test_later_trials_are_asked_when_slots_free_and_sampler_sees_finished_ones(tiny_model, storage):
+    study = rfopt.create_study(study_name="s", storage=storage)
+    seen_complete = []
+
+    def space(trial):
+        seen_complete.append(len(trial.study.get_trials(states=[optuna.trial.TrialState.COMPLETE])))
+        return trial_config(tiny_model, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2))
+
+    study.optimize(space, prompts_dataset(16), prompts_dataset(2, "E"), n_trials=3, num_chunks=2,
+                   max_concurrent=2, show_progress_bar=False)
+    # Trial 2 is asked as soon as trial 0 finishes, while trial 1 still trains its last chunk.
+    assert seen_complete == [0, 0, 1]
+    assert all(t.state.name == "COMPLETE" for t in study.optuna.trials)
+
+
+def test_explicit_list_and_grid_become_enqueued_trials_with_params(tiny_model, storage):
+    base = trial_config(tiny_model)
+    configs = rfopt.grid(base, learning_rate=[1e-3, 1e-2], lora_r=[4, 8])
+    assert len(configs) == 4
+    study = rfopt.create_study(study_name="g", storage=storage)
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
+    params = sorted((t.params["learning_rate"], t.params["lora_r"]) for t in study.optuna.trials)
+    assert params == [(1e-3, 4), (1e-3, 8), (1e-2, 4), (1e-2, 8)]
+    for t in study.optuna.trials:
+        config = rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"])
+        assert (config.grpo.learning_rate, config.peft.r) == (t.params["learning_rate"], t.params["lora_r"])
+    # Running the same list again enqueues nothing new.
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
+    assert len(study.optuna.trials) == 4
+
+
+def test_checkpoint_of_each_chunk_is_written_and_older_ones_removed(tiny_model, storage, tmp_path):
+    study = rfopt.create_study(study_name="c", storage=storage, checkpoint_dir=tmp_path / "ck")
+    study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2,
+                   show_progress_bar=False)
+    trial_dir = tmp_path / "ck" / "trial-00000"
+    assert (trial_dir / "LATEST").read_text() == "unit-0002"
+    assert sorted(p.name for p in trial_dir.glob("unit-*")) == ["unit-0002"]
+    state = study.checkpoints.load(0)
+    assert state.units_done == 2 and state.global_step == 2
+    assert json.loads((trial_dir / "unit-0002" / "state.json").read_text())["units_done"] == 2
