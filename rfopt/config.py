@@ -128,6 +128,11 @@ class TrialConfig:
 
             if not isinstance(self.peft, PeftConfig):
                 problems.append(f"peft: expected a peft.LoraConfig or None, got {type(self.peft).__name__}")
+        if self.peft is None and isinstance(self.grpo, GRPOConfig) and self.grpo.beta != 0.0:
+            problems.append(
+                "grpo.beta: a KL penalty (beta > 0) needs a PEFT adapter in rfopt for now (the reference model is the "
+                "base with the adapter disabled); set peft=LoraConfig(...) or beta=0.0"
+            )
         if self.quantization is not None and self.peft is None:
             problems.append("quantization: a quantized base model can only be trained with a PEFT adapter; set peft")
         if problems:

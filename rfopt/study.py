@@ -311,6 +311,8 @@ class _Run:
                 if live.info.units_done > reported:  # checkpoint written, report not committed
                     self._commit(live, live.info.units_done - 1, *self._evaluate(live))
                 logger.info("trial %d: resumed at chunk %d", trial.number, live.info.units_done)
+                if live.info.finished:  # stopped between its last report and being told
+                    self._finish(live)
             except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
                 self._fail(trial, f"could not resume: {type(exc).__name__}: {exc}")
 
@@ -524,7 +526,12 @@ def load_study(
     checkpoint_dir: str | os.PathLike | None = None,
 ) -> Study:
     """Load an existing study (its checkpoint directory is read from the study)."""
-    study = optuna.load_study(study_name=study_name, storage=_storage(storage), sampler=sampler, pruner=pruner)
+    storage = _storage(storage)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
+    except KeyError as exc:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise LookupError(f"no study named {study_name!r} in this storage; it holds {names or 'no studies'}") from exc
     return Study(study, checkpoint_dir)
 
 

@@ -109,3 +109,33 @@ def test_restored_checkpoint_continues_exactly(tiny_model, tmp_path):
     expected, got = straight.trainable_weights(), resumed.trainable_weights()
     for key in expected:
         assert torch.equal(expected[key], got[key]), key
+
+
+def test_full_fine_tuning_in_chunks_equals_straight_through(tiny_model, tmp_path):
+    dataset = prompts_dataset(16)
+    config = trial_config(tiny_model, gradient_accumulation_steps=2, learning_rate=1e-3)
+    config.peft = None
+    plan = ChunkPlan.build(len(dataset), num_chunks=2, seed=0)
+    schedule = trial_schedule(plan, config.grpo)
+    runner = TrialRunner(0, config, plan, schedule, dataset, ModelPool("cpu"), tmp_path)
+    while not runner.finished:
+        runner.train_chunk()
+    chunked = runner.trainable_weights()
+
+    rows = [row for unit in range(plan.num_chunks) for row in plan.chunks[unit][: schedule.prompts_per_chunk]]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.padding_side = "left"
+    config.grpo.shuffle_dataset = False
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model),
+        reward_funcs=list(config.rewards),
+        args=config.grpo,
+        train_dataset=dataset.select(rows),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    straight = trainer.model.state_dict()
+    assert chunked.keys() == straight.keys()
+    for key, value in straight.items():
+        assert torch.equal(chunked[key], value), key
+    assert not torch.equal(chunked["model.embed_tokens.weight"], AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()["model.embed_tokens.weight"])

@@ -1,0 +1,105 @@
+"""The command line: `rfopt run` on a study file, `rfopt status`, and help that helps."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import optuna
+
+from rfopt.cli import main
+
+STUDY_FILE = """
+import optuna
+import rfopt
+from peft import LoraConfig
+from trl import GRPOConfig
+from datasets import Dataset
+
+MODEL = {model!r}
+
+def longer(completions, **kwargs):
+    return [min(len(c), 8) / 8 for c in completions]
+
+def space(trial):
+    return rfopt.TrialConfig(
+        model=MODEL,
+        peft=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+        grpo=GRPOConfig(learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True),
+                        per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+                        num_train_epochs=1, bf16=False, use_cpu=True, gradient_checkpointing=False),
+        rewards=[longer],
+    )
+
+def datasets():
+    rows = lambda n, p: Dataset.from_list([{{"prompt": f"{{p}}{{i}} say", "answer": "1"}} for i in range(n)])
+    return rows(8, "Q"), rows(2, "E")
+
+STUDY = rfopt.StudySpec(
+    name="cli-demo", space=space, datasets=datasets, num_chunks=2, n_trials=3,
+    pruner=lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2),
+    fast={{"n_trials": 2}},
+)
+"""
+
+
+def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
+    study_file = tmp_path / "tiny_study.py"
+    study_file.write_text(STUDY_FILE.format(model=str(tiny_model)))
+    storage = f"sqlite:///{tmp_path / 'cli.db'}"
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    run = subprocess.run(
+        [sys.executable, "-m", "rfopt.cli", "run", str(study_file), "--storage", storage, "--fast", "--no-progress"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "COMPLETE" in run.stdout
+    assert "best adapter (PEFT format):" in run.stdout
+    assert f"optuna-dashboard {storage}" in run.stdout
+    study = optuna.load_study(study_name="cli-demo", storage=storage)
+    assert len(study.trials) == 2
+    assert all(sorted(t.intermediate_values) == [0, 1] for t in study.trials if t.state.name == "COMPLETE")
+
+    status = subprocess.run(
+        [sys.executable, "-m", "rfopt.cli", "status", "--storage", storage],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert status.returncode == 0 and "cli-demo:" in status.stdout and "best" in status.stdout
+
+
+def test_status_of_one_study_prints_its_leaderboard(tiny_model, tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="x", storage=storage, direction="maximize")
+    trial = study.ask()
+    trial.report(0.5, 0)
+    study.tell(trial, 0.5)
+    assert main(["status", "--storage", storage, "--study", "x"]) == 0
+    out = capsys.readouterr().out
+    assert "COMPLETE" in out and "0.5000" in out
+
+
+def test_help_describes_every_command(capsys):
+    try:
+        main(["--help"])
+    except SystemExit:
+        pass
+    out = capsys.readouterr().out
+    for command in ("run", "status"):
+        assert command in out
+    try:
+        main(["run", "--help"])
+    except SystemExit:
+        pass
+    out = capsys.readouterr().out
+    assert "--storage" in out and "--fast" in out and "examples:" in out
+
+
+def test_a_missing_study_file_is_a_clear_error(capsys):
+    assert main(["run", "no/such/study.py"]) == 1
+    assert "study file no/such/study.py does not exist" in capsys.readouterr().err
+
+
+def test_unknown_study_in_status_is_a_clear_error(tmp_path, capsys):
+    code = main(["status", "--storage", f"sqlite:///{tmp_path / 'e.db'}", "--study", "nope"])
+    assert code == 1
+    assert "nope" in capsys.readouterr().err

@@ -1,0 +1,112 @@
+"""TrialConfig: validation, JSON round-trip (rewards by import path), overrides."""
+
+import json
+
+import pytest
+from transformers import BitsAndBytesConfig
+
+import rewards
+import rfopt
+from rfopt.config import ConfigError, import_path, resolve_import
+from rfopt_testkit import grpo_config, lora_config, reward_len
+
+
+def _config(**kwargs):
+    settings = dict(
+        model="some/model",
+        grpo=grpo_config(gradient_accumulation_steps=2, lr_scheduler_type="cosine", warmup_steps=0.1, beta=0.04),
+        rewards=[reward_len, rewards.correctness, rewards.soft_overlong_punishment(64, 16)],
+        peft=lora_config(r=16, target_modules=["q_proj", "k_proj", "v_proj"]),
+        reward_weights=[1.0, 2.0, 0.5],
+        model_kwargs={"dtype": "float32"},
+    )
+    settings.update(kwargs)
+    return rfopt.TrialConfig(**settings)
+
+
+def test_config_round_trips_through_json_with_rewards_by_import_path():
+    config = _config()
+    data = json.loads(config.to_json())
+    assert data["rewards"][0] == "rfopt_testkit:reward_len"
+    assert data["rewards"][1] == "rewards.answers:correctness"
+    assert data["rewards"][2]["kwargs"] == {"max_completion_length": 64, "soft_punish_cache": 16}
+    again = rfopt.TrialConfig.from_json(config.to_json())
+    assert again.to_json() == config.to_json()
+    assert again.rewards[0] is reward_len
+    assert again.grpo.learning_rate == config.grpo.learning_rate
+    assert again.grpo.gradient_accumulation_steps == 2
+    assert again.grpo.steps_per_generation == config.grpo.steps_per_generation
+    assert again.grpo.beta == 0.04
+    assert sorted(again.peft.target_modules) == ["k_proj", "q_proj", "v_proj"]
+    assert again.reward_weights == [1.0, 2.0, 0.5]
+    assert again.resolved_grpo().reward_weights == [1.0, 2.0, 0.5]
+
+
+def test_full_fine_tuning_and_quantization_round_trip():
+    config = _config(peft=None)
+    assert rfopt.TrialConfig.from_json(config.to_json()).peft is None
+    q = _config(quantization=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"))
+    again = rfopt.TrialConfig.from_json(q.to_json())
+    assert again.quantization.load_in_4bit and again.quantization.bnb_4bit_quant_type == "nf4"
+
+
+def test_quantization_without_an_adapter_is_refused():
+    with pytest.raises(ConfigError, match="quantization.*PEFT adapter"):
+        _config(peft=None, quantization=BitsAndBytesConfig(load_in_4bit=True)).validate()
+
+
+def test_quantization_on_the_cpu_is_refused_with_the_reason(tmp_path):
+    from rfopt.models import load_model
+
+    config = _config(quantization=BitsAndBytesConfig(load_in_4bit=True))
+    with pytest.raises(ConfigError, match="need a CUDA device.*cpu"):
+        load_model(config, "cpu")
+
+
+def test_validation_names_every_problem_at_once():
+    config = _config(rewards=[], reward_weights=[1.0])
+    config.grpo.use_vllm = True
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    message = str(info.value)
+    assert "use_vllm" in message and "rewards: empty" in message and "reward_weights" in message
+
+
+def test_unimportable_reward_is_refused_with_a_fix():
+    with pytest.raises(ConfigError, match="lambda or a nested function"):
+        _config(rewards=[lambda completions, **kw: [0.0] * len(completions)], reward_weights=None).to_json()
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        resolve_import("no_such_module_xyz:f")
+
+
+def test_functions_defined_in_a_file_are_stored_by_path(tmp_path):
+    module = tmp_path / "my_rewards.py"
+    module.write_text("def shout(completions, **kw):\n    return [1.0 for _ in completions]\n")
+    func = resolve_import(f"{module}:shout")
+    assert import_path(func) == f"{module.resolve()}:shout"
+    assert resolve_import(import_path(func)) is func
+
+
+def test_overrides_change_grpo_and_lora_fields_and_are_validated():
+    config = _config()
+    changed = config.with_overrides({"learning_rate": 2e-6, "lora_r": 8, "peft.lora_alpha": 32, "grpo.beta": 0.0})
+    assert changed.grpo.learning_rate == 2e-6 and changed.peft.r == 8 and changed.peft.lora_alpha == 32
+    assert changed.grpo.beta == 0.0
+    assert config.grpo.learning_rate != 2e-6  # the original is untouched
+    with pytest.raises(ConfigError, match="unknown field"):
+        config.with_overrides({"learning_rat": 1e-5})
+    with pytest.raises(ConfigError, match="expected a number"):
+        config.with_overrides({"learning_rate": "fast"})
+    with pytest.raises(ConfigError, match="invalid config.*num_generations"):
+        config.with_overrides({"num_generations": 3})
+    with pytest.raises(ConfigError, match="sets output_dir itself"):
+        config.with_overrides({"output_dir": "/tmp/x"})
+    with pytest.raises(ConfigError, match="no PEFT adapter"):
+        _config(peft=None).with_overrides({"lora_r": 8})
+
+
+def test_overriding_the_batch_shape_rederives_the_generation_batch():
+    config = _config()
+    changed = config.with_overrides({"gradient_accumulation_steps": 4})
+    assert changed.grpo.steps_per_generation == 4
+    assert changed.grpo.generation_batch_size == 16
