@@ -7,6 +7,8 @@ import path and loaded again, as a real study's would.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 
 from datasets import Dataset
 
@@ -49,7 +51,9 @@ def grpo_config(**overrides):
     from trl import GRPOConfig
 
     settings = dict(
-        output_dir="unused",
+        output_dir=os.path.join(tempfile.gettempdir(), "rfopt-tests-trainer"),
+        save_strategy="no",
+        report_to=[],
         learning_rate=5e-3,
         per_device_train_batch_size=4,
         num_generations=4,
