@@ -91,6 +91,29 @@ class CheckpointStore:
         except (OSError, ValueError, KeyError) as exc:
             raise CheckpointError(f"trial {trial_number}: checkpoint {path} is unreadable: {exc}") from exc
 
+    # ------------------------------------------------------------------ warm starts
+    def save_warm_start(self, trial_number: int, weights: dict[str, Any], parent: int, from_unit: int) -> Path:
+        """The weights a warm-started clone starts from, copied from its parent when the clone is made."""
+        from safetensors.torch import save_file
+
+        target = self.trial_dir(trial_number) / "warm-start"
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = target / ".weights.safetensors.tmp"
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp))
+        _fsync_file(tmp)
+        os.replace(tmp, target / "weights.safetensors")
+        _write_durably(target / "origin.json", json.dumps({"parent": parent, "from_unit": from_unit}).encode())
+        return target
+
+    def load_warm_start(self, trial_number: int) -> dict[str, Any]:
+        from safetensors.torch import load_file
+
+        path = self.trial_dir(trial_number) / "warm-start" / "weights.safetensors"
+        try:
+            return load_file(str(path))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"trial {trial_number}: warm-start weights {path} are unreadable: {exc}") from exc
+
     # ------------------------------------------------------------------ final adapters
     def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Path:
         """Save a PEFT adapter so that ``PeftModel.from_pretrained(base, path)`` loads it."""

@@ -2,6 +2,8 @@
 
     rfopt run studies/arithmetic.py                 run (or continue) a study file
     rfopt status [--study NAME]                     studies in a storage, and a study's leaderboard
+    rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
+    rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
 """
 
 from __future__ import annotations
@@ -82,7 +84,46 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
     status.add_argument("--study", dest="study_name", help="show this study's leaderboard")
     status.set_defaults(handler=_cmd_status)
+
+    for op, text in (
+        ("pause", "pause a running trial at its next chunk boundary (it keeps its place; frees its memory)"),
+        ("resume", "resume a paused trial exactly where it was"),
+        ("stop", "stop a running trial at its next chunk boundary: it ends PRUNED, 'stopped by user'"),
+    ):
+        p = sub.add_parser(op, help=text, description=text[0].upper() + text[1:] + ".")
+        _study_arguments(p)
+        p.add_argument("trial", type=int, help="trial number")
+        p.set_defaults(handler=_cmd_op, op=op)
+
+    clone = sub.add_parser(
+        "clone",
+        help="enqueue a copy of a trial with changed settings",
+        description="Enqueue a copy of a trial with some settings changed (validated before anything is written). "
+        "A running `rfopt run` of the study picks it up when a slot frees; otherwise the next run does.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent(
+            """\
+            examples:
+              rfopt clone 3 --study demo --set learning_rate=2e-6 --warm-start
+              rfopt clone 3 --study demo --set lora_r=8 --set lora_alpha=16
+            """
+        ),
+    )
+    _study_arguments(clone)
+    clone.add_argument("trial", type=int, help="the parent trial's number")
+    clone.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="a GRPOConfig field (learning_rate), a LoRA field (lora_r, lora_alpha, peft.<field>) "
+                       "or model; repeat for several")
+    clone.add_argument("--warm-start", action="store_true",
+                       help="start from the parent's latest checkpoint (its weights; a fresh LR schedule over the "
+                       "remaining steps) instead of from scratch")
+    clone.set_defaults(handler=_cmd_clone)
     return parser
+
+
+def _study_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
+    parser.add_argument("--study", dest="study_name", required=True, help="the study's name")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -145,6 +186,39 @@ def _cmd_status(args: argparse.Namespace) -> int:
     study = rfopt.load_study(args.study_name, storage)
     print(study.leaderboard_text())
     return 0
+
+
+def _cmd_op(args: argparse.Namespace) -> int:
+    import rfopt
+
+    study = rfopt.load_study(args.study_name, args.storage)
+    getattr(study, args.op)(args.trial)
+    print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
+    return 0
+
+
+def _cmd_clone(args: argparse.Namespace) -> int:
+    import rfopt
+
+    overrides = dict(_parse_assignment(item) for item in args.set)
+    study = rfopt.load_study(args.study_name, args.storage)
+    number = study.clone(args.trial, overrides, warm_start=args.warm_start)
+    start = " from its parent's latest checkpoint" if args.warm_start else ""
+    print(f"trial {number}: clone of trial {args.trial} with {overrides or 'no changes'} enqueued{start}")
+    return 0
+
+
+def _parse_assignment(item: str) -> tuple[str, Any]:
+    import json
+
+    name, sep, text = item.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--set {item!r}: expected FIELD=VALUE, e.g. learning_rate=2e-6")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = {"True": True, "False": False, "None": None}.get(text, text)
+    return name.strip(), value
 
 
 def _print_summary(study: Any, storage: str) -> None:

@@ -202,7 +202,10 @@ class TrialRunner:
         train_dataset: Any,
         pool: ModelPool,
         workdir: str | Path,
+        start_unit: int = 0,
     ) -> None:
+        """`start_unit` > 0 starts a warm-started clone at its parent's progress: it trains the remaining units
+        with a fresh optimizer and LR schedule over the remaining steps."""
         self.number = number
         self.config = config
         self.plan = plan
@@ -210,7 +213,8 @@ class TrialRunner:
         self.train_dataset = train_dataset
         self.pool = pool
         self.workdir = Path(workdir)
-        self.units_done = 0
+        self.start_unit = start_unit
+        self.units_done = start_unit
         self.global_step = 0
         self.tokens_seen = 0
         self._optimizer: Any = None
@@ -235,6 +239,11 @@ class TrialRunner:
         return self.pool.tokenizer(self.config)
 
     @property
+    def total_steps(self) -> int:
+        """Optimizer steps this runner trains in all (the LR schedule's length)."""
+        return (self.schedule.num_units - self.start_unit) * self.schedule.steps_per_chunk
+
+    @property
     def finished(self) -> bool:
         return self.units_done >= self.schedule.num_units
 
@@ -248,10 +257,11 @@ class TrialRunner:
             raise RuntimeError(f"trial {self.number}: all {self.schedule.num_units} chunks are already trained")
         started = time.perf_counter()
         unit = self.units_done
-        stop_at = (unit + 1) * self.schedule.steps_per_chunk
+        stop_at = self.global_step + self.schedule.steps_per_chunk
         model = self.model
-        new_epoch = unit > 0 and self.schedule.chunk_of_unit(unit) == 0
-        boundary = _boundary_callback(stop_at, self._rng if unit > 0 else None, new_epoch)
+        # The first chunk keeps the RNG the trainer's constructor seeded; later ones continue the trial's own.
+        new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
+        boundary = _boundary_callback(stop_at, self._rng, new_epoch)
         args = self._chunk_args()
         with _undo_trainer_patches(model):
             trainer = chunk_trainer_class()(
@@ -327,15 +337,23 @@ class TrialRunner:
             rng=self._rng,
         )
 
-    def load_state(self, state: TrialState) -> None:
-        """Continue from `state` (a checkpoint): weights, optimizer, scheduler, RNG and counters."""
+    def load_weights(self, weights: dict[str, Any]) -> None:
+        """Set the trial's trained weights (its adapter, or the whole model) from `trainable_weights()` of a trial
+        of the same shape."""
         model = self.model
         if self.config.peft is not None:
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(model, state.weights, adapter_name=adapter_name(self.number))
+            result = set_peft_model_state_dict(model, weights, adapter_name=adapter_name(self.number))
+            missing = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+            if missing:
+                raise ValueError(f"trial {self.number}: weights do not fit its adapter ({missing[:3]} ...)")
         else:
-            model.load_state_dict(state.weights)
+            model.load_state_dict(weights)
+
+    def load_state(self, state: TrialState) -> None:
+        """Continue from `state` (a checkpoint): weights, optimizer, scheduler, RNG and counters."""
+        self.load_weights(state.weights)
         if state.optimizer is not None:
             self._optimizer, self._scheduler = self._fresh_optimizer()
             self._optimizer.load_state_dict(state.optimizer)
@@ -359,7 +377,7 @@ class TrialRunner:
                 beta=self.config.grpo.beta,
             )
             optimizer = trainer.create_optimizer()
-            scheduler = trainer.create_scheduler(self.schedule.total_steps, optimizer)
+            scheduler = trainer.create_scheduler(self.total_steps, optimizer)
         return optimizer, scheduler
 
     def _chunk_args(self) -> Any:
@@ -367,7 +385,7 @@ class TrialRunner:
         return dataclasses.replace(
             grpo,
             output_dir=str(self.workdir / f"trial-{self.number}"),
-            max_steps=self.schedule.total_steps,
+            max_steps=self.total_steps,
             shuffle_dataset=False,
             save_strategy="no",
             report_to=[],

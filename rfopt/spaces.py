@@ -74,8 +74,9 @@ class ListSpace:
                 f"trial {trial.number} was not enqueued from this list of configs; "
                 "a study driven by a list of configs runs only those"
             )
-        for name, values in self.params.items():
-            trial.suggest_categorical(name, sorted(set(values), key=_sort_key))
+        if "rfopt:clone" not in trial.user_attrs:  # a clone's params were set when it was made
+            for name, values in self.params.items():
+                trial.suggest_categorical(name, sorted(set(values), key=_sort_key))
         return TrialConfig.from_json(trial.user_attrs[CONFIG_ATTR])
 
 

@@ -37,6 +37,7 @@ from .chunks import ChunkPlan, PlanError, TrialSchedule, dataset_fingerprint, tr
 from .config import ConfigError, TrialConfig
 from .evaluation import EvalSettings
 from .models import ModelPool, adapter_name
+from .ops import CLONE_ATTR, PAUSED_ATTR, STOP_REASON, Request, read_request, record_applied
 from .pruning import decide, decision_key, load_decision
 from .runner import TrialRunner
 from .scheduler import LiveTrial, completed_rungs, next_trial
@@ -54,6 +55,7 @@ FAIL_REASON_ATTR = "rfopt:fail_reason"
 ADAPTER_ATTR = "rfopt:adapter"
 METRICS_ATTR = "rfopt:metrics"
 SAMPLES_ATTR = "rfopt:samples"
+STOPPED_ATTR = "rfopt:stopped"
 
 
 def chunk_attr(prefix: str, unit: int) -> str:
@@ -80,6 +82,8 @@ class _Live:
     info: LiveTrial
     last_value: float | None = None
     decided: set[int] = field(default_factory=set)
+    needs_load: bool = False
+    """Its state must be loaded before its next chunk: from its checkpoint, or a clone's warm-start weights."""
 
 
 class Study:
@@ -164,6 +168,46 @@ class Study:
         run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
         run.resume_running()
         run.loop(n_trials, max_concurrent, show_progress_bar)
+
+    # ------------------------------------------------------------------ ops
+    def pause(self, trial_number: int) -> None:
+        """Pause a running trial at its next chunk boundary (it stays RUNNING in Optuna, unscheduled)."""
+        from .ops import request
+
+        request(self.optuna, trial_number, "pause")
+
+    def resume(self, trial_number: int) -> None:
+        """Resume a paused trial; it continues exactly where it was."""
+        from .ops import request
+
+        request(self.optuna, trial_number, "resume")
+
+    def stop(self, trial_number: int) -> None:
+        """Stop a running trial at its next chunk boundary: it ends PRUNED with its last value."""
+        from .ops import request
+
+        request(self.optuna, trial_number, "stop")
+
+    def clone(self, trial_number: int, overrides: dict[str, Any] | None = None, *, warm_start: bool = False) -> int:
+        """Enqueue a copy of a trial with `overrides` (validated first); returns the clone's trial number.
+
+        With `warm_start` the clone starts from the parent's latest checkpoint (weights; a fresh LR schedule over
+        the remaining steps) and reports at the parent's step numbers onward. A running `optimize` picks it up
+        when a slot frees; otherwise the next `optimize` call does.
+        """
+        from .ops import OpError, clone
+
+        stored = self.optuna.user_attrs.get(PLAN_ATTR)
+        if stored is None:
+            raise OpError(f"study {self.study_name!r} has no chunk plan yet; run it before cloning trials")
+        return clone(
+            self.optuna,
+            trial_number,
+            overrides or {},
+            warm_start=warm_start,
+            plan=ChunkPlan.from_dict(stored),
+            checkpoints=self.checkpoints,
+        )
 
     # ------------------------------------------------------------------ results
     def leaderboard(self) -> list[LeaderboardRow]:
@@ -301,13 +345,15 @@ class _Run:
                 if state is not None:
                     live.runner.load_state(state)
                     live.info.units_done = state.units_done
-                if live.info.units_done < reported:
+                    live.needs_load = False
+                live.info.paused = bool(frozen.user_attrs.get(PAUSED_ATTR))
+                if live.info.units_done < reported and not live.runner.start_unit:
                     raise RuntimeError(
                         f"its checkpoint holds {live.info.units_done} chunks but {reported} were reported"
                     )
                 if reported:
                     live.last_value = frozen.intermediate_values[max(frozen.intermediate_values)]
-                live.decided = {s for s in range(reported) if decision_key(s) in frozen.user_attrs}
+                live.decided |= {s for s in frozen.intermediate_values if decision_key(s) in frozen.user_attrs}
                 if live.info.units_done > reported:  # checkpoint written, report not committed
                     self._commit(live, live.info.units_done - 1, *self._evaluate(live))
                 logger.info("trial %d: resumed at chunk %d", trial.number, live.info.units_done)
@@ -318,7 +364,8 @@ class _Run:
 
     def _ask(self) -> _Live | None:
         trial = self.optuna.ask()
-        self.started += 1
+        if CLONE_ATTR not in trial.user_attrs:  # clones come on top of n_trials
+            self.started += 1
         try:
             config = self.space.config_for(trial)
             config.validate()
@@ -332,11 +379,17 @@ class _Run:
         schedule = trial_schedule(self.plan, config.resolved_grpo())
         if SCHEDULE_ATTR not in trial.user_attrs:
             trial.set_user_attr(SCHEDULE_ATTR, schedule.to_dict())
+        lineage = trial.user_attrs.get(CLONE_ATTR) or {}
+        start_unit = int(lineage.get("start_unit", 0))
         runner = TrialRunner(
-            trial.number, config, self.plan, schedule, self.train_dataset, self.pool, self.workdir
+            trial.number, config, self.plan, schedule, self.train_dataset, self.pool, self.workdir, start_unit
         )
-        info = LiveTrial(trial.number, 0, schedule.num_units, config.model_key)
-        live = _Live(trial=trial, config=config, runner=runner, schedule=schedule, info=info)
+        info = LiveTrial(trial.number, start_unit, schedule.num_units, config.model_key)
+        live = _Live(
+            trial=trial, config=config, runner=runner, schedule=schedule, info=info,
+            needs_load=bool(lineage.get("warm_start")),
+            decided=set(range(start_unit)),  # a warm clone reports from its parent's step onward
+        )
         self.live[trial.number] = live
         return live
 
@@ -390,7 +443,18 @@ class _Run:
         trial.report(value, step=unit)
         live.last_value = value
 
+    def _load(self, live: _Live) -> None:
+        """Bring a trial's state back after a pause, or give a warm-started clone its parent's weights."""
+        state = self.study.checkpoints.load(live.trial.number)
+        if state is not None:
+            live.runner.load_state(state)
+        elif (live.trial.user_attrs.get(CLONE_ATTR) or {}).get("warm_start"):
+            live.runner.load_weights(self.study.checkpoints.load_warm_start(live.trial.number))
+        live.needs_load = False
+
     def _run_unit(self, live: _Live) -> None:
+        if live.needs_load:
+            self._load(live)
         unit = live.info.units_done
         started = time.perf_counter()
         chunk = live.runner.train_chunk()
@@ -401,6 +465,45 @@ class _Run:
         live.info.units_done = unit + 1
         if self.on_unit is not None:
             self.on_unit(live.trial.number, unit, value)
+
+    # ------------------------------------------------------------------ ops
+    def _apply_ops(self) -> None:
+        """Apply pending pause/resume/stop requests at this chunk boundary; drop trials finished elsewhere."""
+        if not self.live:
+            return
+        frozen = {t.number: t for t in self.optuna.get_trials(deepcopy=False)}
+        for number, live in list(self.live.items()):
+            trial = frozen[number]
+            if trial.state != OptunaState.RUNNING:  # e.g. "Fail trial" in optuna-dashboard
+                logger.warning("trial %d became %s outside rfopt; it trains no further", number, trial.state.name)
+                self.live.pop(number)
+                live.runner.cleanup()
+                if self.progress is not None:
+                    self.progress.skip_units(live.schedule.num_units - live.info.units_done)
+                continue
+            req = read_request(trial)
+            if req is not None:
+                self._apply(live, req)
+
+    def _apply(self, live: _Live, req: Request) -> None:
+        number = live.trial.number
+        if req.op == "stop":
+            last = live.info.units_done - 1
+            live.trial.set_user_attr(STOPPED_ATTR, {"reason": STOP_REASON, "by": req.by, "at": req.at, "after_chunk": last})
+            record_applied(live.trial, req)
+            if self.progress is not None:
+                self.progress.skip_units(live.schedule.num_units - live.info.units_done)
+            self._prune(live, f"{STOP_REASON} ({req.by})")
+            return
+        paused = req.op == "pause"
+        if paused != live.info.paused:
+            live.info.paused = paused
+            live.trial.set_user_attr(PAUSED_ATTR, paused)
+            if paused:  # free its memory; it continues from its checkpoint
+                live.runner.cleanup()
+                live.needs_load = True
+        record_applied(live.trial, req)
+        logger.info("trial %d %s by %s", number, "paused" if paused else "resumed", req.by)
 
     # ------------------------------------------------------------------ rungs
     def _decide_rungs(self) -> None:
@@ -435,12 +538,20 @@ class _Run:
             progress.add_units(total_units)
             try:
                 while True:
-                    while len(self.live) < max_concurrent and self.started < n_trials and not self.optuna._stop_flag:
+                    self._apply_ops()
+                    while self._active() < max_concurrent and (
+                        (self.started < n_trials and not self.optuna._stop_flag) or self._waiting_clone()
+                    ):
                         live = self._ask()
                         if live is not None:
                             progress.add_units(live.schedule.num_units)
                     pick = next_trial([l.info for l in self.live.values()], self.pool_keys())
                     if pick is None:
+                        paused = sorted(n for n, l in self.live.items() if l.info.paused)
+                        if paused:
+                            logger.warning(
+                                "nothing left to run but paused trials %s; resume them and run the study again", paused
+                            )
                         break
                     live = self.live[pick.number]
                     try:
@@ -469,6 +580,13 @@ class _Run:
 
     def _schedules(self) -> list[dict[str, int]]:
         return [t.user_attrs[SCHEDULE_ATTR] for t in self.optuna.get_trials(deepcopy=False) if SCHEDULE_ATTR in t.user_attrs]
+
+    def _waiting_clone(self) -> bool:
+        return any(CLONE_ATTR in t.user_attrs for t in self.optuna.get_trials(deepcopy=False, states=[OptunaState.WAITING]))
+
+    def _active(self) -> int:
+        """Live trials that hold a slot: paused ones free theirs."""
+        return sum(not l.info.paused for l in self.live.values())
 
     def pool_keys(self) -> set[str]:
         return {l.config.model_key for l in self.live.values() if self.pool.has_base(l.config)}
@@ -573,6 +691,8 @@ def _last_value(trial: optuna.trial.FrozenTrial) -> float | None:
 def _prune_reason(trial: optuna.trial.FrozenTrial) -> str | None:
     if trial.state != OptunaState.PRUNED:
         return None
+    if STOPPED_ATTR in trial.user_attrs:
+        return f"{STOP_REASON} after chunk {trial.user_attrs[STOPPED_ATTR]['after_chunk']}"
     for step in sorted(trial.intermediate_values, reverse=True):
         decision = load_decision(trial, step)
         if decision is not None and decision.prune:

@@ -1,0 +1,166 @@
+"""Pause, resume, stop and clone while a study runs, through the Python API and the command line."""
+
+import optuna
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rfopt
+from rfopt.cli import main as cli
+from rfopt.ops import OPS_LOG_ATTR, OpError
+from rfopt_testkit import prompts_dataset, trial_config
+
+TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
+
+
+def _configs(model):
+    return rfopt.grid(trial_config(model, gradient_accumulation_steps=2), learning_rate=[1e-3, 5e-3])
+
+
+def _optimize(study, configs, on_unit=None, num_chunks=4):
+    done = []
+
+    def record(number, step, value):
+        done.append((number, step))
+        if on_unit is not None:
+            on_unit(number, step, len(done))
+
+    study.optimize(configs, TRAIN, EVAL, num_chunks=num_chunks, show_progress_bar=False, on_unit=record)
+    return done
+
+
+def _adapter(study, number):
+    return load_file(study.optuna.trials[number].user_attrs["rfopt:adapter"] + "/adapter_model.safetensors")
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_stopped_trial_ends_pruned_with_its_last_value_and_trains_no_further(tiny_model, storage):
+    study = rfopt.create_study(study_name="s", storage=storage)
+
+    def on_unit(number, step, count):
+        if (number, step) == (1, 0):
+            study.stop(1)
+
+    done = _optimize(study, _configs(tiny_model), on_unit)
+    assert [step for number, step in done if number == 1] == [0]
+    stopped = study.optuna.trials[1]
+    assert stopped.state == optuna.trial.TrialState.PRUNED
+    assert stopped.value == stopped.intermediate_values[0]
+    assert stopped.user_attrs["rfopt:stopped"]["reason"] == "stopped by user"
+    history = stopped.user_attrs[OPS_LOG_ATTR]
+    assert history[0]["op"] == "stop" and "@" in history[0]["by"] and history[0]["applied_at"]
+    assert "stopped by user" in study.leaderboard_text()
+    assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_paused_trial_resumes_exactly_where_it_was(tiny_model, tmp_path):
+    reference = rfopt.create_study(study_name="r", storage=f"sqlite:///{tmp_path / 'ref.db'}")
+    _optimize(reference, _configs(tiny_model))
+
+    study = rfopt.create_study(study_name="p", storage=f"sqlite:///{tmp_path / 'p.db'}")
+    order = []
+
+    def on_unit(number, step, count):
+        order.append((number, step))
+        if (number, step) == (1, 0):
+            study.pause(1)
+        if (number, step) == (0, 2):
+            study.resume(1)
+
+    _optimize(study, _configs(tiny_model), on_unit)
+    # Trial 1 sat out while paused (trial 0 ran chunks 1 and 2 alone), then caught up.
+    assert order[:4] == [(0, 0), (1, 0), (0, 1), (0, 2)]
+    paused, ref = study.optuna.trials[1], reference.optuna.trials[1]
+    assert paused.state == ref.state == optuna.trial.TrialState.COMPLETE
+    assert paused.intermediate_values == ref.intermediate_values
+    assert _same(_adapter(study, 1), _adapter(reference, 1))
+    assert [op["op"] for op in paused.user_attrs[OPS_LOG_ATTR]] == ["pause", "resume"]
+
+
+def test_warm_clone_starts_from_the_parents_weights_and_cold_clone_from_the_base(tiny_model, storage):
+    study = rfopt.create_study(study_name="c", storage=storage)
+    parent_weights = {}
+    clones = {}
+
+    def on_unit(number, step, count):
+        if (number, step) == (0, 1):
+            parent_weights.update(study.checkpoints.load(0).weights)
+            # A learning rate of 0 keeps whatever the clone starts from: its final adapter shows where it started.
+            clones["warm"] = study.clone(0, {"learning_rate": 0.0}, warm_start=True)
+            clones["cold"] = study.clone(0, {"learning_rate": 0.0})
+
+    _optimize(study, _configs(tiny_model)[:1], on_unit)
+    warm, cold = study.optuna.trials[clones["warm"]], study.optuna.trials[clones["cold"]]
+    assert warm.state == cold.state == optuna.trial.TrialState.COMPLETE
+    # The warm clone reports at its parent's step numbers onward; the cold one from step 0.
+    assert sorted(warm.intermediate_values) == [2, 3]
+    assert sorted(cold.intermediate_values) == [0, 1, 2, 3]
+    assert _same(_adapter(study, warm.number), parent_weights)
+    cold_weights = _adapter(study, cold.number)
+    assert all(v.abs().sum() == 0 for k, v in cold_weights.items() if "lora_B" in k)  # a fresh LoRA
+    assert warm.user_attrs["rfopt:clone"]["parent"] == 0
+    assert warm.user_attrs["rfopt:clone"]["overrides"] == {"learning_rate": 0.0}
+    assert warm.user_attrs["rfopt:clone"]["warm_start"] is True
+    assert rfopt.TrialConfig.from_json(warm.user_attrs["rfopt:config"]).grpo.learning_rate == 0.0
+
+
+def test_ops_from_the_command_line_reach_the_running_study(tiny_model, storage):
+    study = rfopt.create_study(study_name="cli", storage=storage)
+    replies = {}
+
+    def on_unit(number, step, count):
+        if (number, step) == (0, 0):
+            replies["clone"] = cli(["clone", "0", "--study", "cli", "--storage", storage,
+                                    "--set", "learning_rate=2e-3", "--warm-start"])
+        if (number, step) == (1, 0):
+            replies["stop"] = cli(["stop", "1", "--study", "cli", "--storage", storage])
+
+    _optimize(study, _configs(tiny_model), on_unit, num_chunks=2)
+    assert replies == {"clone": 0, "stop": 0}
+    trials = study.optuna.trials
+    assert trials[1].state == optuna.trial.TrialState.PRUNED
+    assert trials[2].user_attrs["rfopt:clone"]["parent"] == 0
+    assert trials[2].state == optuna.trial.TrialState.COMPLETE and sorted(trials[2].intermediate_values) == [1]
+
+
+def test_bad_ops_are_refused_and_change_nothing(tiny_model, storage, capsys):
+    study = rfopt.create_study(study_name="b", storage=storage)
+    _optimize(study, _configs(tiny_model)[:1], num_chunks=2)
+    before = len(study.optuna.trials)
+    with pytest.raises(OpError, match="trial 0 is COMPLETE; only a RUNNING trial can be paused"):
+        study.pause(0)
+    with pytest.raises(OpError, match="has no trial 7"):
+        study.stop(7)
+    with pytest.raises(OpError, match="unknown field"):
+        study.clone(0, {"learning_rat": 1e-3})
+    with pytest.raises(OpError, match="expected a number"):
+        study.clone(0, {"learning_rate": "high"})
+    with pytest.raises(OpError, match="num_generations"):
+        study.clone(0, {"num_generations": 3})
+    with pytest.raises(OpError, match="shape must stay.*'r'"):
+        study.clone(0, {"lora_r": 8}, warm_start=True)
+    with pytest.raises(OpError, match="nothing left to train"):
+        study.clone(0, {}, warm_start=True)
+    assert len(study.optuna.trials) == before
+    assert cli(["clone", "0", "--study", "b", "--storage", storage, "--set", "learning_rate"]) == 1
+    assert "expected FIELD=VALUE" in capsys.readouterr().err
+    assert cli(["resume", "0", "--study", "b", "--storage", storage]) == 1
+    assert "only a RUNNING trial can be resumed" in capsys.readouterr().err
+
+
+def test_resume_of_a_running_trial_that_is_not_paused_is_refused(tiny_model, storage):
+    study = rfopt.create_study(study_name="x", storage=storage)
+    errors = []
+
+    def on_unit(number, step, count):
+        if (number, step) == (0, 0):
+            try:
+                study.resume(1)
+            except OpError as exc:
+                errors.append(str(exc))
+
+    _optimize(study, _configs(tiny_model), on_unit, num_chunks=2)
+    assert errors == ["trial 1 is not paused; only a paused trial can be resumed"]
