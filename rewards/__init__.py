@@ -21,8 +21,8 @@ reward                         gives                                            
 ``math_accuracy_for()``        factory: ``math_accuracy`` with another gold-column order  chosen column
 =============================  =========================================================  ==============
 
-Factory products carry ``rfopt_factory = (import path, kwargs)``; :func:`reward_spec` and
-:func:`load_reward` turn any reward into that pair and back.
+Factory products carry ``rfopt_factory = (import path, kwargs)``, from which rfopt stores a
+trial's rewards by import path and rebuilds them (``rfopt.config``).
 
 >>> import rewards
 >>> rewards.correctness(["Q"], [[{"role": "assistant", "content": "<answer>$1,200</answer>"}]], answer=["#### 1200"])
@@ -40,7 +40,7 @@ from rewards.extract import (
 from rewards.formats import soft_format, strict_format, tag_count, think_format
 from rewards.length import completion_lengths, length_reward, soft_overlong_punishment
 from rewards.math_answers import math_accuracy, math_accuracy_for
-from rewards.spec import FactoryReward, RewardFunc, load_reward, reward_spec
+from rewards.spec import FactoryReward, RewardFunc
 
 __all__ = [
     "FactoryReward",
@@ -52,12 +52,10 @@ __all__ = [
     "extract_gsm8k_answer",
     "integer_answer",
     "length_reward",
-    "load_reward",
     "math_accuracy",
     "math_accuracy_for",
     "normalize_answer",
     "normalize_number",
-    "reward_spec",
     "soft_format",
     "soft_overlong_punishment",
     "strict_format",

@@ -1,4 +1,4 @@
-"""How a reward function is named, stored as data, and rebuilt.
+"""How a factory-made reward function is named and stored as data (rfopt.config stores and rebuilds it).
 
 A reward is saved in a trial's config as an import path plus keyword arguments:
 
@@ -11,7 +11,6 @@ Factory products are instances of :class:`FactoryReward` subclasses, not closure
 pickles reward functions to send them to rollout worker processes and closures do not pickle.
 """
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,7 +22,7 @@ class FactoryReward:
     """Base of rewards built by a factory: named for TRL's metrics and rebuildable from ``rfopt_factory``.
 
     ``__name__`` is what TRL logs under (``rewards/<name>/mean``); ``rfopt_factory`` is the
-    ``(import path, kwargs)`` pair that :func:`load_reward` turns back into an equal reward.
+    ``(import path, kwargs)`` pair from which ``rfopt.config.reward_from_json`` rebuilds an equal reward.
     """
 
     def __init__(self, name: str, factory: str, kwargs: Mapping[str, Any]) -> None:
@@ -37,43 +36,3 @@ class FactoryReward:
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
         raise NotImplementedError
-
-
-def reward_spec(func: RewardFunc) -> tuple[str, dict[str, Any] | None]:
-    """Return ``(import path, kwargs)`` from which :func:`load_reward` rebuilds ``func``.
-
-    ``kwargs`` is None for a plain function (import it as is) and a dict for a factory product
-    (call the factory with it). Raises ValueError for a function that cannot be imported back,
-    such as a lambda or a function defined inside another.
-
-    >>> from rewards import soft_overlong_punishment
-    >>> reward_spec(soft_overlong_punishment(256, 64))
-    ('rewards.length:soft_overlong_punishment', {'max_completion_length': 256, 'soft_punish_cache': 64})
-    """
-    factory = getattr(func, "rfopt_factory", None)
-    if factory is not None:
-        path, kwargs = factory
-        return path, dict(kwargs)
-    module = getattr(func, "__module__", None)
-    qualname = getattr(func, "__qualname__", None)
-    if not module or not qualname or "<" in qualname or module == "__main__":
-        raise ValueError(
-            f"reward function {func!r} cannot be rebuilt from an import path: define it at module level "
-            f"in an importable module, or give it an 'rfopt_factory' = (path, kwargs) attribute"
-        )
-    return f"{module}:{qualname}", None
-
-
-def load_reward(path: str, kwargs: Mapping[str, Any] | None = None) -> RewardFunc:
-    """Import the object at ``path`` ("package.module:name"); call it with ``kwargs`` unless None.
-
-    >>> load_reward("rewards.answers:correctness").__name__
-    'correctness'
-    """
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"reward path {path!r} must look like 'package.module:name'")
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    return target if kwargs is None else target(**kwargs)

@@ -4,7 +4,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["rewards", "extract", "answers", "formats", "math_answers", "length", "spec"])
+@pytest.mark.parametrize("module", ["rewards", "extract", "answers", "formats", "math_answers", "length"])
 def test_docstring_examples_give_what_they_show(module):
     name = module if module == "rewards" else f"rewards.{module}"
     result = doctest.testmod(importlib.import_module(name))
