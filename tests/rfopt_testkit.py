@@ -85,3 +85,11 @@ def trial_config(model_path, rewards=(reward_len, reward_vowels), peft=None, **g
         grpo=grpo_config(**grpo_overrides),
         rewards=list(rewards),
     )
+
+
+def tiny_model_factory():
+    """A user function returning (model, tokenizer), as TrialConfig.model accepts; the path comes from the test."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = os.environ["RFOPT_TEST_TINY_MODEL"]
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -121,3 +121,16 @@ def test_checkpoint_of_each_chunk_is_written_and_older_ones_removed(tiny_model, 
     state = study.checkpoints.load(0)
     assert state.units_done == 2 and state.global_step == 2
     assert json.loads((trial_dir / "unit-0002" / "state.json").read_text())["units_done"] == 2
+
+
+def test_a_model_given_as_a_function_is_stored_by_import_path_and_trains(tiny_model, storage, monkeypatch):
+    from rfopt_testkit import tiny_model_factory
+
+    monkeypatch.setenv("RFOPT_TEST_TINY_MODEL", str(tiny_model))
+    config = trial_config(tiny_model)
+    config.model = tiny_model_factory
+    study = rfopt.create_study(study_name="f", storage=storage)
+    study.optimize([config], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
+    trial = study.optuna.trials[0]
+    assert trial.state.name == "COMPLETE"
+    assert json.loads(trial.user_attrs["rfopt:config"])["model"] == {"factory": "rfopt_testkit:tiny_model_factory"}
