@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("study_file", help="path to a study file, e.g. studies/arithmetic.py")
     run.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
     run.add_argument("--study-name", help="study name (default: the study file's name)")
-    run.add_argument("--n-trials", type=int, help="trials to run (default: the study file's)")
+    run.add_argument("--n-trials", type=int, help="new trials to run in this call (default: the study file's total, "
+                     "less the trials the study already has)")
     run.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
     run.add_argument("--max-concurrent", type=int, help="trials time-sliced at once (default: the study file's)")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
@@ -148,11 +149,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         load_if_exists=True,
         checkpoint_dir=args.checkpoint_dir,
     )
+    n_trials = args.n_trials
+    if n_trials is None and spec.n_trials is not None and callable(space):
+        # A study file's n_trials is the study's total: a rerun only tops it up.
+        from optuna.trial import TrialState
+
+        from rfopt.ops import CLONE_ATTR
+
+        started = sum(
+            t.state != TrialState.WAITING and CLONE_ATTR not in t.user_attrs
+            for t in study.optuna.get_trials(deepcopy=False)
+        )
+        n_trials = max(0, spec.n_trials - started)
     study.optimize(
         space,
         train,
         evaluation,
-        n_trials=args.n_trials if args.n_trials is not None else spec.n_trials,
+        n_trials=n_trials,
         num_chunks=args.num_chunks or spec.num_chunks,
         max_concurrent=args.max_concurrent or spec.max_concurrent,
         objective=spec.objective,

@@ -60,6 +60,14 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     assert len(study.trials) == 2
     assert all(sorted(t.intermediate_values) == [0, 1] for t in study.trials if t.state.name == "COMPLETE")
 
+    # The same command again continues the study: it is complete, so nothing new is trained.
+    again = subprocess.run(
+        [sys.executable, "-m", "rfopt.cli", "run", str(study_file), "--storage", storage, "--fast", "--no-progress"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(optuna.load_study(study_name="cli-demo", storage=storage).trials) == 2
+
     status = subprocess.run(
         [sys.executable, "-m", "rfopt.cli", "status", "--storage", storage],
         capture_output=True, text=True, env=env, timeout=120,
