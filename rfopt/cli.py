@@ -4,6 +4,7 @@
     rfopt status [--study NAME]                     studies in a storage, and a study's leaderboard
     rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
+    rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's controls and per-chunk charts
 """
 
 from __future__ import annotations
@@ -119,6 +120,31 @@ def _parser() -> argparse.ArgumentParser:
                        help="start from the parent's latest checkpoint (its weights; a fresh LR schedule over the "
                        "remaining steps) instead of from scratch")
     clone.set_defaults(handler=_cmd_clone)
+
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="optuna-dashboard plus rfopt's controls and per-chunk charts",
+        description="Serve optuna-dashboard with rfopt's page at /rfopt: per-chunk charts of each trial and "
+        "pause / resume / stop / clone buttons (applied at the trial's next chunk boundary). Bound to a non-local "
+        "address, every request needs a token.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent(
+            """\
+            examples:
+              rfopt dashboard                                  # http://127.0.0.1:8080/rfopt
+              rfopt dashboard --storage postgresql://db/rfopt --host 0.0.0.0 --port 8081
+            """
+        ),
+    )
+    dashboard.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    dashboard.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    dashboard.add_argument("--token", help="token every request must carry; default: $RFOPT_DASHBOARD_TOKEN, or, "
+                           "bound to a non-local address, a generated one (printed)")
+    dashboard.add_argument("--artifact-dir", default="rfopt-artifacts", help="where files uploaded through the "
+                           "dashboard go (default: %(default)s); rfopt's own artifacts are found in each study's "
+                           "checkpoint directory")
+    dashboard.set_defaults(handler=_cmd_dashboard)
     return parser
 
 
@@ -212,8 +238,9 @@ def _cmd_op(args: argparse.Namespace) -> int:
 
 def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
+    from rfopt.config import parse_override
 
-    overrides = dict(_parse_assignment(item) for item in args.set)
+    overrides = dict(parse_override(item) for item in args.set)
     study = rfopt.load_study(args.study_name, args.storage)
     number = study.clone(args.trial, overrides, warm_start=args.warm_start)
     start = " from its parent's latest checkpoint" if args.warm_start else ""
@@ -221,17 +248,12 @@ def _cmd_clone(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_assignment(item: str) -> tuple[str, Any]:
-    import json
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from rfopt.dashboard import serve
 
-    name, sep, text = item.partition("=")
-    if not sep or not name:
-        raise ValueError(f"--set {item!r}: expected FIELD=VALUE, e.g. learning_rate=2e-6")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = {"True": True, "False": False, "None": None}.get(text, text)
-    return name.strip(), value
+    serve(_absolute_sqlite(args.storage), host=args.host, port=args.port, token=args.token,
+          artifact_dir=args.artifact_dir)
+    return 0
 
 
 def _print_summary(study: Any, storage: str) -> None:

@@ -251,6 +251,21 @@ class TrialConfig:
         return config
 
 
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"learning_rate=2e-6"`` -> ``("learning_rate", 2e-6)``: the value read as JSON, else as text.
+
+    How the command line and the dashboard read ``FIELD=VALUE`` overrides for `TrialConfig.with_overrides`.
+    """
+    name, sep, text = item.partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. learning_rate=2e-6")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = {"True": True, "False": False, "None": None}.get(text, text)
+    return name.strip(), value
+
+
 # ---------------------------------------------------------------------- import paths
 def import_path(obj: Any) -> str:
     """``"module:qualname"`` for an importable function or class (a file path for ``__main__`` objects)."""

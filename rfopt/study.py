@@ -442,6 +442,9 @@ class _Run:
         trial.set_user_attr(chunk_attr(SAMPLES_ATTR, unit), _finite(extra["samples"]))
         trial.report(value, step=unit)
         live.last_value = value
+        from .dashboard import publish_chunk  # lazy: rfopt.dashboard imports this module
+
+        publish_chunk(trial)
 
     def _load(self, live: _Live) -> None:
         """Bring a trial's state back after a pause, or give a warm-started clone its parent's weights."""
