@@ -281,6 +281,8 @@ def _print_summary(study: Any, storage: str) -> None:
     print()
     print("open the dashboard:")
     print(f"  optuna-dashboard {_absolute_sqlite(storage)}")
+    print("or, with rfopt's per-chunk charts and trial controls:")
+    print(f"  rfopt dashboard --storage {_absolute_sqlite(storage)}")
 
 
 def _absolute_sqlite(storage: str) -> str:
