@@ -494,3 +494,49 @@ def test_wilcoxon_without_scipy_says_what_to_install(tmp_path):
     assert not any(d.prune for d in decide(study, [0, 1, 2], 0, WilcoxonPruner(), n_steps=4))
     with pytest.raises(ImportError, match="needs scipy"):
         decide(study, [0, 1, 2], 1, WilcoxonPruner(), n_steps=4)
+
+
+# What samplers see of a study pruned at rungs (README: "What samplers see"). Optuna 5.0 private
+# functions, read in optuna/samplers/_tpe/sampler.py and _cmaes.py; a change there should fail here.
+
+
+def test_tpe_ranks_complete_trials_first_then_pruned_ones_by_last_step_then_value(tmp_path):
+    from optuna.samplers._tpe.sampler import _split_trials
+
+    study = new_study(tmp_path, "tpe")
+    # 8 -> 4 -> 2 -> 1: bad trials pruned at chunk 0, 0 and 2 at chunk 1, 4 at chunk 3; 6 COMPLETE.
+    sweep(study, SuccessiveHalvingPruner(min_resource=1, reduction_factor=2), bad_first=True)
+    trials = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    below, _ = _split_trials(study, trials, n_below=3)
+    # Trial 2 (0.84 at chunk 1) beats trial 0 (0.82 at chunk 1), and both lose to trial 4, which
+    # was pruned later with a lower value than either had: the last step counts first.
+    assert [t.number for t in below] == [2, 4, 6]
+    below, _ = _split_trials(study, trials, n_below=5)
+    assert [t.number for t in below] == [0, 2, 4, 6, 7]  # 7 is the best of those pruned at 0
+
+
+def test_tpe_constant_liar_counts_live_trials_as_bad_whatever_their_values(tmp_path):
+    from optuna.samplers._tpe.sampler import _split_trials
+
+    study = new_study(tmp_path, "liar")
+    sweep(study, SuccessiveHalvingPruner(min_resource=1, reduction_factor=2), bad_first=True,
+          stop_after=1)  # trials 4 and 6, the leaders, are still RUNNING
+    # TPESampler(constant_liar=True), the default, reads COMPLETE, PRUNED and RUNNING trials.
+    trials = study.get_trials(
+        states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    )
+    below, above = _split_trials(study, trials, n_below=2)
+    assert [t.number for t in below] == [0, 2]
+    assert {4, 6} <= {t.number for t in above}
+
+
+def test_cmaes_with_pruned_trials_takes_their_last_intermediate_value(tmp_path):
+    study = new_study(tmp_path, "cmaes")
+    sweep(study, SuccessiveHalvingPruner(min_resource=1, reduction_factor=2), bad_first=True)
+    sampler = optuna.samplers.CmaEsSampler(consider_pruned_trials=True)
+    seen = {t.number: t.value for t in sampler._get_trials(study)}
+    assert seen == {
+        **{n: value(n, 0) for n in BAD}, 0: value(0, 1), 2: value(2, 1), 4: value(4, 3),
+        6: value(6, N_STEPS - 1),
+    }
+    assert set(t.number for t in optuna.samplers.CmaEsSampler()._get_trials(study)) == {6}

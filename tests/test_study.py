@@ -119,7 +119,8 @@ def test_checkpoint_of_each_chunk_is_written_and_older_ones_removed(tiny_model, 
     assert (trial_dir / "LATEST").read_text() == "unit-0002"
     assert sorted(p.name for p in trial_dir.glob("unit-*")) == ["unit-0002"]
     state = study.checkpoints.load(0)
-    assert state.units_done == 2 and state.global_step == 2
+    # 8 prompts, one prompt (4 completions) per optimizer step: 4 steps a chunk, 8 in all.
+    assert state.units_done == 2 and state.global_step == 8
     assert json.loads((trial_dir / "unit-0002" / "state.json").read_text())["units_done"] == 2
 
 

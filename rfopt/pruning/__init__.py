@@ -10,6 +10,8 @@ made in any process, on any host, after a restart. A decision is made once per (
 stored on the trial as the user attr ``rfopt:pruning:<step>`` holding
 ``{"prune": bool, "reason": str, "peers": [trial numbers], "pruner": class name}``; asking again
 returns it. Kept trials get one too, so the dashboard shows why each trial lives or stopped.
+`Study.optimize` does not ask at a trial's last chunk: a trial that has trained all its chunks is
+told COMPLETE with that chunk's value, so its last step holds no decision.
 
 Peers at step k are all trials with a value at step k, in any state but FAIL: RUNNING, WAITING,
 PRUNED (pruned at or after k) and COMPLETE. A trial pruned before k has no value there and is not
