@@ -8,6 +8,7 @@ copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A ful
 from __future__ import annotations
 
 import copy
+import gc
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,7 @@ class ModelPool:
         self.device = device
         self._resident: dict[str, _Resident] = {}
         self._full: dict[int, Any] = {}
+        self._froze = False
 
     def tokenizer(self, config: TrialConfig) -> Any:
         return self._load(config).tokenizer
@@ -130,4 +132,26 @@ class ModelPool:
         if key not in self._resident:
             model, tokenizer = load_model(config, self.device)
             self._resident[key] = _Resident(base=model, tokenizer=tokenizer)
+            self._freeze_long_lived()
         return self._resident[key]
+
+    def _freeze_long_lived(self) -> None:
+        """Take what is alive now (the imported libraries, the resident models) out of the cyclic GC's walks.
+
+        ``Trainer.train`` runs a full ``gc.collect()`` (``Accelerator.free_memory``) at the start of every chunk, and a
+        full collection walks every object of torch, transformers and TRL: about 0.3 s a chunk, which on a small
+        model costs more than the chunk's training. Frozen (``gc.freeze``), those objects are skipped and a
+        collection walks only what was made since. Reference counting still frees frozen objects; `close` unfreezes.
+        """
+        gc.collect()
+        gc.freeze()
+        self._froze = True
+
+    def close(self) -> None:
+        """Drop the resident models and copies, and give the frozen objects back to the cyclic GC (``gc.unfreeze``,
+        which is process-wide)."""
+        self._resident.clear()
+        self._full.clear()
+        if self._froze:
+            gc.unfreeze()
+            self._froze = False

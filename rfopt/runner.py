@@ -99,12 +99,25 @@ def _trainer_class():
     class ChunkTrainer(GRPOTrainer):
         """GRPOTrainer that starts its state at a carried step count instead of zero."""
 
-        def __init__(self, *args: Any, start_step: int, tokens_seen: int, beta: float, **kwargs: Any) -> None:
+        def __init__(
+            self, *args: Any, start_step: int, tokens_seen: int, beta: float, first_chunk: bool = True, **kwargs: Any
+        ) -> None:
             self._rfopt_start = (start_step, tokens_seen)
+            self._rfopt_first_chunk = first_chunk
             super().__init__(*args, **kwargs)
             # Constructed with beta=0 so that TRL builds no reference copy; the reference is the base model with
             # the adapter disabled (TRL's own choice for a PEFT model without a "ref" adapter).
             self.beta = beta
+
+        def _send_telemetry(self) -> None:
+            # TRL pings its usage telemetry from every trainer it builds; a trial is one training run, not one per chunk.
+            if self._rfopt_first_chunk:
+                super()._send_telemetry()
+
+        def _move_model_to_device(self, model: Any, device: Any) -> None:
+            # The model is the pool's, already on its device; moving it again walks every tensor on every chunk.
+            if self._rfopt_first_chunk:
+                super()._move_model_to_device(model, device)
 
         def _init_training_state(self, *args: Any, **kwargs: Any):
             out = super()._init_training_state(*args, **kwargs)
@@ -163,6 +176,38 @@ def _draw_like_a_new_epoch() -> None:
     import torch
 
     torch.empty((), dtype=torch.int64).random_()
+
+
+@contextmanager
+def _answer_accelerate_checks_once(enabled: bool = True):
+    """While a chunk's trainer is built and run, answer two of accelerate's checks once instead of on every call.
+
+    ``is_peft_model`` is called about ten times while a trainer is built and started; each call reads peft's package
+    metadata (``is_peft_available``) and walks every submodule of the model (``has_compiled_regions``, through
+    ``extract_model_from_parallel``). On SmolLM2 with LoRA that was a third of a swap. Neither answer changes during
+    a chunk: the package does not come or go, and nothing is compiled unless ``torch_compile`` is set, in which case
+    the checks are left alone.
+    """
+    from accelerate.utils import modeling, other
+
+    if not enabled:
+        yield
+        return
+    originals = (other.has_compiled_regions, modeling.is_peft_available)
+    compiled: dict[int, tuple[Any, bool]] = {}
+    peft_available = originals[1]()
+
+    def has_compiled_regions(module: Any) -> bool:
+        seen = compiled.get(id(module))
+        if seen is None or seen[0] is not module:
+            seen = compiled[id(module)] = (module, originals[0](module))
+        return seen[1]
+
+    other.has_compiled_regions, modeling.is_peft_available = has_compiled_regions, lambda: peft_available
+    try:
+        yield
+    finally:
+        other.has_compiled_regions, modeling.is_peft_available = originals
 
 
 @contextmanager
@@ -263,7 +308,7 @@ class TrialRunner:
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
         boundary = _boundary_callback(stop_at, self._rng, new_epoch)
         args = self._chunk_args()
-        with _undo_trainer_patches(model):
+        with _undo_trainer_patches(model), _answer_accelerate_checks_once(enabled=not args.torch_compile):
             trainer = chunk_trainer_class()(
                 model=model,
                 reward_funcs=list(self.config.rewards),
@@ -275,6 +320,7 @@ class TrialRunner:
                 start_step=self.global_step,
                 tokens_seen=self.tokens_seen,
                 beta=self.config.grpo.beta,
+                first_chunk=unit == self.start_unit,
             )
             _quiet(trainer)
             trainer._total_train_tokens = self.tokens_seen
@@ -375,6 +421,7 @@ class TrialRunner:
                 start_step=0,
                 tokens_seen=0,
                 beta=self.config.grpo.beta,
+                first_chunk=False,
             )
             optimizer = trainer.create_optimizer()
             scheduler = trainer.create_scheduler(self.total_steps, optimizer)

@@ -166,8 +166,11 @@ class Study:
             raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
 
         run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
-        run.resume_running()
-        run.loop(n_trials, max_concurrent, show_progress_bar)
+        try:
+            run.resume_running()
+            run.loop(n_trials, max_concurrent, show_progress_bar)
+        finally:
+            run.pool.close()
 
     # ------------------------------------------------------------------ ops
     def pause(self, trial_number: int) -> None:

@@ -3,6 +3,9 @@ import warnings
 
 import pytest
 
+# One torch (OpenMP) thread, here and in the processes tests start: the tiny model gains nothing from more, and on a
+# busy 2-core machine two spinning OpenMP threads per process made tests 10x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
