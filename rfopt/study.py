@@ -32,9 +32,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState as OptunaState
 
-from .checkpoints import CheckpointStore
+from .checkpoints import CheckpointError, CheckpointStore, UnitReport
 from .chunks import ChunkPlan, PlanError, TrialSchedule, dataset_fingerprint, trial_schedule
 from .config import ConfigError, TrialConfig
+from .crashpoints import reach
 from .evaluation import EvalSettings
 from .models import ModelPool, adapter_name
 from .ops import CLONE_ATTR, PAUSED_ATTR, STOP_REASON, Request, read_request, record_applied
@@ -332,13 +333,18 @@ class _Run:
 
     # ------------------------------------------------------------------ trial lifecycle
     def resume_running(self) -> None:
-        """Take over RUNNING trials of this study (left by a stopped or crashed process) from their checkpoints."""
+        """Take over RUNNING trials of this study (left by a stopped or crashed process) from their checkpoints.
+
+        A trial continues from its last committed unit. What a crash left half-done is finished first: a unit
+        whose checkpoint is durable but whose report is not in storage is committed from the checkpoint; a
+        trial whose failure, stop or pruning was stored but not yet told to Optuna is told now.
+        """
         for frozen in self.optuna.get_trials(deepcopy=False, states=[OptunaState.RUNNING]):
-            if CONFIG_ATTR not in frozen.user_attrs:
-                continue
             trial = optuna.trial.Trial(self.optuna, frozen._trial_id)
             try:
-                config = TrialConfig.from_json(frozen.user_attrs[CONFIG_ATTR])
+                if self._settle(trial, frozen):
+                    continue
+                config = self._config_of(trial, frozen)
                 live = self._start(trial, config)
                 state = self.study.checkpoints.load(trial.number)
                 reported = len(frozen.intermediate_values)
@@ -348,19 +354,45 @@ class _Run:
                     live.needs_load = False
                 live.info.paused = bool(frozen.user_attrs.get(PAUSED_ATTR))
                 if live.info.units_done < reported and not live.runner.start_unit:
-                    raise RuntimeError(
-                        f"its checkpoint holds {live.info.units_done} chunks but {reported} were reported"
+                    where = self.study.checkpoints.trial_dir(trial.number)
+                    held = "no checkpoint" if state is None else f"a checkpoint of {live.info.units_done} chunks"
+                    raise CheckpointError(
+                        f"trial {trial.number}: {reported} chunks were committed but {where} holds {held}; "
+                        "its state is lost, clone it to train the config again"
                     )
                 if reported:
                     live.last_value = frozen.intermediate_values[max(frozen.intermediate_values)]
                 live.decided |= {s for s in frozen.intermediate_values if decision_key(s) in frozen.user_attrs}
-                if live.info.units_done > reported:  # checkpoint written, report not committed
-                    self._commit(live, live.info.units_done - 1, *self._evaluate(live))
+                if live.info.units_done > reported:  # checkpoint durable, report not committed
+                    self._commit_from_checkpoint(live)
                 logger.info("trial %d: resumed at chunk %d", trial.number, live.info.units_done)
                 if live.info.finished:  # stopped between its last report and being told
                     self._finish(live)
             except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
                 self._fail(trial, f"could not resume: {type(exc).__name__}: {exc}")
+
+    def _settle(self, trial: optuna.Trial, frozen: optuna.trial.FrozenTrial) -> bool:
+        """Tell Optuna an end that was stored on the trial but not told before a crash; True if the trial ended."""
+        if FAIL_REASON_ATTR in frozen.user_attrs:
+            self._fail(trial, frozen.user_attrs[FAIL_REASON_ATTR])
+            return True
+        pruned = STOPPED_ATTR in frozen.user_attrs or any(
+            (d := load_decision(frozen, step)) is not None and d.prune for step in frozen.intermediate_values
+        )
+        if pruned:
+            self.optuna.tell(trial, state=OptunaState.PRUNED)
+            logger.info("trial %d: pruned (decided before the last crash)", trial.number)
+            return True
+        return False
+
+    def _config_of(self, trial: optuna.Trial, frozen: optuna.trial.FrozenTrial) -> TrialConfig:
+        """The trial's stored config; a trial asked just before a crash gets it from the space, as `_ask` would."""
+        if CONFIG_ATTR in frozen.user_attrs:
+            return TrialConfig.from_json(frozen.user_attrs[CONFIG_ATTR])
+        config = self.space.config_for(trial)
+        config.validate()
+        trial.set_user_attr(CONFIG_ATTR, config.to_json())
+        return config
 
     def _ask(self) -> _Live | None:
         trial = self.optuna.ask()
@@ -412,6 +444,7 @@ class _Run:
         else:
             path = self.study.checkpoints.save_model(number, runner.model, runner.tokenizer)
         live.trial.set_user_attr(ADAPTER_ATTR, str(path))
+        reach("trial-finishing", trial=number, unit=live.info.units_done - 1)
         self.optuna.tell(live.trial, live.last_value)
         self.live.pop(number)
         runner.cleanup()
@@ -433,41 +466,62 @@ class _Run:
             )
         return value, {"eval": result.metrics, "samples": result.samples}
 
-    def _commit(self, live: _Live, unit: int, value: float, extra: dict[str, Any], train: dict[str, Any] | None = None) -> None:
+    def _commit(self, live: _Live, report: UnitReport) -> None:
+        """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
         trial = live.trial
-        metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"]}
-        if train is not None:
-            metrics["train"] = train
-        trial.set_user_attr(chunk_attr(METRICS_ATTR, unit), _finite(metrics))
-        trial.set_user_attr(chunk_attr(SAMPLES_ATTR, unit), _finite(extra["samples"]))
-        trial.report(value, step=unit)
-        live.last_value = value
+        trial.set_user_attr(chunk_attr(METRICS_ATTR, report.unit), report.metrics)
+        trial.set_user_attr(chunk_attr(SAMPLES_ATTR, report.unit), report.samples)
+        reach("metrics-stored", trial=trial.number, unit=report.unit)
+        trial.report(report.value, step=report.unit)
+        reach("unit-committed", trial=trial.number, unit=report.unit)
+        live.last_value = report.value
         from .dashboard import publish_chunk  # lazy: rfopt.dashboard imports this module
 
         publish_chunk(trial)
+
+    def _commit_from_checkpoint(self, live: _Live) -> None:
+        """Commit the unit a crash left with a durable checkpoint and no report, as it would have been committed."""
+        unit = live.info.units_done - 1
+        report = self.study.checkpoints.load_report(live.trial.number)
+        if report is None or report.unit != unit:  # a checkpoint written without its report: evaluate again
+            value, extra = self._evaluate(live)
+            metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"]}
+            report = UnitReport(unit=unit, value=value, metrics=_finite(metrics), samples=_finite(extra["samples"]))
+        self._commit(live, report)
 
     def _load(self, live: _Live) -> None:
         """Bring a trial's state back after a pause, or give a warm-started clone its parent's weights."""
         state = self.study.checkpoints.load(live.trial.number)
         if state is not None:
             live.runner.load_state(state)
+        elif live.info.units_done > live.runner.start_unit:
+            raise CheckpointError(
+                f"trial {live.trial.number}: {live.info.units_done} chunks were committed but its checkpoint in "
+                f"{self.study.checkpoints.trial_dir(live.trial.number)} is missing; its state is lost"
+            )
         elif (live.trial.user_attrs.get(CLONE_ATTR) or {}).get("warm_start"):
             live.runner.load_weights(self.study.checkpoints.load_warm_start(live.trial.number))
         live.needs_load = False
 
     def _run_unit(self, live: _Live) -> None:
+        """Train, evaluate, checkpoint durably (with the unit's report), then commit the report to storage."""
         if live.needs_load:
             self._load(live)
-        unit = live.info.units_done
+        number, unit = live.trial.number, live.info.units_done
+        reach("unit-started", trial=number, unit=unit)
         started = time.perf_counter()
         chunk = live.runner.train_chunk()
+        reach("chunk-trained", trial=number, unit=unit)
         value, extra = self._evaluate(live)
-        self.study.checkpoints.save(live.trial.number, live.runner.state())
         train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
-        self._commit(live, unit, value, extra, train)
+        metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"], "train": train}
+        report = UnitReport(unit=unit, value=value, metrics=_finite(metrics), samples=_finite(extra["samples"]))
+        self.study.checkpoints.save(number, live.runner.state(), report)
+        reach("checkpoint-saved", trial=number, unit=unit)
+        self._commit(live, report)
         live.info.units_done = unit + 1
         if self.on_unit is not None:
-            self.on_unit(live.trial.number, unit, value)
+            self.on_unit(number, unit, value)
 
     # ------------------------------------------------------------------ ops
     def _apply_ops(self) -> None:
