@@ -129,7 +129,7 @@ class CheckpointStore:
             meta = json.loads((path / "state.json").read_text())
             tensors = load_file(str(path / "tensors.safetensors"))
             return _unflatten(tensors, meta)
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, bad JSON, safetensors' own error for a damaged file
             raise CheckpointError(f"trial {trial_number}: checkpoint {path} is unreadable: {exc}") from exc
 
     def load_report(self, trial_number: int) -> UnitReport | None:
@@ -162,7 +162,7 @@ class CheckpointStore:
         path = self.trial_dir(trial_number) / "warm-start" / "weights.safetensors"
         try:
             return load_file(str(path))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a damaged file
             raise CheckpointError(f"trial {trial_number}: warm-start weights {path} are unreadable: {exc}") from exc
 
     # ------------------------------------------------------------------ final adapters

@@ -207,8 +207,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import optuna
 
     import rfopt
+    from rfopt.storage import open_storage
 
-    storage = rfopt.study._storage(args.storage)
+    storage = open_storage(args.storage)
     if args.study_name is None:
         summaries = optuna.get_all_study_summaries(storage)
         if not summaries:

@@ -43,6 +43,7 @@ from .pruning import decide, decision_key, load_decision
 from .runner import TrialRunner
 from .scheduler import LiveTrial, completed_rungs, next_trial
 from .spaces import CONFIG_ATTR, LIST_INDEX_ATTR, ListSpace, as_space
+from .storage import backend, open_storage
 
 logger = logging.getLogger("rfopt")
 
@@ -680,7 +681,7 @@ def create_study(
     `checkpoint_dir` (default: ``rfopt-checkpoints/<study name>`` beside a SQLite file, else in the
     working directory).
     """
-    storage = _storage(storage or "sqlite:///rfopt.db")
+    storage = open_storage(storage or "sqlite:///rfopt.db")
     study = optuna.create_study(
         study_name=study_name,
         storage=storage,
@@ -701,7 +702,7 @@ def load_study(
     checkpoint_dir: str | os.PathLike | None = None,
 ) -> Study:
     """Load an existing study (its checkpoint directory is read from the study)."""
-    storage = _storage(storage)
+    storage = open_storage(storage)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
     except KeyError as exc:
@@ -710,19 +711,9 @@ def load_study(
     return Study(study, checkpoint_dir)
 
 
-def _storage(storage: str | optuna.storages.BaseStorage) -> str | optuna.storages.BaseStorage:
-    if isinstance(storage, str) and storage.startswith("sqlite:"):
-        # A dashboard polling the same file holds read locks; wait for them instead of failing the write.
-        return optuna.storages.RDBStorage(storage, engine_kwargs={"connect_args": {"timeout": 60}})
-    if isinstance(storage, str) and storage.startswith("postgresql"):
-        return optuna.storages.RDBStorage(storage, engine_kwargs={"pool_pre_ping": True})
-    return storage
-
-
 def _default_checkpoint_dir(study: optuna.Study) -> Path:
     base = Path.cwd()
-    storage = getattr(study._storage, "_backend", study._storage)  # optuna wraps RDBStorage in a cache
-    url = getattr(getattr(storage, "engine", None), "url", None)
+    url = getattr(getattr(backend(study._storage), "engine", None), "url", None)
     if url is not None and url.drivername.startswith("sqlite") and url.database:
         base = Path(url.database).resolve().parent
     return base / "rfopt-checkpoints" / study.study_name

@@ -1,15 +1,22 @@
 """SIGKILL a running study at many moments (in a chunk, between chunks, in the middle of a checkpoint write,
 between a durable checkpoint and its report) and rerun the same command each time: the study ends exactly
-as an uninterrupted run of it ends, and no chunk whose checkpoint was durable is trained again."""
+as an uninterrupted run of it ends, and no chunk whose checkpoint was durable is trained again. And the
+half-done work a crash leaves in storage (a pruning decided but not told, a trial asked but not configured)
+is finished on the rerun."""
 
 import random
 import signal
 import time
 
 import optuna
+import pytest
 
+import rfopt
 from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, run_command, start,
                       trials)
+from rfopt_testkit import prompts_dataset, trial_config
+
+TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
 # Where the run dies on each attempt: a crash point (the n-th time this process reaches it), or a timer.
 CRASH_POINTS = ["checkpoint-staged", "checkpoint-saved", "metrics-stored", "checkpoint-renamed", "chunk-trained",
@@ -64,3 +71,61 @@ def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study
     committed = commits(crash_log)
     reported = {(t.number, step) for t in trials(storage) for step in t.intermediate_values}
     assert set(committed) == reported and set(committed.values()) == {1}, committed
+
+
+class _Crash(BaseException):
+    """Stands in for the process dying: nothing in rfopt catches it."""
+
+
+class _PruneTrialOne(optuna.pruners.BasePruner):
+    def prune(self, study, trial):
+        return trial.number == 1
+
+
+def test_a_pruning_decided_before_a_crash_is_carried_out_on_rerun(tiny_model, storage, monkeypatch):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
+    real_tell = optuna.Study.tell
+
+    def tell(self, trial, values=None, state=None, **kwargs):
+        if state == optuna.trial.TrialState.PRUNED:  # dies after the decision is stored, before it is told
+            raise _Crash
+        return real_tell(self, trial, values, state, **kwargs)
+
+    monkeypatch.setattr(optuna.Study, "tell", tell)
+    study = rfopt.create_study(study_name="p", storage=storage, pruner=_PruneTrialOne())
+    with pytest.raises(_Crash):
+        study.optimize(configs, TRAIN, EVAL, num_chunks=2, show_progress_bar=False)
+    assert study.optuna.trials[1].state == optuna.trial.TrialState.RUNNING
+    monkeypatch.undo()
+
+    done = []
+    study = rfopt.create_study(study_name="p", storage=storage, pruner=_PruneTrialOne(), load_if_exists=True)
+    study.optimize(configs, TRAIN, EVAL, num_chunks=2, show_progress_bar=False,
+                   on_unit=lambda number, step, value: done.append((number, step)))
+    pruned, complete = study.optuna.trials[1], study.optuna.trials[0]
+    assert pruned.state == optuna.trial.TrialState.PRUNED and list(pruned.intermediate_values) == [0]
+    assert complete.state == optuna.trial.TrialState.COMPLETE
+    assert done == [(0, 1)]
+
+
+def test_a_trial_asked_just_before_a_crash_resumes_with_its_params(tiny_model, storage):
+    def space(crash):
+        def config(trial):
+            rate = trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True)
+            if crash and trial.number == 1:  # dies after Optuna made the trial, before rfopt stored its config
+                raise _Crash
+            return trial_config(tiny_model, learning_rate=rate)
+        return config
+
+    study = rfopt.create_study(study_name="a", storage=storage, sampler=optuna.samplers.RandomSampler(seed=3))
+    with pytest.raises(_Crash):
+        study.optimize(space(crash=True), TRAIN, EVAL, n_trials=2, num_chunks=1, show_progress_bar=False)
+    asked = study.optuna.trials[1]
+    assert asked.state == optuna.trial.TrialState.RUNNING and "rfopt:config" not in asked.user_attrs
+
+    study = rfopt.create_study(study_name="a", storage=storage, load_if_exists=True)
+    study.optimize(space(crash=False), TRAIN, EVAL, n_trials=0, num_chunks=1, show_progress_bar=False)
+    trials = study.optuna.trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert trials[1].params == asked.params
+    assert study.trial_config(1).grpo.learning_rate == asked.params["learning_rate"]
