@@ -5,7 +5,7 @@ are off unless their environment variable is set, and then cost one dictionary l
 
 - ``RFOPT_CRASH_AT=point:n`` SIGKILLs this process the n-th time it reaches ``point`` (as power loss
   would: no handler, no flush, no cleanup).
-- ``RFOPT_EVENT_LOG=path`` appends ``point trial unit pid`` for every point reached, one line each,
+- ``RFOPT_EVENT_LOG=path`` appends ``point trial unit pid time`` for every point reached, one line each,
   so a test can check what was trained and committed across crashes and restarts.
 
     >>> reach("unit-committed", trial=3, unit=1)   # a no-op unless one of the variables is set
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 POINTS = (
     "unit-started",        # a unit's training begins
@@ -34,7 +35,7 @@ def reach(point: str, *, trial: int, unit: int) -> None:
     """Mark that this process reached `point` for a trial's unit; log it and die there if asked to."""
     log = os.environ.get("RFOPT_EVENT_LOG")
     if log:
-        line = f"{point} {trial} {unit} {os.getpid()}\n".encode()
+        line = f"{point} {trial} {unit} {os.getpid()} {time.time():.3f}\n".encode()
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)

@@ -66,13 +66,16 @@ def open_storage(
     # Optuna wraps an RDBStorage in its cache only when it opens the URL itself; do the same here.
     from optuna.storages._cached_storage import _CachedStorage
 
-    rdb = retry(lambda: optuna.storages.RDBStorage(storage, engine_kwargs=kwargs), budget, _redact(storage), "connect")
-    return RetryingStorage(_CachedStorage(rdb) if cache else rdb, budget, _redact(storage))
+    rdb = retry(lambda: optuna.storages.RDBStorage(storage, engine_kwargs=kwargs), budget, redact(storage), "connect",
+                retry_if=lambda exc: is_unreachable(exc) or is_schema_race(exc))
+    return RetryingStorage(_CachedStorage(rdb) if cache else rdb, budget, redact(storage))
 
 
-def retry(call: Callable[[], T], budget: float, where: str, what: str) -> T:
+def retry(call: Callable[[], T], budget: float, where: str, what: str,
+          retry_if: Callable[[BaseException], bool] | None = None) -> T:
     """Run `call`, retrying with exponential backoff (0.25 s doubling to 8 s, jittered) while the database is
-    unreachable, for at most `budget` seconds; then `StorageUnavailableError`."""
+    unreachable (or `retry_if` says so), for at most `budget` seconds; then `StorageUnavailableError`."""
+    retry_if = retry_if or is_unreachable
     started = time.monotonic()
     delay = 0.25
     attempt = 0
@@ -81,7 +84,7 @@ def retry(call: Callable[[], T], budget: float, where: str, what: str) -> T:
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - only connection trouble is retried; the rest re-raised as is
-            if not is_unreachable(exc):
+            if not retry_if(exc):
                 raise
             waited = time.monotonic() - started
             if waited + delay > budget:
@@ -107,6 +110,13 @@ def is_unreachable(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def is_schema_race(exc: BaseException) -> bool:
+    """Whether `exc` is another process creating the same tables at the same moment (workers starting together)."""
+    from sqlalchemy import exc as sa
+
+    return isinstance(exc, (sa.IntegrityError, sa.ProgrammingError)) and "already exists" in str(exc)
 
 
 class RetryingStorage(BaseStorage):
@@ -143,7 +153,7 @@ def backend(storage: Any) -> Any:
     return storage
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """The URL without its password, for messages."""
     try:
         from sqlalchemy.engine import make_url

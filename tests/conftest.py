@@ -20,3 +20,20 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture
 def storage(tmp_path):
     return f"sqlite:///{tmp_path / 'study.db'}"
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of its own in a temporary directory (Debian's `postgresql` package; .ci/run installs
+    it), run as the `postgres` user when the tests run as root. Skips the test if the server binaries are absent."""
+    from pg_server import PostgresServer, find_bindir
+
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries not found: apt-get install postgresql (.ci/run does)")
+    server = PostgresServer(bindir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()

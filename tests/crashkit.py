@@ -50,22 +50,22 @@ def run(command: list[str], cwd: Path, environ: dict[str, str], log: Path, timeo
             process.wait()
 
 
-def events(path: Path) -> list[tuple[str, int, int, int]]:
-    """The crash-point log: (point, trial, unit, pid) per line, in order."""
+def events(path: Path) -> list[tuple[str, int, int, int, float]]:
+    """The crash-point log: (point, trial, unit, pid, time) per line, in order."""
     if not path.exists():
         return []
     rows = []
     for line in path.read_text().splitlines():
-        point, trial, unit, pid = line.split()
-        rows.append((point, int(trial), int(unit), int(pid)))
+        point, trial, unit, pid, at = line.split()
+        rows.append((point, int(trial), int(unit), int(pid), float(at)))
     return rows
 
 
-def retrained_after_durable(log: list[tuple[str, int, int, int]]) -> list[tuple[int, int]]:
+def retrained_after_durable(log: list[tuple]) -> list[tuple[int, int]]:
     """Units whose training started again after their checkpoint was durable: each would be a chunk trained twice."""
     durable: set[tuple[int, int]] = set()
     twice = []
-    for point, trial, unit, _ in log:
+    for point, trial, unit, *_ in log:
         if point == "checkpoint-saved":
             durable.add((trial, unit))
         elif point == "unit-started" and (trial, unit) in durable:
@@ -73,9 +73,9 @@ def retrained_after_durable(log: list[tuple[str, int, int, int]]) -> list[tuple[
     return twice
 
 
-def commits(log: list[tuple[str, int, int, int]]) -> dict[tuple[int, int], int]:
+def commits(log: list[tuple]) -> dict[tuple[int, int], int]:
     counts: dict[tuple[int, int], int] = defaultdict(int)
-    for point, trial, unit, _ in log:
+    for point, trial, unit, *_ in log:
         if point == "unit-committed":
             counts[(trial, unit)] += 1
     return dict(counts)
