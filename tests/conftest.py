@@ -37,3 +37,16 @@ def postgres():
         yield server
     finally:
         server.destroy()
+
+
+@pytest.fixture(scope="session")
+def tiny_study_reference(tiny_model, tmp_path_factory):
+    """``(storage, checkpoint_dir)`` of tests/tiny_study.py run to the end by one uninterrupted `rfopt run`: what
+    crashed, resumed and multi-worker runs of it must reproduce."""
+    from crashkit import env, run, run_command
+
+    where = tmp_path_factory.mktemp("reference")
+    storage = f"sqlite:///{where / 'ref.db'}"
+    code = run(run_command(storage, "--checkpoint-dir", str(where / "ck")), where, env(tiny_model), where / "log")
+    assert code == 0, (where / "log").read_text()[-3000:]
+    return storage, where / "ck"

@@ -36,6 +36,11 @@ def run_command(storage: str, *extra: str) -> list[str]:
     return rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--no-progress", *extra)
 
 
+def worker_command(storage: str, checkpoints: Path, *extra: str) -> list[str]:
+    return rfopt_command("worker", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(checkpoints),
+                         *extra)
+
+
 def start(command: list[str], cwd: Path, environ: dict[str, str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=cwd, env=environ, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 

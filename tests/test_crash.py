@@ -34,11 +34,9 @@ def _attempts(seed: int) -> list[tuple[str, float]]:
     return points + [("trial-finishing", 1)]
 
 
-def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study(tiny_model, tmp_path):
-    ref_storage = f"sqlite:///{tmp_path / 'ref.db'}"
-    assert run(run_command(ref_storage, "--checkpoint-dir", str(tmp_path / "ref-ck")), tmp_path,
-               env(tiny_model), tmp_path / "ref.log") == 0, (tmp_path / "ref.log").read_text()[-3000:]
-
+def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study(
+    tiny_model, tiny_study_reference, tmp_path
+):
     storage = f"sqlite:///{tmp_path / 'crash.db'}"
     command = run_command(storage, "--checkpoint-dir", str(tmp_path / "ck"))
     log, output = tmp_path / "events.log", tmp_path / "crash.log"
@@ -65,7 +63,7 @@ def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study
     assert set(CRASH_POINTS) <= set(killed_at), killed_at
     assert len(killed_at) >= len(CRASH_POINTS) + 2, killed_at
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage))
-    assert_same_study(ref_storage, tmp_path / "ref-ck", storage, tmp_path / "ck")
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
     crash_log = events(log)
     assert retrained_after_durable(crash_log) == []
     committed = commits(crash_log)
@@ -129,3 +127,25 @@ def test_a_trial_asked_just_before_a_crash_resumes_with_its_params(tiny_model, s
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert trials[1].params == asked.params
     assert study.trial_config(1).grpo.learning_rate == asked.params["learning_rate"]
+
+
+def test_a_paused_trial_stays_paused_across_a_crash_and_the_rerun(tiny_model, storage):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
+    study = rfopt.create_study(study_name="z", storage=storage)
+
+    def on_unit(number, step, value):
+        if (number, step) == (1, 0):
+            study.pause(1)
+        if (number, step) == (0, 1):
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False, on_unit=on_unit)
+    done = []
+    study = rfopt.create_study(study_name="z", storage=storage, load_if_exists=True)
+    study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False,
+                   on_unit=lambda number, step, value: done.append((number, step)))
+    paused = study.optuna.trials[1]
+    assert paused.state == optuna.trial.TrialState.RUNNING and paused.user_attrs["rfopt:paused"] is True
+    assert list(paused.intermediate_values) == [0]
+    assert done == [(0, 2)] and study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE

@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 import rfopt
+from crashkit import assert_same_study, env, events, run_command, start, trials
 from rfopt.storage import StorageUnavailableError, open_storage
 from rfopt_testkit import prompts_dataset, trial_config
 
@@ -142,3 +143,41 @@ def test_a_database_unreachable_past_the_retry_budget_gives_a_clear_error(tmp_pa
     message = str(error.value)
     assert "set_study_user_attr failed" in message and "database is locked" in message
     assert "rerun the same command" in message
+
+
+def _wait_for(log, condition, process):
+    while process.poll() is None and not condition(events(log)):
+        time.sleep(0.05)
+
+
+def test_a_postgresql_server_down_for_a_while_is_ridden_out_and_the_study_ends_as_if_it_never_was(
+    postgres, tiny_study_reference, tiny_model, tmp_path
+):
+    storage, log, output = postgres.new_database(), tmp_path / "events.log", tmp_path / "run.log"
+    process = start(run_command(storage, "--checkpoint-dir", str(tmp_path / "ck")), tmp_path,
+                    env(tiny_model, RFOPT_EVENT_LOG=log), output)
+    _wait_for(log, lambda e: any(point == "unit-committed" for point, *_ in e), process)
+    postgres.stop()
+    time.sleep(4)
+    postgres.start()
+    assert process.wait(timeout=600) == 0, output.read_text()[-3000:]
+    assert "retrying in" in output.read_text()  # the outage was felt, and ridden out
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
+
+
+def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_clear_error(
+    postgres, tiny_model, tmp_path
+):
+    storage, log, output = postgres.new_database(), tmp_path / "events.log", tmp_path / "run.log"
+    command = run_command(storage, "--checkpoint-dir", str(tmp_path / "ck"))
+    process = start(command, tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log, RFOPT_STORAGE_RETRY_SECONDS=3), output)
+    _wait_for(log, lambda e: any(point == "unit-committed" for point, *_ in e), process)
+    postgres.stop()
+    try:
+        assert process.wait(timeout=120) == 1
+    finally:
+        postgres.start()
+    message = output.read_text()
+    assert "rfopt: error: storage postgresql://rfopt@127.0.0.1" in message
+    assert "the database is unreachable" in message and "rerun the same command" in message
+    assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))  # left to resume, not failed

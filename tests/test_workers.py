@@ -4,31 +4,12 @@ process running the study ends; a worker killed while holding a lease has its un
 the lease expires; a database that goes away for a while and comes back is ridden out."""
 
 import signal
-import time
 
 import optuna
-import pytest
 import sqlalchemy as sa
 
-from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, rfopt_command, run,
-                      run_command, start, trials)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model, tmp_path_factory):
-    """The study run by one `rfopt run` process on SQLite: what every multi-worker run must reproduce."""
-    where = tmp_path_factory.mktemp("reference")
-    storage = f"sqlite:///{where / 'ref.db'}"
-    code = run(run_command(storage, "--checkpoint-dir", str(where / "ck")), where, env(tiny_model), where / "log")
-    assert code == 0, (where / "log").read_text()[-3000:]
-    return storage, where / "ck"
-
-
-def worker_command(storage, checkpoints, *extra):
-    from crashkit import STUDY_FILE
-
-    return rfopt_command("worker", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(checkpoints),
-                         *extra)
+from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, start, trials,
+                      worker_command)
 
 
 def unit_holders(storage):
@@ -48,7 +29,7 @@ def _check_finished_once(storage, log):
 
 
 def test_several_workers_on_postgresql_share_the_study_and_end_as_one_process_does(
-    postgres, reference, tiny_model, tmp_path
+    postgres, tiny_study_reference, tiny_model, tmp_path
 ):
     storage = postgres.new_database()
     log = tmp_path / "events.log"
@@ -62,10 +43,12 @@ def test_several_workers_on_postgresql_share_the_study_and_end_as_one_process_do
 
     _check_finished_once(storage, log)
     assert len(set(unit_holders(storage).values())) >= 2  # the units really were shared
-    assert_same_study(reference[0], reference[1], storage, tmp_path / "ck")
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
 
 
-def test_a_worker_killed_holding_a_lease_has_its_unit_finished_by_another(postgres, reference, tiny_model, tmp_path):
+def test_a_worker_killed_holding_a_lease_has_its_unit_finished_by_another(
+    postgres, tiny_study_reference, tiny_model, tmp_path
+):
     storage = postgres.new_database()
     log = tmp_path / "events.log"
     lease = ["--lease-seconds", "3"]
@@ -83,14 +66,14 @@ def test_a_worker_killed_holding_a_lease_has_its_unit_finished_by_another(postgr
     # Not before the lease expired: it was renewed at most a third of its 3 s before the worker died.
     assert len(restarted) == 1 and restarted[0] - died >= 1.9, (restarted, died)
     _check_finished_once(storage, log)
-    assert_same_study(reference[0], reference[1], storage, tmp_path / "ck")
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
 
 
-def test_two_workers_on_one_sqlite_file_share_the_study(reference, tiny_model, tmp_path):
+def test_two_workers_on_one_sqlite_file_share_the_study(tiny_study_reference, tiny_model, tmp_path):
     storage = f"sqlite:///{tmp_path / 'workers.db'}"
     log = tmp_path / "events.log"
     code = run(worker_command(storage, tmp_path / "ck", "--devices", "cpu,cpu"), tmp_path,
                env(tiny_model, RFOPT_EVENT_LOG=log), tmp_path / "workers.log")
     assert code == 0, (tmp_path / "workers.log").read_text()[-3000:]
     _check_finished_once(storage, log)
-    assert_same_study(reference[0], reference[1], storage, tmp_path / "ck")
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
