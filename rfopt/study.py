@@ -13,6 +13,9 @@ study's pruner decides at that rung (pruning/). A finished trial saves its adapt
 and is told its last value; a pruned one ends PRUNED; a trial whose config, reward function or
 training fails ends FAIL with the reason in its ``rfopt:fail_reason`` user attr, and the study goes
 on. Rerunning `optimize` on the same study continues its RUNNING trials from their checkpoints.
+
+`Study.work` runs the same units as one of several workers (processes, devices, hosts) sharing the
+study: each unit under a lease on its trial kept in the study's database (`rfopt.leases`).
 """
 
 from __future__ import annotations
@@ -177,6 +180,9 @@ class Study:
 
         if lease_seconds <= 0 or poll_seconds <= 0:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
+        space = as_space(space)
+        if max_concurrent is None and isinstance(space, ListSpace):  # the same for every worker, however late
+            max_concurrent = max(1, min(len(space.configs), 8))
         leases = Leases(self.optuna)
         with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time plans the study and enqueues configs
             space, plan, settings, n_trials, max_concurrent = self._prepare(
@@ -629,7 +635,9 @@ class _Run:
         complete = completed_rungs(infos)
         n_steps = self._n_steps()
         for step in range(complete):
-            pending = [l for l in self.live.values() if step not in l.decided and l.info.units_done > step]
+            # A trial that trained all its units is finished, not judged (another worker may be telling it so).
+            pending = [l for l in self.live.values()
+                       if step not in l.decided and l.info.units_done > step and not l.info.finished]
             if not pending:
                 continue
             decisions = decide(self.optuna, [l.trial.number for l in pending], step, pruner, n_steps=n_steps)
@@ -704,7 +712,10 @@ class _Run:
         try:
             while True:
                 self._sync()
-                self._decide_rungs()
+                try:
+                    self._decide_rungs()
+                except ValueError as exc:  # a peer finished or failed since our read; the next round rereads
+                    logger.info("rung decision deferred: %s", exc)
                 self._top_up(n_trials, max_concurrent, leases, lease_seconds)
                 busy = leases.held_by_others()
                 free = [l.info for l in self.live.values() if _trial_lease(l.trial.number) not in busy]
