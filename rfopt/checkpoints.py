@@ -89,6 +89,9 @@ class CheckpointStore:
                 _write_durably(staging / "report.json", json.dumps(asdict(report)).encode())
             _fsync_file(staging / "tensors.safetensors")
             reach("checkpoint-staged", trial=trial_number, unit=unit)
+            newer = self.latest(trial_number)
+            if newer is not None and newer.name > name:  # a worker whose lease expired, writing late
+                raise CheckpointError(f"trial {trial_number}: not writing {name}, the trial already has {newer.name}")
             final = trial_dir / name
             if final.exists():
                 shutil.rmtree(final)
@@ -98,11 +101,13 @@ class CheckpointStore:
             _write_durably(trial_dir / "LATEST", name.encode())
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, CheckpointError):
+                raise
             if isinstance(exc, Exception):  # OSError, or safetensors' own error for a failed write
                 raise self._write_error(trial_number, name, exc) from exc
             raise
         for old in trial_dir.glob("unit-*"):
-            if old.name != name:
+            if old.name < name:
                 shutil.rmtree(old, ignore_errors=True)
         return final
 

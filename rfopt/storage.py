@@ -113,10 +113,13 @@ def is_unreachable(exc: BaseException) -> bool:
 
 
 def is_schema_race(exc: BaseException) -> bool:
-    """Whether `exc` is another process creating the same tables at the same moment (workers starting together)."""
+    """Whether `exc`, raised while creating the schema, is another process creating it at the same moment (workers
+    starting together): a duplicate table, type or version row. Asked only while creating tables."""
     from sqlalchemy import exc as sa
 
-    return isinstance(exc, (sa.IntegrityError, sa.ProgrammingError)) and "already exists" in str(exc)
+    if isinstance(exc, sa.IntegrityError):  # e.g. both stamp alembic_version: UNIQUE constraint failed
+        return True
+    return isinstance(exc, sa.ProgrammingError) and ("already exists" in str(exc) or "duplicate" in str(exc))
 
 
 class RetryingStorage(BaseStorage):

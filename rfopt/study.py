@@ -384,8 +384,9 @@ class _Run:
         self.on_unit = on_unit
         self.started = 0
         self.progress = None
-        self.fence: Callable[[int, int], None] | None = None
-        """Called with ``(trial_number, unit)`` before a unit's report is written; raises if this worker may not."""
+        self.fence: Callable[[int, int | None], None] | None = None
+        """Called with ``(trial_number, unit)`` before a unit's checkpoint is written (``unit`` None) and before its
+        report is written; raises if this worker may not (its lease expired or was taken over)."""
 
     # ------------------------------------------------------------------ trial lifecycle
     def resume_running(self) -> None:
@@ -582,6 +583,8 @@ class _Run:
         train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
         metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"], "train": train}
         report = UnitReport(unit=unit, value=value, metrics=_finite(metrics), samples=_finite(extra["samples"]))
+        if self.fence is not None:
+            self.fence(number, None)
         self.study.checkpoints.save(number, live.runner.state(), report)
         reach("checkpoint-saved", trial=number, unit=unit)
         self._commit(live, report)
@@ -729,7 +732,8 @@ class _Run:
                 if lease is None:
                     continue
                 live = self.live[pick.number]
-                self.fence = lambda number, unit: leases.commit_unit(lease, number, unit)
+                self.fence = lambda number, unit: (leases.check(lease) if unit is None
+                                                   else leases.commit_unit(lease, number, unit))
                 try:
                     with Heartbeat(leases, lease):
                         self._work_on(live, leases, lease)

@@ -29,7 +29,7 @@ def _attempts(seed: int) -> list[tuple[str, float]]:
     rng = random.Random(seed)
     points = [(point, 1) for point in CRASH_POINTS if point != "trial-finishing"]
     rng.shuffle(points)
-    for _ in range(3):
+    for _ in range(2):
         points.insert(rng.randint(0, len(points)), ("timer", rng.uniform(0.0, 1.5)))
     return points + [("trial-finishing", 1)]
 
@@ -61,7 +61,7 @@ def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study
 
     # The kills landed where they were meant to: every crash point, and mid-run for the timers.
     assert set(CRASH_POINTS) <= set(killed_at), killed_at
-    assert len(killed_at) >= len(CRASH_POINTS) + 2, killed_at
+    assert len(killed_at) >= len(CRASH_POINTS) + 1, killed_at
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage))
     assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
     crash_log = events(log)

@@ -181,3 +181,22 @@ def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_cle
     assert "rfopt: error: storage postgresql://rfopt@127.0.0.1" in message
     assert "the database is unreachable" in message and "rerun the same command" in message
     assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))  # left to resume, not failed
+
+
+def test_a_late_writer_cannot_replace_a_newer_checkpoint(tmp_path):
+    import torch
+
+    from rfopt.runner import TrialState
+
+    store = rfopt.CheckpointStore(tmp_path)
+
+    def state(units):
+        return TrialState(units_done=units, global_step=units, tokens_seen=0, weights={"w": torch.full((2,), units)},
+                          optimizer=None, scheduler=None, rng=None)
+
+    store.save(0, state(2))
+    # A worker whose lease expired, still writing the unit another worker has already gone past.
+    with pytest.raises(rfopt.CheckpointError, match="already has unit-0002"):
+        store.save(0, state(1))
+    assert store.latest(0).name == "unit-0002" and store.load(0).units_done == 2
+    assert sorted(p.name for p in (tmp_path / "trial-00000").iterdir()) == ["LATEST", "unit-0002"]
