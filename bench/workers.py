@@ -20,6 +20,7 @@ checkpoints). Then the lease operations alone, timed on the same database file: 
 
     python bench/workers.py                      # about 2 minutes on 2 idle cores
     python bench/workers.py --trials 4 --chunks 3 --storage-dir /tmp/rfopt-bench-workers
+    python bench/workers.py --postgres           # lease operations on PostgreSQL too
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def main() -> None:
     parser.add_argument("--storage-dir", help="where studies and checkpoints go (default: a temporary directory)")
     parser.add_argument("--lease-ops", type=int, default=200, help="units of lease operations to time")
     parser.add_argument("--two-threads", action="store_true", help="also time one worker with torch on 2 threads")
+    parser.add_argument("--postgres", action="store_true", help="also time the lease operations on a throwaway "
+                        "PostgreSQL server (tests/pg_server.py; needs Debian's postgresql package)")
     args = parser.parse_args()
 
     from rfopt.tiny import build_tiny_model
@@ -73,7 +76,16 @@ def main() -> None:
         print(f"{label:26} {wall:7.1f} {units / wall * 60:9.1f} {per_unit:21.3f} {gap * 1000:22.1f}"
               f"   ({base / wall:.2f}x of run)")
     print()
-    _lease_costs(root, args.lease_ops)
+    _lease_costs(f"sqlite:///{root / 'leases.db'}", "SQLite", root, args.lease_ops)
+    if args.postgres:
+        from pg_server import PostgresServer, find_bindir
+
+        server = PostgresServer(find_bindir())
+        server.start()
+        try:
+            _lease_costs(server.new_database(), "PostgreSQL (local, fsync off)", root, args.lease_ops)
+        finally:
+            server.destroy()
 
 
 def _sweep(model: Path, where: Path, command: str, devices: str, threads: int, args):
@@ -117,16 +129,16 @@ def _check_same(results) -> None:
     print("  every run ended with the same per-chunk values, metrics, adapters and checkpoints")
 
 
-def _lease_costs(root: Path, n: int) -> None:
-    """What one unit's lease operations cost, timed alone on a SQLite file."""
+def _lease_costs(storage: str, label: str, root: Path, n: int) -> None:
+    """What one unit's lease operations cost, timed alone."""
     import optuna
 
     import rfopt
     from rfopt.leases import Leases
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = rfopt.create_study(study_name="leases", storage=f"sqlite:///{root / 'leases.db'}",
-                               checkpoint_dir=root / "leases-ck")
+    study = rfopt.create_study(study_name="leases", storage=storage, checkpoint_dir=root / "leases-ck",
+                               load_if_exists=True)
     leases = Leases(study.optuna)
     started = time.perf_counter()
     for unit in range(n):
@@ -137,7 +149,7 @@ def _lease_costs(root: Path, n: int) -> None:
         leases.commit_unit(lease, 0, unit)
         leases.release(lease)
     each = (time.perf_counter() - started) / n
-    print(f"lease operations per unit (read leases, acquire, 2 renewals, fenced commit, release), SQLite: "
+    print(f"lease operations per unit (read leases, acquire, 2 renewals, fenced commit, release), {label}: "
           f"{each * 1000:.1f} ms")
 
 
