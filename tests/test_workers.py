@@ -77,3 +77,11 @@ def test_two_workers_on_one_sqlite_file_share_the_study(tiny_study_reference, ti
     assert code == 0, (tmp_path / "workers.log").read_text()[-3000:]
     _check_finished_once(storage, log)
     assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
+
+
+def test_worker_refuses_an_unknown_device_before_starting_anything(capsys):
+    from crashkit import STUDY_FILE
+    from rfopt.cli import main
+
+    assert main(["worker", str(STUDY_FILE), "--devices", "gpu0,cpu"]) == 1
+    assert "--devices 'gpu0,cpu': give auto, cpu, cuda:N, or a comma-separated list of them" in capsys.readouterr().err
