@@ -7,11 +7,18 @@ Layout under the store's root::
         unit-0002/             one checkpoint: the state after the trial's third chunk unit
             tensors.safetensors    weights, optimizer tensors, torch RNG state
             state.json             counters, scheduler, optimizer groups, python/numpy RNG state
+            report.json            the unit's value and metrics, committed to storage after the checkpoint
         adapter/               the finished trial's adapter in PEFT format (PeftModel.from_pretrained loads it)
 
 A checkpoint is written to a temporary directory, fsynced, renamed into place, and only then named
 in ``LATEST``; older checkpoints are removed after that. A crash at any moment leaves the previous
-checkpoint intact and named.
+checkpoint intact and named; a failed write (a full disk) removes what it wrote and raises
+`CheckpointError`, leaving the previous checkpoint as it was. Retention: a trial keeps its latest
+checkpoint (a pruned or stopped trial can still be cloned warm from it) and, once finished, its
+adapter.
+
+A unit's report rides along in its checkpoint, so that a crash after the checkpoint is durable and
+before the report reaches storage is committed with exactly the value and metrics it would have had.
 """
 
 from __future__ import annotations
@@ -20,14 +27,26 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .crashpoints import reach
 from .runner import RngState, TrialState
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable or corrupt; names the trial and the file."""
+
+
+@dataclass
+class UnitReport:
+    """What a unit commits to storage: its value (``trial.report(value, step=unit)``), metrics and samples."""
+
+    unit: int
+    value: float
+    metrics: dict[str, Any]
+    samples: list[Any]
 
 
 class CheckpointStore:
@@ -44,32 +63,59 @@ class CheckpointStore:
         return self.trial_dir(trial_number) / "adapter"
 
     # ------------------------------------------------------------------ resume checkpoints
-    def save(self, trial_number: int, state: TrialState) -> Path:
-        """Write `state` durably as the trial's latest checkpoint and return its directory."""
+    def save(self, trial_number: int, state: TrialState, report: UnitReport | None = None) -> Path:
+        """Write `state` (and the report of the unit that produced it) durably as the trial's latest checkpoint.
+
+        Returns the checkpoint's directory. Raises `CheckpointError` if the write fails (e.g. the disk is
+        full); the previous checkpoint is then intact and still the latest.
+        """
         from safetensors.torch import save_file
 
         trial_dir = self.trial_dir(trial_number)
-        trial_dir.mkdir(parents=True, exist_ok=True)
         name = f"unit-{state.units_done:04d}"
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=trial_dir))
+        unit = state.units_done - 1
+        try:
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            for stale in trial_dir.glob(".unit-*"):  # left by a process killed mid-write
+                shutil.rmtree(stale, ignore_errors=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=trial_dir))
+        except OSError as exc:
+            raise self._write_error(trial_number, name, exc) from exc
         try:
             tensors, meta = _flatten(state)
             save_file(tensors, str(staging / "tensors.safetensors"))
             _write_durably(staging / "state.json", json.dumps(meta).encode())
+            if report is not None:
+                _write_durably(staging / "report.json", json.dumps(asdict(report)).encode())
             _fsync_file(staging / "tensors.safetensors")
+            reach("checkpoint-staged", trial=trial_number, unit=unit)
+            newer = self.latest(trial_number)
+            if newer is not None and newer.name > name:  # a worker whose lease expired, writing late
+                raise CheckpointError(f"trial {trial_number}: not writing {name}, the trial already has {newer.name}")
             final = trial_dir / name
             if final.exists():
                 shutil.rmtree(final)
             os.replace(staging, final)
             _fsync_dir(trial_dir)
+            reach("checkpoint-renamed", trial=trial_number, unit=unit)
             _write_durably(trial_dir / "LATEST", name.encode())
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, CheckpointError):
+                raise
+            if isinstance(exc, Exception):  # OSError, or safetensors' own error for a failed write
+                raise self._write_error(trial_number, name, exc) from exc
             raise
         for old in trial_dir.glob("unit-*"):
-            if old.name != name:
+            if old.name < name:
                 shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def _write_error(self, trial_number: int, name: str, exc: Exception) -> CheckpointError:
+        previous = self.latest(trial_number)
+        kept = f"the previous checkpoint {previous.name} is kept" if previous else "the trial had no checkpoint yet"
+        return CheckpointError(f"trial {trial_number}: writing checkpoint {name} in {self.trial_dir(trial_number)} "
+                               f"failed ({exc}); {kept}")
 
     def latest(self, trial_number: int) -> Path | None:
         pointer = self.trial_dir(trial_number) / "LATEST"
@@ -88,8 +134,18 @@ class CheckpointStore:
             meta = json.loads((path / "state.json").read_text())
             tensors = load_file(str(path / "tensors.safetensors"))
             return _unflatten(tensors, meta)
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, bad JSON, safetensors' own error for a damaged file
             raise CheckpointError(f"trial {trial_number}: checkpoint {path} is unreadable: {exc}") from exc
+
+    def load_report(self, trial_number: int) -> UnitReport | None:
+        """The report stored with the trial's latest checkpoint, or None (no checkpoint, or one without a report)."""
+        path = self.latest(trial_number)
+        if path is None or not (path / "report.json").exists():
+            return None
+        try:
+            return UnitReport(**json.loads((path / "report.json").read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"trial {trial_number}: report {path / 'report.json'} is unreadable: {exc}") from exc
 
     # ------------------------------------------------------------------ warm starts
     def save_warm_start(self, trial_number: int, weights: dict[str, Any], parent: int, from_unit: int) -> Path:
@@ -111,7 +167,7 @@ class CheckpointStore:
         path = self.trial_dir(trial_number) / "warm-start" / "weights.safetensors"
         try:
             return load_file(str(path))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a damaged file
             raise CheckpointError(f"trial {trial_number}: warm-start weights {path} are unreadable: {exc}") from exc
 
     # ------------------------------------------------------------------ final adapters

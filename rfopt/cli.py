@@ -5,6 +5,7 @@
     rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
     rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's controls and per-chunk charts
+    rfopt worker studies/arithmetic.py --storage URL join a study as workers (one per device), here or on any host
 """
 
 from __future__ import annotations
@@ -81,6 +82,40 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(handler=_cmd_run)
+
+    worker = sub.add_parser(
+        "worker",
+        help="join a study as workers, one process per device, beside workers on other devices or hosts",
+        description="Train a study file's study together with every other worker on the same storage: each unit "
+        "is trained under a lease on its trial, kept in the study's database (renewed while it trains; a worker "
+        "whose lease expired cannot commit; a dead worker's unit is trained by another once its lease expires). "
+        "PostgreSQL for many hosts (with a checkpoint directory every host can reach), SQLite on one host.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent(
+            """\
+            examples:
+              rfopt worker studies/arithmetic.py --devices auto                  # one worker per GPU, or the CPU
+              rfopt worker studies/arithmetic.py --devices cuda:0,cuda:1 --storage postgresql://db/rfopt \\
+                  --checkpoint-dir /shared/rfopt-checkpoints
+              rfopt worker studies/arithmetic.py --devices cpu,cpu               # two workers on the CPU
+            """
+        ),
+    )
+    worker.add_argument("study_file", help="the study file every worker of the study runs")
+    worker.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
+    worker.add_argument("--study", dest="study_name", help="study name (default: the study file's name)")
+    worker.add_argument("--devices", default="cpu", help="auto (every CUDA device, else the CPU), cpu, cuda:N, or a "
+                        "comma-separated list: one worker process each (default: %(default)s)")
+    worker.add_argument("--n-trials", type=int, help="the study's total trials (default: the study file's)")
+    worker.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
+    worker.add_argument("--max-concurrent", type=int, help="trials time-sliced at once across all workers (default: "
+                        "the study file's)")
+    worker.add_argument("--checkpoint-dir", help="checkpoint directory every worker can reach (default: the one the "
+                        "study recorded, else rfopt-checkpoints/ beside the SQLite file)")
+    worker.add_argument("--lease-seconds", type=float, default=30.0, help="how long a unit's lease lasts without a "
+                        "renewal: a dead worker's unit is taken over after this (default: %(default)s)")
+    worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
+    worker.set_defaults(handler=_cmd_worker)
 
     status = sub.add_parser("status", help="list studies, or show one study's leaderboard")
     status.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
@@ -203,12 +238,80 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    devices = _devices(args.devices)
+    if len(devices) > 1:  # one process per device, each this same command on its one device
+        import subprocess
+
+        base = ["-v"] * args.verbose + ["worker", args.study_file, "--storage", args.storage,
+                                        "--lease-seconds", str(args.lease_seconds)] + ["--fast"] * args.fast
+        for flag, value in (("--study", args.study_name), ("--n-trials", args.n_trials),
+                            ("--num-chunks", args.num_chunks), ("--max-concurrent", args.max_concurrent),
+                            ("--checkpoint-dir", args.checkpoint_dir)):
+            if value is not None:
+                base += [flag, str(value)]
+        print(f"rfopt: {len(devices)} workers on {', '.join(devices)}", file=sys.stderr)
+        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d]) for d in devices]
+        codes = [p.wait() for p in processes]
+        return max(codes, key=abs)
+
+    import rfopt
+    from rfopt.storage import redact
+    from rfopt.studyfile import load_spec
+
+    spec = load_spec(args.study_file)
+    if args.fast:
+        spec = spec.with_fast()
+    name = args.study_name or spec.name
+    print(f"rfopt: worker on {devices[0]} for study {name!r} in {redact(args.storage)}", file=sys.stderr)
+    train, evaluation = spec.datasets()
+    space = spec.space() if callable(spec.space) and _takes_no_arguments(spec.space) else spec.space
+    study = rfopt.create_study(
+        study_name=name,
+        storage=args.storage,
+        sampler=spec.sampler() if spec.sampler else None,
+        pruner=spec.pruner() if spec.pruner else None,
+        direction=spec.direction,
+        load_if_exists=True,
+        checkpoint_dir=args.checkpoint_dir,
+    )
+    study.work(
+        space,
+        train,
+        evaluation,
+        n_trials=args.n_trials if args.n_trials is not None else spec.n_trials,
+        num_chunks=args.num_chunks or spec.num_chunks,
+        max_concurrent=args.max_concurrent or spec.max_concurrent,
+        objective=spec.objective,
+        eval_settings=spec.eval_settings,
+        device=devices[0],
+        lease_seconds=args.lease_seconds,
+    )
+    print(study.leaderboard_text())
+    return 0
+
+
+def _devices(spec: str) -> list[str]:
+    """`--devices`: auto (every CUDA device, else the CPU), or a comma-separated list such as cuda:0,cuda:1."""
+    if spec == "auto":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+    devices = [d.strip() for d in spec.split(",") if d.strip()]
+    bad = [d for d in devices if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()))]
+    if not devices or bad:
+        raise ValueError(f"--devices {spec!r}: give auto, cpu, cuda:N, or a comma-separated list of them")
+    return devices
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     import optuna
 
     import rfopt
+    from rfopt.storage import open_storage
 
-    storage = rfopt.study._storage(args.storage)
+    storage = open_storage(args.storage)
     if args.study_name is None:
         summaries = optuna.get_all_study_summaries(storage)
         if not summaries:

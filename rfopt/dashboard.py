@@ -418,10 +418,10 @@ def create_app(
     """
     import optuna_dashboard
 
-    from .study import _storage
+    from .storage import open_storage
 
     if isinstance(storage, str):  # as optuna-dashboard does: no cache in front of the storage, others write to it
-        storage = _storage(storage)
+        storage = open_storage(storage, cache=False)
         storage = optuna.storages.get_storage(storage) if isinstance(storage, str) else storage
     app = optuna_dashboard.wsgi(storage, artifact_store=StudyArtifacts(storage, artifact_dir))
     _add_routes(app, storage)

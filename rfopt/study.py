@@ -13,6 +13,9 @@ study's pruner decides at that rung (pruning/). A finished trial saves its adapt
 and is told its last value; a pruned one ends PRUNED; a trial whose config, reward function or
 training fails ends FAIL with the reason in its ``rfopt:fail_reason`` user attr, and the study goes
 on. Rerunning `optimize` on the same study continues its RUNNING trials from their checkpoints.
+
+`Study.work` runs the same units as one of several workers (processes, devices, hosts) sharing the
+study: each unit under a lease on its trial kept in the study's database (`rfopt.leases`).
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState as OptunaState
 
-from .checkpoints import CheckpointStore
+from .checkpoints import CheckpointError, CheckpointStore, UnitReport
 from .chunks import ChunkPlan, PlanError, TrialSchedule, dataset_fingerprint, trial_schedule
 from .config import ConfigError, TrialConfig
+from .crashpoints import reach
 from .evaluation import EvalSettings
 from .models import ModelPool, adapter_name
 from .ops import CLONE_ATTR, PAUSED_ATTR, STOP_REASON, Request, read_request, record_applied
@@ -42,6 +46,7 @@ from .pruning import decide, decision_key, load_decision
 from .runner import TrialRunner
 from .scheduler import LiveTrial, completed_rungs, next_trial
 from .spaces import CONFIG_ATTR, LIST_INDEX_ATTR, ListSpace, as_space
+from .storage import backend, open_storage
 
 logger = logging.getLogger("rfopt")
 
@@ -56,6 +61,8 @@ ADAPTER_ATTR = "rfopt:adapter"
 METRICS_ATTR = "rfopt:metrics"
 SAMPLES_ATTR = "rfopt:samples"
 STOPPED_ATTR = "rfopt:stopped"
+ASK_LEASE = "ask"
+"""The lease a worker holds while it plans the study, enqueues configs or asks trials: one at a time."""
 
 
 def chunk_attr(prefix: str, unit: int) -> str:
@@ -134,6 +141,66 @@ class Study:
             device: ``"cpu"`` or ``"cuda"`` / ``"cuda:1"``.
             on_unit: called after each committed unit with ``(trial_number, step, value)``.
         """
+        space, plan, settings, n_trials, max_concurrent = self._prepare(
+            space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective, eval_settings,
+            chunk_seed,
+        )
+        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
+        try:
+            run.resume_running()
+            run.loop(n_trials, max_concurrent, show_progress_bar)
+        finally:
+            run.pool.close()
+
+    def work(
+        self,
+        space: Any,
+        train_dataset: Any,
+        eval_dataset: Any,
+        *,
+        n_trials: int | None = None,
+        num_chunks: int = 4,
+        max_concurrent: int | None = None,
+        objective: str = "reward",
+        eval_settings: EvalSettings | None = None,
+        device: str = "cpu",
+        chunk_seed: int = 0,
+        lease_seconds: float = 30.0,
+        poll_seconds: float = 1.0,
+        on_unit: Callable[[int, int, float], None] | None = None,
+    ) -> None:
+        """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
+
+        Takes the same arguments as `optimize`, with two differences: `n_trials` is the study's total (with a
+        function space; a list space runs its configs), and every unit is trained under a lease on its trial
+        (`rfopt.leases`): renewed while it trains, and checked in the transaction that commits the unit, so a
+        worker whose lease expired cannot commit. A unit whose worker died is trained by another once the lease
+        expires (`lease_seconds`). Returns when no trial is left to train (paused trials wait for a resume).
+
+            >>> study.work(space, train, test, n_trials=16, num_chunks=4, device="cuda:1")   # doctest: +SKIP
+        """
+        from .leases import Leases
+
+        if lease_seconds <= 0 or poll_seconds <= 0:
+            raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
+        space = as_space(space)
+        if max_concurrent is None and isinstance(space, ListSpace):  # the same for every worker, however late
+            max_concurrent = max(1, min(len(space.configs), 8))
+        leases = Leases(self.optuna)
+        with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time plans the study and enqueues configs
+            space, plan, settings, n_trials, max_concurrent = self._prepare(
+                space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective, eval_settings,
+                chunk_seed,
+            )
+        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
+        try:
+            run.work_loop(n_trials, max_concurrent, leases, lease_seconds, poll_seconds)
+        finally:
+            run.pool.close()
+
+    def _prepare(self, space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective,
+                 eval_settings, chunk_seed):
+        """Check the arguments of `optimize`/`work` against each other and the study; plan it; enqueue a list."""
         space = as_space(space)
         _check_dataset(train_dataset, "train_dataset")
         _check_dataset(eval_dataset, "eval_dataset")
@@ -152,10 +219,7 @@ class Study:
                     raise type(exc)(f"configs[{i}]: {exc}") from exc
             space.enqueue_missing(self.optuna)
             if n_trials is None:  # the configs not run yet (all of them, the first time)
-                n_trials = sum(
-                    t.state == OptunaState.WAITING and LIST_INDEX_ATTR in t.user_attrs
-                    for t in self.optuna.get_trials(deepcopy=False)
-                )
+                n_trials = _waiting_listed(self.optuna)
         elif n_trials is None:
             raise ValueError("n_trials is required when the search space is a function")
         if n_trials < 0:
@@ -164,13 +228,7 @@ class Study:
             max_concurrent = max(1, min(n_trials, 8))
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
-
-        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
-        try:
-            run.resume_running()
-            run.loop(n_trials, max_concurrent, show_progress_bar)
-        finally:
-            run.pool.close()
+        return space, plan, settings, n_trials, max_concurrent
 
     # ------------------------------------------------------------------ ops
     def pause(self, trial_number: int) -> None:
@@ -332,16 +390,24 @@ class _Run:
         self.on_unit = on_unit
         self.started = 0
         self.progress = None
+        self.fence: Callable[[int, int | None], None] | None = None
+        """Called with ``(trial_number, unit)`` before a unit's checkpoint is written (``unit`` None) and before its
+        report is written; raises if this worker may not (its lease expired or was taken over)."""
 
     # ------------------------------------------------------------------ trial lifecycle
     def resume_running(self) -> None:
-        """Take over RUNNING trials of this study (left by a stopped or crashed process) from their checkpoints."""
+        """Take over RUNNING trials of this study (left by a stopped or crashed process) from their checkpoints.
+
+        A trial continues from its last committed unit. What a crash left half-done is finished first: a unit
+        whose checkpoint is durable but whose report is not in storage is committed from the checkpoint; a
+        trial whose failure, stop or pruning was stored but not yet told to Optuna is told now.
+        """
         for frozen in self.optuna.get_trials(deepcopy=False, states=[OptunaState.RUNNING]):
-            if CONFIG_ATTR not in frozen.user_attrs:
-                continue
             trial = optuna.trial.Trial(self.optuna, frozen._trial_id)
             try:
-                config = TrialConfig.from_json(frozen.user_attrs[CONFIG_ATTR])
+                if self._settle(trial, frozen):
+                    continue
+                config = self._config_of(trial, frozen)
                 live = self._start(trial, config)
                 state = self.study.checkpoints.load(trial.number)
                 reported = len(frozen.intermediate_values)
@@ -351,19 +417,45 @@ class _Run:
                     live.needs_load = False
                 live.info.paused = bool(frozen.user_attrs.get(PAUSED_ATTR))
                 if live.info.units_done < reported and not live.runner.start_unit:
-                    raise RuntimeError(
-                        f"its checkpoint holds {live.info.units_done} chunks but {reported} were reported"
+                    where = self.study.checkpoints.trial_dir(trial.number)
+                    held = "no checkpoint" if state is None else f"a checkpoint of {live.info.units_done} chunks"
+                    raise CheckpointError(
+                        f"trial {trial.number}: {reported} chunks were committed but {where} holds {held}; "
+                        "its state is lost, clone it to train the config again"
                     )
                 if reported:
                     live.last_value = frozen.intermediate_values[max(frozen.intermediate_values)]
                 live.decided |= {s for s in frozen.intermediate_values if decision_key(s) in frozen.user_attrs}
-                if live.info.units_done > reported:  # checkpoint written, report not committed
-                    self._commit(live, live.info.units_done - 1, *self._evaluate(live))
+                if live.info.units_done > reported:  # checkpoint durable, report not committed
+                    self._commit_from_checkpoint(live)
                 logger.info("trial %d: resumed at chunk %d", trial.number, live.info.units_done)
                 if live.info.finished:  # stopped between its last report and being told
                     self._finish(live)
             except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
                 self._fail(trial, f"could not resume: {type(exc).__name__}: {exc}")
+
+    def _settle(self, trial: optuna.Trial, frozen: optuna.trial.FrozenTrial) -> bool:
+        """Tell Optuna an end that was stored on the trial but not told before a crash; True if the trial ended."""
+        if FAIL_REASON_ATTR in frozen.user_attrs:
+            self._fail(trial, frozen.user_attrs[FAIL_REASON_ATTR])
+            return True
+        pruned = STOPPED_ATTR in frozen.user_attrs or any(
+            (d := load_decision(frozen, step)) is not None and d.prune for step in frozen.intermediate_values
+        )
+        if pruned:
+            self.optuna.tell(trial, state=OptunaState.PRUNED)
+            logger.info("trial %d: pruned (decided before the last crash)", trial.number)
+            return True
+        return False
+
+    def _config_of(self, trial: optuna.Trial, frozen: optuna.trial.FrozenTrial) -> TrialConfig:
+        """The trial's stored config; a trial asked just before a crash gets it from the space, as `_ask` would."""
+        if CONFIG_ATTR in frozen.user_attrs:
+            return TrialConfig.from_json(frozen.user_attrs[CONFIG_ATTR])
+        config = self.space.config_for(trial)
+        config.validate()
+        trial.set_user_attr(CONFIG_ATTR, config.to_json())
+        return config
 
     def _ask(self) -> _Live | None:
         trial = self.optuna.ask()
@@ -384,9 +476,7 @@ class _Run:
             trial.set_user_attr(SCHEDULE_ATTR, schedule.to_dict())
         lineage = trial.user_attrs.get(CLONE_ATTR) or {}
         start_unit = int(lineage.get("start_unit", 0))
-        runner = TrialRunner(
-            trial.number, config, self.plan, schedule, self.train_dataset, self.pool, self.workdir, start_unit
-        )
+        runner = self._runner(trial.number, config, schedule, start_unit)
         info = LiveTrial(trial.number, start_unit, schedule.num_units, config.model_key)
         live = _Live(
             trial=trial, config=config, runner=runner, schedule=schedule, info=info,
@@ -395,6 +485,9 @@ class _Run:
         )
         self.live[trial.number] = live
         return live
+
+    def _runner(self, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int) -> TrialRunner:
+        return TrialRunner(number, config, self.plan, schedule, self.train_dataset, self.pool, self.workdir, start_unit)
 
     def _fail(self, trial: optuna.Trial, reason: str) -> None:
         logger.warning("trial %d failed: %s", trial.number, reason)
@@ -415,13 +508,17 @@ class _Run:
         else:
             path = self.study.checkpoints.save_model(number, runner.model, runner.tokenizer)
         live.trial.set_user_attr(ADAPTER_ATTR, str(path))
+        reach("trial-finishing", trial=number, unit=live.info.units_done - 1)
         self.optuna.tell(live.trial, live.last_value)
         self.live.pop(number)
         runner.cleanup()
 
     def _prune(self, live: _Live, reason: str) -> None:
-        self.optuna.tell(live.trial, state=OptunaState.PRUNED)
-        self.live.pop(live.trial.number)
+        try:
+            self.optuna.tell(live.trial, state=OptunaState.PRUNED)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker carried out the same decision
+            pass
+        self.live.pop(live.trial.number, None)
         live.runner.cleanup()
         logger.info("trial %d pruned: %s", live.trial.number, reason)
 
@@ -436,41 +533,70 @@ class _Run:
             )
         return value, {"eval": result.metrics, "samples": result.samples}
 
-    def _commit(self, live: _Live, unit: int, value: float, extra: dict[str, Any], train: dict[str, Any] | None = None) -> None:
+    def _commit(self, live: _Live, report: UnitReport) -> None:
+        """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
         trial = live.trial
-        metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"]}
-        if train is not None:
-            metrics["train"] = train
-        trial.set_user_attr(chunk_attr(METRICS_ATTR, unit), _finite(metrics))
-        trial.set_user_attr(chunk_attr(SAMPLES_ATTR, unit), _finite(extra["samples"]))
-        trial.report(value, step=unit)
-        live.last_value = value
+        if self.fence is not None:
+            self.fence(trial.number, report.unit)
+        trial.set_user_attr(chunk_attr(METRICS_ATTR, report.unit), report.metrics)
+        trial.set_user_attr(chunk_attr(SAMPLES_ATTR, report.unit), report.samples)
+        reach("metrics-stored", trial=trial.number, unit=report.unit)
+        trial.report(report.value, step=report.unit)
+        reach("unit-committed", trial=trial.number, unit=report.unit)
+        live.last_value = report.value
         from .dashboard import publish_chunk  # lazy: rfopt.dashboard imports this module
 
         publish_chunk(trial)
 
+    def _commit_from_checkpoint(self, live: _Live) -> None:
+        """Commit the unit a crash left with a durable checkpoint and no report, as it would have been committed."""
+        unit = live.info.units_done - 1
+        report = self.study.checkpoints.load_report(live.trial.number)
+        if report is None or report.unit != unit:  # a checkpoint written without its report: evaluate again
+            value, extra = self._evaluate(live)
+            metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"]}
+            report = UnitReport(unit=unit, value=value, metrics=_finite(metrics), samples=_finite(extra["samples"]))
+        self._commit(live, report)
+
     def _load(self, live: _Live) -> None:
         """Bring a trial's state back after a pause, or give a warm-started clone its parent's weights."""
         state = self.study.checkpoints.load(live.trial.number)
+        if state is None and live.runner.units_done != live.runner.start_unit:
+            # Trained here but never committed (a worker whose lease was taken over): start the trial afresh.
+            live.runner.cleanup()
+            live.runner = self._runner(live.trial.number, live.config, live.schedule, live.runner.start_unit)
         if state is not None:
             live.runner.load_state(state)
+        elif live.info.units_done > live.runner.start_unit:
+            raise CheckpointError(
+                f"trial {live.trial.number}: {live.info.units_done} chunks were committed but its checkpoint in "
+                f"{self.study.checkpoints.trial_dir(live.trial.number)} is missing; its state is lost"
+            )
         elif (live.trial.user_attrs.get(CLONE_ATTR) or {}).get("warm_start"):
             live.runner.load_weights(self.study.checkpoints.load_warm_start(live.trial.number))
         live.needs_load = False
 
     def _run_unit(self, live: _Live) -> None:
+        """Train, evaluate, checkpoint durably (with the unit's report), then commit the report to storage."""
         if live.needs_load:
             self._load(live)
-        unit = live.info.units_done
+        number, unit = live.trial.number, live.info.units_done
+        reach("unit-started", trial=number, unit=unit)
         started = time.perf_counter()
         chunk = live.runner.train_chunk()
+        reach("chunk-trained", trial=number, unit=unit)
         value, extra = self._evaluate(live)
-        self.study.checkpoints.save(live.trial.number, live.runner.state())
         train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
-        self._commit(live, unit, value, extra, train)
+        metrics = {"chunk": live.schedule.chunk_of_unit(unit), "eval": extra["eval"], "train": train}
+        report = UnitReport(unit=unit, value=value, metrics=_finite(metrics), samples=_finite(extra["samples"]))
+        if self.fence is not None:
+            self.fence(number, None)
+        self.study.checkpoints.save(number, live.runner.state(), report)
+        reach("checkpoint-saved", trial=number, unit=unit)
+        self._commit(live, report)
         live.info.units_done = unit + 1
         if self.on_unit is not None:
-            self.on_unit(live.trial.number, unit, value)
+            self.on_unit(number, unit, value)
 
     # ------------------------------------------------------------------ ops
     def _apply_ops(self) -> None:
@@ -518,7 +644,9 @@ class _Run:
         complete = completed_rungs(infos)
         n_steps = self._n_steps()
         for step in range(complete):
-            pending = [l for l in self.live.values() if step not in l.decided and l.info.units_done > step]
+            # A trial that trained all its units is finished, not judged (another worker may be telling it so).
+            pending = [l for l in self.live.values()
+                       if step not in l.decided and l.info.units_done > step and not l.info.finished]
             if not pending:
                 continue
             decisions = decide(self.optuna, [l.trial.number for l in pending], step, pruner, n_steps=n_steps)
@@ -579,6 +707,144 @@ class _Run:
                 shutil.rmtree(self.workdir, ignore_errors=True)
                 self.progress = None
 
+    # ------------------------------------------------------------------ workers
+    def work_loop(self, n_trials: int, max_concurrent: int, leases: Any, lease_seconds: float,
+                  poll_seconds: float) -> None:
+        """Train units of the study's trials under leases until none is left, beside other workers.
+
+        Each round reads the study from storage (trials other workers asked, moved on or finished), decides
+        complete rungs, asks new trials if slots are free, then leases the trial the round-robin policy picks
+        among those no other worker holds, and trains its next unit.
+        """
+        from .leases import Heartbeat, LeaseLost
+
+        try:
+            while True:
+                self._sync()
+                try:
+                    self._decide_rungs()
+                except ValueError as exc:  # a peer finished or failed since our read; the next round rereads
+                    logger.info("rung decision deferred: %s", exc)
+                self._top_up(n_trials, max_concurrent, leases, lease_seconds)
+                busy = leases.held_by_others()
+                free = [l.info for l in self.live.values() if _trial_lease(l.trial.number) not in busy]
+                pick = next_trial(free, self.pool_keys())
+                if pick is None:
+                    if not any(not l.info.paused for l in self.live.values()) and not self._more_to_ask(n_trials):
+                        break
+                    time.sleep(poll_seconds)  # other workers hold the remaining units
+                    continue
+                lease = leases.acquire(_trial_lease(pick.number), lease_seconds)
+                if lease is None:
+                    continue
+                live = self.live[pick.number]
+                self.fence = lambda number, unit: (leases.check(lease) if unit is None
+                                                   else leases.commit_unit(lease, number, unit))
+                try:
+                    with Heartbeat(leases, lease):
+                        self._work_on(live, leases, lease)
+                except LeaseLost as exc:  # another worker has the trial now; our in-memory state is stale
+                    logger.warning("%s", exc)
+                    live.needs_load = True
+                except Exception as exc:  # noqa: BLE001 - the trial fails alone, if it is still ours to fail
+                    try:
+                        leases.check(lease)
+                    except LeaseLost:
+                        live.needs_load = True
+                    else:
+                        self._fail(live.trial, f"{type(exc).__name__}: {exc}")
+                finally:
+                    self.fence = None
+                    leases.release(lease)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _sync(self) -> None:
+        """Bring `live` up to date with storage: every RUNNING trial with a config, at its committed progress."""
+        running = {t.number: t for t in self.optuna.get_trials(deepcopy=False, states=[OptunaState.RUNNING])}
+        for number in [n for n in self.live if n not in running]:  # finished, pruned or failed elsewhere
+            self.live.pop(number).runner.cleanup()
+        for number, frozen in running.items():
+            live = self.live.get(number)
+            if live is None:
+                if CONFIG_ATTR not in frozen.user_attrs:  # being asked by a worker now (or crashed then: _top_up)
+                    continue
+                trial = optuna.trial.Trial(self.optuna, frozen._trial_id)
+                live = self._start(trial, TrialConfig.from_json(frozen.user_attrs[CONFIG_ATTR]))
+                live.needs_load = True
+            committed = _committed(frozen, live.runner.start_unit)
+            if committed != live.info.units_done:  # another worker trained it: continue from the checkpoint
+                live.info.units_done = committed
+                live.needs_load = True
+            live.info.paused = bool(frozen.user_attrs.get(PAUSED_ATTR))
+            live.decided |= {s for s in frozen.intermediate_values if decision_key(s) in frozen.user_attrs}
+            if frozen.intermediate_values:
+                live.last_value = frozen.intermediate_values[max(frozen.intermediate_values)]
+
+    def _top_up(self, n_trials: int, max_concurrent: int, leases: Any, lease_seconds: float) -> None:
+        """Ask new trials while slots are free, one worker at a time; configure trials a crash left unconfigured."""
+        if self._active() >= max_concurrent and not self._waiting_clone():
+            unconfigured = any(CONFIG_ATTR not in t.user_attrs
+                               for t in self.optuna.get_trials(deepcopy=False, states=[OptunaState.RUNNING]))
+            if not unconfigured:
+                return
+        lease = leases.acquire(ASK_LEASE, lease_seconds)
+        if lease is None:
+            return
+        try:
+            for frozen in self.optuna.get_trials(deepcopy=False, states=[OptunaState.RUNNING]):
+                if CONFIG_ATTR not in frozen.user_attrs:  # its asker died between ask and config
+                    trial = optuna.trial.Trial(self.optuna, frozen._trial_id)
+                    try:
+                        self._start(trial, self._config_of(trial, frozen))
+                    except Exception as exc:  # noqa: BLE001 - a bad config fails its trial, not the study
+                        self._fail(trial, f"{type(exc).__name__}: {exc}")
+            while self._active() < max_concurrent and (self._more_to_ask(n_trials) or self._waiting_clone()):
+                self._ask()
+        finally:
+            leases.release(lease)
+
+    def _more_to_ask(self, n_trials: int) -> bool:
+        if isinstance(self.space, ListSpace):
+            return _waiting_listed(self.optuna) > 0
+        started = sum(t.state != OptunaState.WAITING and CLONE_ATTR not in t.user_attrs
+                      for t in self.optuna.get_trials(deepcopy=False))
+        return started < n_trials
+
+    def _work_on(self, live: _Live, leases: Any, lease: Any) -> None:
+        """Under the trial's lease: apply its ops, catch up with what other workers did, train its next unit."""
+        frozen = self.optuna._storage.get_trial(live.trial._trial_id)
+        if frozen.state != OptunaState.RUNNING:
+            self.live.pop(live.trial.number).runner.cleanup()
+            return
+        if self._settle(live.trial, frozen):
+            self.live.pop(live.trial.number, None)
+            return
+        req = read_request(frozen)
+        if req is not None:
+            self._apply(live, req)
+            if live.trial.number not in self.live or live.info.paused:
+                return
+        committed = _committed(frozen, live.runner.start_unit)
+        if committed != live.info.units_done:
+            live.info.units_done, live.needs_load = committed, True
+        if live.needs_load:
+            self._load(live)
+            durable = live.runner.units_done
+            if durable < committed:
+                raise CheckpointError(
+                    f"trial {live.trial.number}: {committed} chunks were committed but its latest checkpoint holds "
+                    f"{durable}; its state is lost"
+                )
+            if durable > committed:  # its last worker died between the checkpoint and the report
+                live.info.units_done = durable
+                self._commit_from_checkpoint(live)
+        if not live.info.finished:
+            self._run_unit(live)
+        if live.info.finished:
+            leases.check(lease)
+            self._finish(live)
+
     def _n_steps(self) -> int:
         """Chunk units of the study's longest trial: the budget "auto" pruner settings are derived from."""
         units = [s["num_epochs"] * s["num_chunks"] for s in self._schedules()]
@@ -629,7 +895,7 @@ def create_study(
     `checkpoint_dir` (default: ``rfopt-checkpoints/<study name>`` beside a SQLite file, else in the
     working directory).
     """
-    storage = _storage(storage or "sqlite:///rfopt.db")
+    storage = open_storage(storage or "sqlite:///rfopt.db")
     study = optuna.create_study(
         study_name=study_name,
         storage=storage,
@@ -650,7 +916,7 @@ def load_study(
     checkpoint_dir: str | os.PathLike | None = None,
 ) -> Study:
     """Load an existing study (its checkpoint directory is read from the study)."""
-    storage = _storage(storage)
+    storage = open_storage(storage)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
     except KeyError as exc:
@@ -659,19 +925,9 @@ def load_study(
     return Study(study, checkpoint_dir)
 
 
-def _storage(storage: str | optuna.storages.BaseStorage) -> str | optuna.storages.BaseStorage:
-    if isinstance(storage, str) and storage.startswith("sqlite:"):
-        # A dashboard polling the same file holds read locks; wait for them instead of failing the write.
-        return optuna.storages.RDBStorage(storage, engine_kwargs={"connect_args": {"timeout": 60}})
-    if isinstance(storage, str) and storage.startswith("postgresql"):
-        return optuna.storages.RDBStorage(storage, engine_kwargs={"pool_pre_ping": True})
-    return storage
-
-
 def _default_checkpoint_dir(study: optuna.Study) -> Path:
     base = Path.cwd()
-    storage = getattr(study._storage, "_backend", study._storage)  # optuna wraps RDBStorage in a cache
-    url = getattr(getattr(storage, "engine", None), "url", None)
+    url = getattr(getattr(backend(study._storage), "engine", None), "url", None)
     if url is not None and url.drivername.startswith("sqlite") and url.database:
         base = Path(url.database).resolve().parent
     return base / "rfopt-checkpoints" / study.study_name
@@ -686,6 +942,22 @@ def _check_dataset(dataset: Any, name: str) -> None:
             f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt', "
             "e.g. dataset.rename_column('question', 'prompt')"
         )
+
+
+def _waiting_listed(study: optuna.Study) -> int:
+    """Enqueued trials of a list space not started yet."""
+    return sum(
+        t.state == OptunaState.WAITING and LIST_INDEX_ATTR in t.user_attrs for t in study.get_trials(deepcopy=False)
+    )
+
+
+def _committed(trial: optuna.trial.FrozenTrial, start_unit: int) -> int:
+    """Units of `trial` whose reports are in storage (a warm clone reports from its parent's step onward)."""
+    return max(trial.intermediate_values) + 1 if trial.intermediate_values else start_unit
+
+
+def _trial_lease(number: int) -> str:
+    return f"trial-{number}"
 
 
 def _last_value(trial: optuna.trial.FrozenTrial) -> float | None:

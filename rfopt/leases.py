@@ -1,0 +1,247 @@
+"""Leases: how workers that share a study agree on who trains which trial, kept in the study's database.
+
+A worker trains a trial's next unit only while it holds that trial's lease. Leases live in a table
+``rfopt_leases`` in the same database as the Optuna storage (SQLite for one host, PostgreSQL for
+many), created on first use. Every lease operation is one conditional UPDATE or INSERT, so it is a
+compare-and-set in any SQL database:
+
+- `acquire`: take the lease if it is free, expired, or already ours; the fencing token grows by one
+  each time the lease changes hands.
+- `renew`: push the expiry out, only while the lease is still ours under the same token (a
+  `Heartbeat` thread does this every third of the lease's duration while the unit trains).
+- `commit_unit`: in ONE transaction, check that the lease is ours, under our token and unexpired,
+  and record the unit in ``rfopt_units`` (primary key: study, trial, unit), before the unit's report
+  goes to Optuna. A worker whose lease expired or was taken over cannot commit (`LeaseLost`).
+- `release`: give the lease up at once when the unit is done.
+
+Expiry times come from each worker's clock: hosts must keep their clocks in sync (NTP) to well
+within the lease's duration.
+
+    >>> leases = Leases(study.optuna, holder="host-1:1234")                    # doctest: +SKIP
+    >>> lease = leases.acquire("trial-3", seconds=30)                          # doctest: +SKIP
+    >>> with Heartbeat(leases, lease):                                         # doctest: +SKIP
+    ...     train(); leases.commit_unit(lease, trial=3, unit=2)
+    >>> leases.release(lease)                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import optuna
+import sqlalchemy as sa
+
+from .storage import backend, is_schema_race, is_unreachable, retry
+
+_metadata = sa.MetaData()
+LEASES = sa.Table(
+    "rfopt_leases",
+    _metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("holder", sa.String(256), nullable=False),
+    sa.Column("token", sa.BigInteger, nullable=False),
+    sa.Column("expires", sa.Float, nullable=False),
+)
+UNITS = sa.Table(
+    "rfopt_units",
+    _metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("trial", sa.Integer, primary_key=True),
+    sa.Column("unit", sa.Integer, primary_key=True),
+    sa.Column("holder", sa.String(256), nullable=False),
+    sa.Column("token", sa.BigInteger, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+
+class LeaseLost(RuntimeError):
+    """This worker's lease expired or was taken over: it must not commit the unit it worked on."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    holder: str
+    token: int
+    seconds: float
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Leases:
+    """The leases of one study, in the study's SQL database."""
+
+    def __init__(self, study: optuna.Study, holder: str | None = None, retry_seconds: float | None = None) -> None:
+        rdb = backend(study._storage)
+        engine = getattr(rdb, "engine", None)
+        if engine is None:
+            raise ValueError(
+                f"study {study.study_name!r}: workers need an SQL storage (sqlite:///... on one host, "
+                f"postgresql://... across hosts), not {type(rdb).__name__}"
+            )
+        self.engine: sa.Engine = engine
+        self.study = study.study_name
+        self.holder = holder or worker_id()
+        self.retry_seconds = getattr(study._storage, "retry_seconds", 300.0) if retry_seconds is None else retry_seconds
+        retry(lambda: _metadata.create_all(self.engine, checkfirst=True), self.retry_seconds, self._where(),
+              "create lease tables", retry_if=lambda exc: is_unreachable(exc) or is_schema_race(exc))
+
+    # ------------------------------------------------------------------ leases
+    def acquire(self, name: str, seconds: float) -> Lease | None:
+        """The lease `name` for `seconds`, if it is free, expired or ours; else None."""
+
+        def attempt() -> Lease | None:
+            now = time.time()
+            with self.engine.begin() as db:
+                taken = db.execute(
+                    LEASES.update()
+                    .where(self._key(name), sa.or_(LEASES.c.expires < now, LEASES.c.holder == self.holder))
+                    .values(holder=self.holder, token=LEASES.c.token + 1, expires=now + seconds)
+                ).rowcount
+                if not taken:
+                    exists = db.execute(sa.select(LEASES.c.token).where(self._key(name))).first()
+                    if exists is not None:
+                        return None
+                    db.execute(LEASES.insert().values(study=self.study, name=name, holder=self.holder, token=1,
+                                                      expires=now + seconds))
+                token = db.execute(sa.select(LEASES.c.token).where(self._key(name))).scalar_one()
+            return Lease(name, self.holder, int(token), seconds)
+
+        try:
+            return self._retry(attempt, f"acquire lease {name}")
+        except sa.exc.IntegrityError:  # another worker inserted the same lease first
+            return None
+
+    @contextmanager
+    def holding(self, name: str, seconds: float, poll_seconds: float = 0.2) -> Iterator[Lease]:
+        """Wait for the lease `name`, hold it for the block, then release it."""
+        while (lease := self.acquire(name, seconds)) is None:
+            time.sleep(poll_seconds)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    def renew(self, lease: Lease) -> bool:
+        """Extend `lease`; False if it is no longer ours."""
+        def attempt() -> bool:
+            with self.engine.begin() as db:
+                return bool(db.execute(
+                    LEASES.update().where(*self._ours(lease)).values(expires=time.time() + lease.seconds)
+                ).rowcount)
+
+        return self._retry(attempt, f"renew lease {lease.name}")
+
+    def release(self, lease: Lease) -> None:
+        def attempt() -> None:
+            with self.engine.begin() as db:
+                db.execute(LEASES.update().where(*self._ours(lease)).values(expires=0.0))
+
+        self._retry(attempt, f"release lease {lease.name}")
+
+    def check(self, lease: Lease) -> None:
+        """Raise `LeaseLost` unless `lease` is still ours and unexpired."""
+        def attempt() -> bool:
+            with self.engine.begin() as db:
+                return db.execute(
+                    sa.select(LEASES.c.token).where(*self._ours(lease), LEASES.c.expires >= time.time())
+                ).first() is not None
+
+        if not self._retry(attempt, f"check lease {lease.name}"):
+            raise LeaseLost(f"{self.holder}: lease {lease.name} (token {lease.token}) expired or was taken over")
+
+    def held_by_others(self) -> set[str]:
+        """Names of this study's unexpired leases that other workers hold."""
+        def attempt() -> set[str]:
+            with self.engine.begin() as db:
+                rows = db.execute(sa.select(LEASES.c.name).where(
+                    LEASES.c.study == self.study, LEASES.c.expires >= time.time(), LEASES.c.holder != self.holder
+                ))
+                return {row.name for row in rows}
+
+        return self._retry(attempt, "read leases")
+
+    # ------------------------------------------------------------------ fenced commits
+    def commit_unit(self, lease: Lease, trial: int, unit: int) -> None:
+        """Record that `unit` of `trial` is committed, in the transaction that checks the lease (fencing)."""
+        def attempt() -> None:
+            now = time.time()
+            with self.engine.begin() as db:
+                ours = db.execute(
+                    LEASES.update()
+                    .where(*self._ours(lease), LEASES.c.expires >= now)
+                    .values(expires=now + lease.seconds)
+                ).rowcount
+                if not ours:
+                    raise LeaseLost(f"{self.holder}: lease {lease.name} (token {lease.token}) expired or was taken "
+                                    f"over; trial {trial} unit {unit} is not committed by this worker")
+                recorded = db.execute(sa.select(UNITS.c.unit).where(
+                    UNITS.c.study == self.study, UNITS.c.trial == trial, UNITS.c.unit == unit
+                )).first()
+                if recorded is None:  # else its worker died before reporting it; the report is committed now
+                    db.execute(UNITS.insert().values(study=self.study, trial=trial, unit=unit, holder=self.holder,
+                                                     token=lease.token, at=now))
+
+        self._retry(attempt, f"commit trial {trial} unit {unit}")
+
+    def committed_units(self) -> list[tuple[int, int, str]]:
+        """``(trial, unit, holder)`` of every committed unit of the study, in commit order."""
+        with self.engine.begin() as db:
+            rows = db.execute(sa.select(UNITS.c.trial, UNITS.c.unit, UNITS.c.holder)
+                              .where(UNITS.c.study == self.study).order_by(UNITS.c.at))
+            return [(r.trial, r.unit, r.holder) for r in rows]
+
+    def committed(self, trial: int) -> set[int]:
+        with self.engine.begin() as db:
+            rows = db.execute(sa.select(UNITS.c.unit).where(UNITS.c.study == self.study, UNITS.c.trial == trial))
+            return {r.unit for r in rows}
+
+    # ------------------------------------------------------------------ helpers
+    def _key(self, name: str):
+        return sa.and_(LEASES.c.study == self.study, LEASES.c.name == name)
+
+    def _ours(self, lease: Lease):
+        return (self._key(lease.name), LEASES.c.holder == lease.holder, LEASES.c.token == lease.token)
+
+    def _retry(self, call, what: str):
+        return retry(call, self.retry_seconds, self._where(), what)
+
+    def _where(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+
+class Heartbeat:
+    """Renews a lease every third of its duration while a unit trains; `lost` is set if it is taken over."""
+
+    def __init__(self, leases: Leases, lease: Lease) -> None:
+        self.leases = leases
+        self.lease = lease
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"rfopt-heartbeat-{lease.name}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease.seconds / 3):
+            try:
+                if not self.leases.renew(self.lease):
+                    self.lost.set()
+                    return
+            except Exception:  # noqa: BLE001 - the fenced commit decides; a missed beat only risks expiry
+                continue

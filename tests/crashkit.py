@@ -1,0 +1,130 @@
+"""Running `rfopt` commands on `tests/tiny_study.py` in subprocesses, killing them, and comparing the studies
+they leave: shared by the crash, fault and worker tests and by bench/workers.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import optuna
+import torch
+from safetensors.torch import load_file
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+STUDY_FILE = TESTS / "tiny_study.py"
+# Per-chunk training metrics that measure time, not training.
+TIMINGS = {"seconds", "swap_seconds", "step_time"}
+
+
+def env(tiny_model, **extra) -> dict[str, str]:
+    """Environment for a subprocess that imports this checkout's rfopt and the test kit, on one thread."""
+    variables = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]), OMP_NUM_THREADS="1",
+                     MKL_NUM_THREADS="1", RFOPT_TEST_TINY_MODEL=str(tiny_model))
+    variables.update({k: str(v) for k, v in extra.items()})
+    return variables
+
+
+def rfopt_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rfopt.cli", *args]
+
+
+def run_command(storage: str, *extra: str) -> list[str]:
+    return rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--no-progress", *extra)
+
+
+def worker_command(storage: str, checkpoints: Path, *extra: str) -> list[str]:
+    return rfopt_command("worker", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(checkpoints),
+                         *extra)
+
+
+def start(command: list[str], cwd: Path, environ: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=cwd, env=environ, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+def run(command: list[str], cwd: Path, environ: dict[str, str], log: Path, timeout: float = 600) -> int:
+    process = start(command, cwd, environ, log)
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def events(path: Path) -> list[tuple[str, int, int, int, float]]:
+    """The crash-point log: (point, trial, unit, pid, time) per line, in order."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        point, trial, unit, pid, at = line.split()
+        rows.append((point, int(trial), int(unit), int(pid), float(at)))
+    return rows
+
+
+def retrained_after_durable(log: list[tuple]) -> list[tuple[int, int]]:
+    """Units whose training started again after their checkpoint was durable: each would be a chunk trained twice."""
+    durable: set[tuple[int, int]] = set()
+    twice = []
+    for point, trial, unit, *_ in log:
+        if point == "checkpoint-saved":
+            durable.add((trial, unit))
+        elif point == "unit-started" and (trial, unit) in durable:
+            twice.append((trial, unit))
+    return twice
+
+
+def commits(log: list[tuple]) -> dict[tuple[int, int], int]:
+    counts: dict[tuple[int, int], int] = defaultdict(int)
+    for point, trial, unit, *_ in log:
+        if point == "unit-committed":
+            counts[(trial, unit)] += 1
+    return dict(counts)
+
+
+def trials(storage: str, name: str = "tiny") -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=storage).get_trials()
+
+
+def train_metrics(trial: optuna.trial.FrozenTrial) -> dict[int, dict]:
+    """Per chunk: the eval metrics and the training metrics that do not measure time."""
+    out = {}
+    for key, value in trial.user_attrs.items():
+        if key.startswith("rfopt:metrics:"):
+            train = {k: v for k, v in value.get("train", {}).items() if k not in TIMINGS}
+            out[int(key.rsplit(":", 1)[1])] = {"eval": value["eval"], "train": train, "chunk": value["chunk"]}
+    return out
+
+
+def adapter(trial: optuna.trial.FrozenTrial) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(trial.user_attrs["rfopt:adapter"]) / "adapter_model.safetensors"))
+
+
+def final_checkpoint(checkpoint_dir: Path, number: int) -> dict[str, torch.Tensor]:
+    """The tensors of a trial's latest checkpoint: weights, optimizer moments and RNG state."""
+    trial_dir = checkpoint_dir / f"trial-{number:05d}"
+    latest = (trial_dir / "LATEST").read_text().strip()
+    return load_file(str(trial_dir / latest / "tensors.safetensors"))
+
+
+def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def assert_same_study(reference: str, ref_checkpoints: Path, got: str, got_checkpoints: Path, name: str = "tiny"):
+    """Every trial of `got` ended as in `reference`: state, per-chunk values and metrics, adapter, last checkpoint."""
+    expected, actual = trials(reference, name), trials(got, name)
+    assert len(actual) == len(expected)
+    for ref, trial in zip(expected, actual):
+        assert trial.state == ref.state, f"trial {trial.number}: {trial.state} != {ref.state}"
+        assert trial.value == ref.value
+        assert trial.intermediate_values == ref.intermediate_values, f"trial {trial.number}"
+        assert train_metrics(trial) == train_metrics(ref), f"trial {trial.number}: per-chunk metrics differ"
+        if ref.state == optuna.trial.TrialState.COMPLETE:
+            assert same_tensors(adapter(trial), adapter(ref)), f"trial {trial.number}: adapter weights differ"
+        assert same_tensors(final_checkpoint(got_checkpoints, trial.number),
+                            final_checkpoint(ref_checkpoints, ref.number)), f"trial {trial.number}: checkpoint differs"

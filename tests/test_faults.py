@@ -1,0 +1,202 @@
+"""Storage and infrastructure faults: a corrupt or missing checkpoint fails only its trial, with the reason
+stored; a full disk fails the trial cleanly and keeps its previous checkpoint; a locked or unreachable
+database is retried with backoff, then a clear error."""
+
+import errno
+import shutil
+import sqlite3
+import threading
+import time
+
+import optuna
+import pytest
+
+import rfopt
+from crashkit import assert_same_study, env, events, run_command, start, trials
+from rfopt.storage import StorageUnavailableError, open_storage
+from rfopt_testkit import prompts_dataset, trial_config
+
+TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
+
+
+class _Crash(BaseException):
+    """Stands in for the process dying: nothing in rfopt catches it."""
+
+
+def _run(model, storage, checkpoints, crash_after=None):
+    study = rfopt.create_study(study_name="f", storage=storage, checkpoint_dir=checkpoints, load_if_exists=True)
+    done = []
+
+    def on_unit(number, step, value):
+        done.append((number, step))
+        if crash_after is not None and len(done) == crash_after:
+            raise _Crash
+
+    configs = rfopt.grid(trial_config(model), learning_rate=[1e-3, 5e-3])
+    study.optimize(configs, TRAIN, EVAL, num_chunks=2, show_progress_bar=False, on_unit=on_unit)
+    return study, done
+
+
+def _crashed_study(model, storage, checkpoints):
+    """A study killed after each of its two trials committed its first chunk."""
+    with pytest.raises(_Crash):
+        _run(model, storage, checkpoints, crash_after=2)
+
+
+def test_corrupt_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, tmp_path):
+    _crashed_study(tiny_model, storage, tmp_path / "ck")
+    tensors = tmp_path / "ck" / "trial-00000" / "unit-0001" / "tensors.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[:100])
+
+    study, done = _run(tiny_model, storage, tmp_path / "ck")
+    broken, healthy = study.optuna.trials
+    assert broken.state == optuna.trial.TrialState.FAIL
+    reason = broken.user_attrs["rfopt:fail_reason"]
+    assert "trial 0" in reason and "unreadable" in reason and str(tensors.parent) in reason
+    assert healthy.state == optuna.trial.TrialState.COMPLETE
+    assert done == [(1, 1)]
+
+
+def test_missing_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, tmp_path):
+    _crashed_study(tiny_model, storage, tmp_path / "ck")
+    shutil.rmtree(tmp_path / "ck" / "trial-00001")
+
+    study, done = _run(tiny_model, storage, tmp_path / "ck")
+    healthy, lost = study.optuna.trials
+    assert lost.state == optuna.trial.TrialState.FAIL
+    assert "1 chunks were committed" in lost.user_attrs["rfopt:fail_reason"]
+    assert "holds no checkpoint" in lost.user_attrs["rfopt:fail_reason"]
+    assert healthy.state == optuna.trial.TrialState.COMPLETE
+    assert done == [(0, 1)]
+
+
+def test_disk_full_while_checkpointing_fails_the_trial_and_keeps_its_previous_checkpoint(
+    tiny_model, storage, tmp_path, monkeypatch
+):
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
+
+    def save_file(tensors, path, *args, **kwargs):
+        if "trial-00001" in str(path) and ".unit-0002." in str(path):  # trial 1's second checkpoint
+            with open(path, "wb") as f:
+                f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    study, done = _run(tiny_model, storage, tmp_path / "ck")
+
+    full = study.optuna.trials[1]
+    assert full.state == optuna.trial.TrialState.FAIL
+    reason = full.user_attrs["rfopt:fail_reason"]
+    assert "No space left on device" in reason and "previous checkpoint unit-0001 is kept" in reason
+    trial_dir = tmp_path / "ck" / "trial-00001"
+    assert sorted(p.name for p in trial_dir.iterdir()) == ["LATEST", "unit-0001"]  # nothing half-written left
+    assert study.checkpoints.load(1).units_done == 1
+    assert list(full.intermediate_values) == [0]  # the failed chunk was never reported
+    assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
+    # Retention: a finished trial keeps its latest checkpoint and its adapter, nothing older.
+    assert sorted(p.name for p in (tmp_path / "ck" / "trial-00000").iterdir()) == ["LATEST", "adapter", "unit-0002"]
+
+
+def _hold_lock(path, seconds):
+    """Lock the SQLite file for writing, as a long read/write transaction of another process would."""
+    connection = sqlite3.connect(path, check_same_thread=False)
+    connection.execute("BEGIN EXCLUSIVE")
+    locked = threading.Event()
+
+    def release():
+        locked.set()
+        time.sleep(seconds)
+        connection.rollback()
+        connection.close()
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    locked.wait()
+    return thread
+
+
+def test_writes_are_retried_while_the_sqlite_file_is_locked(tmp_path):
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    study = optuna.create_study(study_name="l", storage=open_storage(url, sqlite_busy_seconds=0.2))
+    thread = _hold_lock(tmp_path / "locked.db", 2.0)
+    started = time.monotonic()
+    study.set_user_attr("written", "after the lock")  # fails on the lock at first, then retried
+    waited = time.monotonic() - started
+    thread.join()
+    assert waited >= 1.5
+    assert optuna.load_study(study_name="l", storage=url).user_attrs["written"] == "after the lock"
+
+
+def test_a_database_unreachable_past_the_retry_budget_gives_a_clear_error(tmp_path):
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    study = optuna.create_study(study_name="l",
+                                storage=open_storage(url, sqlite_busy_seconds=0.1, retry_seconds=1.5))
+    thread = _hold_lock(tmp_path / "locked.db", 4.0)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError) as error:
+        study.set_user_attr("written", "never")
+    assert 1.0 <= time.monotonic() - started < 3.5
+    thread.join()
+    message = str(error.value)
+    assert "set_study_user_attr failed" in message and "database is locked" in message
+    assert "rerun the same command" in message
+
+
+def _wait_for(log, condition, process):
+    while process.poll() is None and not condition(events(log)):
+        time.sleep(0.05)
+
+
+def test_a_postgresql_server_down_for_a_while_is_ridden_out_and_the_study_ends_as_if_it_never_was(
+    postgres, tiny_study_reference, tiny_model, tmp_path
+):
+    storage, log, output = postgres.new_database(), tmp_path / "events.log", tmp_path / "run.log"
+    process = start(run_command(storage, "--checkpoint-dir", str(tmp_path / "ck")), tmp_path,
+                    env(tiny_model, RFOPT_EVENT_LOG=log), output)
+    _wait_for(log, lambda e: any(point == "unit-committed" for point, *_ in e), process)
+    postgres.stop()
+    time.sleep(4)
+    postgres.start()
+    assert process.wait(timeout=600) == 0, output.read_text()[-3000:]
+    assert "retrying in" in output.read_text()  # the outage was felt, and ridden out
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
+
+
+def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_clear_error(
+    postgres, tiny_model, tmp_path
+):
+    storage, log, output = postgres.new_database(), tmp_path / "events.log", tmp_path / "run.log"
+    command = run_command(storage, "--checkpoint-dir", str(tmp_path / "ck"))
+    process = start(command, tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log, RFOPT_STORAGE_RETRY_SECONDS=3), output)
+    _wait_for(log, lambda e: any(point == "unit-committed" for point, *_ in e), process)
+    postgres.stop()
+    try:
+        assert process.wait(timeout=120) == 1
+    finally:
+        postgres.start()
+    message = output.read_text()
+    assert "rfopt: error: storage postgresql://rfopt@127.0.0.1" in message
+    assert "the database is unreachable" in message and "rerun the same command" in message
+    assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))  # left to resume, not failed
+
+
+def test_a_late_writer_cannot_replace_a_newer_checkpoint(tmp_path):
+    import torch
+
+    from rfopt.runner import TrialState
+
+    store = rfopt.CheckpointStore(tmp_path)
+
+    def state(units):
+        return TrialState(units_done=units, global_step=units, tokens_seen=0, weights={"w": torch.full((2,), units)},
+                          optimizer=None, scheduler=None, rng=None)
+
+    store.save(0, state(2))
+    # A worker whose lease expired, still writing the unit another worker has already gone past.
+    with pytest.raises(rfopt.CheckpointError, match="already has unit-0002"):
+        store.save(0, state(1))
+    assert store.latest(0).name == "unit-0002" and store.load(0).units_done == 2
+    assert sorted(p.name for p in (tmp_path / "trial-00000").iterdir()) == ["LATEST", "unit-0002"]

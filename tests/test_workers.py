@@ -1,0 +1,87 @@
+"""Workers sharing a study through leases in its database: on a real PostgreSQL server (and SQLite on one
+host), several worker processes finish every trial with no unit trained twice, and end exactly where one
+process running the study ends; a worker killed while holding a lease has its unit finished by another once
+the lease expires; a database that goes away for a while and comes back is ridden out."""
+
+import signal
+
+import optuna
+import sqlalchemy as sa
+
+from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, start, trials,
+                      worker_command)
+
+
+def unit_holders(storage):
+    engine = sa.create_engine(storage)
+    with engine.begin() as db:
+        rows = db.execute(sa.text("SELECT trial, unit, holder FROM rfopt_units WHERE study = 'tiny'")).all()
+    engine.dispose()
+    return {(r.trial, r.unit): r.holder for r in rows}
+
+
+def _check_finished_once(storage, log):
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage))
+    reported = {(t.number, step) for t in trials(storage) for step in t.intermediate_values}
+    assert set(unit_holders(storage)) == reported
+    assert retrained_after_durable(events(log)) == []
+    assert set(commits(events(log))) == reported and set(commits(events(log)).values()) == {1}
+
+
+def test_several_workers_on_postgresql_share_the_study_and_end_as_one_process_does(
+    postgres, tiny_study_reference, tiny_model, tmp_path
+):
+    storage = postgres.new_database()
+    log = tmp_path / "events.log"
+    workers_env = env(tiny_model, RFOPT_EVENT_LOG=log)
+    # Two workers from one command (one per listed device), a third from another command, as from another host.
+    pair = start(worker_command(storage, tmp_path / "ck", "--devices", "cpu,cpu"), tmp_path, workers_env,
+                 tmp_path / "pair.log")
+    single = start(worker_command(storage, tmp_path / "ck"), tmp_path, workers_env, tmp_path / "single.log")
+    assert pair.wait(timeout=600) == 0, (tmp_path / "pair.log").read_text()[-3000:]
+    assert single.wait(timeout=600) == 0, (tmp_path / "single.log").read_text()[-3000:]
+
+    _check_finished_once(storage, log)
+    assert len(set(unit_holders(storage).values())) >= 2  # the units really were shared
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
+
+
+def test_a_worker_killed_holding_a_lease_has_its_unit_finished_by_another(
+    postgres, tiny_study_reference, tiny_model, tmp_path
+):
+    storage = postgres.new_database()
+    log = tmp_path / "events.log"
+    lease = ["--lease-seconds", "3"]
+    # Two workers; one dies in the middle of its second unit, holding that trial's lease.
+    doomed = start(worker_command(storage, tmp_path / "ck", *lease), tmp_path,
+                   env(tiny_model, RFOPT_EVENT_LOG=log, RFOPT_CRASH_AT="chunk-trained:2"), tmp_path / "doomed.log")
+    survivor = start(worker_command(storage, tmp_path / "ck", *lease), tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log),
+                     tmp_path / "survivor.log")
+    assert doomed.wait(timeout=600) == -signal.SIGKILL
+    assert survivor.wait(timeout=600) == 0, (tmp_path / "survivor.log").read_text()[-3000:]
+
+    _, trial, unit, _, died = [e for e in events(log) if e[3] == doomed.pid][-1]
+    assert not unit_holders(storage)[(trial, unit)].endswith(f":{doomed.pid}")  # finished by the survivor
+    restarted = [e[4] for e in events(log) if e[0] == "unit-started" and e[1:4] == (trial, unit, survivor.pid)]
+    # Not before the lease expired: it was renewed at most a third of its 3 s before the worker died.
+    assert len(restarted) == 1 and restarted[0] - died >= 1.9, (restarted, died)
+    _check_finished_once(storage, log)
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
+
+
+def test_two_workers_on_one_sqlite_file_share_the_study(tiny_study_reference, tiny_model, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'workers.db'}"
+    log = tmp_path / "events.log"
+    code = run(worker_command(storage, tmp_path / "ck", "--devices", "cpu,cpu"), tmp_path,
+               env(tiny_model, RFOPT_EVENT_LOG=log), tmp_path / "workers.log")
+    assert code == 0, (tmp_path / "workers.log").read_text()[-3000:]
+    _check_finished_once(storage, log)
+    assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
+
+
+def test_worker_refuses_an_unknown_device_before_starting_anything(capsys):
+    from crashkit import STUDY_FILE
+    from rfopt.cli import main
+
+    assert main(["worker", str(STUDY_FILE), "--devices", "gpu0,cpu"]) == 1
+    assert "--devices 'gpu0,cpu': give auto, cpu, cuda:N, or a comma-separated list of them" in capsys.readouterr().err
