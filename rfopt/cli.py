@@ -188,15 +188,17 @@ def _study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--study", dest="study_name", required=True, help="the study's name")
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
+    """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
+    from rfopt.storage import redact
     from rfopt.studyfile import load_spec
 
     spec = load_spec(args.study_file)
     if args.fast:
         spec = spec.with_fast()
     name = args.study_name or spec.name
-    print(f"rfopt: study {name!r} from {args.study_file} in {args.storage}", file=sys.stderr)
+    print(f"rfopt: {banner} {name!r} from {args.study_file} in {redact(args.storage)}", file=sys.stderr)
     if spec.description:
         print(textwrap.fill(spec.description, 100), file=sys.stderr)
     train, evaluation = spec.datasets()
@@ -210,6 +212,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         load_if_exists=True,
         checkpoint_dir=args.checkpoint_dir,
     )
+    return spec, study, space, train, evaluation
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    spec, study, space, train, evaluation = _open_study_file(args, "study")
     n_trials = args.n_trials
     if n_trials is None and spec.n_trials is not None and callable(space):
         # A study file's n_trials is the study's total: a rerun only tops it up.
@@ -255,26 +262,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         codes = [p.wait() for p in processes]
         return max(codes, key=abs)
 
-    import rfopt
-    from rfopt.storage import redact
-    from rfopt.studyfile import load_spec
-
-    spec = load_spec(args.study_file)
-    if args.fast:
-        spec = spec.with_fast()
-    name = args.study_name or spec.name
-    print(f"rfopt: worker on {devices[0]} for study {name!r} in {redact(args.storage)}", file=sys.stderr)
-    train, evaluation = spec.datasets()
-    space = spec.space() if callable(spec.space) and _takes_no_arguments(spec.space) else spec.space
-    study = rfopt.create_study(
-        study_name=name,
-        storage=args.storage,
-        sampler=spec.sampler() if spec.sampler else None,
-        pruner=spec.pruner() if spec.pruner else None,
-        direction=spec.direction,
-        load_if_exists=True,
-        checkpoint_dir=args.checkpoint_dir,
-    )
+    spec, study, space, train, evaluation = _open_study_file(args, f"worker on {devices[0]} for study")
     study.work(
         space,
         train,

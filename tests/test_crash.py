@@ -30,7 +30,10 @@ def _attempts(seed: int) -> list[tuple[str, float]]:
     points = [(point, 1) for point in CRASH_POINTS if point != "trial-finishing"]
     rng.shuffle(points)
     for _ in range(2):
-        points.insert(rng.randint(0, len(points)), ("timer", rng.uniform(0.0, 1.5)))
+        # A timer waits for the process's n-th event (n = its integer part, 1 to 6: a unit logs about 7), then kills
+        # it a random fraction of 0.2 s later: anywhere in a unit, and never so late that it finishes the study
+        # (or the trial that finishes first) before the crash points after it are reached, however fast units are.
+        points.insert(rng.randint(0, len(points)), ("timer", rng.uniform(1.0, 7.0)))
     return points + [("trial-finishing", 1)]
 
 
@@ -43,11 +46,11 @@ def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study
     killed_at = []
     for point, when in _attempts(seed=5):
         if point == "timer":
-            # `when` seconds after the process trains its first unit (imports take longer than a unit).
+            # After the process's int(when)-th event (imports take longer than a unit), then (when % 1) * 0.2 s.
             process = start(command, tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log), output)
-            while process.poll() is None and not any(e[3] == process.pid for e in events(log)):
-                time.sleep(0.05)
-            time.sleep(when)
+            while process.poll() is None and sum(e[3] == process.pid for e in events(log)) < int(when):
+                time.sleep(0.01)
+            time.sleep((when % 1) * 0.2)
             process.send_signal(signal.SIGKILL)
             code = process.wait()
         else:
