@@ -93,3 +93,19 @@ def tiny_model_factory():
 
     path = os.environ["RFOPT_TEST_TINY_MODEL"]
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def deepmath_rows(n):
+    """`n` rows in DeepMath-103K's format (question, final_answer, difficulty, topic, three R1 solutions)."""
+    return [
+        {
+            "question": f"Evaluate the limit number {i}.",
+            "final_answer": f"\\frac{{1}}{{{i + 2}}}",
+            "difficulty": 4.5,
+            "topic": "Mathematics -> Calculus -> Limits",
+            "r1_solution_1": f"... so the limit is \\boxed{{\\frac{{1}}{{{i + 2}}}}}",
+            "r1_solution_2": "...",
+            "r1_solution_3": "...",
+        }
+        for i in range(n)
+    ]

@@ -16,6 +16,7 @@ import pytest
 import rfopt
 from rfopt.cli import main
 from rfopt.studyfile import load_spec
+from rfopt_testkit import deepmath_rows
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
 STUDY_NAMES = ["arithmetic", "gsm8k_lite", "deepmath", "numina_tir"]
@@ -208,18 +209,7 @@ def test_gsm8k_lite_trial_with_an_unreachable_model_fails_with_the_reason(tmp_pa
 
 def test_deepmath_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage):
     module = _module("deepmath")
-    rows = [
-        {
-            "question": f"Evaluate the limit number {i}.",
-            "final_answer": f"\\frac{{1}}{{{i + 2}}}",
-            "difficulty": 4.5,
-            "topic": "Mathematics -> Calculus -> Limits",
-            "r1_solution_1": f"... so the limit is \\boxed{{\\frac{{1}}{{{i + 2}}}}}",
-            "r1_solution_2": "...",
-            "r1_solution_3": "...",
-        }
-        for i in range(6)
-    ]
+    rows = deepmath_rows(6)
     path = tmp_path / "deepmath.parquet"
     datasets.Dataset.from_list(rows).to_parquet(str(path))
     train, evaluation = module.load_datasets(source=path, n_train=4, n_test=2)

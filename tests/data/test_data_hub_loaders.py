@@ -6,6 +6,7 @@ import datasets
 import huggingface_hub.constants
 import pytest
 
+from rfopt_testkit import deepmath_rows
 from studies.data import (
     BOXED_SYSTEM_PROMPT,
     REASONING_SYSTEM_PROMPT,
@@ -151,23 +152,8 @@ def test_missing_column_is_named(tmp_path):
         load_gsm8k(paths)
 
 
-def _deepmath_rows(n):
-    return [
-        {
-            "question": f"Evaluate the limit number {i}.",
-            "final_answer": f"\\frac{{1}}{{{i + 2}}}",
-            "difficulty": 4.5,
-            "topic": "Mathematics -> Calculus -> Limits",
-            "r1_solution_1": f"... so the limit is \\boxed{{\\frac{{1}}{{{i + 2}}}}}",
-            "r1_solution_2": "...",
-            "r1_solution_3": "...",
-        }
-        for i in range(n)
-    ]
-
-
 def test_deepmath_splits_its_single_train_split_disjointly_with_the_seed(tmp_path):
-    path = _write_parquet(tmp_path / "deepmath.parquet", _deepmath_rows(30))
+    path = _write_parquet(tmp_path / "deepmath.parquet", deepmath_rows(30))
     train, test = load_deepmath(path, n_train=12, n_test=6, seed=1)
     assert (len(train), len(test)) == (12, 6)
     assert not set(train["question"]) & set(test["question"])
@@ -180,7 +166,7 @@ def test_deepmath_splits_its_single_train_split_disjointly_with_the_seed(tmp_pat
 
 
 def test_deepmath_rows_keep_the_source_columns_and_copy_final_answer(tmp_path):
-    path = _write_jsonl(tmp_path / "deepmath.jsonl", _deepmath_rows(10))
+    path = _write_jsonl(tmp_path / "deepmath.jsonl", deepmath_rows(10))
     train, _ = load_deepmath(path, n_train=4, n_test=2)
     assert {"prompt", "answer", "question", "final_answer", "difficulty", "topic", "r1_solution_1"} <= set(
         train.column_names
