@@ -151,18 +151,20 @@ class TrialConfig:
     @property
     def model_key(self) -> str:
         """Identifies the base model (and how it is loaded) for sharing one resident copy between trials."""
-        data = self.to_dict()
-        return json.dumps(
-            {k: data[k] for k in ("model", "model_kwargs", "tokenizer_kwargs", "quantization")}, sort_keys=True
-        )
+        return json.dumps(self._base_model_dict(), sort_keys=True)
 
-    # ------------------------------------------------------------------ JSON
-    def to_dict(self) -> dict[str, Any]:
+    def _base_model_dict(self) -> dict[str, Any]:
         return {
             "model": self.model if isinstance(self.model, str) else {"factory": import_path(self.model)},
             "model_kwargs": _jsonable(self.model_kwargs),
             "tokenizer_kwargs": _jsonable(self.tokenizer_kwargs),
             "quantization": None if self.quantization is None else _jsonable(self.quantization.to_dict()),
+        }
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self._base_model_dict(),
             "peft": None if self.peft is None else _peft_to_dict(self.peft),
             "grpo": grpo_to_dict(self.grpo),
             "rewards": [reward_to_json(f) for f in self.rewards],

@@ -28,6 +28,7 @@ import dataclasses
 import math
 import random
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,19 @@ def _trainer_class():
             if self._rfopt_first_chunk:
                 super()._move_model_to_device(model, device)
 
+        def _prepare_for_training(self, *args: Any, **kwargs: Any):
+            # After a trial's first chunk its model and optimizer state are on the device already (a checkpoint's
+            # optimizer state is loaded onto its parameters' device). With device placement on, accelerate's prepare
+            # walks every parameter looking for DTensors and round-trips the optimizer's state through
+            # state_dict()/load_state_dict() to "move" it, on every chunk.
+            placement = self.accelerator.device_placement
+            if not self._rfopt_first_chunk:
+                self.accelerator.device_placement = False
+            try:
+                return super()._prepare_for_training(*args, **kwargs)
+            finally:
+                self.accelerator.device_placement = placement
+
         def _init_training_state(self, *args: Any, **kwargs: Any):
             out = super()._init_training_state(*args, **kwargs)
             self.state.global_step, self.state.num_input_tokens_seen = self._rfopt_start
@@ -179,46 +193,76 @@ def _draw_like_a_new_epoch() -> None:
 
 
 @contextmanager
-def _answer_accelerate_checks_once(enabled: bool = True):
-    """While a chunk's trainer is built and run, answer two of accelerate's checks once instead of on every call.
+def _answer_model_checks_once(answers: dict[Any, Any], enabled: bool = True):
+    """While a chunk's trainer is built and run, answer library checks that walk the whole model from `answers`.
 
-    ``is_peft_model`` is called about ten times while a trainer is built and started; each call reads peft's package
-    metadata (``is_peft_available``) and walks every submodule of the model (``has_compiled_regions``, through
-    ``extract_model_from_parallel``). On SmolLM2 with LoRA that was a third of a swap. Neither answer changes during
-    a chunk: the package does not come or go, and nothing is compiled unless ``torch_compile`` is set, in which case
-    the checks are left alone.
+    Each ``Trainer.train`` call asks, of a model that rfopt has not changed since the last chunk:
+    accelerate's ``is_peft_model`` (about ten times; each reads peft's package metadata and walks every submodule
+    in ``has_compiled_regions``), ``Accelerator.verify_device_map`` (a walk of every module looking for a multi-device
+    ``hf_device_map``) and transformers' ``get_model_param_count`` (a walk of every parameter, for one log line).
+    On SmolLM2 with LoRA these walks were a third of a swap. `answers` is the pool's record for this model
+    (`ModelPool.answers`), kept across chunks and cleared when an adapter is added or removed; the parameter count
+    is kept per active adapter (it counts the trainable parameters). With ``torch_compile`` nothing is answered.
     """
+    import accelerate
+    import transformers.trainer
     from accelerate.utils import modeling, other
 
     if not enabled:
         yield
         return
-    originals = (other.has_compiled_regions, modeling.is_peft_available)
-    compiled: dict[int, tuple[Any, bool]] = {}
+    originals = (
+        other.has_compiled_regions,
+        modeling.is_peft_available,
+        accelerate.Accelerator.verify_device_map,
+        transformers.trainer.get_model_param_count,
+    )
     peft_available = originals[1]()
 
-    def has_compiled_regions(module: Any) -> bool:
-        seen = compiled.get(id(module))
-        if seen is None or seen[0] is not module:
-            seen = compiled[id(module)] = (module, originals[0](module))
+    def remembered(key: tuple[Any, ...], of: Any, compute: Any) -> Any:
+        # Held weakly: `answers` lives as long as the model it is about, and an id can be reused by another object.
+        seen = answers.get(key)
+        if seen is None or seen[0]() is not of:
+            seen = answers[key] = (weakref.ref(of), compute())
         return seen[1]
 
+    def has_compiled_regions(module: Any) -> bool:
+        return remembered(("compiled", id(module)), module, lambda: originals[0](module))
+
+    def verify_device_map(accelerator: Any, model: Any) -> bool:
+        return remembered(("device_map", id(model)), model, lambda: originals[2](accelerator, model))
+
+    def get_model_param_count(model: Any, trainable_only: bool = False) -> int:
+        key = ("params", id(model), trainable_only, str(getattr(model, "active_adapter", None)))
+        return remembered(key, model, lambda: originals[3](model, trainable_only=trainable_only))
+
     other.has_compiled_regions, modeling.is_peft_available = has_compiled_regions, lambda: peft_available
+    accelerate.Accelerator.verify_device_map = verify_device_map
+    transformers.trainer.get_model_param_count = get_model_param_count
     try:
         yield
     finally:
-        other.has_compiled_regions, modeling.is_peft_available = originals
+        other.has_compiled_regions, modeling.is_peft_available = originals[:2]
+        accelerate.Accelerator.verify_device_map = originals[2]
+        transformers.trainer.get_model_param_count = originals[3]
 
 
 @contextmanager
-def _undo_trainer_patches(model: Any):
-    """Put back what constructing and running a GRPOTrainer changes on a (shared) model."""
+def _undo_trainer_patches(model: Any, args: Any):
+    """Put back what constructing and running a GRPOTrainer with `args` changes on a (shared) model.
+
+    TRL zeroes dropout only with ``args.disable_dropout`` and turns gradient checkpointing on only with
+    ``args.gradient_checkpointing``; each check walks every module of the model, so it is made only when the trainer
+    will change that setting.
+    """
     import torch.nn as nn
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     patched = {m: m.__dict__.get("forward") for m in (model, base)}
-    dropouts = [(m, m.p) for m in model.modules() if isinstance(m, nn.Dropout)]
-    checkpointing = getattr(base, "is_gradient_checkpointing", False)
+    dropouts = [(m, m.p) for m in model.modules() if isinstance(m, nn.Dropout)] if args.disable_dropout else []
+    # transformers 5 renamed gradient_checkpointing to activation_checkpointing; after __post_init__ they mirror.
+    checkpoints = bool(args.gradient_checkpointing or getattr(args, "activation_checkpointing", False))
+    checkpointing = checkpoints and getattr(base, "is_gradient_checkpointing", False)
     try:
         yield
     finally:
@@ -231,7 +275,7 @@ def _undo_trainer_patches(model: Any):
             module.p = p
         if getattr(base, "_require_grads_hook", None) is not None:
             base.disable_input_require_grads()
-        if getattr(base, "is_gradient_checkpointing", False) and not checkpointing:
+        if checkpoints and not checkpointing and getattr(base, "is_gradient_checkpointing", False):
             base.gradient_checkpointing_disable()
 
 
@@ -275,8 +319,8 @@ class TrialRunner:
     def model(self) -> Any:
         if self._model is None:
             self.setup()
-        elif self.config.peft is not None:
-            self._model.set_adapter(adapter_name(self.number))
+        else:
+            self.pool.activate(self.number, self.config)
         return self._model
 
     @property
@@ -308,7 +352,8 @@ class TrialRunner:
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
         boundary = _boundary_callback(stop_at, self._rng, new_epoch)
         args = self._chunk_args()
-        with _undo_trainer_patches(model), _answer_accelerate_checks_once(enabled=not args.torch_compile):
+        checks = _answer_model_checks_once(self.pool.answers(model), enabled=not args.torch_compile)
+        with _undo_trainer_patches(model, args), checks:
             trainer = chunk_trainer_class()(
                 model=model,
                 reward_funcs=list(self.config.rewards),
@@ -411,11 +456,12 @@ class TrialRunner:
 
     def _fresh_optimizer(self) -> tuple[Any, Any]:
         """An optimizer and LR scheduler over the trial's total steps, made by TRL's trainer as it would make them."""
-        with _undo_trainer_patches(self.model):
+        args = self._chunk_args()
+        with _undo_trainer_patches(self.model, args):
             trainer = chunk_trainer_class()(
                 model=self.model,
                 reward_funcs=list(self.config.rewards),
-                args=self._chunk_args(),
+                args=args,
                 train_dataset=self.chunk_dataset(0),
                 processing_class=self.tokenizer,
                 start_step=0,

@@ -57,11 +57,18 @@ def _train_interleaved(config, other, plan, dataset, workdir):
         pytest.param(dict(gradient_accumulation_steps=2, beta=0.04, lr_scheduler_type="cosine", warmup_steps=0.25), id="beta-0.04"),
         pytest.param(dict(num_train_epochs=2, lora_dropout=True), id="two-epochs-lora-dropout"),
         pytest.param(dict(num_iterations=2, steps_per_generation=2), id="num-iterations-2"),
+        # Mixed precision: accelerate wraps the model's forward in autocast when it prepares it.
+        pytest.param(dict(bf16=True, gradient_accumulation_steps=2), id="bf16-autocast"),
+        # The trainer turns gradient checkpointing on for this trial only; it is turned off again for the other.
+        pytest.param(dict(gradient_checkpointing=True), id="gradient-checkpointing"),
+        # The other trial's trainer zeroes every dropout of the shared model; this trial's LoRA dropout comes back.
+        pytest.param(dict(lora_dropout=True, other=dict(disable_dropout=True)), id="neighbour-disables-dropout"),
     ],
 )
 def test_chunked_training_with_swaps_equals_straight_through(tiny_model, tmp_path, grpo):
     grpo = dict(grpo)
     dropout = 0.1 if grpo.pop("lora_dropout", False) else 0.0
+    other_grpo = grpo.pop("other", {})
     dataset = prompts_dataset(32)
     config = trial_config(tiny_model, peft=lora_config(lora_dropout=dropout), **grpo)
     other = trial_config(
@@ -70,6 +77,7 @@ def test_chunked_training_with_swaps_equals_straight_through(tiny_model, tmp_pat
         peft=lora_config(r=8, target_modules=["q_proj", "k_proj"]),
         learning_rate=1e-3,
         seed=3,
+        **other_grpo,
     )
     plan = ChunkPlan.build(len(dataset), num_chunks=4, seed=0)
     chunked = _train_interleaved(config, other, plan, dataset, tmp_path)

@@ -38,9 +38,13 @@ def test_a_trial_trained_in_chunks_sends_trl_telemetry_once_and_leaves_accelerat
     from rfopt.runner import TrialRunner
     from rfopt_testkit import prompts_dataset
 
+    import accelerate
+    import transformers.trainer
+
     pings = []
     monkeypatch.setattr(GRPOTrainer, "_send_telemetry", lambda self: pings.append(self.state.global_step))
-    checks = (other.has_compiled_regions, modeling.is_peft_available)
+    checks = (other.has_compiled_regions, modeling.is_peft_available, accelerate.Accelerator.verify_device_map,
+              transformers.trainer.get_model_param_count)
     config = trial_config(tiny_model)
     plan = ChunkPlan.build(4, 2, seed=0)
     runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), ModelPool("cpu"), tmp_path)
@@ -48,4 +52,98 @@ def test_a_trial_trained_in_chunks_sends_trl_telemetry_once_and_leaves_accelerat
     runner.train_chunk()
     assert runner.global_step == 4
     assert len(pings) == 1  # one training run for TRL's usage counts, not one per chunk
-    assert (other.has_compiled_regions, modeling.is_peft_available) == checks  # answered once per chunk, then put back
+    # Answered from the pool's record during a chunk, then put back.
+    assert (other.has_compiled_regions, modeling.is_peft_available, accelerate.Accelerator.verify_device_map,
+            transformers.trainer.get_model_param_count) == checks
+
+
+def test_a_finished_full_fine_tuning_trial_frees_its_model_copy(tiny_model, tmp_path):
+    from rfopt.chunks import ChunkPlan, trial_schedule
+    from rfopt.runner import TrialRunner
+    from rfopt_testkit import prompts_dataset
+
+    config = trial_config(tiny_model)
+    config.peft = None
+    plan = ChunkPlan.build(4, 2, seed=0)
+    pool = ModelPool("cpu")
+    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), pool, tmp_path)
+    runner.train_chunk()
+    copy = weakref.ref(runner.model)
+    assert pool.answers(runner.model)  # answers about the copy were recorded during the chunk
+    runner.cleanup()
+    gc.collect()
+    assert copy() is None  # the pool's record of answers does not keep the copy alive
+
+
+def _adapter_state(model):
+    """Which parameters train, and which adapter each adapter layer runs."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return (
+        {name: p.requires_grad for name, p in model.named_parameters()},
+        [tuple(m.active_adapters) for m in model.modules() if isinstance(m, BaseTunerLayer)],
+        model.active_adapter,
+    )
+
+
+def test_activating_a_trial_sets_the_same_adapter_state_as_peft_set_adapter(tiny_model):
+    from rfopt.models import adapter_name
+    from rfopt_testkit import lora_config
+
+    pool = ModelPool("cpu")
+    configs = {
+        0: trial_config(tiny_model),
+        1: trial_config(tiny_model, peft=lora_config(r=8, target_modules=["q_proj", "k_proj"])),
+        2: trial_config(tiny_model, peft=lora_config(target_modules=["o_proj"])),
+    }
+    for number, config in configs.items():
+        pool.acquire(number, config)
+
+    def check_each(numbers):
+        states = []
+        for number in numbers:
+            model = pool.activate(number, configs[number])
+            ours = _adapter_state(model)
+            model.set_adapter(adapter_name(number))  # PEFT's own walk over every module
+            assert ours == _adapter_state(model)
+            states.append(ours)
+        assert len({str(s) for s in states}) == len(set(numbers))  # each trial really has its own adapter switched on
+
+    check_each([0, 1, 2, 1, 0])
+    pool.release(1, configs[1])  # the adapter layers change: the listed walk is made again
+    check_each([2, 0])
+
+
+def test_a_released_adapter_is_freed_although_adapters_are_frozen_out_of_the_gc(tiny_model):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from rfopt_testkit import lora_config
+
+    gc.unfreeze()
+    pool = ModelPool("cpu")
+    pool.acquire(0, trial_config(tiny_model))
+    frozen = gc.get_freeze_count()
+    second = trial_config(tiny_model, peft=lora_config(target_modules=["o_proj"]))
+    model = pool.acquire(1, second)
+    assert gc.get_freeze_count() > frozen  # the new adapter's modules are skipped by per-chunk collections
+    layers = [weakref.ref(m.lora_A["trial-1"]) for m in model.modules() if isinstance(m, BaseTunerLayer) and "trial-1" in m.lora_A]
+    assert layers
+    pool.release(1, second)
+    gc.collect()
+    assert all(ref() is None for ref in layers)  # frozen, yet freed: nothing of a finished trial's adapter lingers
+    pool.close()
+
+
+def test_a_trial_with_gradient_checkpointing_leaves_the_shared_model_without_it(tiny_model, tmp_path):
+    from rfopt.chunks import ChunkPlan, trial_schedule
+    from rfopt.runner import TrialRunner
+    from rfopt_testkit import prompts_dataset
+
+    config = trial_config(tiny_model, gradient_checkpointing=True)
+    plan = ChunkPlan.build(4, 2, seed=0)
+    pool = ModelPool("cpu")
+    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), pool, tmp_path)
+    runner.train_chunk()
+    base = runner.model.get_base_model()
+    assert not base.is_gradient_checkpointing
+    assert getattr(base, "_require_grads_hook", None) is None
