@@ -336,13 +336,14 @@ class _ObjectFiles:
 
     def __init__(self, url: str) -> None:
         import fsspec
+        from fsspec.registry import known_implementations
 
         self.url = normalize_location(url)
         try:
             self.fs, path = fsspec.core.url_to_fs(self.url)
         except ImportError as exc:  # fsspec names the package: "Install s3fs to access S3"
             protocol = self.url.partition("://")[0]
-            package = fsspec.registry.known_implementations.get(protocol, {}).get("class", "").partition(".")[0]
+            package = known_implementations.get(protocol, {}).get("class", "").partition(".")[0]
             fix = f"; pip install {package}" if package else ""
             raise CheckpointError(f"checkpoint store {self.url}: {exc}{fix}") from exc
         except ValueError as exc:  # "Protocol not known: ..."
