@@ -1,6 +1,6 @@
-"""The checkpoint store: each trial's latest state on disk, written durably, and its final adapter.
+"""The checkpoint store: each trial's latest state, written durably, and its final adapter.
 
-Layout under the store's root::
+Layout under the store's root (a local directory, or an fsspec URL such as ``s3://bucket/prefix``)::
 
     trial-00003/
         LATEST                 the name of the newest complete checkpoint (replaced atomically)
@@ -8,17 +8,25 @@ Layout under the store's root::
             tensors.safetensors    weights, optimizer tensors, torch RNG state
             state.json             counters, scheduler, optimizer groups, python/numpy RNG state
             report.json            the unit's value and metrics, committed to storage after the checkpoint
+        warm-start/            a warm-started clone's starting weights, copied from its parent
         adapter/               the finished trial's adapter in PEFT format (PeftModel.from_pretrained loads it)
 
-A checkpoint is written to a temporary directory, fsynced, renamed into place, and only then named
-in ``LATEST``; older checkpoints are removed after that. A crash at any moment leaves the previous
-checkpoint intact and named; a failed write (a full disk) removes what it wrote and raises
-`CheckpointError`, leaving the previous checkpoint as it was. Retention: a trial keeps its latest
-checkpoint (a pruned or stopped trial can still be cloned warm from it) and, once finished, its
-adapter.
+A checkpoint's files are first written to a local staging directory, then published, and only then
+named in ``LATEST``; older checkpoints are removed after that. ``LATEST`` is the commit point. In a
+local directory, publishing is fsync and rename, and ``LATEST`` is replaced by rename. In an object
+store (no directory rename there), every file of the checkpoint is uploaded first and ``LATEST`` is
+then written as one object, which S3 and GCS replace atomically. A crash at any moment leaves the
+previous checkpoint intact and named; a failed write (a full disk, a refused upload) raises
+`CheckpointError` naming the trial, the checkpoint and the cause, and leaves the previous checkpoint
+the latest. Retention: a trial keeps its latest checkpoint (a pruned or stopped trial can still be
+cloned warm from it) and, once finished, its adapter.
 
 A unit's report rides along in its checkpoint, so that a crash after the checkpoint is durable and
 before the report reaches storage is committed with exactly the value and metrics it would have had.
+
+Object stores are reached through fsspec, which takes credentials and endpoints from each filesystem's
+usual sources (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``~/.aws``),
+so nothing secret is stored in the study.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +43,14 @@ from typing import Any
 from .crashpoints import reach
 from .runner import RngState, TrialState
 
+Location = Path | str
+"""Where something in a store is: a `Path` in a local store, a URL string (``s3://bucket/prefix/...``) in an object store."""
+
+_LOCAL_PROTOCOLS = ("file", "local")
+
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, unreadable or corrupt; names the trial and the file."""
+    """A checkpoint that is missing, unreadable, corrupt or could not be written; names the trial and the file."""
 
 
 @dataclass
@@ -49,158 +63,361 @@ class UnitReport:
     samples: list[Any]
 
 
+def is_url(location: str | os.PathLike) -> bool:
+    """Whether `location` is an fsspec URL of a store other than the local filesystem (``s3://``, ``gcs://``, ``memory://``).
+
+    >>> is_url("s3://bucket/rfopt"), is_url("/shared/rfopt"), is_url("file:///shared/rfopt")
+    (True, False, False)
+    """
+    protocol, separator, _ = str(location).partition("://")
+    return bool(separator) and protocol not in _LOCAL_PROTOCOLS
+
+
+def normalize_location(location: str | os.PathLike) -> str:
+    """`location` as a study records it: a URL as given, without a trailing slash; else an absolute local path.
+
+    A ``file://`` URL is a local path: it is stored as one, and written durably like one.
+    """
+    protocol, separator, rest = str(location).partition("://")
+    if not separator:
+        return str(Path(location).resolve())
+    if protocol in _LOCAL_PROTOCOLS:
+        return str(Path(rest).resolve())
+    return f"{protocol}://{rest.rstrip('/')}"
+
+
+def location_exists(location: Location) -> bool:
+    """Whether a file or directory exists at `location` (a local path or a URL)."""
+    return _files_at(location).exists("")
+
+
+def download(location: Location, target: str | os.PathLike) -> Path:
+    """Copy the directory at `location` (a local path or a URL) into the new local directory `target`."""
+    target = Path(target)
+    _files_at(location).download("", target)
+    return target
+
+
 class CheckpointStore:
-    """Checkpoints of a study's trials in a local directory."""
+    """Checkpoints of a study's trials in a local directory or at an fsspec URL.
+
+    >>> store = CheckpointStore("s3://my-bucket/rfopt/demo")     # or a local or shared directory
+    >>> store.latest(3)                                          # 's3://my-bucket/rfopt/demo/trial-00003/unit-0002'
+
+    Paths it returns are `Path`s for a local store and URL strings for an object store.
+    """
 
     def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._files = _files_at(root)
+        self._files.create()
+        self.root = self._files.location("")
 
-    def trial_dir(self, trial_number: int) -> Path:
-        return self.root / f"trial-{trial_number:05d}"
+    def trial_dir(self, trial_number: int) -> Location:
+        return self._files.location(_trial_key(trial_number))
 
-    def adapter_dir(self, trial_number: int) -> Path:
-        return self.trial_dir(trial_number) / "adapter"
+    def adapter_dir(self, trial_number: int) -> Location:
+        return self._files.location(f"{_trial_key(trial_number)}/adapter")
 
     # ------------------------------------------------------------------ resume checkpoints
-    def save(self, trial_number: int, state: TrialState, report: UnitReport | None = None) -> Path:
+    def save(self, trial_number: int, state: TrialState, report: UnitReport | None = None) -> Location:
         """Write `state` (and the report of the unit that produced it) durably as the trial's latest checkpoint.
 
-        Returns the checkpoint's directory. Raises `CheckpointError` if the write fails (e.g. the disk is
-        full); the previous checkpoint is then intact and still the latest.
+        Returns the checkpoint's location. Raises `CheckpointError` if the write fails (e.g. the disk is full, an
+        upload is refused); the previous checkpoint is then intact and still the latest.
         """
         from safetensors.torch import save_file
 
-        trial_dir = self.trial_dir(trial_number)
+        trial = _trial_key(trial_number)
         name = f"unit-{state.units_done:04d}"
         unit = state.units_done - 1
         try:
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            for stale in trial_dir.glob(".unit-*"):  # left by a process killed mid-write
-                shutil.rmtree(stale, ignore_errors=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=trial_dir))
+            staging = self._files.staging(trial, name, stale=".unit-*")
         except OSError as exc:
             raise self._write_error(trial_number, name, exc) from exc
         try:
             tensors, meta = _flatten(state)
             save_file(tensors, str(staging / "tensors.safetensors"))
-            _write_durably(staging / "state.json", json.dumps(meta).encode())
+            (staging / "state.json").write_bytes(json.dumps(meta).encode())
             if report is not None:
-                _write_durably(staging / "report.json", json.dumps(asdict(report)).encode())
-            _fsync_file(staging / "tensors.safetensors")
+                (staging / "report.json").write_bytes(json.dumps(asdict(report)).encode())
             reach("checkpoint-staged", trial=trial_number, unit=unit)
-            newer = self.latest(trial_number)
-            if newer is not None and newer.name > name:  # a worker whose lease expired, writing late
-                raise CheckpointError(f"trial {trial_number}: not writing {name}, the trial already has {newer.name}")
-            final = trial_dir / name
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging, final)
-            _fsync_dir(trial_dir)
+            newer = self._latest_name(trial_number)
+            if newer is not None and newer > name:  # a worker whose lease expired, writing late
+                raise CheckpointError(f"trial {trial_number}: not writing {name}, the trial already has {newer}")
+            self._files.publish(staging, f"{trial}/{name}")
             reach("checkpoint-renamed", trial=trial_number, unit=unit)
-            _write_durably(trial_dir / "LATEST", name.encode())
+            self._files.write_pointer(f"{trial}/LATEST", name.encode())  # the commit point
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(exc, CheckpointError):
                 raise
-            if isinstance(exc, Exception):  # OSError, or safetensors' own error for a failed write
+            if isinstance(exc, Exception):  # OSError, safetensors' own error, an object store's refusal
                 raise self._write_error(trial_number, name, exc) from exc
             raise
-        for old in trial_dir.glob("unit-*"):
-            if old.name < name:
-                shutil.rmtree(old, ignore_errors=True)
-        return final
+        for old in self._files.names(trial):
+            if old.startswith("unit-") and old < name:
+                self._files.remove(f"{trial}/{old}")
+        return self._files.location(f"{trial}/{name}")
 
     def _write_error(self, trial_number: int, name: str, exc: Exception) -> CheckpointError:
-        previous = self.latest(trial_number)
-        kept = f"the previous checkpoint {previous.name} is kept" if previous else "the trial had no checkpoint yet"
+        try:
+            previous = self._latest_name(trial_number)
+        except Exception as error:  # noqa: BLE001 - the store itself is unreachable: say so, keep the first cause
+            kept = f"its previous checkpoint could not be read ({error})"
+        else:
+            kept = f"the previous checkpoint {previous} is kept" if previous else "the trial had no checkpoint yet"
         return CheckpointError(f"trial {trial_number}: writing checkpoint {name} in {self.trial_dir(trial_number)} "
                                f"failed ({exc}); {kept}")
 
-    def latest(self, trial_number: int) -> Path | None:
-        pointer = self.trial_dir(trial_number) / "LATEST"
-        if not pointer.exists():
+    def latest(self, trial_number: int) -> Location | None:
+        """The location of the trial's latest checkpoint (the one ``LATEST`` names), or None."""
+        name = self._latest_name(trial_number)
+        return None if name is None else self._files.location(f"{_trial_key(trial_number)}/{name}")
+
+    def _latest_name(self, trial_number: int) -> str | None:
+        try:
+            return self._files.read(f"{_trial_key(trial_number)}/LATEST").decode().strip()
+        except FileNotFoundError:
             return None
-        return self.trial_dir(trial_number) / pointer.read_text().strip()
 
     def load(self, trial_number: int) -> TrialState | None:
         """The trial's latest checkpoint, or None if it has none; `CheckpointError` if it is unreadable."""
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
-        path = self.latest(trial_number)
-        if path is None:
-            return None
         try:
-            meta = json.loads((path / "state.json").read_text())
-            tensors = load_file(str(path / "tensors.safetensors"))
+            name = self._latest_name(trial_number)
+        except Exception as exc:  # noqa: BLE001 - an unreadable pointer, an unreachable store
+            raise CheckpointError(f"trial {trial_number}: the LATEST pointer in {self.trial_dir(trial_number)} is "
+                                  f"unreadable: {exc}") from exc
+        if name is None:
+            return None
+        unit = f"{_trial_key(trial_number)}/{name}"
+        meta = self._read(trial_number, f"{unit}/state.json", json.loads)
+        tensors = self._read(trial_number, f"{unit}/tensors.safetensors", load)
+        try:
             return _unflatten(tensors, meta)
-        except Exception as exc:  # noqa: BLE001 - OSError, bad JSON, safetensors' own error for a damaged file
-            raise CheckpointError(f"trial {trial_number}: checkpoint {path} is unreadable: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - files that parse but do not belong together
+            raise CheckpointError(f"trial {trial_number}: checkpoint {self._files.location(unit)} is unreadable: "
+                                  f"{exc!r}") from exc
 
     def load_report(self, trial_number: int) -> UnitReport | None:
         """The report stored with the trial's latest checkpoint, or None (no checkpoint, or one without a report)."""
-        path = self.latest(trial_number)
-        if path is None or not (path / "report.json").exists():
+        name = self._latest_name(trial_number)
+        key = f"{_trial_key(trial_number)}/{name}/report.json"
+        if name is None or not self._files.exists(key):
             return None
+        return self._read(trial_number, key, lambda data: UnitReport(**json.loads(data)))
+
+    def _read(self, trial_number: int, key: str, parse: Callable[[bytes], Any], what: str = "checkpoint file") -> Any:
         try:
-            return UnitReport(**json.loads((path / "report.json").read_text()))
-        except (OSError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"trial {trial_number}: report {path / 'report.json'} is unreadable: {exc}") from exc
+            return parse(self._files.read(key))
+        except Exception as exc:  # noqa: BLE001 - OSError, bad JSON, safetensors' own error for a damaged file
+            raise CheckpointError(f"trial {trial_number}: {what} {self._files.location(key)} is unreadable: "
+                                  f"{exc}") from exc
 
     # ------------------------------------------------------------------ warm starts
-    def save_warm_start(self, trial_number: int, weights: dict[str, Any], parent: int, from_unit: int) -> Path:
+    def save_warm_start(self, trial_number: int, weights: dict[str, Any], parent: int, from_unit: int) -> Location:
         """The weights a warm-started clone starts from, copied from its parent when the clone is made."""
         from safetensors.torch import save_file
 
-        target = self.trial_dir(trial_number) / "warm-start"
-        target.mkdir(parents=True, exist_ok=True)
-        tmp = target / ".weights.safetensors.tmp"
-        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp))
-        _fsync_file(tmp)
-        os.replace(tmp, target / "weights.safetensors")
-        _write_durably(target / "origin.json", json.dumps({"parent": parent, "from_unit": from_unit}).encode())
-        return target
+        def write(staging: Path) -> Path:
+            save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(staging / "weights.safetensors"))
+            (staging / "origin.json").write_bytes(json.dumps({"parent": parent, "from_unit": from_unit}).encode())
+            return staging
+
+        return self._save_dir(trial_number, "warm-start", write)
 
     def load_warm_start(self, trial_number: int) -> dict[str, Any]:
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
-        path = self.trial_dir(trial_number) / "warm-start" / "weights.safetensors"
-        try:
-            return load_file(str(path))
-        except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a damaged file
-            raise CheckpointError(f"trial {trial_number}: warm-start weights {path} are unreadable: {exc}") from exc
+        key = f"{_trial_key(trial_number)}/warm-start/weights.safetensors"
+        return self._read(trial_number, key, load, what="warm-start weights")
 
     # ------------------------------------------------------------------ final adapters
-    def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Path:
-        """Save a PEFT adapter so that ``PeftModel.from_pretrained(base, path)`` loads it."""
-        target = self.adapter_dir(trial_number)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".adapter.", dir=target.parent))
-        try:
+    def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Location:
+        """Save a PEFT adapter so that ``PeftModel.from_pretrained(base, path)`` loads it (after `download` from a URL)."""
+
+        def write(staging: Path) -> Path:
             model.save_pretrained(str(staging), selected_adapters=[adapter])
             # PEFT puts every adapter but "default" in a subdirectory named after it.
             saved = staging / adapter if (staging / adapter).is_dir() else staging
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(saved))
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(saved, target)
+            return saved
+
+        return self._save_dir(trial_number, "adapter", write)
+
+    def save_model(self, trial_number: int, model: Any, tokenizer: Any = None) -> Location:
+        """Save a fully fine-tuned model (no adapter) where the adapter would go."""
+
+        def write(staging: Path) -> Path:
+            model.save_pretrained(str(staging))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(staging))
+            return staging
+
+        return self._save_dir(trial_number, "adapter", write)
+
+    def _save_dir(self, trial_number: int, name: str, write: Callable[[Path], Path]) -> Location:
+        """Write a directory with `write` (into a staging directory; it returns what to publish), then publish it
+        as the trial's `name`, replacing what was there."""
+        key = f"{_trial_key(trial_number)}/{name}"
+        staging = self._files.staging(_trial_key(trial_number), name)
+        try:
+            self._files.publish(write(staging), key)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return target
+        return self._files.location(key)
 
-    def save_model(self, trial_number: int, model: Any, tokenizer: Any = None) -> Path:
-        """Save a fully fine-tuned model (no adapter) where the adapter would go."""
-        target = self.adapter_dir(trial_number)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".model.", dir=target.parent))
-        model.save_pretrained(str(staging))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(staging))
+
+def _trial_key(trial_number: int) -> str:
+    return f"trial-{trial_number:05d}"
+
+
+# ---------------------------------------------------------------------- where the files go
+# The store names everything by a key relative to its root ("trial-00003/unit-0002/state.json"); these two
+# classes are the only code that differs between a local directory and an object store.
+
+
+class _LocalFiles:
+    """A local (or mounted shared) directory: files fsynced, directories renamed into place, `LATEST` replaced by
+    rename, so a power loss at any moment leaves the previous state."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def location(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def read(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self.location(key).exists()
+
+    def names(self, key: str) -> list[str]:
+        folder = self.root / key
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def remove(self, key: str) -> None:
+        shutil.rmtree(self.root / key, ignore_errors=True)
+
+    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
+        """A new directory to write `name` into before it is published: beside its target, so that it can be renamed."""
+        folder = self.root / key
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob(stale) if stale else ():  # left by a process killed mid-write
+            shutil.rmtree(old, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
+
+    def publish(self, staged: Path, key: str) -> None:
+        for path in staged.rglob("*"):
+            if path.is_file():
+                _fsync_file(path)
+        target = self.root / key
         if target.exists():
             shutil.rmtree(target)
-        os.replace(staging, target)
-        return target
+        os.replace(staged, target)
+        _fsync_dir(target.parent)
+
+    def write_pointer(self, key: str, data: bytes) -> None:
+        _write_durably(self.root / key, data)
+
+    def download(self, key: str, target: Path) -> None:
+        shutil.copytree(self.location(key), target)
+
+
+class _ObjectFiles:
+    """An fsspec filesystem at a URL (S3, GCS, Azure, ...). There is no directory rename: a directory is published by
+    uploading its files one by one, and a single object (`LATEST`) written whole is the commit point."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+        from fsspec.registry import known_implementations
+
+        self.url = normalize_location(url)
+        try:
+            self.fs, path = fsspec.core.url_to_fs(self.url)
+        except ImportError as exc:  # fsspec names the package: "Install s3fs to access S3"
+            protocol = self.url.partition("://")[0]
+            package = known_implementations.get(protocol, {}).get("class", "").partition(".")[0]
+            fix = f"; pip install {package}" if package else ""
+            raise CheckpointError(f"checkpoint store {self.url}: {exc}{fix}") from exc
+        except ValueError as exc:  # "Protocol not known: ..."
+            raise CheckpointError(f"checkpoint store {self.url}: {exc}") from exc
+        self.path = path.rstrip("/")
+
+    def _path(self, key: str) -> str:
+        return f"{self.path}/{key}" if key else self.path
+
+    def create(self) -> None:
+        """Nothing to create: an object store has no directories (the bucket must exist)."""
+
+    def location(self, key: str) -> str:
+        if not key:
+            return self.url
+        return f"{self.url}{'' if self.url.endswith('/') else '/'}{key}"
+
+    def read(self, key: str) -> bytes:
+        return self.fs.cat_file(self._path(key))
+
+    def exists(self, key: str) -> bool:
+        self.fs.invalidate_cache(self._path(key))  # another process may have written it since the last listing
+        return self.fs.exists(self._path(key))
+
+    def names(self, key: str) -> list[str]:
+        path = self._path(key)
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(entry.rstrip("/").rpartition("/")[2] for entry in entries)
+
+    def remove(self, key: str) -> None:
+        try:
+            self.fs.rm(self._path(key), recursive=True)
+        except OSError:  # gone already, or refused: retention tries again after the next checkpoint
+            pass
+        self.fs.invalidate_cache(self._path(key))
+
+    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
+        """A local temporary directory to write `name` into before it is uploaded."""
+        return Path(tempfile.mkdtemp(prefix=f".{name}."))
+
+    def publish(self, staged: Path, key: str) -> None:
+        self.remove(key)  # what an earlier, unfinished attempt left under this name
+        for path in sorted(staged.rglob("*")):
+            if path.is_file():
+                target = f"{key}/{path.relative_to(staged).as_posix()}"
+                try:
+                    self.fs.put_file(str(path), self._path(target))
+                except Exception as exc:
+                    self.remove(key)  # not named in LATEST, so nothing reads it; do not leave it half-written
+                    raise OSError(f"uploading {self.location(target)}: {exc}") from exc
+
+    def write_pointer(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(key), data)
+
+    def download(self, key: str, target: Path) -> None:
+        root = self._path(key)
+        self.fs.invalidate_cache(root)
+        files = self.fs.find(root)
+        if not files:
+            raise FileNotFoundError(f"nothing at {self.location(key)}")
+        for path in files:
+            local = target / path[len(root):].lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(path, str(local))
+
+
+def _files_at(location: str | os.PathLike) -> _LocalFiles | _ObjectFiles:
+    if is_url(location):
+        return _ObjectFiles(str(location))
+    return _LocalFiles(normalize_location(location) if "://" in str(location) else location)
 
 
 def _flatten(state: TrialState) -> tuple[dict[str, Any], dict[str, Any]]:

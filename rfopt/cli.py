@@ -77,8 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
     run.add_argument("--max-concurrent", type=int, help="trials time-sliced at once (default: the study file's)")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
-    run.add_argument("--checkpoint-dir", help="where checkpoints and adapters go (default: rfopt-checkpoints/ "
-                     "beside the SQLite file)")
+    run.add_argument("--checkpoint-dir", help="where checkpoints and adapters go: a directory or an fsspec URL such "
+                     "as s3://bucket/prefix (default: rfopt-checkpoints/ beside the SQLite file)")
     run.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(handler=_cmd_run)
@@ -89,14 +89,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Train a study file's study together with every other worker on the same storage: each unit "
         "is trained under a lease on its trial, kept in the study's database (renewed while it trains; a worker "
         "whose lease expired cannot commit; a dead worker's unit is trained by another once its lease expires). "
-        "PostgreSQL for many hosts (with a checkpoint directory every host can reach), SQLite on one host.",
+        "PostgreSQL for many hosts (with a checkpoint store every host can reach: a shared directory or an fsspec URL "
+        "such as s3://bucket/prefix), SQLite on one host.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=textwrap.dedent(
             """\
             examples:
               rfopt worker studies/arithmetic.py --devices auto                  # one worker per GPU, or the CPU
               rfopt worker studies/arithmetic.py --devices cuda:0,cuda:1 --storage postgresql://db/rfopt \\
-                  --checkpoint-dir /shared/rfopt-checkpoints
+                  --checkpoint-dir s3://my-bucket/rfopt      # or a directory every host mounts
               rfopt worker studies/arithmetic.py --devices cpu,cpu               # two workers on the CPU
             """
         ),
@@ -110,8 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
     worker.add_argument("--max-concurrent", type=int, help="trials time-sliced at once across all workers (default: "
                         "the study file's)")
-    worker.add_argument("--checkpoint-dir", help="checkpoint directory every worker can reach (default: the one the "
-                        "study recorded, else rfopt-checkpoints/ beside the SQLite file)")
+    worker.add_argument("--checkpoint-dir", help="checkpoint store every worker can reach: a shared directory or an "
+                        "fsspec URL such as s3://bucket/prefix (default: the one the study recorded, else "
+                        "rfopt-checkpoints/ beside the SQLite file)")
     worker.add_argument("--lease-seconds", type=float, default=30.0, help="how long a unit's lease lasts without a "
                         "renewal: a dead worker's unit is taken over after this (default: %(default)s)")
     worker.add_argument("--fast", action="store_true", help="the study file's quick variant")

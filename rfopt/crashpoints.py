@@ -20,8 +20,8 @@ import time
 POINTS = (
     "unit-started",        # a unit's training begins
     "chunk-trained",       # the chunk is trained, not yet evaluated
-    "checkpoint-staged",   # the checkpoint's files are written and fsynced, not yet renamed into place
-    "checkpoint-renamed",  # the checkpoint directory is in place, LATEST not yet updated
+    "checkpoint-staged",   # the checkpoint's files are written in a staging directory, not yet published
+    "checkpoint-renamed",  # the checkpoint is in place (renamed, or uploaded to an object store), LATEST not yet updated
     "checkpoint-saved",    # the checkpoint is durable and named in LATEST; the report is not committed
     "metrics-stored",      # the unit's metrics are in storage, its report is not
     "unit-committed",      # the unit's report is in storage: the unit is committed

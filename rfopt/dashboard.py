@@ -59,6 +59,7 @@ import optuna
 from optuna.trial import TrialState
 
 from . import ops
+from .checkpoints import is_url
 from .study import (
     CHECKPOINT_DIR_ATTR,
     FAIL_REASON_ATTR,
@@ -232,14 +233,46 @@ def charts_svg(chunks: list[ChunkMetrics], title: str) -> str:
 
 
 # ---------------------------------------------------------------------- artifacts published by the engine
-def study_artifact_store(study: optuna.Study) -> optuna.artifacts.FileSystemArtifactStore:
-    """The artifact store of an rfopt study: ``artifacts/`` in its checkpoint directory."""
+def study_artifact_store(study: optuna.Study) -> Any:
+    """The artifact store of an rfopt study: ``artifacts/`` in its checkpoint store (a directory or a URL)."""
     root = study.user_attrs.get(CHECKPOINT_DIR_ATTR)
     if root is None:
         raise LookupError(f"study {study.study_name!r} has no {CHECKPOINT_DIR_ATTR}; it is not an rfopt study")
+    if is_url(root):
+        return ObjectArtifactStore(f"{root}/artifacts")
     path = Path(root) / "artifacts"
     path.mkdir(parents=True, exist_ok=True)
     return optuna.artifacts.FileSystemArtifactStore(path)
+
+
+class ObjectArtifactStore:
+    """Optuna's artifact store protocol over an fsspec URL: the artifacts of a study whose checkpoints are in an
+    object store (``s3://bucket/prefix/artifacts``), one object per artifact."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.url = url
+        self._fs, self._path = fsspec.core.url_to_fs(url)
+
+    def open_reader(self, artifact_id: str) -> Any:
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        try:
+            return io.BytesIO(self._fs.cat_file(f"{self._path}/{artifact_id}"))
+        except FileNotFoundError as exc:
+            raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
+
+    def write(self, artifact_id: str, content_body: Any) -> None:
+        self._fs.pipe_file(f"{self._path}/{artifact_id}", content_body.read())
+
+    def remove(self, artifact_id: str) -> None:
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        try:
+            self._fs.rm_file(f"{self._path}/{artifact_id}")
+        except FileNotFoundError as exc:
+            raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
 
 
 def publish_chunk(trial: optuna.Trial, artifact_store: Any = None) -> None:
@@ -302,7 +335,7 @@ def _artifact_metas(system_attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 class StudyArtifacts:
-    """optuna-dashboard's artifact store: every rfopt study's ``<checkpoint dir>/artifacts``.
+    """optuna-dashboard's artifact store: every rfopt study's ``<checkpoint dir>/artifacts`` (a directory or a URL).
 
     Files uploaded through the dashboard go to `upload_dir` (created on the first upload).
     """
@@ -311,15 +344,14 @@ class StudyArtifacts:
         self._storage = storage
         self.upload_dir = Path(upload_dir)
 
-    def _stores(self) -> list[optuna.artifacts.FileSystemArtifactStore]:
-        dirs = [self.upload_dir] + [
-            Path(s.user_attrs[CHECKPOINT_DIR_ATTR]) / "artifacts"
-            for s in self._storage.get_all_studies()
-            if CHECKPOINT_DIR_ATTR in s.user_attrs
-        ]
-        return [optuna.artifacts.FileSystemArtifactStore(d) for d in dict.fromkeys(dirs) if d.is_dir()]
+    def _stores(self) -> list[Any]:
+        roots = [s.user_attrs[CHECKPOINT_DIR_ATTR] for s in self._storage.get_all_studies()
+                 if CHECKPOINT_DIR_ATTR in s.user_attrs]
+        dirs = [self.upload_dir] + [Path(r) / "artifacts" for r in roots if not is_url(r)]
+        local = [optuna.artifacts.FileSystemArtifactStore(d) for d in dict.fromkeys(dirs) if d.is_dir()]
+        return local + [ObjectArtifactStore(f"{r}/artifacts") for r in dict.fromkeys(roots) if is_url(r)]
 
-    def _holder(self, artifact_id: str) -> optuna.artifacts.FileSystemArtifactStore:
+    def _holder(self, artifact_id: str) -> Any:
         from optuna.artifacts.exceptions import ArtifactNotFound
 
         for store in self._stores():

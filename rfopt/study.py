@@ -35,7 +35,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState as OptunaState
 
-from .checkpoints import CheckpointError, CheckpointStore, UnitReport
+from .checkpoints import (CheckpointError, CheckpointStore, Location, UnitReport, download, is_url, location_exists,
+                          normalize_location)
 from .chunks import ChunkPlan, PlanError, TrialSchedule, dataset_fingerprint, trial_schedule
 from .config import ConfigError, TrialConfig
 from .crashpoints import reach
@@ -101,7 +102,7 @@ class Study:
         stored = optuna_study.user_attrs.get(CHECKPOINT_DIR_ATTR)
         if checkpoint_dir is None:
             checkpoint_dir = stored or _default_checkpoint_dir(optuna_study)
-        checkpoint_dir = str(Path(checkpoint_dir).resolve())
+        checkpoint_dir = normalize_location(checkpoint_dir)  # an absolute path, or a URL as given
         if stored != checkpoint_dir:
             optuna_study.set_user_attr(CHECKPOINT_DIR_ATTR, checkpoint_dir)
         self.checkpoints = CheckpointStore(checkpoint_dir)
@@ -307,25 +308,25 @@ class Study:
 
         return format_leaderboard(self.leaderboard(), self.optuna.user_attrs.get(OBJECTIVE_ATTR, "reward"))
 
-    def best_adapter(self) -> Path:
-        """Directory of the best finished trial's adapter (PEFT format)."""
+    def best_adapter(self) -> Location:
+        """Directory of the best finished trial's adapter (PEFT format): a `Path`, or a URL in an object store."""
         complete = [t for t in self.optuna.get_trials(deepcopy=False, states=[OptunaState.COMPLETE])]
         if not complete:
             raise LookupError(f"study {self.study_name!r} has no finished trial yet")
         best = self.optuna.best_trial
         path = best.user_attrs.get(ADAPTER_ATTR)
-        if path is None or not Path(path).exists():
+        if path is None or not location_exists(path):
             raise LookupError(f"trial {best.number}: its adapter is not in the checkpoint store ({path})")
-        return Path(path)
+        return path if is_url(path) else Path(path)
 
     def export_best(self, path: str | os.PathLike) -> Path:
-        """Copy the best trial's adapter (PEFT format, with its tokenizer) to `path`."""
+        """Copy the best trial's adapter (PEFT format, with its tokenizer) to the local directory `path`, downloading
+        it from an object store if the study's checkpoints are there."""
         source = self.best_adapter()
         target = Path(path)
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(source, target)
-        return target
+        return download(source, target)
 
     def trial_config(self, number: int) -> TrialConfig:
         trial = self.optuna.trials[number]

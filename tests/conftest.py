@@ -1,3 +1,4 @@
+import logging
 import os
 import warnings
 
@@ -53,3 +54,52 @@ def tiny_study_reference(tiny_model, tmp_path_factory):
     code = run(run_command(storage, "--checkpoint-dir", str(where / "ck")), where, env(tiny_model), where / "log")
     assert code == 0, (where / "log").read_text()[-3000:]
     return storage, where / "ck"
+
+
+class _S3Buckets:
+    """Hands out new empty buckets on the test S3 server, as ``s3://`` URLs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def bucket(self) -> str:
+        import fsspec
+
+        self.count += 1
+        name = f"rfopt-test-{self.count}"
+        fsspec.filesystem("s3").mkdir(name)
+        return f"s3://{name}"
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """An S3-compatible server (moto) on 127.0.0.1 for the session, reached through s3fs exactly as a real S3 or MinIO
+    is: by the standard AWS variables (AWS_ENDPOINT_URL, keys, region), set here for this process and the processes
+    its tests start. ``s3.bucket()`` makes a new empty bucket and returns its URL. Skips if moto or s3fs is missing."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed: pip install -e '.[test]' (make test does)")
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed: pip install -e '.[test]'")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    variables = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "rfopt-test",
+                 "AWS_SECRET_ACCESS_KEY": "rfopt-test", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield _S3Buckets()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def checkpoint_root(request, tmp_path):
+    """Where a test's checkpoints go: a local directory, and in the test's second run a bucket on the S3 server."""
+    if request.param == "local":
+        return str(tmp_path / "ck")
+    return request.getfixturevalue("s3").bucket() + "/ck"

@@ -9,9 +9,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import fsspec
 import optuna
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -36,7 +37,7 @@ def run_command(storage: str, *extra: str) -> list[str]:
     return rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--no-progress", *extra)
 
 
-def worker_command(storage: str, checkpoints: Path, *extra: str) -> list[str]:
+def worker_command(storage: str, checkpoints: Path | str, *extra: str) -> list[str]:
     return rfopt_command("worker", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(checkpoints),
                          *extra)
 
@@ -100,22 +101,36 @@ def train_metrics(trial: optuna.trial.FrozenTrial) -> dict[int, dict]:
     return out
 
 
+def read_bytes(location: Path | str) -> bytes:
+    """A file in a checkpoint store: a local path or a URL (``s3://...``)."""
+    with fsspec.open(str(location), "rb") as f:
+        return f.read()
+
+
+def names_in(location: Path | str) -> list[str]:
+    """What a directory of a checkpoint store holds (a local path or a URL), by name."""
+    fs, path = fsspec.core.url_to_fs(str(location))
+    fs.invalidate_cache()
+    return sorted(entry.rstrip("/").rpartition("/")[2] for entry in fs.ls(path, detail=False))
+
+
 def adapter(trial: optuna.trial.FrozenTrial) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(trial.user_attrs["rfopt:adapter"]) / "adapter_model.safetensors"))
+    return load(read_bytes(f"{trial.user_attrs['rfopt:adapter']}/adapter_model.safetensors"))
 
 
-def final_checkpoint(checkpoint_dir: Path, number: int) -> dict[str, torch.Tensor]:
+def final_checkpoint(checkpoint_dir: Path | str, number: int) -> dict[str, torch.Tensor]:
     """The tensors of a trial's latest checkpoint: weights, optimizer moments and RNG state."""
-    trial_dir = checkpoint_dir / f"trial-{number:05d}"
-    latest = (trial_dir / "LATEST").read_text().strip()
-    return load_file(str(trial_dir / latest / "tensors.safetensors"))
+    trial_dir = f"{checkpoint_dir}/trial-{number:05d}"
+    latest = read_bytes(f"{trial_dir}/LATEST").decode().strip()
+    return load(read_bytes(f"{trial_dir}/{latest}/tensors.safetensors"))
 
 
 def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def assert_same_study(reference: str, ref_checkpoints: Path, got: str, got_checkpoints: Path, name: str = "tiny"):
+def assert_same_study(reference: str, ref_checkpoints: Path | str, got: str, got_checkpoints: Path | str,
+                      name: str = "tiny"):
     """Every trial of `got` ended as in `reference`: state, per-chunk values and metrics, adapter, last checkpoint."""
     expected, actual = trials(reference, name), trials(got, name)
     assert len(actual) == len(expected)

@@ -3,16 +3,16 @@ stored; a full disk fails the trial cleanly and keeps its previous checkpoint; a
 database is retried with backoff, then a clear error."""
 
 import errno
-import shutil
 import sqlite3
 import threading
 import time
 
+import fsspec
 import optuna
 import pytest
 
 import rfopt
-from crashkit import assert_same_study, env, events, run_command, start, trials
+from crashkit import assert_same_study, env, events, names_in, run_command, start, trials
 from rfopt.storage import StorageUnavailableError, open_storage
 from rfopt_testkit import prompts_dataset, trial_config
 
@@ -43,25 +43,28 @@ def _crashed_study(model, storage, checkpoints):
         _run(model, storage, checkpoints, crash_after=2)
 
 
-def test_corrupt_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, tmp_path):
-    _crashed_study(tiny_model, storage, tmp_path / "ck")
-    tensors = tmp_path / "ck" / "trial-00000" / "unit-0001" / "tensors.safetensors"
-    tensors.write_bytes(tensors.read_bytes()[:100])
+# Each of these runs with a local checkpoint directory and with checkpoints in a bucket on the test S3 server.
+def test_corrupt_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, checkpoint_root):
+    _crashed_study(tiny_model, storage, checkpoint_root)
+    tensors = f"{checkpoint_root}/trial-00000/unit-0001/tensors.safetensors"
+    fs, path = fsspec.core.url_to_fs(tensors)
+    fs.pipe_file(path, fs.cat_file(path)[:100])
 
-    study, done = _run(tiny_model, storage, tmp_path / "ck")
+    study, done = _run(tiny_model, storage, checkpoint_root)
     broken, healthy = study.optuna.trials
     assert broken.state == optuna.trial.TrialState.FAIL
     reason = broken.user_attrs["rfopt:fail_reason"]
-    assert "trial 0" in reason and "unreadable" in reason and str(tensors.parent) in reason
+    assert "trial 0" in reason and "unreadable" in reason and tensors in reason
     assert healthy.state == optuna.trial.TrialState.COMPLETE
     assert done == [(1, 1)]
 
 
-def test_missing_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, tmp_path):
-    _crashed_study(tiny_model, storage, tmp_path / "ck")
-    shutil.rmtree(tmp_path / "ck" / "trial-00001")
+def test_missing_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, checkpoint_root):
+    _crashed_study(tiny_model, storage, checkpoint_root)
+    fs, path = fsspec.core.url_to_fs(f"{checkpoint_root}/trial-00001")
+    fs.rm(path, recursive=True)
 
-    study, done = _run(tiny_model, storage, tmp_path / "ck")
+    study, done = _run(tiny_model, storage, checkpoint_root)
     healthy, lost = study.optuna.trials
     assert lost.state == optuna.trial.TrialState.FAIL
     assert "1 chunks were committed" in lost.user_attrs["rfopt:fail_reason"]
@@ -183,12 +186,12 @@ def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_cle
     assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))  # left to resume, not failed
 
 
-def test_a_late_writer_cannot_replace_a_newer_checkpoint(tmp_path):
+def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
     import torch
 
     from rfopt.runner import TrialState
 
-    store = rfopt.CheckpointStore(tmp_path)
+    store = rfopt.CheckpointStore(checkpoint_root)
 
     def state(units):
         return TrialState(units_done=units, global_step=units, tokens_seen=0, weights={"w": torch.full((2,), units)},
@@ -198,5 +201,5 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(tmp_path):
     # A worker whose lease expired, still writing the unit another worker has already gone past.
     with pytest.raises(rfopt.CheckpointError, match="already has unit-0002"):
         store.save(0, state(1))
-    assert store.latest(0).name == "unit-0002" and store.load(0).units_done == 2
-    assert sorted(p.name for p in (tmp_path / "trial-00000").iterdir()) == ["LATEST", "unit-0002"]
+    assert str(store.latest(0)) == f"{store.trial_dir(0)}/unit-0002" and store.load(0).units_done == 2
+    assert names_in(store.trial_dir(0)) == ["LATEST", "unit-0002"]

@@ -79,6 +79,25 @@ def test_two_workers_on_one_sqlite_file_share_the_study(tiny_study_reference, ti
     assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
 
 
+def test_two_hosts_share_the_sweep_through_an_s3_checkpoint_store(s3, tiny_study_reference, tiny_model, tmp_path):
+    """Two `rfopt worker` commands, each in a working directory of its own as on two hosts, nothing local shared
+    but the study's database: the checkpoints they hand each other trials through are in S3."""
+    storage, root = f"sqlite:///{tmp_path / 'workers.db'}", s3.bucket() + "/rfopt"
+    log = tmp_path / "events.log"
+    hosts = [tmp_path / "host-a", tmp_path / "host-b"]
+    workers = []
+    for host in hosts:
+        host.mkdir()
+        workers.append(start(worker_command(storage, root), host, env(tiny_model, RFOPT_EVENT_LOG=log), host / "log"))
+    for host, worker in zip(hosts, workers):
+        assert worker.wait(timeout=600) == 0, (host / "log").read_text()[-3000:]
+
+    _check_finished_once(storage, log)
+    assert len(set(unit_holders(storage).values())) >= 2  # the units really were shared
+    assert all(sorted(p.name for p in host.iterdir()) == ["log"] for host in hosts)  # no checkpoint on either host
+    assert_same_study(*tiny_study_reference, storage, root)
+
+
 def test_worker_refuses_an_unknown_device_before_starting_anything(capsys):
     from crashkit import STUDY_FILE
     from rfopt.cli import main
