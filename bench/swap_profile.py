@@ -7,7 +7,7 @@ the runner's state is left as it was (nothing counts as trained; the trainer's p
 and the same swap can be measured again. Each swap is split into its parts by timing the functions
 it calls (wrappers add about a microsecond each):
 
-    set_adapter             PeftModel.set_adapter (TrialRunner.model)
+    activate adapter        ModelPool.activate (TrialRunner.model): the trial's adapter made the active, trainable one
     chunk_args              TrialRunner._chunk_args: a GRPOConfig copy (dataclasses.replace reruns __post_init__)
     chunk_dataset           TrialRunner.chunk_dataset: Dataset.select of the chunk's rows
     construct               GRPOTrainer.__init__ (Trainer + Accelerator + fused LM head patch)
@@ -52,7 +52,7 @@ import throughput  # noqa: E402  (sets the environment and sys.path for rewards/
 
 # The disjoint parts of a swap (the gc figures overlap with them).
 PARTS = [
-    "set_adapter", "chunk_args", "chunk_dataset", "construct", "free_memory (gc)", "dataloader", "init_state", "prepare",
+    "activate adapter", "chunk_args", "chunk_dataset", "construct", "free_memory (gc)", "dataloader", "init_state", "prepare",
     "rng_restore",
 ]
 
@@ -82,10 +82,10 @@ class Timeline:
 @contextlib.contextmanager
 def instrument(timeline: Timeline) -> Iterator[None]:
     import accelerate
-    from peft import PeftModel
     from trl import GRPOTrainer
 
     import rfopt.runner as runner_module
+    from rfopt.models import ModelPool
 
     chunk_trainer = runner_module.chunk_trainer_class()
     patched: list[tuple[Any, str, Any]] = []
@@ -109,7 +109,7 @@ def instrument(timeline: Timeline) -> Iterator[None]:
         patched.append((owner, name, original))
         setattr(owner, name, wrapper)
 
-    wrap(PeftModel, "set_adapter", "set_adapter")
+    wrap(ModelPool, "activate", "activate adapter")
     wrap(runner_module.TrialRunner, "_chunk_args", "chunk_args")
     wrap(runner_module.TrialRunner, "chunk_dataset", "chunk_dataset")
     wrap(GRPOTrainer, "__init__", "construct")
