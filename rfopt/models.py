@@ -60,6 +60,33 @@ def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def _bind_device(device: str) -> str:
+    """Check `device` and, for a CUDA device, make it this process's current one; returns it.
+
+    In a single process, accelerate (and so TRL's trainer) puts its work on the *current* CUDA device
+    (``torch.device("cuda")``), and a trial's first trainer moves the model there. A pool on ``cuda:1`` in a process
+    whose current device is still ``cuda:0`` would have its model moved to ``cuda:0`` and every worker training on
+    the same GPU. rfopt runs one device per process (one worker each), so the pool's device becomes the current one.
+    """
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r}: not a device torch knows ({exc}); use 'cpu', 'cuda' or 'cuda:N'") from exc
+    if where.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "no GPU is visible"
+        raise ValueError(f"device {device!r}: CUDA is not available here ({why}); train on 'cpu' instead")
+    if where.index is not None:
+        count = torch.cuda.device_count()
+        if where.index >= count:
+            raise ValueError(f"device {device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+        torch.cuda.set_device(where.index)
+    return device
+
+
 @dataclass
 class _Resident:
     base: Any
@@ -85,7 +112,7 @@ class ModelPool:
     """Base models resident on one device, shared by the trials that use them."""
 
     def __init__(self, device: str = "cpu") -> None:
-        self.device = device
+        self.device = _bind_device(device)
         self._resident: dict[str, _Resident] = {}
         self._full: dict[int, Any] = {}
         self._froze = False

@@ -142,11 +142,12 @@ class Study:
             device: ``"cpu"`` or ``"cuda"`` / ``"cuda:1"``.
             on_unit: called after each committed unit with ``(trial_number, step, value)``.
         """
+        pool = ModelPool(device)  # checks the device before anything is written
         space, plan, settings, n_trials, max_concurrent = self._prepare(
             space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective, eval_settings,
             chunk_seed,
         )
-        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
+        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, pool, on_unit)
         try:
             run.resume_running()
             run.loop(n_trials, max_concurrent, show_progress_bar)
@@ -185,6 +186,7 @@ class Study:
         if lease_seconds <= 0 or poll_seconds <= 0:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
         space = as_space(space)
+        pool = ModelPool(device)  # checks the device before anything is written
         if max_concurrent is None and isinstance(space, ListSpace):  # the same for every worker, however late
             max_concurrent = max(1, min(len(space.configs), 8))
         leases = Leases(self.optuna)
@@ -193,7 +195,7 @@ class Study:
                 space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective, eval_settings,
                 chunk_seed,
             )
-        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit)
+        run = _Run(self, space, plan, train_dataset, eval_dataset, objective, settings, pool, on_unit)
         try:
             run.work_loop(n_trials, max_concurrent, leases, lease_seconds, poll_seconds)
         finally:
@@ -376,7 +378,7 @@ class Study:
 class _Run:
     """One call of `Study.optimize`: live trials, the model pool, and the round-robin loop."""
 
-    def __init__(self, study, space, plan, train_dataset, eval_dataset, objective, settings, device, on_unit):
+    def __init__(self, study, space, plan, train_dataset, eval_dataset, objective, settings, pool, on_unit):
         self.study = study
         self.optuna: optuna.Study = study.optuna
         self.space = space
@@ -385,7 +387,7 @@ class _Run:
         self.eval_dataset = eval_dataset
         self.objective = objective
         self.settings = settings
-        self.pool = ModelPool(device)
+        self.pool = pool
         self.workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         self.live: dict[int, _Live] = {}
         self.on_unit = on_unit

@@ -125,3 +125,17 @@ def test_missing_model_gives_a_clear_error_on_its_trial(storage, tiny_model):
     study.optimize([config], prompts_dataset(8), prompts_dataset(2), num_chunks=1, show_progress_bar=False)
     reason = study.optuna.trials[0].user_attrs[FAIL_REASON_ATTR]
     assert "ModelUnavailableError" in reason and "/nonexistent/model-dir" in reason
+
+
+@pytest.mark.parametrize("run", ["optimize", "work"])
+def test_a_cuda_device_without_cuda_is_refused_before_the_study_changes(tiny_model, storage, monkeypatch, run):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU-only machine, and on a GPU one
+    study = rfopt.create_study(study_name="no-gpu", storage=storage)
+    with pytest.raises(ValueError, match=r"device 'cuda:1': CUDA is not available here"):
+        getattr(study, run)([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2,
+                            device="cuda:1")
+    loaded = optuna.load_study(study_name="no-gpu", storage=storage)
+    assert loaded.get_trials() == []  # nothing enqueued, no plan stored: the same command on "cpu" starts clean
+    assert "rfopt:plan" not in loaded.user_attrs

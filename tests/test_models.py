@@ -3,6 +3,8 @@
 import gc
 import weakref
 
+import pytest
+
 from rfopt.models import ModelPool
 from rfopt_testkit import trial_config
 
@@ -147,3 +149,30 @@ def test_a_trial_with_gradient_checkpointing_leaves_the_shared_model_without_it(
     base = runner.model.get_base_model()
     assert not base.is_gradient_checkpointing
     assert getattr(base, "_require_grads_hook", None) is None
+
+
+def test_a_pool_on_a_cuda_device_makes_it_the_process_current_device(monkeypatch):
+    """accelerate puts a single process's work on the current CUDA device; a pool on cuda:1 must make that cuda:1.
+    (No GPU here: torch.cuda is stood in for; the call rfopt makes is what is checked.)"""
+    import torch
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: current.append(index))
+    assert ModelPool("cuda:1").device == "cuda:1"
+    assert current == [1]
+    ModelPool("cuda")  # the current device, whichever it is: nothing to change
+    assert current == [1]
+    with pytest.raises(ValueError, match=r"device 'cuda:2': this machine has 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        ModelPool("cuda:2")
+
+
+def test_a_cuda_worker_on_a_machine_without_cuda_stops_with_a_clear_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device 'cuda:0': CUDA is not available here .*; train on 'cpu' instead"):
+        ModelPool("cuda:0")
+    with pytest.raises(ValueError, match=r"device 'tpu:0': not a device torch knows"):
+        ModelPool("tpu:0")
