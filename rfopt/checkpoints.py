@@ -169,6 +169,22 @@ class CheckpointStore:
         return CheckpointError(f"trial {trial_number}: writing checkpoint {name} in {self.trial_dir(trial_number)} "
                                f"failed ({exc}); {kept}")
 
+    def check_writable(self) -> None:
+        """Write and remove a small object at the store's root; `CheckpointError` saying why if that fails.
+
+        Run before training, so that a store that cannot take checkpoints (a bucket that does not exist, missing
+        credentials, a read-only directory) stops the run with one clear error instead of failing every trial at
+        its first checkpoint.
+        """
+        probe = ".rfopt-write-check"
+        try:
+            self._files.write_pointer(probe, b"")
+            self._files.remove(probe)
+        except Exception as exc:  # noqa: BLE001 - OSError, an object store's refusal, a connection error
+            hint = (" (rfopt creates no bucket: create it, and give credentials and for S3-compatible servers "
+                    "AWS_ENDPOINT_URL, see the README)" if isinstance(self.root, str) else "")
+            raise CheckpointError(f"checkpoint store {self.root}: cannot write there: {exc}{hint}") from exc
+
     def latest(self, trial_number: int) -> Location | None:
         """The location of the trial's latest checkpoint (the one ``LATEST`` names), or None."""
         name = self._latest_name(trial_number)
@@ -303,7 +319,11 @@ class _LocalFiles:
         return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
     def remove(self, key: str) -> None:
-        shutil.rmtree(self.root / key, ignore_errors=True)
+        path = self.root / key
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
     def staging(self, key: str, name: str, stale: str | None = None) -> Path:
         """A new directory to write `name` into before it is published: beside its target, so that it can be renamed."""

@@ -143,6 +143,7 @@ class Study:
             on_unit: called after each committed unit with ``(trial_number, step, value)``.
         """
         pool = ModelPool(device)  # checks the device before anything is written
+        self.checkpoints.check_writable()
         space, plan, settings, n_trials, max_concurrent = self._prepare(
             space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective, eval_settings,
             chunk_seed,
@@ -187,6 +188,7 @@ class Study:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
         space = as_space(space)
         pool = ModelPool(device)  # checks the device before anything is written
+        self.checkpoints.check_writable()
         if max_concurrent is None and isinstance(space, ListSpace):  # the same for every worker, however late
             max_concurrent = max(1, min(len(space.configs), 8))
         leases = Leases(self.optuna)

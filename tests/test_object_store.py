@@ -149,3 +149,14 @@ def test_a_study_killed_between_an_upload_and_its_latest_resumes_from_s3_as_if_n
     committed = commits(events(log))
     reported = {(t.number, step) for t in trials(storage) for step in t.intermediate_values}
     assert set(committed) == reported and set(committed.values()) == {1}
+
+
+def test_a_bucket_that_does_not_exist_stops_the_run_before_any_trial(s3, tiny_model, tmp_path):
+    s3.bucket()  # the server is up; this bucket is not
+    study = rfopt.create_study(study_name="nobucket", storage=f"sqlite:///{tmp_path / 'nb.db'}",
+                               checkpoint_dir="s3://rfopt-no-such-bucket/ck")
+    with pytest.raises(rfopt.CheckpointError, match=r"checkpoint store s3://rfopt-no-such-bucket/ck: cannot write "
+                       r"there: .*rfopt creates no bucket"):
+        study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2)
+    assert study.optuna.get_trials() == []  # one clear error, not every trial failing at its first checkpoint
+
