@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -176,7 +177,7 @@ class CheckpointStore:
         credentials, a read-only directory) stops the run with one clear error instead of failing every trial at
         its first checkpoint.
         """
-        probe = ".rfopt-write-check"
+        probe = f".rfopt-write-check-{uuid.uuid4().hex}"  # workers starting together each check their own
         try:
             self._files.write_pointer(probe, b"")
             self._files.remove(probe)

@@ -203,3 +203,28 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
         store.save(0, state(1))
     assert str(store.latest(0)) == f"{store.trial_dir(0)}/unit-0002" and store.load(0).units_done == 2
     assert names_in(store.trial_dir(0)) == ["LATEST", "unit-0002"]
+
+
+def test_workers_starting_together_all_pass_the_checkpoint_store_write_check(tmp_path):
+    """`rfopt worker --devices cpu,cpu` starts its processes at once; each checks the shared store takes writes."""
+    import threading
+
+    from rfopt.checkpoints import CheckpointStore
+
+    store = CheckpointStore(tmp_path / "ck")
+    errors = []
+
+    def check_many():
+        for _ in range(200):
+            try:
+                store.check_writable()
+            except Exception as exc:  # noqa: BLE001 - collected and reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=check_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == []  # no probe left behind
