@@ -95,6 +95,38 @@ class _Resident:
     adapters: set[str] = field(default_factory=set)
     adapter_layers: list[Any] | None = None
     """The modules of `peft_model` that PEFT's ``set_adapter`` acts on, listed once per set of adapters."""
+    containers: list[_Container] | None = None
+    """The adapter layers' per-adapter dicts (``lora_A``, ``lora_B``, ...) with all their entries, once per set of
+    adapters."""
+    views: dict[str, list[_Container]] = field(default_factory=dict)
+    """Per adapter: the same dicts holding that adapter's entries only."""
+    shown: str | None = None
+    """The adapter that is the only one visible in the model, or None while all are."""
+
+
+@dataclass(frozen=True)
+class _Container:
+    """What an adapter layer's ``nn.ModuleDict`` or ``nn.ParameterDict`` holds (``keys``: a ParameterDict's order)."""
+
+    owner: Any
+    modules: dict[str, Any]
+    parameters: dict[str, Any]
+    keys: dict[str, None] | None
+
+    @classmethod
+    def of(cls, owner: Any) -> _Container:
+        return cls(owner, owner._modules, owner._parameters, owner.__dict__.get("_keys"))
+
+    def keeping(self, hidden: set[str]) -> _Container:
+        def keep(entries: dict[str, Any]) -> dict[str, Any]:
+            return type(entries)((k, v) for k, v in entries.items() if k not in hidden)
+
+        return _Container(self.owner, keep(self.modules), keep(self.parameters), None if self.keys is None else keep(self.keys))
+
+    def put(self) -> None:
+        self.owner._modules, self.owner._parameters = self.modules, self.parameters
+        if self.keys is not None:
+            self.owner._keys = self.keys
 
 
 class _Listed:
@@ -146,6 +178,7 @@ class ModelPool:
         if name not in resident.adapters:
             from peft import get_peft_model
 
+            self._show_all(resident)
             set_seed(config.grpo.seed)
             if resident.peft_model is None:
                 resident.peft_model = get_peft_model(resident.base, copy.deepcopy(config.peft), adapter_name=name)
@@ -167,17 +200,26 @@ class ModelPool:
         return resident.peft_model
 
     def _modules_changed(self, resident: _Resident) -> None:
-        resident.adapter_layers = None
+        resident.adapter_layers = resident.containers = None
+        resident.views.clear()
         if resident.peft_model is not None:
             self._answers.pop(resident.peft_model, None)
 
-    @staticmethod
-    def _activate(resident: _Resident, name: str) -> None:
-        """``PeftModel.set_adapter(name)``, with the walk over the model's modules done once per set of adapters.
+    @classmethod
+    def _activate(cls, resident: _Resident, name: str) -> None:
+        """``PeftModel.set_adapter(name)``, with the walk over the model's modules done once per set of adapters, and
+        the other adapters hidden from the model's walks.
 
         PEFT's ``set_adapter`` walks every module of the model twice to find its adapter layers (7 ms of a 60 ms swap
         on SmolLM2 with LoRA on all linear layers); the layers only change when an adapter is added or deleted. Each
         layer is still switched by PEFT's own code.
+
+        Then the other trials' adapters are taken out of the adapter layers' dicts (``lora_A``, ``lora_B``, ...) until
+        the next activation: the trainer walks every module or parameter of the model several times a step
+        (``zero_grad``, gradient clipping) and at every chunk's start, and with the other adapters in view each walk is
+        longer than the same walk for the trial trained alone. A hidden adapter's tensors are untouched (and have no
+        gradient: PEFT freezes an inactive adapter); the visible adapter's parameters keep their order, so the
+        trainer sees the model it would see with one adapter.
         """
         from peft.tuners.tuners_utils import BaseTunerLayer, set_adapter
         from peft.utils.other import AuxiliaryTrainingWrapper
@@ -185,6 +227,7 @@ class ModelPool:
         model = resident.peft_model
         tuner = model.base_model
         layer_cls = getattr(tuner, "tuner_layer_cls", None)
+        cls._show_all(resident)
         if layer_cls is None or model.peft_config[name].is_prompt_learning:
             model.set_adapter(name)
             return
@@ -196,6 +239,42 @@ class ModelPool:
         model.active_adapter = name
         set_adapter(_Listed(resident.adapter_layers), name, layer_cls=layer_cls)
         tuner.active_adapter = name
+        cls._show_only(resident, name)
+
+    @staticmethod
+    def _show_only(resident: _Resident, name: str) -> None:
+        import torch.nn as nn
+
+        if len(resident.adapters) < 2:
+            return
+        if resident.containers is None:
+            resident.containers = [
+                _Container.of(child)
+                for layer in resident.adapter_layers
+                for child in layer.children()
+                if isinstance(child, (nn.ModuleDict, nn.ParameterDict))
+            ]
+        view = resident.views.get(name)
+        if view is None:
+            hidden = resident.adapters - {name}
+            view = resident.views[name] = [container.keeping(hidden) for container in resident.containers]
+        # A hidden adapter's modules missed any train()/eval() made while it was out of view.
+        training = resident.peft_model.training
+        for container in view:
+            container.put()
+            for module in container.modules.values():
+                if module.training != training:
+                    module.train(training)
+        resident.shown = name
+
+    @staticmethod
+    def _show_all(resident: _Resident) -> None:
+        """Put every adapter back in view (before PEFT switches, adds or deletes adapters)."""
+        if resident.shown is None:
+            return
+        for container in resident.containers:
+            container.put()
+        resident.shown = None
 
     def release(self, trial_number: int, config: TrialConfig) -> None:
         """Free what trial `trial_number` holds (its adapter or its model copy)."""
@@ -206,6 +285,9 @@ class ModelPool:
         name = adapter_name(trial_number)
         if resident is None or name not in resident.adapters:
             return
+        self._show_all(resident)
+        # In one train()/eval() mode again (hidden adapters missed the changes made while they were out of view).
+        resident.peft_model.train(resident.peft_model.training)
         resident.adapters.discard(name)
         self._modules_changed(resident)
         if resident.adapters:

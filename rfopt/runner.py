@@ -105,7 +105,8 @@ def _trainer_class():
         ) -> None:
             self._rfopt_start = (start_step, tokens_seen)
             self._rfopt_first_chunk = first_chunk
-            super().__init__(*args, **kwargs)
+            with _seeding_skipped(not first_chunk):
+                super().__init__(*args, **kwargs)
             # Constructed with beta=0 so that TRL builds no reference copy; the reference is the base model with
             # the adapter disabled (TRL's own choice for a PEFT model without a "ref" adapter).
             self.beta = beta
@@ -139,6 +140,34 @@ def _trainer_class():
             return out
 
     return ChunkTrainer
+
+
+@contextmanager
+def _seeding_skipped(skip: bool):
+    """Construct a trainer without its three global ``set_seed(args.seed)`` calls (transformers' ``Trainer`` and TRL's
+    ``GRPOTrainer`` constructors), when `skip`.
+
+    A trial's later chunks restore its own RNG state at their first step (`_boundary_callback`), so what the
+    constructor seeds is overwritten before anything uses it; each ``set_seed`` seeds torch, numpy, Python and every
+    accelerator backend (about 1 ms on a CPU build, whose CUDA seeding records a stack trace each time). A trial's
+    first chunk keeps them: training straight through starts from that seeding.
+    """
+    import transformers.trainer
+    import trl.trainer.grpo_trainer as grpo_trainer
+
+    if not skip:
+        yield
+        return
+    originals = transformers.trainer.set_seed, grpo_trainer.set_seed
+
+    def unseeded(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    transformers.trainer.set_seed = grpo_trainer.set_seed = unseeded
+    try:
+        yield
+    finally:
+        transformers.trainer.set_seed, grpo_trainer.set_seed = originals
 
 
 _CHUNK_TRAINER = None
@@ -338,7 +367,7 @@ class TrialRunner:
 
     def chunk_dataset(self, unit: int) -> Any:
         rows = self.plan.chunks[self.schedule.chunk_of_unit(unit)][: self.schedule.prompts_per_chunk]
-        return self.train_dataset.select(rows)
+        return _rows_of(self.train_dataset, rows)
 
     def train_chunk(self) -> ChunkMetrics:
         """Train the trial's next chunk unit; raises on a reward function error or a diverged loss."""
@@ -488,6 +517,19 @@ class TrialRunner:
             beta=0.0,
             generation_batch_size=None,
         )
+
+
+_SELECTED: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = weakref.WeakKeyDictionary()
+
+
+def _rows_of(dataset: Any, rows: list[int]) -> Any:
+    """``dataset.select(rows)``, made once per dataset and rows: a study's trials train the same chunks of the same
+    dataset, and each select builds an indices table and hashes a fingerprint (some 3 ms, a tiny model's step)."""
+    selected = _SELECTED.setdefault(dataset, {})
+    key = tuple(rows)
+    if key not in selected:
+        selected[key] = dataset.select(rows)
+    return selected[key]
 
 
 def _quiet(trainer: Any) -> None:

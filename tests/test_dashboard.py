@@ -310,10 +310,13 @@ def browser(tmp_path):
 
 
 def test_page_shows_running_trials_charts_and_its_buttons_clone_and_stop(study, browser, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 10)
+    # The page redraws its trial list when it refreshes: an element found just before a redraw is gone by the time
+    # its text is read, and the wait looks again.
+    wait = WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,))
     with serving(study.optuna._storage) as server:
         browser.get(server.url(f"/rfopt/studies/{study.optuna._study_id}"))
         card = browser.find_element(By.CSS_SELECTOR, "section[data-trial='2'][data-state='RUNNING']")

@@ -105,6 +105,7 @@ def test_activating_a_trial_sets_the_same_adapter_state_as_peft_set_adapter(tiny
         states = []
         for number in numbers:
             model = pool.activate(number, configs[number])
+            ModelPool._show_all(pool._resident[configs[number].model_key])  # compare every adapter, hidden ones too
             ours = _adapter_state(model)
             model.set_adapter(adapter_name(number))  # PEFT's own walk over every module
             assert ours == _adapter_state(model)
@@ -114,6 +115,68 @@ def test_activating_a_trial_sets_the_same_adapter_state_as_peft_set_adapter(tiny
     check_each([0, 1, 2, 1, 0])
     pool.release(1, configs[1])  # the adapter layers change: the listed walk is made again
     check_each([2, 0])
+
+
+def _seen(model):
+    """What a trainer's walks over `model` see: its parameters (name, shape, trainable), and the adapters its modules
+    hold. A layer that another trial's adapter targets is wrapped on the shared model (its weight is then named
+    ``...base_layer.weight``), so names are compared without the wrapper."""
+    import re
+
+    parameters = [(n.replace(".base_layer", ""), tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()]
+    return parameters, {m.group(0) for n, _ in model.named_modules() if (m := re.search(r"trial-\d+", n))}
+
+
+def test_the_trial_in_training_sees_the_shared_model_as_if_its_adapter_were_the_only_one(tiny_model):
+    """The other trials' adapters are hidden from the model's walks (zero_grad, gradient clipping, ...) while one
+    trains, and come back untouched: same weights, same output, whatever was added or released meanwhile."""
+    import torch
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    from rfopt.models import adapter_name
+    from rfopt_testkit import lora_config
+
+    configs = {
+        0: trial_config(tiny_model),
+        # An embedding adapter (PEFT keeps it in a ParameterDict) and dropout modules.
+        1: trial_config(tiny_model, peft=lora_config(r=8, target_modules=["q_proj", "k_proj", "embed_tokens"], lora_dropout=0.1)),
+        2: trial_config(tiny_model, peft=lora_config(target_modules=["o_proj"])),
+        3: trial_config(tiny_model, peft=lora_config(r=2)),
+    }
+    inputs = torch.tensor([[1, 5, 9, 2, 7]])
+    alone, outputs = {}, {}
+    for number, config in configs.items():
+        solo = ModelPool("cpu")
+        model = solo.acquire(number, config)
+        for name, p in model.named_parameters():
+            if p.requires_grad:  # distinct non-zero weights, so every adapter changes the output
+                with torch.no_grad():
+                    p.copy_(torch.linspace(-0.05, 0.05, p.numel()).reshape(p.shape) * (number + 1))
+        model.eval()
+        alone[number] = (_seen(model), get_peft_model_state_dict(model, adapter_name=adapter_name(number)))
+        outputs[number] = model(inputs).logits
+        solo.close()
+
+    pool = ModelPool("cpu")
+
+    def check(numbers):
+        for number in numbers:
+            model = pool.activate(number, configs[number])
+            seen, weights = alone[number]
+            assert _seen(model) == seen
+            ours = get_peft_model_state_dict(model, adapter_name=adapter_name(number))
+            assert ours.keys() == weights.keys() and all(torch.equal(ours[k], weights[k]) for k in weights)
+            assert torch.equal(model(inputs).logits, outputs[number])
+
+    for number in (0, 1, 2):
+        model = pool.acquire(number, configs[number])
+        set_peft_model_state_dict(model, alone[number][1], adapter_name=adapter_name(number))
+    model.eval()
+    check([0, 1, 2, 1, 0, 2])
+    pool.release(1, configs[1])
+    pool.acquire(3, configs[3])  # added while trial 3's neighbours were hidden from view
+    set_peft_model_state_dict(pool.activate(3, configs[3]), alone[3][1], adapter_name=adapter_name(3))
+    check([0, 3, 2, 0])
 
 
 def test_a_released_adapter_is_freed_although_adapters_are_frozen_out_of_the_gc(tiny_model):
