@@ -124,9 +124,12 @@ class _Container:
         return _Container(self.owner, keep(self.modules), keep(self.parameters), None if self.keys is None else keep(self.keys))
 
     def put(self) -> None:
-        self.owner._modules, self.owner._parameters = self.modules, self.parameters
+        # Straight into the instance dict: nn.Module.__setattr__ only checks first whether the value is a parameter or
+        # a module, which a dict is not.
+        state = vars(self.owner)
+        state["_modules"], state["_parameters"] = self.modules, self.parameters
         if self.keys is not None:
-            self.owner._keys = self.keys
+            state["_keys"] = self.keys
 
 
 class _Listed:
