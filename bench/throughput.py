@@ -439,6 +439,19 @@ def run_study(setup: Setup, out_dir: Path) -> SideResult:
     return result
 
 
+def _settle() -> None:
+    """Start each side with the same garbage-collector state, untimed.
+
+    What one side leaves behind lands in the next side's time otherwise: a study's `ModelPool.close` unfreezes the
+    process's objects (``gc.unfreeze``), so the side after it paid an automatic full collection of about a million
+    objects (0.3-0.9 s, which on the tiny model is a third of a side), and garbage left by plain TRL's models was
+    collected inside rfopt's first adapter. Collected and frozen here, both sides start with nothing to collect and
+    a heap the collector skips (plain TRL included, which is faster than in a fresh process: this favours (a)).
+    """
+    gc.collect()
+    gc.freeze()
+
+
 # ---------------------------------------------------------------------- warm-up
 def warm_up(setup: Setup, out_dir: Path) -> float:
     """One plain TRL step, one rfopt chunk and one evaluation, untimed, so first-call costs bias neither side."""
@@ -698,6 +711,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 order = [("b", side_b), ("a", side_a)] if b_first else [("a", side_a), ("b", side_b)]
                 done = {}
                 for label, side in order:
+                    _settle()
                     started = time.perf_counter()
                     done[label] = side()
                     print(f"{name} rep {rep}: ({label}) {time.perf_counter() - started:.1f} s", flush=True)
