@@ -43,20 +43,52 @@ def test_a_trial_trained_in_chunks_sends_trl_telemetry_once_and_leaves_accelerat
     import accelerate
     import transformers.trainer
 
+    import trl.trainer.grpo_trainer as grpo_trainer
+
     pings = []
     monkeypatch.setattr(GRPOTrainer, "_send_telemetry", lambda self: pings.append(self.state.global_step))
+    seeds = []
+
+    def counted(set_seed):
+        def seeding(*args, **kwargs):
+            seeds.append(args)
+            return set_seed(*args, **kwargs)
+
+        return seeding
+
+    for module in (transformers.trainer, grpo_trainer):
+        monkeypatch.setattr(module, "set_seed", counted(module.set_seed))
     checks = (other.has_compiled_regions, modeling.is_peft_available, accelerate.Accelerator.verify_device_map,
-              transformers.trainer.get_model_param_count)
+              transformers.trainer.get_model_param_count, transformers.trainer.set_seed, grpo_trainer.set_seed)
     config = trial_config(tiny_model)
     plan = ChunkPlan.build(4, 2, seed=0)
     runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), ModelPool("cpu"), tmp_path)
     runner.train_chunk()
+    assert seeds and all(args[0] == config.grpo.seed for args in seeds)  # the first chunk seeds as TRL does
+    seeded = len(seeds)
     runner.train_chunk()
+    assert len(seeds) == seeded  # a later chunk restores the trial's own RNG instead
     assert runner.global_step == 4
     assert len(pings) == 1  # one training run for TRL's usage counts, not one per chunk
     # Answered from the pool's record during a chunk, then put back.
     assert (other.has_compiled_regions, modeling.is_peft_available, accelerate.Accelerator.verify_device_map,
-            transformers.trainer.get_model_param_count) == checks
+            transformers.trainer.get_model_param_count, transformers.trainer.set_seed, grpo_trainer.set_seed) == checks
+
+
+def test_the_trials_of_a_study_share_each_chunk_selection_of_their_dataset():
+    from rfopt.runner import _rows_of
+    from rfopt_testkit import prompts_dataset
+
+    train, other = prompts_dataset(6), prompts_dataset(6, prefix="R")
+    chunk = _rows_of(train, [4, 1, 3])
+    assert _rows_of(train, [4, 1, 3]) is chunk  # selected once, whichever trial asks
+    assert chunk["prompt"] == [train[4]["prompt"], train[1]["prompt"], train[3]["prompt"]]
+    assert _rows_of(other, [4, 1, 3])["prompt"][0].startswith("R4")  # per dataset, not per rows
+    assert _rows_of(train, [4, 1])["prompt"] == chunk["prompt"][:2]
+    held = weakref.ref(chunk)
+    del train, chunk
+    gc.collect()
+    assert held() is None  # the selections go with their dataset
 
 
 def test_a_finished_full_fine_tuning_trial_frees_its_model_copy(tiny_model, tmp_path):
