@@ -25,6 +25,7 @@ the chunk so that trials sharing the model never see each other's settings.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import time
@@ -221,15 +222,13 @@ def _draw_like_a_new_epoch() -> None:
     torch.empty((), dtype=torch.int64).random_()
 
 
-_PEFT_INSTALLED: list[bool] = []
-
-
-def _peft_installed(check: Any) -> bool:
+@functools.cache
+def _peft_installed() -> bool:
     """accelerate's ``is_peft_available()`` (it reads peft's package metadata from disk on every call), asked once per
     process: packages are not installed or removed under a running study."""
-    if not _PEFT_INSTALLED:
-        _PEFT_INSTALLED.append(bool(check()))
-    return _PEFT_INSTALLED[0]
+    from accelerate.utils import modeling
+
+    return bool(modeling.is_peft_available())
 
 
 @contextmanager
@@ -257,7 +256,7 @@ def _answer_model_checks_once(answers: dict[Any, Any], enabled: bool = True):
         accelerate.Accelerator.verify_device_map,
         transformers.trainer.get_model_param_count,
     )
-    peft_available = _peft_installed(originals[1])
+    peft_available = _peft_installed()
 
     def remembered(key: tuple[Any, ...], of: Any, compute: Any) -> Any:
         # Held weakly: `answers` lives as long as the model it is about, and an id can be reused by another object.
