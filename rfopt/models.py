@@ -228,6 +228,11 @@ class ModelPool:
         from peft.utils.other import AuxiliaryTrainingWrapper
 
         model = resident.peft_model
+        if resident.shown == name:
+            # Already the adapter in view and switched on (a chunk's evaluation and checkpoint ask again after its
+            # training): only the pool switches adapters, and every PEFT call that toggles them (disable_adapter)
+            # restores the active one.
+            return
         tuner = model.base_model
         layer_cls = getattr(tuner, "tuner_layer_cls", None)
         cls._show_all(resident)

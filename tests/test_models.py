@@ -204,11 +204,28 @@ def test_the_trial_in_training_sees_the_shared_model_as_if_its_adapter_were_the_
         model = pool.acquire(number, configs[number])
         set_peft_model_state_dict(model, alone[number][1], adapter_name=adapter_name(number))
     model.eval()
-    check([0, 1, 2, 1, 0, 2])
+    check([0, 0, 1, 2, 2, 1, 0, 2])  # activating the trial in view again is a no-op that keeps it right
     pool.release(1, configs[1])
     pool.acquire(3, configs[3])  # added while trial 3's neighbours were hidden from view
     set_peft_model_state_dict(pool.activate(3, configs[3]), alone[3][1], adapter_name=adapter_name(3))
     check([0, 3, 2, 0])
+
+
+def test_the_adapter_left_after_a_release_follows_the_model_train_eval_mode(tiny_model):
+    """A hidden adapter misses train()/eval(); once it is the only one left it is never hidden again, so the release
+    that leaves it alone must bring its modules into the model's mode."""
+    from rfopt_testkit import lora_config
+
+    configs = {0: trial_config(tiny_model, peft=lora_config(lora_dropout=0.1)), 1: trial_config(tiny_model)}
+    pool = ModelPool("cpu")
+    for number, config in configs.items():
+        model = pool.acquire(number, config)
+    model.train()
+    model.eval()  # trial 1 in view: trial 0's dropout modules stay in training mode
+    pool.release(1, configs[1])
+    model = pool.activate(0, configs[0])
+    assert not model.training
+    assert [name for name, m in model.named_modules() if m.training] == []
 
 
 def test_a_released_adapter_is_freed_although_adapters_are_frozen_out_of_the_gc(tiny_model):
