@@ -8,7 +8,7 @@ and the same swap can be measured again. Each swap is split into its parts by ti
 it calls (wrappers add about a microsecond each):
 
     activate adapter        ModelPool.activate (TrialRunner.model): the trial's adapter made the active, trainable one
-    chunk_args              TrialRunner._chunk_args: a GRPOConfig copy (dataclasses.replace reruns __post_init__)
+    chunk_args              TrialRunner.chunk_args: a GRPOConfig copy (dataclasses.replace reruns __post_init__)
     chunk_dataset           TrialRunner.chunk_dataset: Dataset.select of the chunk's rows
     construct               GRPOTrainer.__init__ (Trainer + Accelerator + fused LM head patch)
       construct: gc          gc.collect() calls made inside the constructor
@@ -87,7 +87,10 @@ def instrument(timeline: Timeline) -> Iterator[None]:
     import rfopt.runner as runner_module
     from rfopt.models import ModelPool
 
-    chunk_trainer = runner_module.chunk_trainer_class()
+    from rfopt import compat
+    from rfopt.state import RngState
+
+    chunk_trainer = compat.chunk_trainer_class()
     patched: list[tuple[Any, str, Any]] = []
 
     def wrap(owner: Any, name: str, part: str) -> None:
@@ -110,14 +113,14 @@ def instrument(timeline: Timeline) -> Iterator[None]:
         setattr(owner, name, wrapper)
 
     wrap(ModelPool, "activate", "activate adapter")
-    wrap(runner_module.TrialRunner, "_chunk_args", "chunk_args")
+    wrap(runner_module.TrialRunner, "chunk_args", "chunk_args")
     wrap(runner_module.TrialRunner, "chunk_dataset", "chunk_dataset")
     wrap(GRPOTrainer, "__init__", "construct")
     wrap(accelerate.Accelerator, "free_memory", "free_memory (gc)")
     wrap(GRPOTrainer, "get_train_dataloader", "dataloader")
     wrap(chunk_trainer, "_init_training_state", "init_state")
     wrap(GRPOTrainer, "_prepare_for_training", "prepare")
-    wrap(runner_module.RngState, "restore", "rng_restore")
+    wrap(RngState, "restore", "rng_restore")
     wrap(GRPOTrainer, "_finalize_training", "tail: finalize_training")
 
     original_collect = gc.collect

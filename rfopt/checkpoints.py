@@ -2,6 +2,7 @@
 
 Layout under the store's root (a local directory, or an fsspec URL such as ``s3://bucket/prefix``)::
 
+    rfopt-study.json           which study these checkpoints belong to (its identity, name and storage)
     trial-00003/
         LATEST                 the name of the newest complete checkpoint (replaced atomically)
         unit-0002/             one checkpoint: the state after the trial's third chunk unit
@@ -21,6 +22,11 @@ previous checkpoint intact and named; a failed write (a full disk, a refused upl
 the latest. Retention: a trial keeps its latest checkpoint (a pruned or stopped trial can still be
 cloned warm from it) and, once finished, its adapter.
 
+A store belongs to exactly one study: ``rfopt-study.json`` names the study's identity (``rfopt:id``, given to
+the study when it first runs), and `CheckpointStore.claim` refuses a store that names another study, or one
+that holds trials' checkpoints and names none. So a stale directory (of a study whose database was
+deleted) or a foreign one (a same-named study in another database) is never taken for this study's.
+
 A unit's report rides along in its checkpoint, so that a crash after the checkpoint is durable and
 before the report reaches storage is committed with exactly the value and metrics it would have had.
 
@@ -37,31 +43,22 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .crashpoints import reach
-from .runner import RngState, TrialState
+from .state import RngState, TrialState, UnitReport
 
 Location = Path | str
 """Where something in a store is: a `Path` in a local store, a URL string (``s3://bucket/prefix/...``) in an object store."""
 
 _LOCAL_PROTOCOLS = ("file", "local")
+OWNER_FILE = "rfopt-study.json"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable, corrupt or could not be written; names the trial and the file."""
-
-
-@dataclass
-class UnitReport:
-    """What a unit commits to storage: its value (``trial.report(value, step=unit)``), metrics and samples."""
-
-    unit: int
-    value: float
-    metrics: dict[str, Any]
-    samples: list[Any]
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -112,6 +109,46 @@ class CheckpointStore:
         self._files = _files_at(root)
         self._files.create()
         self.root = self._files.location("")
+
+    # ------------------------------------------------------------------ which study the store belongs to
+    def owner(self) -> dict[str, Any] | None:
+        """The study this store belongs to (``{"id", "study", "storage"}``), or None if it names none."""
+        try:
+            return json.loads(self._files.read(OWNER_FILE))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - unreadable: say where, do not guess whose it is
+            raise CheckpointError(f"checkpoint store {self.root}: {OWNER_FILE} is unreadable: {exc}") from exc
+
+    def claim(self, uid: str, study_name: str, storage: str, *, recorded: bool) -> None:
+        """Make this store study `uid`'s, or raise `CheckpointError` saying whose it is and what to do.
+
+        A store that names this study is fine; one that names another study is refused. A store that names no
+        study is claimed (its marker written) if it holds no trial's checkpoints, or if the study already records
+        this location (`recorded`: a study from an rfopt that wrote no marker).
+        """
+        owner = self.owner()
+        this = f"study {study_name!r} (id {uid}) of {storage}"
+        if owner is not None:
+            if owner.get("id") == uid:
+                return
+            raise CheckpointError(
+                f"checkpoint store {self.root} belongs to study {owner.get('study')!r} (id {owner.get('id')}) of "
+                f"{owner.get('storage')}, not to {this}. If that study is gone (its database deleted), delete "
+                f"{self.root}; otherwise give this study a checkpoint location of its own (checkpoint_dir=..., "
+                "--checkpoint-dir)"
+            )
+        if not recorded and any(name.startswith("trial-") for name in self._files.names("")):
+            raise CheckpointError(
+                f"checkpoint store {self.root} holds trials' checkpoints but names no study, so they may be another "
+                f"study's; {this} will not write there. Delete {self.root} if they are stale, or give this study "
+                "another checkpoint location"
+            )
+        data = json.dumps({"id": uid, "study": study_name, "storage": storage}).encode()
+        try:
+            self._files.write_pointer(OWNER_FILE, data)
+        except Exception as exc:  # noqa: BLE001 - the store cannot take writes: the same error as check_writable
+            raise CheckpointError(f"checkpoint store {self.root}: cannot write there: {exc}") from exc
 
     def trial_dir(self, trial_number: int) -> Location:
         return self._files.location(_trial_key(trial_number))

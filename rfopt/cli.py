@@ -76,9 +76,13 @@ def _parser() -> argparse.ArgumentParser:
                      "less the trials the study already has)")
     run.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
     run.add_argument("--max-concurrent", type=int, help="trials time-sliced at once (default: the study file's)")
-    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every trial trains, whatever the "
+                     "study file's use_cpu/bf16 say (default: %(default)s)")
+    run.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                     help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
     run.add_argument("--checkpoint-dir", help="where checkpoints and adapters go: a directory or an fsspec URL such "
-                     "as s3://bucket/prefix (default: rfopt-checkpoints/ beside the SQLite file)")
+                     "as s3://bucket/prefix (default: rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a "
+                     "PostgreSQL study needs one)")
     run.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(handler=_cmd_run)
@@ -107,13 +111,15 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--study", dest="study_name", help="study name (default: the study file's name)")
     worker.add_argument("--devices", default="cpu", help="auto (every CUDA device, else the CPU), cpu, cuda:N, or a "
                         "comma-separated list: one worker process each (default: %(default)s)")
+    worker.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
     worker.add_argument("--n-trials", type=int, help="the study's total trials (default: the study file's)")
     worker.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
     worker.add_argument("--max-concurrent", type=int, help="trials time-sliced at once across all workers (default: "
                         "the study file's)")
     worker.add_argument("--checkpoint-dir", help="checkpoint store every worker can reach: a shared directory or an "
                         "fsspec URL such as s3://bucket/prefix (default: the one the study recorded, else "
-                        "rfopt-checkpoints/ beside the SQLite file)")
+                        "rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a PostgreSQL study needs one)")
     worker.add_argument("--lease-seconds", type=float, default=30.0, help="how long a unit's lease lasts without a "
                         "renewal: a dead worker's unit is taken over after this (default: %(default)s)")
     worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
@@ -224,10 +230,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # A study file's n_trials is the study's total: a rerun only tops it up.
         from optuna.trial import TrialState
 
-        from rfopt.ops import CLONE_ATTR
+        from rfopt.schema import TrialRecord
 
         started = sum(
-            t.state != TrialState.WAITING and CLONE_ATTR not in t.user_attrs
+            t.state != TrialState.WAITING and TrialRecord(t).lineage is None
             for t in study.optuna.get_trials(deepcopy=False)
         )
         n_trials = max(0, spec.n_trials - started)
@@ -241,6 +247,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         objective=spec.objective,
         eval_settings=spec.eval_settings,
         device=args.device,
+        precision=args.precision,
         show_progress_bar=not args.no_progress,
     )
     _print_summary(study, args.storage)
@@ -253,7 +260,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         import subprocess
 
         base = ["-v"] * args.verbose + ["worker", args.study_file, "--storage", args.storage,
-                                        "--lease-seconds", str(args.lease_seconds)] + ["--fast"] * args.fast
+                                        "--lease-seconds", str(args.lease_seconds),
+                                        "--precision", args.precision] + ["--fast"] * args.fast
         for flag, value in (("--study", args.study_name), ("--n-trials", args.n_trials),
                             ("--num-chunks", args.num_chunks), ("--max-concurrent", args.max_concurrent),
                             ("--checkpoint-dir", args.checkpoint_dir)):
@@ -275,6 +283,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         objective=spec.objective,
         eval_settings=spec.eval_settings,
         device=devices[0],
+        precision=args.precision,
         lease_seconds=args.lease_seconds,
     )
     print(study.leaderboard_text())
@@ -331,9 +340,9 @@ def _cmd_op(args: argparse.Namespace) -> int:
 
 def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.config import parse_override
+    from rfopt.config import parse_assignments
 
-    overrides = dict(parse_override(item) for item in args.set)
+    overrides = parse_assignments(args.set)
     study = rfopt.load_study(args.study_name, args.storage)
     number = study.clone(args.trial, overrides, warm_start=args.warm_start)
     start = " from its parent's latest checkpoint" if args.warm_start else ""
@@ -350,7 +359,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _print_summary(study: Any, storage: str) -> None:
-    from rfopt.study import SAMPLES_ATTR
+    from rfopt.schema import TrialRecord, study_record
 
     print()
     print(study.leaderboard_text())
@@ -361,12 +370,12 @@ def _print_summary(study: Any, storage: str) -> None:
         print(f"no best adapter: {exc}")
     else:
         best = study.optuna.best_trial
-        print(f"best trial: {best.number}, {study.optuna.user_attrs.get('rfopt:objective', 'reward')} = {best.value:.4f}")
+        print(f"best trial: {best.number}, {study_record(study.optuna).objective} = {best.value:.4f}")
         print(f"best adapter (PEFT format): {adapter}")
-        samples_keys = sorted(k for k in best.user_attrs if k.startswith(SAMPLES_ATTR + ":"))
-        if samples_keys:
+        samples = TrialRecord(best).samples()
+        if samples:
             print("sample completions of the best adapter on the eval set:")
-            for sample in best.user_attrs[samples_keys[-1]][:3]:
+            for sample in samples[max(samples)][:3]:
                 prompt = textwrap.shorten(str(sample.get("prompt", "")), 100)
                 print(f"  prompt:     {prompt}")
                 print(textwrap.indent(str(sample.get("completion", "")).strip() or "(empty)", "  completion: "))

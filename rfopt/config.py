@@ -28,6 +28,8 @@ import importlib.util
 import json
 import math
 import sys
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +58,9 @@ PLUMBING_FIELDS = frozenset(
         "resume_from_checkpoint",
     }
 )
+# Where and in what precision a chunk trains: decided by the device the study runs on (models.Placement), whatever
+# the config says; not stored, so a config means the same on a CPU and on a GPU.
+PLACEMENT_FIELDS = frozenset({"use_cpu", "bf16", "fp16"})
 # Derived from other fields in GRPOConfig.__post_init__; storing both would make TRL refuse the config.
 _DERIVED_FIELDS = frozenset({"generation_batch_size"})
 # Bare override names that mean a PEFT field (the others go to the GRPOConfig or the TrialConfig).
@@ -94,15 +99,18 @@ class TrialConfig:
             self.reward_weights = [float(w) for w in self.reward_weights]
 
     # ------------------------------------------------------------------ validation
-    def validate(self) -> None:
-        """Raise `ConfigError` naming the field and the fix for anything rfopt or TRL would refuse."""
+    def validate(self, check_code: bool = True) -> None:
+        """Raise `ConfigError` naming the field and the fix for anything rfopt or TRL would refuse.
+
+        `check_code=False` for a config whose reward functions and model factory were left as import paths
+        (`from_dict(..., resolve_code=False)`)."""
         from trl import GRPOConfig
 
         problems = []
         if isinstance(self.model, str):
             if not self.model.strip():
                 problems.append("model: empty; give a Hub id, a local directory or 'smollm2'")
-        elif not callable(self.model):
+        elif check_code and not callable(self.model):
             problems.append(f"model: expected a string or a function returning (model, tokenizer), got {type(self.model).__name__}")
         if not isinstance(self.grpo, GRPOConfig):
             problems.append(f"grpo: expected a trl.GRPOConfig, got {type(self.grpo).__name__}")
@@ -112,11 +120,9 @@ class TrialConfig:
                     "grpo.use_vllm: generation with vLLM is not supported yet; rfopt generates with transformers. "
                     "Set use_vllm=False"
                 )
-            if self.grpo.bf16 and not _cuda_available():
-                problems.append("grpo.bf16: bf16 needs a GPU here; set bf16=False (or use_cpu=True) to train on the CPU")
         if not self.rewards:
             problems.append("rewards: empty; give at least one reward function")
-        for i, func in enumerate(self.rewards):
+        for i, func in enumerate(self.rewards if check_code else []):
             if not callable(func):
                 problems.append(f"rewards[{i}]: {func!r} is not callable")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
@@ -174,12 +180,30 @@ class TrialConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    @staticmethod
+    def config_dict(text: str) -> dict[str, Any]:
+        """A stored config (``rfopt:config``) as its dict, without importing anything it names."""
+        return json.loads(text)
+
+    @staticmethod
+    def json_of(data: Mapping[str, Any]) -> str:
+        """A config dict (`to_dict`, `config_dict`) as the JSON a trial stores."""
+        return json.dumps(data, sort_keys=True)
+
+    @staticmethod
+    def base_model_of(data: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of a config dict that decide its base model (what `model_key` identifies)."""
+        return {k: data.get(k) for k in ("model", "model_kwargs", "tokenizer_kwargs", "quantization")}
+
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:
+    def from_dict(cls, data: Mapping[str, Any], resolve_code: bool = True) -> TrialConfig:
+        """The config a dict describes. With `resolve_code=False` its reward functions and model factory stay import
+        paths (nothing of the study's own code is imported): such a config can be checked
+        (`validate(check_code=False)`, `check_training_values`, `check_model`), not trained."""
         from trl import GRPOConfig
 
         model = data["model"]
-        if isinstance(model, Mapping):
+        if isinstance(model, Mapping) and resolve_code:
             model = resolve_import(model["factory"])
         quantization = None
         if data.get("quantization") is not None:
@@ -187,16 +211,20 @@ class TrialConfig:
 
             quantization = BitsAndBytesConfig.from_dict(dict(data["quantization"]))
         peft = None if data.get("peft") is None else _peft_from_dict(data["peft"])
-        return cls(
+        config = cls(
             model=model,
-            grpo=GRPOConfig(**data["grpo"]),
-            rewards=[reward_from_json(r) for r in data["rewards"]],
+            # Placement is the device's (PLACEMENT_FIELDS); bf16 on a machine without a GPU would make TRL refuse it.
+            grpo=GRPOConfig(**{**data["grpo"], "bf16": False, "fp16": False}),
+            rewards=[reward_from_json(r) for r in data["rewards"]] if resolve_code else [],
             peft=peft,
             reward_weights=data.get("reward_weights"),
             model_kwargs=dict(data.get("model_kwargs") or {}),
             tokenizer_kwargs=dict(data.get("tokenizer_kwargs") or {}),
             quantization=quantization,
         )
+        if not resolve_code:
+            config.rewards = list(data["rewards"])
+        return config
 
     @classmethod
     def from_json(cls, text: str) -> TrialConfig:
@@ -207,42 +235,11 @@ class TrialConfig:
         """A copy with fields changed by name, validated; raises `ConfigError` and changes nothing on bad input.
 
         Names are GRPOConfig fields (``learning_rate``), PEFT fields (``peft.r``, or the aliases ``lora_r``,
-        ``lora_alpha``, ``lora_dropout``) or TrialConfig fields (``model``, ``reward_weights``);
-        ``grpo.<field>`` and ``peft.<field>`` are accepted too.
+        ``lora_alpha``, ``lora_dropout``) or TrialConfig fields (``model``, ``reward_weights``, ``rewards``);
+        ``grpo.<field>`` and ``peft.<field>`` are accepted too. A string given for a field of another type is
+        read as that type (``"2e-6"`` for ``learning_rate``), as on the command line.
         """
-        from trl import GRPOConfig
-
-        data = self.to_dict()
-        grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig) if f.init}
-        own_fields = {"model", "model_kwargs", "tokenizer_kwargs", "reward_weights", "rewards"}
-        for name, value in overrides.items():
-            target = _OVERRIDE_ALIASES.get(name, name)
-            if target.startswith("peft."):
-                key = target[len("peft.") :]
-                if data["peft"] is None:
-                    raise ConfigError(f"{name}: this trial has no PEFT adapter (full fine-tuning); cannot set {key}")
-                lora_fields = {f.name for f in dataclasses.fields(type(self.peft)) if f.init}
-                if key not in lora_fields:
-                    raise ConfigError(f"{name}: {type(self.peft).__name__} has no field {key!r}")
-                data["peft"][key] = _coerce(name, value, getattr(self.peft, key))
-            elif target.startswith("grpo.") or target in grpo_fields:
-                key = target.removeprefix("grpo.")
-                if key not in grpo_fields:
-                    raise ConfigError(f"{name}: GRPOConfig has no field {key!r}")
-                if key in PLUMBING_FIELDS:
-                    raise ConfigError(f"{name}: rfopt sets {key} itself; it cannot be overridden")
-                data["grpo"][key] = _jsonable(_coerce(name, value, getattr(self.grpo, key)))
-                if key in ("per_device_train_batch_size", "gradient_accumulation_steps") and "steps_per_generation" in data["grpo"]:
-                    # Let TRL derive the generation batch again from the new batch shape.
-                    if self.grpo.steps_per_generation == self.grpo.gradient_accumulation_steps:
-                        data["grpo"].pop("steps_per_generation")
-            elif target in own_fields:
-                data[target] = _jsonable(value)
-            else:
-                raise ConfigError(
-                    f"{name}: unknown field; use a GRPOConfig field (e.g. learning_rate), a PEFT field "
-                    f"(peft.r, lora_alpha, lora_dropout) or one of {sorted(own_fields)}"
-                )
+        data, _ = override_dict(self.to_dict(), overrides)
         try:
             config = TrialConfig.from_dict(data)
         except ConfigError:
@@ -253,19 +250,221 @@ class TrialConfig:
         return config
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"learning_rate=2e-6"`` -> ``("learning_rate", 2e-6)``: the value read as JSON, else as text.
+_OWN_FIELDS = ("model", "model_kwargs", "tokenizer_kwargs", "reward_weights", "rewards")
 
-    How the command line and the dashboard read ``FIELD=VALUE`` overrides for `TrialConfig.with_overrides`.
-    """
-    name, sep, text = item.partition("=")
-    if not sep or not name.strip():
-        raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. learning_rate=2e-6")
+
+def override_dict(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`data` (a `TrialConfig.to_dict()`) with fields changed by name, and the overrides as the typed values they
+    became; `ConfigError` naming the field if a name or a value's type is wrong. Needs nothing imported that the
+    config names: the dashboard clones trials of studies whose code it cannot import."""
+    from trl import GRPOConfig
+
+    data = json.loads(json.dumps(data))  # a deep copy
+    typed: dict[str, Any] = {}
+    grpo_fields = {f.name for f in dataclasses.fields(GRPOConfig) if f.init}
+    for name, value in overrides.items():
+        target = _OVERRIDE_ALIASES.get(name, name)
+        if target.startswith("peft."):
+            key = target[len("peft."):]
+            if data["peft"] is None:
+                raise ConfigError(f"{name}: this trial has no PEFT adapter (full fine-tuning); cannot set {key}")
+            peft_class = _peft_class(data["peft"])
+            if key not in {f.name for f in dataclasses.fields(peft_class) if f.init}:
+                raise ConfigError(f"{name}: {peft_class.__name__} has no field {key!r}")
+            data["peft"][key] = typed[name] = _jsonable(typed_value(peft_class, key, value, name))
+        elif target.startswith("grpo.") or target in grpo_fields:
+            key = target.removeprefix("grpo.")
+            if key not in grpo_fields:
+                raise ConfigError(f"{name}: GRPOConfig has no field {key!r}")
+            if key in PLUMBING_FIELDS:
+                raise ConfigError(f"{name}: rfopt sets {key} itself; it cannot be overridden")
+            if key in PLACEMENT_FIELDS:
+                raise ConfigError(f"{name}: the device a study runs on decides use_cpu, bf16 and fp16 "
+                                  "(optimize(device=..., precision=...), rfopt run --device ... --precision ...)")
+            data["grpo"][key] = typed[name] = _jsonable(typed_value(GRPOConfig, key, value, name))
+            if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+                # Let TRL derive the generation batch again from the new batch shape.
+                data["grpo"].pop("steps_per_generation", None)
+        elif target in _OWN_FIELDS:
+            data[target] = typed[name] = _jsonable(_own_value(target, value))
+        else:
+            raise ConfigError(
+                f"{name}: unknown field; use a GRPOConfig field (e.g. learning_rate), a PEFT field "
+                f"(peft.r, lora_alpha, lora_dropout) or one of {sorted(_OWN_FIELDS)}"
+            )
+    return data, typed
+
+
+def parse_assignments(items: Sequence[str]) -> dict[str, str]:
+    """``["learning_rate=2e-6", "lora_r=8"]`` -> ``{"learning_rate": "2e-6", "lora_r": "8"}``: the command line's and
+    the dashboard's ``FIELD=VALUE`` overrides. The texts are read as their fields' types by `override_dict`."""
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. learning_rate=2e-6")
+        out[name.strip()] = text.strip()
+    return out
+
+
+def typed_value(config_class: type, field_name: str, value: Any, name: str | None = None) -> Any:
+    """`value` for `config_class`'s field, by the field's declared type: a string is parsed as that type (with
+    ``transformers.HfArgumentParser``, as a command line of the config would be), anything else must be of it."""
+    name = name or field_name
+    hint = typing.get_type_hints(config_class)[field_name]
+    if isinstance(value, str) and (not _accepts(hint, value) or _has_typed_member(hint)):
+        return _parse_text(config_class, field_name, hint, value, name)
+    if not _accepts(hint, value):
+        raise ConfigError(f"{name}: expected {_type_name(hint)}, got {value!r}")
+    if float in _members(hint) and int not in _members(hint) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _parse_text(config_class: type, field_name: str, hint: Any, text: str, name: str) -> Any:
+    import argparse
+
+    from transformers import HfArgumentParser
+
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    one = dataclasses.make_dataclass(
+        "Override", [(field_name, hint, dataclasses.field(default=None, metadata=fields[field_name].metadata))]
+    )
+    parser = HfArgumentParser(one, exit_on_error=False)
+    items = json.loads(text) if text.startswith("[") and _is_json(text) else [text]
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = {"True": True, "False": False, "None": None}.get(text, text)
-    return name.strip(), value
+        (parsed,) = parser.parse_args_into_dataclasses(args=[f"--{field_name}", *map(str, items)])
+    except (argparse.ArgumentError, ValueError, TypeError, SystemExit):
+        raise ConfigError(f"{name}: expected {_type_name(hint)}, got {text!r}") from None
+    return getattr(parsed, field_name)
+
+
+def _own_value(field_name: str, value: Any) -> Any:
+    if isinstance(value, str) and field_name != "model" and _is_json(value):
+        value = json.loads(value)
+    if field_name in ("model_kwargs", "tokenizer_kwargs") and not isinstance(value, Mapping):
+        raise ConfigError(f"{field_name}: expected a mapping of keyword arguments, got {value!r}")
+    if field_name == "reward_weights" and not (
+        isinstance(value, (list, tuple)) and all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in value)
+    ):
+        raise ConfigError(f"reward_weights: expected a list of numbers, got {value!r}")
+    if field_name == "rewards":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(r, (str, Mapping)) for r in value):
+            raise ConfigError(f"rewards: expected import paths ('module:function'), got {value!r}")
+    return value
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return tuple(m for a in typing.get_args(hint) for m in _members(a))
+    return (hint,)
+
+
+def _has_typed_member(hint: Any) -> bool:
+    """Whether a union that accepts strings also has a member a text may mean (``true`` for ``bool | str``)."""
+    return any(m in (bool, int, float) or typing.get_origin(m) in (list, dict) for m in _members(hint))
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    if hint is Any:
+        return True
+    members = _members(hint)
+    if len(members) > 1:
+        return any(_accepts(m, value) for m in members)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple)) and (not args or all(_accepts(args[0], v) for v in value))
+    if origin is dict or hint is dict:
+        return isinstance(value, Mapping)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return isinstance(value, hint) or value in {m.value for m in hint}
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _type_name(hint: Any) -> str:
+    names = []
+    for m in _members(hint):
+        if m is type(None):
+            names.append("None")
+        elif typing.get_origin(m) is typing.Literal:
+            names.append(" or ".join(repr(a) for a in typing.get_args(m)))
+        elif m in (int, float):
+            names.append("a number" if m is float else "an integer")
+        elif m is bool:
+            names.append("true/false")
+        else:
+            names.append(getattr(m, "__name__", str(m)))
+    return " or ".join(dict.fromkeys(names))
+
+
+def check_training_values(grpo: Any) -> None:
+    """What a `GRPOConfig` accepts but training refuses when it starts: build, on one dummy parameter, the optimizer
+    and LR scheduler a trainer with `grpo` builds, and the sampling warpers its generation uses; `ConfigError` with
+    their own message if one refuses a value (``learning_rate=-1``, ``lr_scheduler_type``, ``temperature=0``)."""
+    import torch
+    from transformers import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, Trainer,
+                              get_scheduler)
+
+    try:
+        optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(grpo)
+        optimizer = optimizer_class([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+        get_scheduler(grpo.lr_scheduler_type, optimizer, num_warmup_steps=grpo.get_warmup_steps(10),
+                      num_training_steps=10, scheduler_specific_kwargs=grpo.lr_scheduler_kwargs or {})
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"grpo: the trainer's optimizer or LR scheduler refuses these settings: {exc}") from exc
+    try:
+        TemperatureLogitsWarper(grpo.temperature)
+        TopPLogitsWarper(grpo.top_p)
+        if grpo.top_k:
+            TopKLogitsWarper(grpo.top_k)
+        if grpo.min_p is not None:
+            MinPLogitsWarper(grpo.min_p)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"grpo: generation refuses these sampling settings: {exc}") from exc
+
+
+def check_model(config: TrialConfig) -> None:
+    """`ConfigError` unless the config's model can be found: the offline default is installed, a local directory
+    holds a model's config, a Hub id resolves (from the local cache when offline)."""
+    if not isinstance(config.model, str):
+        return  # a function: resolved by import path (or left as one, where the study's code is not importable)
+    if config.model == "smollm2":
+        from .smollm2 import ModelUnavailableError, check_smollm2
+
+        try:
+            check_smollm2()
+        except ModelUnavailableError as exc:
+            raise ConfigError(f"model: {exc}") from exc
+        return
+    from transformers import AutoConfig
+
+    options = {k: config.model_kwargs[k] for k in ("revision", "trust_remote_code", "token") if k in config.model_kwargs}
+    try:
+        AutoConfig.from_pretrained(config.model, **options)
+    except (OSError, ValueError) as exc:
+        where = "a local directory with config.json" if Path(config.model).is_absolute() else "a local directory or a Hub model"
+        raise ConfigError(f"model {config.model!r} cannot be found: it is not {where} ({exc})") from None
 
 
 # ---------------------------------------------------------------------- import paths
@@ -293,7 +492,7 @@ def resolve_import(path: str) -> Any:
         raise ConfigError(f"{path!r}: expected 'module:name' or '/path/file.py:name'")
     try:
         if module_name.endswith(".py"):
-            module = _load_file_module(Path(module_name))
+            module = load_file_module(Path(module_name))
         else:
             module = importlib.import_module(module_name)
         obj: Any = module
@@ -304,7 +503,7 @@ def resolve_import(path: str) -> Any:
     return obj
 
 
-def _load_file_module(path: Path):
+def load_file_module(path: Path):
     name = "rfopt_user_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
     if name in sys.modules:
         return sys.modules[name]
@@ -351,7 +550,7 @@ def grpo_to_dict(grpo: Any) -> dict[str, Any]:
 
     out = {}
     for f in dataclasses.fields(GRPOConfig):
-        if not f.init or f.name in PLUMBING_FIELDS or f.name in _DERIVED_FIELDS:
+        if not f.init or f.name in PLUMBING_FIELDS or f.name in PLACEMENT_FIELDS or f.name in _DERIVED_FIELDS:
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default
@@ -377,11 +576,15 @@ def _peft_to_dict(config: Any) -> dict[str, Any]:
     return data
 
 
-def _peft_from_dict(data: Mapping[str, Any]) -> Any:
+def _peft_class(data: Mapping[str, Any]) -> type:
     from peft import PEFT_TYPE_TO_CONFIG_MAPPING
 
-    data = dict(data)
-    config_cls = PEFT_TYPE_TO_CONFIG_MAPPING[data.pop("peft_type")]
+    return PEFT_TYPE_TO_CONFIG_MAPPING[data["peft_type"]]
+
+
+def _peft_from_dict(data: Mapping[str, Any]) -> Any:
+    config_cls = _peft_class(data)
+    data = {k: v for k, v in data.items() if k != "peft_type"}
     init_fields = {f.name for f in dataclasses.fields(config_cls) if f.init}
     return config_cls(**{k: v for k, v in data.items() if k in init_fields})
 
@@ -402,33 +605,6 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return _jsonable(value.to_dict())
     return str(value)
-
-
-def _coerce(name: str, value: Any, current: Any) -> Any:
-    """Check an override's type against the field's current value; ints become floats where floats live."""
-    if current is None or value is None:
-        return value
-    if isinstance(current, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name}: expected true/false, got {value!r}")
-        return value
-    if isinstance(current, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(current, int) and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(current, enum.Enum):
-        return value
-    if isinstance(current, (int, float)) and not isinstance(value, (int, float)):
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
-    if isinstance(current, str) and not isinstance(value, str):
-        raise ConfigError(f"{name}: expected a string, got {value!r}")
-    return value
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def configs_from(values: Sequence[TrialConfig] | TrialConfig) -> list[TrialConfig]:

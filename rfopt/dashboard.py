@@ -25,28 +25,29 @@ a generated one, printed at startup. Send ``Authorization: Bearer <token>``, or 
 ``/rfopt?token=<token>`` once in a browser, which keeps it in a cookie. No token: 401; a wrong
 one: 403.
 
-Artifacts: after each chunk the engine calls `publish_chunk`, which keeps two artifacts per trial
-up to date in ``<checkpoint dir>/artifacts``: ``rfopt-metrics.svg`` (the charts) and
+Clones are checked here before anything is written (`rfopt.ops.clone`). Where the study's own code
+(its reward functions) cannot be imported in this process, the clone is still checked in every other
+way and made, and the reply says so: the process running the study imports that code.
+
+Artifacts: a running study keeps two artifacts per trial up to date after each chunk
+(`rfopt.artifacts`), in ``<checkpoint dir>/artifacts``: ``rfopt-metrics.svg`` (the charts) and
 ``rfopt-samples.jsonl`` (every chunk's sample completions, a table in optuna-dashboard). The
-dashboard finds each study's artifacts there by itself.
+dashboard finds each study's artifacts there by itself (`rfopt.artifacts.StudyArtifacts`).
 """
 
 from __future__ import annotations
 
 import hmac
 import html
-import io
 import ipaddress
 import json
 import logging
-import math
 import os
 import secrets
 import socket
 import sys
-import tempfile
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -56,321 +57,17 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from wsgiref.simple_server import make_server as _wsgiref_server
 
 import optuna
-from optuna.trial import TrialState
 
 from . import ops
-from .checkpoints import is_url
-from .study import (
-    CHECKPOINT_DIR_ATTR,
-    FAIL_REASON_ATTR,
-    METRICS_ATTR,
-    OBJECTIVE_ATTR,
-    PLAN_ATTR,
-    SAMPLES_ATTR,
-    SCHEDULE_ATTR,
-    _finite,
-    _last_value,
-    _prune_reason,
-)
+from .artifacts import StudyArtifacts
+from .charts import chart_svg, charts
+from .compat import study_id_of
+from .schema import TrialRecord, UnitMetrics, json_safe, study_record
 
 logger = logging.getLogger("rfopt")
 
 TOKEN_ENV = "RFOPT_DASHBOARD_TOKEN"
-CHART_ARTIFACT = "rfopt-metrics.svg"
-SAMPLES_ARTIFACT = "rfopt-samples.jsonl"
-_OPTUNA_ARTIFACT_PREFIX = "artifacts:"  # optuna.artifacts keeps an artifact's metadata in this trial system attr
 _STATE_ORDER = {"RUNNING": 0, "WAITING": 1, "COMPLETE": 2, "PRUNED": 3, "FAIL": 4}
-_LEGEND_TOP = 162  # baseline of a chart's first legend row, below the x axis and its label
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-# ---------------------------------------------------------------------- per-chunk metrics
-@dataclass(frozen=True)
-class ChunkMetrics:
-    """What the engine stored for one chunk unit of a trial (``rfopt:metrics:<unit>``)."""
-
-    unit: int
-    chunk: int
-    train: dict[str, float]
-    eval: dict[str, float]
-
-
-@dataclass(frozen=True)
-class Chart:
-    """One small line chart: a value per chunk unit for each named series."""
-
-    title: str
-    series: dict[str, list[tuple[int, float]]]
-
-    @property
-    def num_points(self) -> int:
-        return sum(len(points) for points in self.series.values())
-
-
-def chunk_metrics(user_attrs: Mapping[str, Any]) -> list[ChunkMetrics]:
-    """A trial's per-chunk metrics in unit order; values that are not finite numbers are left out."""
-    prefix = METRICS_ATTR + ":"
-    chunks = []
-    for key in sorted(k for k in user_attrs if k.startswith(prefix)):
-        data = user_attrs[key]
-        if not isinstance(data, Mapping):
-            continue
-        unit = int(key[len(prefix):])
-        chunks.append(
-            ChunkMetrics(
-                unit=unit,
-                chunk=int(data.get("chunk", unit)),
-                train=_numbers(data.get("train")),
-                eval=_numbers(data.get("eval")),
-            )
-        )
-    return chunks
-
-
-def charts(chunks: list[ChunkMetrics]) -> list[Chart]:
-    """The charts shown for a trial: eval reward, train reward (total and per reward function), KL, entropy, length."""
-
-    def series(source: str, keys: Iterable[tuple[str, str]]) -> dict[str, list[tuple[int, float]]]:
-        out: dict[str, list[tuple[int, float]]] = {}
-        for label, key in keys:
-            points = [(c.unit, getattr(c, source)[key]) for c in chunks if key in getattr(c, source)]
-            if points:
-                out[label] = points
-        return out
-
-    def rewards(source: str) -> list[tuple[str, str]]:
-        names = sorted({k for c in chunks for k in getattr(c, source) if k.startswith("rewards/") and k.endswith("/mean")})
-        return [("total", "reward")] + [(k[len("rewards/"):-len("/mean")], k) for k in names]
-
-    length = series("train", [("train", "completions/mean_length")])
-    length |= series("eval", [("eval", "completions/mean_length")])
-    return [
-        Chart("eval reward", series("eval", rewards("eval"))),
-        Chart("train reward", series("train", rewards("train"))),
-        Chart("KL", series("train", [("kl", "kl")])),
-        Chart("entropy", series("train", [("entropy", "entropy")])),
-        Chart("completion length", length),
-    ]
-
-
-def chart_svg(chart: Chart, width: int = 270, x: int | None = None, y: int | None = None) -> str:
-    """An SVG line chart with one line and one marker (hover: its value) per chunk unit and series."""
-    left, right, top, bottom = 46, 10, 22, 26
-    legend = _legend_rows(list(chart.series), width - left)
-    height = _chart_height(chart, width)
-    plot_w, plot_h = width - left - right, 150 - top - bottom
-    position = "" if x is None else f' x="{x}" y="{y}"'
-    parts = [
-        f'<svg class="rfopt-chart" data-title="{_e(chart.title)}" data-points="{chart.num_points}"{position} '
-        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" '
-        'font-family="sans-serif" font-size="10">',
-        f'<text x="{left}" y="13" font-size="12" font-weight="bold">{_e(chart.title)}</text>',
-        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
-    ]
-    points = [p for ps in chart.series.values() for p in ps]
-    if not points:
-        parts.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h / 2}" text-anchor="middle" fill="#999">not logged</text>')
-        parts.append("</svg>")
-        return "".join(parts)
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if y0 == y1:
-        pad = abs(y0) * 0.1 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
-
-    def px(u: float) -> float:
-        return left + (plot_w / 2 if x0 == x1 else (u - x0) / (x1 - x0) * plot_w)
-
-    def py(v: float) -> float:
-        return top + plot_h - (v - y0) / (y1 - y0) * plot_h
-
-    ticks = (y0, (y0 + y1) / 2, y1)
-    for v, label in zip(ticks, _tick_labels(ticks)):
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>')
-        parts.append(f'<text x="{left - 4}" y="{py(v) + 3:.1f}" text-anchor="end" fill="#555">{label}</text>')
-    for u in sorted({x0, x1}):
-        parts.append(f'<text x="{px(u):.1f}" y="{top + plot_h + 12}" text-anchor="middle" fill="#555">{u}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 23}" text-anchor="middle" fill="#888">step (chunk unit)</text>')
-    for i, (label, series) in reversed(list(enumerate(chart.series.items()))):  # the first (the total) on top
-        color = _COLORS[i % len(_COLORS)]
-        coords = " ".join(f"{px(u):.1f},{py(v):.1f}" for u, v in series)
-        parts.append(f'<polyline data-series="{_e(label)}" points="{coords}" fill="none" stroke="{color}" stroke-width="1.5"/>')
-        for u, v in series:
-            parts.append(
-                f'<circle cx="{px(u):.1f}" cy="{py(v):.1f}" r="2.5" fill="{color}">'
-                f"<title>{_e(label)}, step {u}: {v:.6g}</title></circle>"
-            )
-    for row, labels in enumerate(legend):
-        lx = left
-        for label in labels:
-            color = _COLORS[list(chart.series).index(label) % len(_COLORS)]
-            ly = _LEGEND_TOP + 14 * row
-            parts.append(f'<rect x="{lx}" y="{ly - 8}" width="8" height="8" fill="{color}"/>')
-            parts.append(f'<text x="{lx + 11}" y="{ly}">{_e(label)}</text>')
-            lx += _label_width(label)
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def charts_svg(chunks: list[ChunkMetrics], title: str) -> str:
-    """All of a trial's charts in one standalone SVG document (the ``rfopt-metrics.svg`` artifact)."""
-    width, gap, columns = 270, 10, 2  # two columns: legible as optuna-dashboard's artifact thumbnail
-    shown = charts(chunks)
-    row_h = max(_chart_height(chart, width) for chart in shown) + gap
-    rendered = [
-        chart_svg(chart, width, x=(i % columns) * (width + gap), y=24 + (i // columns) * row_h)
-        for i, chart in enumerate(shown)
-    ]
-    total_w = columns * (width + gap) - gap
-    total_h = 24 + math.ceil(len(shown) / columns) * row_h
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
-        f'viewBox="0 0 {total_w} {total_h}" font-family="sans-serif">'
-        f'<rect width="100%" height="100%" fill="white"/>'
-        f'<text x="4" y="16" font-size="13" font-weight="bold">{_e(title)}</text>{"".join(rendered)}</svg>'
-    )
-
-
-# ---------------------------------------------------------------------- artifacts published by the engine
-def study_artifact_store(study: optuna.Study) -> Any:
-    """The artifact store of an rfopt study: ``artifacts/`` in its checkpoint store (a directory or a URL)."""
-    root = study.user_attrs.get(CHECKPOINT_DIR_ATTR)
-    if root is None:
-        raise LookupError(f"study {study.study_name!r} has no {CHECKPOINT_DIR_ATTR}; it is not an rfopt study")
-    if is_url(root):
-        return ObjectArtifactStore(f"{root}/artifacts")
-    path = Path(root) / "artifacts"
-    path.mkdir(parents=True, exist_ok=True)
-    return optuna.artifacts.FileSystemArtifactStore(path)
-
-
-class ObjectArtifactStore:
-    """Optuna's artifact store protocol over an fsspec URL: the artifacts of a study whose checkpoints are in an
-    object store (``s3://bucket/prefix/artifacts``), one object per artifact."""
-
-    def __init__(self, url: str) -> None:
-        import fsspec
-
-        self.url = url
-        self._fs, self._path = fsspec.core.url_to_fs(url)
-
-    def open_reader(self, artifact_id: str) -> Any:
-        from optuna.artifacts.exceptions import ArtifactNotFound
-
-        try:
-            return io.BytesIO(self._fs.cat_file(f"{self._path}/{artifact_id}"))
-        except FileNotFoundError as exc:
-            raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
-
-    def write(self, artifact_id: str, content_body: Any) -> None:
-        self._fs.pipe_file(f"{self._path}/{artifact_id}", content_body.read())
-
-    def remove(self, artifact_id: str) -> None:
-        from optuna.artifacts.exceptions import ArtifactNotFound
-
-        try:
-            self._fs.rm_file(f"{self._path}/{artifact_id}")
-        except FileNotFoundError as exc:
-            raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
-
-
-def publish_chunk(trial: optuna.Trial, artifact_store: Any = None) -> None:
-    """Bring the running trial's artifacts up to date with its committed chunks.
-
-    Call it after a chunk's metrics, samples and report are committed, while the trial is still
-    RUNNING (optuna adds an artifact to a trial only then). It keeps one ``rfopt-metrics.svg`` (the
-    trial's charts) and one ``rfopt-samples.jsonl`` (every chunk's sample completions, with their
-    ``step`` and ``chunk``) per trial, rewriting their contents in place, so a trial holds two
-    artifacts however many chunks it trains. `artifact_store` defaults to `study_artifact_store`.
-    Never raises: artifacts are for people to look at; a failure is logged and training goes on.
-
-        >>> publish_chunk(trial)        # doctest: +SKIP
-    """
-    try:
-        store = artifact_store if artifact_store is not None else study_artifact_store(trial.study)
-        storage = trial.study._storage
-        frozen = storage.get_trial(trial._trial_id)
-        files = {
-            CHART_ARTIFACT: charts_svg(chunk_metrics(frozen.user_attrs), f"trial {trial.number}").encode(),
-            SAMPLES_ARTIFACT: _samples_jsonl(frozen.user_attrs).encode(),
-        }
-        existing = {meta["filename"]: meta["artifact_id"] for meta in _artifact_metas(frozen.system_attrs)}
-        for filename, data in files.items():
-            if filename in existing:
-                store.write(existing[filename], io.BytesIO(data))
-                continue
-            with tempfile.TemporaryDirectory(prefix="rfopt-artifact-") as tmp:
-                path = Path(tmp) / filename
-                path.write_bytes(data)
-                optuna.artifacts.upload_artifact(
-                    artifact_store=store,
-                    file_path=str(path),
-                    study_or_trial=trial,
-                    mimetype="image/svg+xml" if filename.endswith(".svg") else "application/x-ndjson",
-                )
-    except Exception as exc:  # noqa: BLE001 - artifacts must never fail a trial
-        logger.warning("trial %d: could not publish its chunk artifacts: %s: %s", trial.number, type(exc).__name__, exc)
-
-
-def _samples_jsonl(user_attrs: Mapping[str, Any]) -> str:
-    prefix = SAMPLES_ATTR + ":"
-    metrics = {c.unit: c.chunk for c in chunk_metrics(user_attrs)}
-    lines = []
-    for key in sorted(k for k in user_attrs if k.startswith(prefix)):
-        unit = int(key[len(prefix):])
-        for sample in user_attrs[key] or []:
-            lines.append(json.dumps({"step": unit, "chunk": metrics.get(unit, unit), **sample}))
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-def _artifact_metas(system_attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    metas = []
-    for key, value in system_attrs.items():
-        if key.startswith(_OPTUNA_ARTIFACT_PREFIX):
-            meta = json.loads(value) if isinstance(value, str) else value
-            if meta:  # optuna-dashboard marks a deleted artifact with null
-                metas.append(meta)
-    return metas
-
-
-class StudyArtifacts:
-    """optuna-dashboard's artifact store: every rfopt study's ``<checkpoint dir>/artifacts`` (a directory or a URL).
-
-    Files uploaded through the dashboard go to `upload_dir` (created on the first upload).
-    """
-
-    def __init__(self, storage: optuna.storages.BaseStorage, upload_dir: str | os.PathLike) -> None:
-        self._storage = storage
-        self.upload_dir = Path(upload_dir)
-
-    def _stores(self) -> list[Any]:
-        roots = [s.user_attrs[CHECKPOINT_DIR_ATTR] for s in self._storage.get_all_studies()
-                 if CHECKPOINT_DIR_ATTR in s.user_attrs]
-        dirs = [self.upload_dir] + [Path(r) / "artifacts" for r in roots if not is_url(r)]
-        local = [optuna.artifacts.FileSystemArtifactStore(d) for d in dict.fromkeys(dirs) if d.is_dir()]
-        return local + [ObjectArtifactStore(f"{r}/artifacts") for r in dict.fromkeys(roots) if is_url(r)]
-
-    def _holder(self, artifact_id: str) -> Any:
-        from optuna.artifacts.exceptions import ArtifactNotFound
-
-        for store in self._stores():
-            try:
-                store.open_reader(artifact_id).close()
-            except ArtifactNotFound:
-                continue
-            return store
-        raise ArtifactNotFound(f"artifact {artifact_id} is in none of the studies' artifact directories")
-
-    def open_reader(self, artifact_id: str) -> Any:
-        return self._holder(artifact_id).open_reader(artifact_id)
-
-    def write(self, artifact_id: str, content_body: Any) -> None:
-        self.upload_dir.mkdir(parents=True, exist_ok=True)
-        optuna.artifacts.FileSystemArtifactStore(self.upload_dir).write(artifact_id, content_body)
-
-    def remove(self, artifact_id: str) -> None:
-        self._holder(artifact_id).remove(artifact_id)
 
 
 # ---------------------------------------------------------------------- trials as the page shows them
@@ -391,26 +88,25 @@ class TrialView:
     clone_of: dict[str, Any] | None
     reason: str | None
     can_clone: bool
-    chunks: list[ChunkMetrics] = field(default_factory=list)
+    chunks: list[UnitMetrics] = field(default_factory=list)
 
     @classmethod
     def of(cls, trial: optuna.trial.FrozenTrial) -> TrialView:
-        attrs = trial.user_attrs
-        schedule = attrs.get(SCHEDULE_ATTR) or {}
-        pending = ops.read_request(trial)
+        record = TrialRecord(trial)
+        pending = record.pending
         return cls(
             number=trial.number,
             state=trial.state.name,
-            paused=bool(attrs.get(ops.PAUSED_ATTR)),
-            pending=pending.op if pending is not None else None,
+            paused=record.paused,
+            pending=pending[-1].op if pending else None,
             steps_done=len(trial.intermediate_values),
-            num_steps=schedule["num_epochs"] * schedule["num_chunks"] if schedule else None,
-            value=trial.values[0] if trial.state == TrialState.COMPLETE and trial.values else _last_value(trial),
+            num_steps=record.num_units,
+            value=record.value,
             params=dict(trial.params),
-            clone_of=attrs.get(ops.CLONE_ATTR),
-            reason=attrs.get(FAIL_REASON_ATTR) or _prune_reason(trial),
-            can_clone="rfopt:config" in attrs,
-            chunks=chunk_metrics(attrs),
+            clone_of=None if record.lineage is None else record.lineage.to_attr(),
+            reason=record.end_reason,
+            can_clone=record.config_json is not None,
+            chunks=record.unit_metrics(),
         )
 
     @property
@@ -496,7 +192,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
     @app.get("/rfopt/studies/<study_id:int>")
     def study_page(study_id: int) -> Any:
         try:
-            study = next(s for s in storage.get_all_studies() if s._study_id == study_id)
+            study = next(s for s in storage.get_all_studies() if study_id_of(s) == study_id)
         except StopIteration:
             return _html(_page("no such study", f"<p>No study with id {study_id}. <a href='/rfopt'>All studies</a></p>"), 404)
         return _html(_render_study(study, trial_views(storage, study_id)))
@@ -508,7 +204,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
     @app.get("/rfopt/api/studies/<study_id:int>/trials")
     def trials_api(study_id: int) -> Any:
         study_or_404(study_id)
-        return {"trials": [_finite(v.to_json()) for v in trial_views(storage, study_id)]}
+        return {"trials": [json_safe(v.to_json()) for v in trial_views(storage, study_id)]}
 
     @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/<op:re:pause|resume|stop>")
     def control(study_id: int, number: int, op: str) -> Any:
@@ -522,9 +218,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
 
     @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/clone")
     def clone(study_id: int, number: int) -> Any:
-        from .checkpoints import CheckpointStore
-        from .chunks import ChunkPlan
-        from .config import parse_override
+        from .config import parse_assignments
 
         body = json_body()
         study = study_or_404(study_id)
@@ -541,23 +235,20 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
         if not isinstance(warm_start, bool):
             return fail(400, "warm_start must be true or false")
         try:
-            overrides = {**overrides, **dict(parse_override(a) for a in assignments if a.strip())}
-            plan, root = study.user_attrs.get(PLAN_ATTR), study.user_attrs.get(CHECKPOINT_DIR_ATTR)
-            if plan is None or root is None:
-                raise ops.OpError(f"study {study.study_name!r} has no chunk plan yet; run it before cloning trials")
-            child = ops.clone(
-                study, number, overrides, warm_start=warm_start, plan=ChunkPlan.from_dict(plan),
-                checkpoints=CheckpointStore(root), by=by(),
-            )
-        except ValueError as exc:  # OpError, ConfigError (e.g. a reward function this process cannot import), bad FIELD=VALUE
+            overrides = {**overrides, **parse_assignments([a for a in assignments if a.strip()])}
+            made = ops.clone_in_study(study, number, overrides, warm_start=warm_start, by=by())
+        except ValueError as exc:  # OpError, ConfigError, a bad FIELD=VALUE: nothing was written
             return fail(400, str(exc))
         start = " from its parent's latest checkpoint" if warm_start else ""
+        notes = "".join(f"; note: {note}" for note in made.notes)
         return {
-            "trial": child,
+            "trial": made.number,
             "parent": number,
             "overrides": overrides,
             "warm_start": warm_start,
-            "message": f"trial {child}: clone of trial {number} with {overrides or 'no changes'} enqueued{start}",
+            "notes": list(made.notes),
+            "message": f"trial {made.number}: clone of trial {number} with {overrides or 'no changes'} "
+                       f"enqueued{start}{notes}",
         }
 
 
@@ -743,27 +434,27 @@ def _page(title: str, body: str, refresh: bool = False) -> str:
 
 def _render_index(studies: list[Any]) -> str:
     rows = []
-    for s in sorted(studies, key=lambda s: s._study_id):
-        kind = "rfopt" if PLAN_ATTR in s.user_attrs else "optuna"
+    for s in sorted(studies, key=study_id_of):
+        kind = "rfopt" if study_record(s).planned else "optuna"
         rows.append(
-            f"<tr><td><a href='/rfopt/studies/{s._study_id}'>{_e(s.study_name)}</a></td><td>{kind}</td>"
-            f"<td><a href='/dashboard/studies/{s._study_id}'>optuna-dashboard</a></td></tr>"
+            f"<tr><td><a href='/rfopt/studies/{study_id_of(s)}'>{_e(s.study_name)}</a></td><td>{kind}</td>"
+            f"<td><a href='/dashboard/studies/{study_id_of(s)}'>optuna-dashboard</a></td></tr>"
         )
     table = "<table><tr><th>study</th><th>kind</th><th></th></tr>" + "".join(rows) + "</table>" if rows else "<p>No studies in this storage yet.</p>"
     return _page("rfopt studies", f"<h1>rfopt studies</h1>{table}<p><a href='/dashboard'>optuna-dashboard</a></p>")
 
 
 def _render_study(study: Any, views: list[TrialView]) -> str:
-    sid = study._study_id
-    attrs = study.user_attrs
+    sid = study_id_of(study)
+    record = study_record(study)
     direction = study.directions[0].name.lower() if len(study.directions) == 1 else "multi-objective"
-    plan = attrs.get(PLAN_ATTR) or {}
+    plan = record.plan
     counts: dict[str, int] = {}
     for v in views:
         counts[v.state] = counts.get(v.state, 0) + 1
     facts = [
-        f"objective: {_e(attrs.get(OBJECTIVE_ATTR, '?'))} ({direction})",
-        f"{plan['num_chunks']} chunks of {plan['num_rows']} rows" if plan else "not an rfopt study: no controls",
+        f"objective: {_e(record.settings.get('objective', '?'))} ({direction})",
+        f"{plan.num_chunks} chunks of {plan.num_rows} rows" if plan else "not an rfopt study: no controls",
     ]
     tally = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items(), key=lambda kv: _STATE_ORDER.get(kv[0], 5)))
     header = (
@@ -773,7 +464,7 @@ def _render_study(study: Any, views: list[TrialView]) -> str:
         "<span id='status' role='status'></span></p>"
         "<p class='hint'>Ops apply at the trial's next chunk boundary, in the process running the study.</p>"
     )
-    cards = "".join(_render_trial(sid, v, steerable=bool(plan)) for v in views) or "<p>No trials yet.</p>"
+    cards = "".join(_render_trial(sid, v, steerable=plan is not None) for v in views) or "<p>No trials yet.</p>"
     body = f"{header}<main id='trials' data-study='{sid}'><p class='facts'>trials: {tally or 'none yet'}</p>{cards}</main>"
     return _page(f"{study.study_name} · rfopt", body, refresh=True)
 
@@ -905,42 +596,3 @@ def _num(value: float | None) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _numbers(data: Any) -> dict[str, float]:
-    if not isinstance(data, Mapping):
-        return {}
-    return {
-        k: float(v) for k, v in data.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    }
-
-
-def _chart_height(chart: Chart, width: int) -> int:
-    rows = len(_legend_rows(list(chart.series), width - 46))
-    return _LEGEND_TOP - 10 + 14 * rows + (4 if rows else 0)
-
-
-def _tick_labels(values: tuple[float, ...]) -> list[str]:
-    """The fewest significant digits that tell the ticks apart."""
-    for digits in range(3, 9):
-        labels = [f"{v:.{digits}g}" for v in values]
-        if len(set(labels)) == len(labels):
-            return labels
-    return labels
-
-
-def _label_width(label: str) -> int:
-    return 16 + 6 * len(label)
-
-
-def _legend_rows(labels: list[str], width: int) -> list[list[str]]:
-    if len(labels) <= 1:
-        return []  # one series: the title says what it is
-    rows: list[list[str]] = [[]]
-    used = 0
-    for label in labels:
-        if rows[-1] and used + _label_width(label) > width:
-            rows.append([])
-            used = 0
-        rows[-1].append(label)
-        used += _label_width(label)
-    return rows

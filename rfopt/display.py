@@ -8,13 +8,16 @@ from typing import Any
 
 
 class Progress:
-    """A tqdm bar over all chunk units of the study, with live counts and the best value so far."""
+    """A tqdm bar over the chunk units of a run, with live counts and the best value so far.
+
+    It is handed each `rfopt.roster.Progress` the run reports (units done and in all, trial states, the best value,
+    the last unit), and shows it; it keeps no count of its own.
+    """
 
     def __init__(self, study_name: str, enabled: bool = True) -> None:
         self.study_name = study_name
         self.enabled = enabled
         self._bar: Any = None
-        self._best: float | None = None
 
     def __enter__(self) -> Progress:
         if self.enabled:
@@ -27,31 +30,20 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
 
-    def add_units(self, n: int) -> None:
-        if self._bar is not None and n:
-            self._bar.total += n
-            self._bar.refresh()
-
-    def skip_units(self, n: int) -> None:
-        """Units that will not run (their trial was pruned or failed)."""
-        if self._bar is not None and n > 0:
-            self._bar.total -= n
-            self._bar.refresh()
-
-    def unit_done(self, trial_number: int, step: int, value: float | None) -> None:
-        if value is not None and math.isfinite(value) and (self._best is None or value > self._best):
-            self._best = value
-        if self._bar is not None:
-            self._bar.set_description(f"{self.study_name} | trial {trial_number} chunk {step}: {value:.4g}")
-            self._bar.update(1)
-
-    def set_counts(self, counts: dict[str, int]) -> None:
-        if self._bar is not None:
-            short = {"RUNNING": "live", "COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}
-            postfix = {short[k]: v for k, v in counts.items() if k in short}
-            if self._best is not None:
-                postfix["best"] = f"{self._best:.4g}"
-            self._bar.set_postfix(postfix, refresh=True)
+    def __call__(self, progress: Any) -> None:
+        bar = self._bar
+        if bar is None:
+            return
+        bar.total, bar.n = progress.total, progress.done
+        if progress.last is not None:
+            trial, unit, value = progress.last
+            bar.set_description(f"{self.study_name} | trial {trial} chunk {unit}: {value:.4g}", refresh=False)
+        short = {"RUNNING": "live", "COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}
+        postfix = {short[k]: v for k, v in progress.counts.items() if k in short}
+        if progress.best is not None and math.isfinite(progress.best):
+            postfix["best"] = f"{progress.best:.4g}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.refresh()
 
 
 def format_leaderboard(rows: list[Any], objective: str = "reward") -> str:

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import optuna
 import sqlalchemy as sa
 
-from .storage import backend, is_schema_race, is_unreachable, retry
+from .compat import storage_of
+from .storage import engine_of, is_schema_race, is_unreachable, retry
 
 _metadata = sa.MetaData()
 LEASES = sa.Table(
@@ -81,17 +82,17 @@ class Leases:
     """The leases of one study, in the study's SQL database."""
 
     def __init__(self, study: optuna.Study, holder: str | None = None, retry_seconds: float | None = None) -> None:
-        rdb = backend(study._storage)
-        engine = getattr(rdb, "engine", None)
+        storage = storage_of(study)
+        engine = engine_of(storage)
         if engine is None:
             raise ValueError(
                 f"study {study.study_name!r}: workers need an SQL storage (sqlite:///... on one host, "
-                f"postgresql://... across hosts), not {type(rdb).__name__}"
+                f"postgresql://... across hosts), not {type(storage).__name__}"
             )
         self.engine: sa.Engine = engine
         self.study = study.study_name
         self.holder = holder or worker_id()
-        self.retry_seconds = getattr(study._storage, "retry_seconds", 300.0) if retry_seconds is None else retry_seconds
+        self.retry_seconds = getattr(storage, "retry_seconds", 300.0) if retry_seconds is None else retry_seconds
         retry(lambda: _metadata.create_all(self.engine, checkfirst=True), self.retry_seconds, self._where(),
               "create lease tables", retry_if=lambda exc: is_unreachable(exc) or is_schema_race(exc))
 
@@ -220,7 +221,8 @@ class Leases:
 
 
 class Heartbeat:
-    """Renews a lease every third of its duration while a unit trains; `lost` is set if it is taken over."""
+    """Renews a lease every third of its duration while a unit trains; `lost` is set if it is taken over (the
+    unit's training reads it at every step and stops: see `rfopt.unit`)."""
 
     def __init__(self, leases: Leases, lease: Lease) -> None:
         self.leases = leases

@@ -8,12 +8,11 @@ copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A ful
 from __future__ import annotations
 
 import copy
-import gc
 import os
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import compat
 from .config import ConfigError, TrialConfig
 from .smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 
@@ -87,76 +86,71 @@ def _bind_device(device: str) -> str:
     return device
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and in what precision every chunk of a trial trains: decided by the device, never by the trial's config.
+
+    A study file written for the CPU (``use_cpu=True, bf16=False``) runs on ``--device cuda`` with the model on the
+    GPU, and one written for a GPU runs on the CPU: `TrialRunner` applies these fields to the `GRPOConfig` of every
+    chunk. ``precision="auto"`` is fp32 on the CPU (bf16 autocast there is slower, and TRL refuses it without
+    ``use_cpu``) and bf16 on a CUDA device that supports it (else fp32).
+    """
+
+    device: str
+    use_cpu: bool
+    bf16: bool
+    fp16: bool
+
+    @classmethod
+    def of(cls, device: str, precision: str = "auto") -> Placement:
+        import torch
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+        cuda = torch.device(device).type == "cuda"
+        if precision == "auto":
+            precision = "bf16" if cuda and _bf16_supported() else "fp32"
+        if precision == "fp16" and not cuda:
+            raise ValueError(f"precision 'fp16' needs a CUDA device; this study runs on {device!r}")
+        return cls(device=device, use_cpu=not cuda, bf16=precision == "bf16", fp16=precision == "fp16")
+
+    def args(self) -> dict[str, bool]:
+        """The `GRPOConfig` fields this placement sets."""
+        return {"use_cpu": self.use_cpu, "bf16": self.bf16, "fp16": self.fp16}
+
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def _bf16_supported() -> bool:
+    import torch
+
+    try:
+        return bool(torch.cuda.is_bf16_supported())
+    except (AssertionError, RuntimeError):  # a CUDA device torch cannot query
+        return False
+
+
 @dataclass
 class _Resident:
     base: Any
     tokenizer: Any
     peft_model: Any = None
     adapters: set[str] = field(default_factory=set)
-    adapter_layers: list[Any] | None = None
-    """The modules of `peft_model` that PEFT's ``set_adapter`` acts on, listed once per set of adapters."""
-    containers: list[_Container] | None = None
-    """The adapter layers' per-adapter dicts (``lora_A``, ``lora_B``, ...) with all their entries, once per set of
-    adapters."""
-    views: dict[str, list[_Container]] = field(default_factory=dict)
-    """Per adapter: the same dicts holding that adapter's entries only."""
-    shown: str | None = None
-    """The adapter that is the only one visible in the model, or None while all are."""
-
-
-@dataclass(frozen=True)
-class _Container:
-    """What an adapter layer's ``nn.ModuleDict`` or ``nn.ParameterDict`` holds (``keys``: a ParameterDict's order)."""
-
-    owner: Any
-    modules: dict[str, Any]
-    parameters: dict[str, Any]
-    keys: dict[str, None] | None
-
-    @classmethod
-    def of(cls, owner: Any) -> _Container:
-        return cls(owner, owner._modules, owner._parameters, owner.__dict__.get("_keys"))
-
-    def keeping(self, hidden: set[str]) -> _Container:
-        def keep(entries: dict[str, Any]) -> dict[str, Any]:
-            return type(entries)((k, v) for k, v in entries.items() if k not in hidden)
-
-        return _Container(self.owner, keep(self.modules), keep(self.parameters), None if self.keys is None else keep(self.keys))
-
-    def put(self) -> None:
-        # Straight into the instance dict: nn.Module.__setattr__ only checks first whether the value is a parameter or
-        # a module, which a dict is not.
-        state = vars(self.owner)
-        state["_modules"], state["_parameters"] = self.modules, self.parameters
-        if self.keys is not None:
-            state["_keys"] = self.keys
-
-
-class _Listed:
-    """Stands in for a model in PEFT's functional ``set_adapter``, whose only use of the model is to walk its
-    modules: the walk is a list made once instead of a recursive ``modules()`` over the whole model."""
-
-    def __init__(self, modules: list[Any]) -> None:
-        self._listed = modules
-
-    def modules(self) -> Any:
-        return iter(self._listed)
 
 
 class ModelPool:
-    """Base models resident on one device, shared by the trials that use them."""
+    """Base models resident on one device, shared by the trials that use them.
 
-    def __init__(self, device: str = "cpu") -> None:
+    >>> pool = ModelPool("cuda:0")                       # doctest: +SKIP
+    >>> model = pool.acquire(3, config)                   # the shared PeftModel, trial 3's adapter active
+    """
+
+    def __init__(self, device: str = "cpu", precision: str = "auto") -> None:
         self.device = _bind_device(device)
+        self.placement = Placement.of(self.device, precision)
         self._resident: dict[str, _Resident] = {}
         self._full: dict[int, Any] = {}
-        self._froze = False
-        self._answers: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
-
-    def answers(self, model: Any) -> dict[Any, Any]:
-        """A record, kept across chunks, for answers about `model` that hold while its modules do not change (see
-        `runner._answer_model_checks_once`); it is emptied when an adapter is added to or removed from `model`."""
-        return self._answers.setdefault(model, {})
 
     def tokenizer(self, config: TrialConfig) -> Any:
         return self._load(config).tokenizer
@@ -181,108 +175,24 @@ class ModelPool:
         if name not in resident.adapters:
             from peft import get_peft_model
 
-            self._show_all(resident)
             set_seed(config.grpo.seed)
             if resident.peft_model is None:
                 resident.peft_model = get_peft_model(resident.base, copy.deepcopy(config.peft), adapter_name=name)
             else:
                 resident.peft_model.add_adapter(name, copy.deepcopy(config.peft))
             resident.adapters.add(name)
-            self._modules_changed(resident)
-            # An adapter is some 10,000 module objects that live as long as its trial.
-            self._freeze_long_lived()
-        self._activate(resident, name)
-        return resident.peft_model
+            compat.freeze_long_lived()  # an adapter is some 10,000 module objects that live as long as its trial
+        return self.activate(trial_number, config)
 
     def activate(self, trial_number: int, config: TrialConfig) -> Any:
         """Make trial `trial_number`'s adapter the active and only trainable one (after `acquire`); returns the model."""
         if config.peft is None:
             return self._full[trial_number]
-        resident = self._resident[config.model_key]
-        self._activate(resident, adapter_name(trial_number))
-        return resident.peft_model
-
-    def _modules_changed(self, resident: _Resident) -> None:
-        resident.adapter_layers = resident.containers = None
-        resident.views.clear()
-        if resident.peft_model is not None:
-            self._answers.pop(resident.peft_model, None)
-
-    @classmethod
-    def _activate(cls, resident: _Resident, name: str) -> None:
-        """``PeftModel.set_adapter(name)``, with the walk over the model's modules done once per set of adapters, and
-        the other adapters hidden from the model's walks.
-
-        PEFT's ``set_adapter`` walks every module of the model twice to find its adapter layers (7 ms of a 60 ms swap
-        on SmolLM2 with LoRA on all linear layers); the layers only change when an adapter is added or deleted. Each
-        layer is still switched by PEFT's own code.
-
-        Then the other trials' adapters are taken out of the adapter layers' dicts (``lora_A``, ``lora_B``, ...) until
-        the next activation: the trainer walks every module or parameter of the model several times a step
-        (``zero_grad``, gradient clipping) and at every chunk's start, and with the other adapters in view each walk is
-        longer than the same walk for the trial trained alone. A hidden adapter's tensors are untouched (and have no
-        gradient: PEFT freezes an inactive adapter); the visible adapter's parameters keep their order, so the
-        trainer sees the model it would see with one adapter.
-        """
-        from peft.tuners.tuners_utils import BaseTunerLayer, set_adapter
-        from peft.utils.other import AuxiliaryTrainingWrapper
-
-        model = resident.peft_model
-        if resident.shown == name:
-            # Already the adapter in view and switched on (a chunk's evaluation and checkpoint ask again after its
-            # training): only the pool switches adapters, and every PEFT call that toggles them (disable_adapter)
-            # restores the active one.
-            return
-        tuner = model.base_model
-        layer_cls = getattr(tuner, "tuner_layer_cls", None)
-        cls._show_all(resident)
-        if layer_cls is None or model.peft_config[name].is_prompt_learning:
+        model = self._resident[config.model_key].peft_model
+        name = adapter_name(trial_number)
+        if model.active_adapter != name:
             model.set_adapter(name)
-            return
-        if resident.adapter_layers is None:
-            resident.adapter_layers = [
-                m for m in tuner.model.modules() if isinstance(m, (BaseTunerLayer, AuxiliaryTrainingWrapper))
-            ]
-        # What PeftModel.set_adapter and BaseTuner.set_adapter do around the walk.
-        model.active_adapter = name
-        set_adapter(_Listed(resident.adapter_layers), name, layer_cls=layer_cls)
-        tuner.active_adapter = name
-        cls._show_only(resident, name)
-
-    @staticmethod
-    def _show_only(resident: _Resident, name: str) -> None:
-        import torch.nn as nn
-
-        if len(resident.adapters) < 2:
-            return
-        if resident.containers is None:
-            resident.containers = [
-                _Container.of(child)
-                for layer in resident.adapter_layers
-                for child in layer.children()
-                if isinstance(child, (nn.ModuleDict, nn.ParameterDict))
-            ]
-        view = resident.views.get(name)
-        if view is None:
-            hidden = resident.adapters - {name}
-            view = resident.views[name] = [container.keeping(hidden) for container in resident.containers]
-        # A hidden adapter's modules missed any train()/eval() made while it was out of view.
-        training = resident.peft_model.training
-        for container in view:
-            container.put()
-            for module in container.modules.values():
-                if module.training != training:
-                    module.train(training)
-        resident.shown = name
-
-    @staticmethod
-    def _show_all(resident: _Resident) -> None:
-        """Put every adapter back in view (before PEFT switches, adds or deletes adapters)."""
-        if resident.shown is None:
-            return
-        for container in resident.containers:
-            container.put()
-        resident.shown = None
+        return model
 
     def release(self, trial_number: int, config: TrialConfig) -> None:
         """Free what trial `trial_number` holds (its adapter or its model copy)."""
@@ -293,11 +203,7 @@ class ModelPool:
         name = adapter_name(trial_number)
         if resident is None or name not in resident.adapters:
             return
-        self._show_all(resident)
-        # In one train()/eval() mode again (hidden adapters missed the changes made while they were out of view).
-        resident.peft_model.train(resident.peft_model.training)
         resident.adapters.discard(name)
-        self._modules_changed(resident)
         if resident.adapters:
             if resident.peft_model.active_adapter == name:
                 resident.peft_model.set_adapter(min(resident.adapters))
@@ -312,30 +218,11 @@ class ModelPool:
         if key not in self._resident:
             model, tokenizer = load_model(config, self.device)
             self._resident[key] = _Resident(base=model, tokenizer=tokenizer)
-            self._freeze_long_lived()
+            compat.freeze_long_lived()
         return self._resident[key]
 
-    def _freeze_long_lived(self) -> None:
-        """Take what is alive now (the imported libraries, the resident models, the adapters) out of the cyclic GC's
-        walks.
-
-        ``Trainer.train`` runs a full ``gc.collect()`` (``Accelerator.free_memory``) at the start of every chunk, and a
-        full collection walks every object of torch, transformers and TRL: about 0.3 s a chunk, which on a small
-        model costs more than the chunk's training. Frozen (``gc.freeze``), those objects are skipped and a
-        collection walks only what was made since. It runs after a model is loaded and after an adapter is added
-        (each adapter is about 10,000 module objects; unfrozen, two adapters doubled a chunk's collection). The
-        collection first frees what is already garbage, so only live objects are frozen. Reference counting still
-        frees frozen objects (a deleted adapter's modules); `close` unfreezes.
-        """
-        gc.collect()
-        gc.freeze()
-        self._froze = True
-
     def close(self) -> None:
-        """Drop the resident models and copies, and give the frozen objects back to the cyclic GC (``gc.unfreeze``,
-        which is process-wide)."""
+        """Drop the resident models and copies, and give frozen objects back to the cyclic GC."""
         self._resident.clear()
         self._full.clear()
-        if self._froze:
-            gc.unfreeze()
-            self._froze = False
+        compat.unfreeze()

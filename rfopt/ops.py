@@ -1,19 +1,21 @@
 """Control operations on trials: pause, resume, stop, clone.
 
 Ops travel through the study's storage, so any process can steer a study that another process is
-running (the Python API, the ``rfopt`` command line, the dashboard). A request is the trial's user
-attr ``rfopt:control`` (``"pause"``, ``"resume"`` or ``"stop"``, or a dict with who and when); the
-process running the trial applies it at the trial's next chunk boundary, appends it to the trial's
-``rfopt:ops`` history (what, who, when requested, when applied) and clears the request.
+running (the Python API, the ``rfopt`` command line, the dashboard):
 
-- pause: the trial stays RUNNING in Optuna but is not scheduled; its device memory is freed (it
-  continues from its checkpoint on resume, exactly). ``rfopt:paused`` says so, across restarts.
-- resume: the trial is scheduled again.
-- stop: the trial ends PRUNED with its last value, reason ``stopped by user``.
+- pause, resume, stop are *requests*: each is written once, under a key of its own, on the running
+  trial (`schema.Request`), and never rewritten, so two requests made at the same moment are both
+  kept. The process running the trial applies every pending request, oldest first, at the trial's
+  next chunk boundary (`apply_requests`), and records each one applied, by its id, in the trial's
+  ``rfopt:ops`` history; a request is pending until its id is there. So none is lost (a stop that
+  arrives while a pause is being applied is applied next) and none is applied twice.
+  pause: the trial stays RUNNING in Optuna but is not scheduled; its device memory is freed (it
+  continues from its checkpoint on resume, exactly). resume: it is scheduled again. stop: it ends
+  PRUNED with its last value, reason ``stopped by user``.
 - clone: a new trial with the parent's config changed by overrides (validated before anything is
   written), optionally warm-started from the parent's latest checkpoint (its weights; a fresh LR
   schedule over the remaining steps; it reports at the parent's step numbers onward). Lineage is
-  stored on the clone as ``rfopt:clone``.
+  stored on the clone.
 
     >>> study.pause(3); study.resume(3); study.stop(4)                        # doctest: +SKIP
     >>> study.clone(3, {"learning_rate": 2e-6}, warm_start=True)              # doctest: +SKIP
@@ -22,26 +24,23 @@ process running the trial applies it at the trial's next chunk boundary, appends
 
 from __future__ import annotations
 
-import datetime
-import getpass
-import socket
-import uuid
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from . import schema
+from .checkpoints import CheckpointStore
 from .chunks import ChunkPlan, trial_schedule
-from .config import ConfigError, TrialConfig
+from .compat import storage_of, trial_id_of
+from .config import ConfigError, TrialConfig, check_model, check_training_values, override_dict
+from .schema import AppliedOp, Lineage, Request, Stop, TrialRecord, TrialRef
 
-CONTROL_ATTR = "rfopt:control"
-OPS_LOG_ATTR = "rfopt:ops"
-PAUSED_ATTR = "rfopt:paused"
-CLONE_ATTR = "rfopt:clone"
-STOP_REASON = "stopped by user"
-CONTROL_OPS = ("pause", "resume", "stop")
+logger = logging.getLogger("rfopt")
+
 # LoRA fields a warm-started clone may change: they do not change the adapter's weight shapes.
 _WARM_SAFE_PEFT_FIELDS = {"lora_alpha", "lora_dropout"}
 
@@ -50,63 +49,76 @@ class OpError(ValueError):
     """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides."""
 
 
-@dataclass(frozen=True)
-class Request:
-    """A pending control request read from a trial."""
-
-    op: str
-    by: str
-    at: str
-
-
-def who() -> str:
-    try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
-    except Exception:  # noqa: BLE001 - no user name in some containers
-        return "unknown"
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def request(study: optuna.Study, trial_number: int, op: str, by: str | None = None) -> None:
-    """Ask for `op` on a running trial; it applies at the trial's next chunk boundary."""
-    if op not in CONTROL_OPS:
-        raise OpError(f"unknown op {op!r}; use one of {', '.join(CONTROL_OPS)} (or clone)")
-    trial = _running_trial(study, trial_number, op)
-    paused = bool(trial.user_attrs.get(PAUSED_ATTR))
-    pending = read_request(trial)
-    if op == "pause" and paused and pending is None:
-        raise OpError(f"trial {trial_number} is already paused")
-    if op == "resume" and not paused and (pending is None or pending.op != "pause"):
-        raise OpError(f"trial {trial_number} is not paused; only a paused trial can be resumed")
-    if pending is not None and pending.op == "stop":
+# ---------------------------------------------------------------------- requests
+def request(study: optuna.Study, trial_number: int, op: str, by: str | None = None) -> Request:
+    """Ask for `op` (pause, resume, stop) on a running trial; it applies at the trial's next chunk boundary."""
+    if op not in schema.CONTROL_OPS:
+        raise OpError(f"unknown op {op!r}; use one of {', '.join(schema.CONTROL_OPS)} (or clone)")
+    record = TrialRecord(_running_trial(study, trial_number, op))
+    after = outcome(record.paused, record.pending)
+    if after.stop:
         raise OpError(f"trial {trial_number} is being stopped; a {op} cannot follow a stop")
-    study._storage.set_trial_user_attr(
-        trial._trial_id, CONTROL_ATTR, {"op": op, "by": by or who(), "at": now(), "id": uuid.uuid4().hex}
-    )
+    if op == "pause" and after.paused:
+        raise OpError(f"trial {trial_number} is already paused")
+    if op == "resume" and not after.paused:
+        raise OpError(f"trial {trial_number} is not paused; only a paused trial can be resumed")
+    req = Request.new(op, by)
+    schema.write_request(TrialRef(storage_of(study), trial_id_of(record.trial), trial_number), req)
+    return req
 
 
-def read_request(trial: optuna.trial.FrozenTrial) -> Request | None:
-    """The trial's pending control request; a plain string is what the dashboard's form writes."""
-    value = trial.user_attrs.get(CONTROL_ATTR)
-    if not value:
-        return None
-    if isinstance(value, str):
-        op = value.strip().lower()
-        return Request(op=op, by="dashboard", at=now()) if op in CONTROL_OPS else None
-    if isinstance(value, Mapping) and value.get("op") in CONTROL_OPS:
-        return Request(op=value["op"], by=str(value.get("by", "unknown")), at=str(value.get("at", now())))
-    return None
+@dataclass(frozen=True)
+class Outcome:
+    """Where a trial's requests leave it: paused or not, stopped (by which request) or not."""
+
+    paused: bool
+    stop: Request | None = None
+    applied: list[Request] = field(default_factory=list)
 
 
-def record_applied(trial: optuna.Trial, req: Request, extra: Mapping[str, Any] | None = None) -> None:
-    """Append the op to the trial's history and clear the request (before any `tell`: finished trials are final)."""
-    history = list(trial.study._storage.get_trial(trial._trial_id).user_attrs.get(OPS_LOG_ATTR, []))
-    history.append({"op": req.op, "by": req.by, "requested_at": req.at, "applied_at": now(), **(extra or {})})
-    trial.set_user_attr(OPS_LOG_ATTR, history)
-    trial.set_user_attr(CONTROL_ATTR, None)
+def outcome(paused: bool, pending: list[Request]) -> Outcome:
+    """Apply `pending` requests, oldest first, to a trial that is `paused` or not (nothing is written)."""
+    applied = []
+    for req in pending:
+        applied.append(req)
+        if req.op == "stop":
+            return Outcome(paused, req, applied)
+        paused = req.op == "pause"
+    return Outcome(paused, None, applied)
+
+
+def apply_requests(ref: TrialRef, record: TrialRecord, after_chunk: int) -> Outcome:
+    """Apply the trial's pending requests at this chunk boundary and record them; the caller then stops the trial if
+    `Outcome.stop` (tell PRUNED) and frees a paused one's memory.
+
+    Only the process that holds the trial calls this (under its lease when workers share the study): it is the one
+    writer of ``rfopt:paused``, ``rfopt:stopped`` and ``rfopt:ops``. Every write comes before any ``tell``, because a
+    finished trial's attrs are final; a crash in between leaves requests pending that are applied again, to the
+    same effect.
+    """
+    result = outcome(record.paused, record.pending)
+    if not result.applied:
+        return result
+    if result.paused != record.paused:
+        schema.write_paused(ref, result.paused)
+    if result.stop is not None:
+        schema.write_stop(ref, Stop(by=result.stop.by, at=result.stop.at, after_chunk=after_chunk))
+    applied_at = schema.now()
+    history = record.applied + [AppliedOp(op=r.op, by=r.by, requested_at=r.at, applied_at=applied_at, id=r.id)
+                                for r in result.applied]
+    schema.write_applied(ref, history)
+    for r in result.applied:
+        logger.info("trial %d: %s by %s applied", record.number, r.op, r.by)
+    return result
+
+
+# ---------------------------------------------------------------------- clones
+@dataclass(frozen=True)
+class Clone:
+    """A clone that was enqueued: its number, and what could not be checked where it was made."""
+
+    number: int
+    notes: tuple[str, ...] = ()
 
 
 def clone(
@@ -118,64 +130,106 @@ def clone(
     plan: ChunkPlan,
     checkpoints: Any,
     by: str | None = None,
-) -> int:
-    """Enqueue a clone of trial `parent_number` and return its number. Nothing is written if anything is invalid."""
-    parent = _trial(study, parent_number)
-    if "rfopt:config" not in parent.user_attrs:
+) -> Clone:
+    """Enqueue a clone of trial `parent_number`. Nothing is written if anything is invalid.
+
+    Checked first: every override (name, type, the values TRL, its optimizer and scheduler would refuse), the
+    model if it changes, reward functions that the overrides name, the chunk plan for the new batch shape, and for
+    a warm start the parent's checkpoint and an unchanged adapter shape. The parent's own reward functions are
+    imported if they can be; where they cannot (a dashboard that does not have the study's code), the clone is
+    still made, checked in every other way, and `Clone.notes` says so: the process running the study imports them.
+    """
+    parent = TrialRecord(_trial(study, parent_number))
+    if parent.config_json is None:
         raise OpError(f"trial {parent_number} has no rfopt config to clone")
-    config = TrialConfig.from_json(parent.user_attrs["rfopt:config"])
+    data = TrialConfig.config_dict(parent.config_json)
+    notes: list[str] = []
     try:
-        child = config.with_overrides(dict(overrides))
+        child_data, overrides = override_dict(data, overrides)
+        child = _checked(child_data, data, notes)
         schedule = trial_schedule(plan, child.resolved_grpo())
     except (ConfigError, ValueError) as exc:
         raise OpError(f"clone of trial {parent_number}: {exc}") from exc
     start_unit = 0
+    state = None
     if warm_start:
         state = checkpoints.load(parent_number)
         if state is None:
             raise OpError(f"trial {parent_number} has no checkpoint yet; clone it without warm start, or after its first chunk")
-        _check_warm_compatible(config, child, parent_number)
+        _check_warm_compatible(data, child_data, parent_number)
         start_unit = state.units_done
         if start_unit >= schedule.num_units:
             raise OpError(
                 f"trial {parent_number} has trained all {schedule.num_units} chunks; a warm-started clone would have "
                 "nothing left to train"
             )
-    lineage = {
-        "parent": parent_number,
-        "overrides": dict(overrides),
-        "warm_start": warm_start,
-        "start_unit": start_unit,
-        "by": by or who(),
-        "at": now(),
-        "token": uuid.uuid4().hex,
-    }
-    params, distributions = _clone_params(parent, child, overrides)
+    lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
+                      by=by or schema.who(), at=schema.now())
+    params, distributions = _clone_params(parent.trial, overrides)
+    config_json = child.to_json() if isinstance(child, TrialConfig) else TrialConfig.json_of(child_data)
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.WAITING,
             params=params,
             distributions=distributions,
-            user_attrs={"rfopt:config": child.to_json(), CLONE_ATTR: lineage},
+            user_attrs=schema.new_trial_attrs(config_json, lineage=lineage),
         )
     )
     number = next(
         t.number
         for t in reversed(study.get_trials(deepcopy=False, states=[TrialState.WAITING]))
-        if t.user_attrs.get(CLONE_ATTR, {}).get("token") == lineage["token"]
+        if TrialRecord(t).lineage is not None and TrialRecord(t).lineage.token == lineage.token
     )
-    if warm_start:
+    if state is not None:
         checkpoints.save_warm_start(number, state.weights, parent_number, start_unit)
-    return number
+    return Clone(number, tuple(notes))
 
 
-def _check_warm_compatible(parent: TrialConfig, child: TrialConfig, parent_number: int) -> None:
-    if parent.model_key != child.model_key:
+def clone_in_study(study: optuna.Study, parent_number: int, overrides: Mapping[str, Any], *, warm_start: bool,
+                   by: str | None = None) -> Clone:
+    """`clone` with the study's own chunk plan and checkpoint store (as the API, the CLI and the dashboard clone)."""
+    record = schema.study_record(study)
+    if record.plan is None or record.checkpoint_dir is None:
+        raise OpError(f"study {study.study_name!r} has not run yet (it has no chunk plan); run it before cloning trials")
+    return clone(study, parent_number, overrides, warm_start=warm_start, plan=record.plan,
+                 checkpoints=CheckpointStore(record.checkpoint_dir), by=by)
+
+
+def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: list[str]) -> TrialConfig | dict[str, Any]:
+    """The clone's config, checked as far as this process can: a `TrialConfig` if the study's code (reward functions,
+    model factory) imports here, else its dict (every other field checked), with a note."""
+    try:
+        config = TrialConfig.from_dict(child_data)
+    except ConfigError as exc:
+        own_code = child_data["rewards"] == parent_data["rewards"] and child_data["model"] == parent_data["model"]
+        if not own_code or "cannot be imported" not in str(exc):
+            raise  # a reward or model factory the overrides name must import here
+        notes.append(f"the study's code cannot be imported here ({exc}); the process running the study imports it, "
+                     "so its reward functions were not checked here")
+        config = TrialConfig.from_dict(child_data, resolve_code=False)
+        config.validate(check_code=False)
+        _check_trainable(config, child_data, parent_data)
+        return child_data
+    config.validate()
+    _check_trainable(config, child_data, parent_data)
+    return config
+
+
+def _check_trainable(config: TrialConfig, child_data: dict[str, Any], parent_data: dict[str, Any]) -> None:
+    """What TRL accepts at construction but refuses when training starts (the optimizer's, the scheduler's and the
+    sampling values), and a model that cannot be found (asked only when the overrides change the model)."""
+    check_training_values(config.resolved_grpo())
+    if TrialConfig.base_model_of(child_data) != TrialConfig.base_model_of(parent_data):
+        check_model(config)
+
+
+def _check_warm_compatible(parent: dict[str, Any], child: dict[str, Any], parent_number: int) -> None:
+    if TrialConfig.base_model_of(parent) != TrialConfig.base_model_of(child):
         raise OpError(f"clone of trial {parent_number}: a warm start needs the parent's base model; the overrides change it")
-    if (parent.peft is None) != (child.peft is None):
+    if (parent["peft"] is None) != (child["peft"] is None):
         raise OpError(f"clone of trial {parent_number}: a warm start cannot switch between an adapter and full fine-tuning")
-    if parent.peft is not None:
-        before, after = parent.to_dict()["peft"], child.to_dict()["peft"]
+    if parent["peft"] is not None:
+        before, after = parent["peft"], child["peft"]
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         shape_changes = [k for k in changed if k not in _WARM_SAFE_PEFT_FIELDS]
         if shape_changes:
@@ -185,18 +239,27 @@ def _check_warm_compatible(parent: TrialConfig, child: TrialConfig, parent_numbe
             )
 
 
-def _clone_params(parent: optuna.trial.FrozenTrial, child: TrialConfig, overrides: Mapping[str, Any]):
+def _clone_params(parent: optuna.trial.FrozenTrial, overrides: Mapping[str, Any]):
     """The parent's params with the overridden values, where the parent's distributions admit them."""
     params, distributions = {}, {}
     for name, value in parent.params.items():
         new = overrides.get(name, value)
         dist = parent.distributions[name]
-        try:
-            if dist._contains(dist.to_internal_repr(new)):
-                params[name], distributions[name] = new, dist
-        except (ValueError, TypeError):
-            continue
+        if _admits(dist, new):
+            params[name], distributions[name] = new, dist
     return params, distributions
+
+
+def _admits(dist: Any, value: Any) -> bool:
+    """Whether an Optuna distribution holds `value` (from its public fields)."""
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return value in dist.choices
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if not dist.low <= value <= dist.high:
+        return False
+    step = getattr(dist, "step", None)
+    return step is None or abs((value - dist.low) / step - round((value - dist.low) / step)) < 1e-8
 
 
 def _trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
@@ -215,3 +278,4 @@ def _running_trial(study: optuna.Study, number: int, op: str) -> optuna.trial.Fr
 
 def _past(op: str) -> str:
     return {"pause": "paused", "resume": "resumed", "stop": "stopped"}[op]
+

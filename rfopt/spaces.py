@@ -19,10 +19,9 @@ from typing import Any
 
 import optuna
 
+from . import schema
 from .config import ConfigError, TrialConfig
-
-CONFIG_ATTR = "rfopt:config"
-LIST_INDEX_ATTR = "rfopt:list_index"
+from .schema import TrialRecord
 
 SpaceFunction = Callable[[optuna.Trial], TrialConfig]
 
@@ -55,29 +54,30 @@ class ListSpace:
 
     def enqueue_missing(self, study: optuna.Study) -> int:
         """Enqueue the configs this study has not seen yet (a rerun does not enqueue twice); return how many."""
-        seen = {t.user_attrs.get(LIST_INDEX_ATTR) for t in study.get_trials(deepcopy=False)}
+        seen = {TrialRecord(t).list_index for t in study.get_trials(deepcopy=False)}
         added = 0
         for index, config in enumerate(self.configs):
             if index in seen:
                 continue
             study.enqueue_trial(
                 {name: values[index] for name, values in self.params.items()},
-                user_attrs={CONFIG_ATTR: config.to_json(), LIST_INDEX_ATTR: index},
+                user_attrs=schema.new_trial_attrs(config.to_json(), list_index=index),
                 skip_if_exists=False,
             )
             added += 1
         return added
 
     def config_for(self, trial: optuna.Trial) -> TrialConfig:
-        if CONFIG_ATTR not in trial.user_attrs:
+        record = TrialRecord(trial)
+        if record.config_json is None:
             raise ConfigError(
                 f"trial {trial.number} was not enqueued from this list of configs; "
                 "a study driven by a list of configs runs only those"
             )
-        if "rfopt:clone" not in trial.user_attrs:  # a clone's params were set when it was made
+        if record.lineage is None:  # a clone's params were set when it was made
             for name, values in self.params.items():
                 trial.suggest_categorical(name, sorted(set(values), key=_sort_key))
-        return TrialConfig.from_json(trial.user_attrs[CONFIG_ATTR])
+        return TrialConfig.from_json(record.config_json)
 
 
 class FunctionSpace:
@@ -87,8 +87,9 @@ class FunctionSpace:
         self.function = function
 
     def config_for(self, trial: optuna.Trial) -> TrialConfig:
-        if CONFIG_ATTR in trial.user_attrs:  # enqueued (e.g. a clone): the stored config wins
-            return TrialConfig.from_json(trial.user_attrs[CONFIG_ATTR])
+        stored = TrialRecord(trial).config_json
+        if stored is not None:  # enqueued (e.g. a clone): the stored config wins
+            return TrialConfig.from_json(stored)
         config = self.function(trial)
         if not isinstance(config, TrialConfig):
             raise ConfigError(

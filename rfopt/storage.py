@@ -19,13 +19,14 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import random
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import optuna
+import tenacity
 from optuna.storages import BaseStorage
+
+from . import compat
 
 logger = logging.getLogger("rfopt")
 
@@ -63,39 +64,37 @@ def open_storage(
         kwargs = {"pool_pre_ping": True}
     else:
         return storage
-    # Optuna wraps an RDBStorage in its cache only when it opens the URL itself; do the same here.
-    from optuna.storages._cached_storage import _CachedStorage
-
     rdb = retry(lambda: optuna.storages.RDBStorage(storage, engine_kwargs=kwargs), budget, redact(storage), "connect",
                 retry_if=lambda exc: is_unreachable(exc) or is_schema_race(exc))
-    return RetryingStorage(_CachedStorage(rdb) if cache else rdb, budget, redact(storage))
+    return RetryingStorage(compat.cached(rdb) if cache else rdb, rdb, budget, redact(storage))
 
 
 def retry(call: Callable[[], T], budget: float, where: str, what: str,
           retry_if: Callable[[BaseException], bool] | None = None) -> T:
     """Run `call`, retrying with exponential backoff (0.25 s doubling to 8 s, jittered) while the database is
     unreachable (or `retry_if` says so), for at most `budget` seconds; then `StorageUnavailableError`."""
-    retry_if = retry_if or is_unreachable
-    started = time.monotonic()
-    delay = 0.25
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return call()
-        except Exception as exc:  # noqa: BLE001 - only connection trouble is retried; the rest re-raised as is
-            if not retry_if(exc):
-                raise
-            waited = time.monotonic() - started
-            if waited + delay > budget:
-                raise StorageUnavailableError(
-                    f"storage {where}: {what} failed {attempt} times over {waited:.1f} s, the database is "
-                    f"unreachable ({_root(exc)}). Check that the database server is up and reachable, then rerun "
-                    "the same command: the study continues from its last committed chunks"
-                ) from exc
-            logger.warning("storage %s: %s failed (%s); retrying in %.2f s", where, what, _root(exc), delay)
-            time.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, 8.0)
+
+    def warn(state: tenacity.RetryCallState) -> None:
+        logger.warning("storage %s: %s failed (%s); retrying in %.2f s", where, what,
+                       _root(state.outcome.exception()), state.next_action.sleep)
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(retry_if or is_unreachable),
+        wait=tenacity.wait_exponential(multiplier=0.25, max=8.0) + tenacity.wait_random(0, 0.05),
+        stop=tenacity.stop_before_delay(budget),
+        before_sleep=warn,
+    )
+    try:
+        return retrying(call)
+    except tenacity.RetryError as exc:
+        last = exc.last_attempt
+        cause = last.exception()
+        raise StorageUnavailableError(
+            f"storage {where}: {what} failed {last.attempt_number} times over "
+            f"{retrying.statistics.get('delay_since_first_attempt', 0.0):.1f} s, the database is unreachable "
+            f"({_root(cause)}). Check that the database server is up and reachable, then rerun the same command: "
+            "the study continues from its last committed chunks"
+        ) from cause
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -123,14 +122,17 @@ def is_schema_race(exc: BaseException) -> bool:
 
 
 class RetryingStorage(BaseStorage):
-    """An Optuna storage whose every call is retried while the database is unreachable (see `retry`)."""
+    """An Optuna storage whose every call is retried while the database is unreachable (see `retry`).
 
-    def __init__(self, backend: BaseStorage, retry_seconds: float, where: str) -> None:
+    `rdb` is the ``RDBStorage`` underneath (its SQLAlchemy engine holds rfopt's lease tables too)."""
+
+    def __init__(self, backend: BaseStorage, rdb: Any, retry_seconds: float, where: str) -> None:
         self._backend = backend
+        self.rdb = rdb
         self.retry_seconds = retry_seconds
         self.where = where
 
-    def __getattr__(self, name: str) -> Any:  # e.g. RDBStorage.engine, used to find a SQLite file's directory
+    def __getattr__(self, name: str) -> Any:  # what else the storage underneath offers (optuna-dashboard asks)
         return getattr(self._backend, name)
 
 
@@ -149,11 +151,18 @@ for _name in dir(BaseStorage):
 abc.update_abstractmethods(RetryingStorage)
 
 
-def backend(storage: Any) -> Any:
-    """The innermost storage under rfopt's retries and Optuna's cache (an RDBStorage for an SQL URL)."""
-    while "_backend" in vars(storage):
-        storage = storage._backend
-    return storage
+def engine_of(storage: Any) -> Any | None:
+    """The SQLAlchemy engine of an SQL storage opened by `open_storage` or given as an ``RDBStorage``; else None."""
+    rdb = storage.rdb if isinstance(storage, RetryingStorage) else storage
+    return getattr(rdb, "engine", None) if isinstance(rdb, optuna.storages.RDBStorage) else None
+
+
+def describe(storage: Any) -> str:
+    """The storage as a person knows it: its URL without password, or its kind."""
+    if isinstance(storage, RetryingStorage):
+        return storage.where
+    engine = engine_of(storage)
+    return engine.url.render_as_string(hide_password=True) if engine is not None else type(storage).__name__
 
 
 def redact(url: str) -> str:

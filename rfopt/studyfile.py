@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, _load_file_module
+from .config import ConfigError, load_file_module
 from .evaluation import EvalSettings
 
 
@@ -60,7 +60,7 @@ def load_spec(path: str | Path) -> StudySpec:
     if not path.is_file():
         raise FileNotFoundError(f"study file {path} does not exist (try one of studies/*.py)")
     try:
-        module = _load_file_module(path)
+        module = load_file_module(path)
     except ConfigError:
         raise
     spec = getattr(module, "STUDY", None)

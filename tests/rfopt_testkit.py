@@ -109,3 +109,14 @@ def deepmath_rows(n):
         }
         for i in range(n)
     ]
+
+
+REWARD_HOOK = None
+"""Called (if set) by `reward_len_hooked` before it scores: lets a test act in the middle of a training step."""
+
+
+def reward_len_hooked(completions, **kwargs):
+    """`reward_len`, calling `REWARD_HOOK` first."""
+    if REWARD_HOOK is not None:
+        REWARD_HOOK()
+    return reward_len(completions, **kwargs)

@@ -6,7 +6,6 @@ import pytest
 from datasets import Dataset
 
 import rfopt
-from rfopt.study import FAIL_REASON_ATTR
 from rfopt_testkit import (
     grpo_config,
     prompts_dataset,
@@ -16,6 +15,8 @@ from rfopt_testkit import (
     reward_wrong_length,
     trial_config,
 )
+
+FAIL_REASON_ATTR = "rfopt:fail_reason"
 
 
 @pytest.mark.parametrize(

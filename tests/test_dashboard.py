@@ -19,9 +19,10 @@ from optuna.trial import TrialState
 import rfopt
 from rfopt.chunks import ChunkPlan
 from rfopt.cli import main as cli
-from rfopt.dashboard import CHART_ARTIFACT, SAMPLES_ARTIFACT, make_server, publish_chunk, resolve_token
-from rfopt.ops import CONTROL_ATTR, read_request
-from rfopt.study import METRICS_ATTR, OBJECTIVE_ATTR, PLAN_ATTR, SAMPLES_ATTR, SCHEDULE_ATTR, chunk_attr
+from rfopt import schema
+from rfopt.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
+from rfopt.dashboard import make_server, resolve_token
+from rfopt.schema import TrialRecord, metrics_key, samples_key
 from rfopt_testkit import trial_config
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -34,30 +35,34 @@ def template(tmp_path_factory):
     path = tmp_path_factory.mktemp("template") / "study.db"
     opt = optuna.create_study(study_name="demo", storage=f"sqlite:///{path}", direction="maximize",
                               sampler=optuna.samplers.RandomSampler(seed=0))
-    opt.set_user_attr(PLAN_ATTR, ChunkPlan.build(16, 2, 0).to_dict())
-    opt.set_user_attr(OBJECTIVE_ATTR, "reward")
+    schema.write_plan(opt, ChunkPlan.build(16, 2, 0))
+    schema.write_settings(opt, {"objective": "reward"})
     config = trial_config("tiny-model-not-loaded-here").to_json()
     for number, units in enumerate([2, 1, 1]):
         trial = opt.ask()
         trial.suggest_float("learning_rate", 1e-4, 1e-1, log=True)
         trial.set_user_attr("rfopt:config", config)
-        trial.set_user_attr(SCHEDULE_ATTR, {"prompts_per_chunk": 8, "steps_per_chunk": 8, "num_epochs": 1, "num_chunks": 2})
+        trial.set_user_attr("rfopt:schedule", {"prompts_per_chunk": 8, "steps_per_chunk": 8, "num_epochs": 1,
+                                               "num_chunks": 2})
         for unit in range(units):
             _commit_chunk(trial, unit, reward=0.2 * (number + 1) + 0.1 * unit)
         if number == 0:
             opt.tell(trial, 0.3)
         if number == 1:
             trial.set_user_attr("rfopt:paused", True)
-            trial.set_user_attr("rfopt:ops", [{"op": "pause", "by": "me@host", "requested_at": "t", "applied_at": "t"}])
-            trial.set_user_attr(CONTROL_ATTR, None)
+            trial.set_user_attr("rfopt:request:t-1", {"op": "pause", "by": "me@host", "at": "t", "id": "1"})
+            trial.set_user_attr("rfopt:ops", [{"op": "pause", "by": "me@host", "requested_at": "t", "applied_at": "t",
+                                               "id": "1"}])
     return path
 
 
 @pytest.fixture
 def study(template, tmp_path):
-    """A fresh copy of the template study, with its own checkpoint directory."""
+    """A fresh copy of the template study, with its own checkpoint directory, as the study's first run records it."""
     shutil.copy(template, tmp_path / "study.db")
-    return rfopt.load_study("demo", f"sqlite:///{tmp_path / 'study.db'}", checkpoint_dir=tmp_path / "checkpoints")
+    study = rfopt.load_study("demo", f"sqlite:///{tmp_path / 'study.db'}")
+    schema.write_identity(study.optuna, "0123456789abcdef", str(tmp_path / "checkpoints"))
+    return study
 
 
 def _commit_chunk(trial, unit, reward):
@@ -68,8 +73,8 @@ def _commit_chunk(trial, unit, reward):
     }
     evaluation = {"reward": reward, "rewards/reward_len/mean": reward, "rewards/reward_vowels/mean": 0.0,
                   "completions/mean_length": 8.0}
-    trial.set_user_attr(chunk_attr(METRICS_ATTR, unit), {"chunk": unit, "train": train, "eval": evaluation})
-    trial.set_user_attr(chunk_attr(SAMPLES_ATTR, unit), [
+    trial.set_user_attr(metrics_key(unit), {"chunk": unit, "train": train, "eval": evaluation})
+    trial.set_user_attr(samples_key(unit), [
         {"prompt": f"E{i}: add {i} and {i}", "completion": "0" * (unit + 4), "reward": reward, "reward_len": reward}
         for i in range(2)
     ])
@@ -141,9 +146,9 @@ def test_pause_resume_stop_and_clone_routes_store_requests_the_engine_applies(st
 
     trials = _trials(study)
     resumed, stopped, clone = trials[1], trials[2], trials[3]
-    assert read_request(resumed).op == "resume"
-    assert read_request(stopped).op == "stop"
-    assert stopped.user_attrs[CONTROL_ATTR]["by"] == "dashboard (127.0.0.1)"
+    assert [r.op for r in TrialRecord(resumed).pending] == ["resume"]
+    assert [(r.op, r.by) for r in TrialRecord(stopped).pending] == [("pause", "dashboard (127.0.0.1)"),
+                                                                    ("stop", "dashboard (127.0.0.1)")]
     assert clone.state == TrialState.WAITING
     assert clone.params == {"learning_rate": 0.004}
     assert clone.user_attrs["rfopt:clone"]["parent"] == 1 and clone.user_attrs["rfopt:clone"]["warm_start"] is False
@@ -215,7 +220,7 @@ def test_with_a_token_every_request_needs_it_and_a_refused_one_changes_nothing(s
         assert "HttpOnly" in headers["Set-Cookie"]
         assert call(server, "GET", f"/rfopt/studies/{sid}", headers={"Cookie": cookie})[0] == 200
         assert call(server, "POST", api(study, 2, "stop"), {}, {"Cookie": cookie})[0] == 200
-    assert read_request(_trials(study)[2]).op == "stop"
+    assert TrialRecord(_trials(study)[2]).pending[-1].op == "stop"
 
 
 def test_a_non_local_bind_always_requires_a_token(study, monkeypatch):
@@ -358,7 +363,7 @@ def test_page_shows_running_trials_charts_and_its_buttons_clone_and_stop(study, 
     clone = trials[3]
     assert clone.user_attrs["rfopt:clone"]["overrides"] == {"learning_rate": 0.004, "lora_alpha": 16}
     assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).peft.lora_alpha == 16
-    assert read_request(trials[2]).op == "stop"
+    assert TrialRecord(trials[2]).pending[-1].op == "stop"
 
 
 def _alert(driver):

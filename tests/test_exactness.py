@@ -34,8 +34,9 @@ def _train_straight_through(model_path, config, plan, schedule, dataset):
 
 
 def _train_interleaved(config, other, plan, dataset, workdir):
-    """rfopt's way: chunk by chunk, alternating with another trial on the same resident base model."""
-    pool = ModelPool("cpu")
+    """rfopt's way: chunk by chunk, alternating with another trial on the same resident base model. The pool's
+    precision is the one plain TRL trains the config with (rfopt takes it from the device, not from the config)."""
+    pool = ModelPool("cpu", precision="bf16" if config.grpo.bf16 else "fp32")
     runners = [
         TrialRunner(number, cfg, plan, trial_schedule(plan, cfg.grpo), dataset, pool, workdir)
         for number, cfg in ((0, other), (1, config))

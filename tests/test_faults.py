@@ -189,7 +189,7 @@ def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_cle
 def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
     import torch
 
-    from rfopt.runner import TrialState
+    from rfopt.state import TrialState
 
     store = rfopt.CheckpointStore(checkpoint_root)
 

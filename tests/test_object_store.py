@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM
 import rfopt
 from crashkit import (adapter, assert_same_study, commits, env, events, names_in, retrained_after_durable, run,
                       run_command, trials)
-from rfopt.checkpoints import UnitReport
+from rfopt.state import UnitReport
 from rfopt.chunks import ChunkPlan, trial_schedule
-from rfopt.dashboard import StudyArtifacts
+from rfopt.artifacts import StudyArtifacts
 from rfopt.models import ModelPool
 from rfopt.runner import TrialRunner
 from rfopt_testkit import prompts_dataset, trial_config

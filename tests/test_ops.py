@@ -7,8 +7,10 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt.cli import main as cli
-from rfopt.ops import OPS_LOG_ATTR, OpError
+from rfopt.ops import OpError
 from rfopt_testkit import prompts_dataset, trial_config
+
+OPS_LOG_ATTR = "rfopt:ops"
 
 TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
 
@@ -164,3 +166,94 @@ def test_resume_of_a_running_trial_that_is_not_paused_is_refused(tiny_model, sto
 
     _optimize(study, _configs(tiny_model), on_unit, num_chunks=2)
     assert errors == ["trial 1 is not paused; only a paused trial can be resumed"]
+
+
+def test_a_stop_that_arrives_while_a_pause_is_being_applied_is_honoured(tiny_model, storage, monkeypatch):
+    """Requests are kept under keys of their own and applied by id: a stop written between the engine's read of the
+    pending pause and its record of it applied is not lost (a single request slot, cleared after applying, lost it)."""
+    from rfopt import schema
+
+    study = rfopt.create_study(study_name="race", storage=storage)
+    write_paused = schema.write_paused
+
+    def pause_then_a_stop_arrives(ref, paused):
+        write_paused(ref, paused)
+        if paused and ref.number == 1:
+            study.stop(1)  # another process asks, while this one is applying the pause
+
+    monkeypatch.setattr(schema, "write_paused", pause_then_a_stop_arrives)
+
+    def on_unit(number, step, count):
+        if (number, step) == (1, 0):
+            study.pause(1)
+
+    done = _optimize(study, _configs(tiny_model), on_unit)
+    trial = study.optuna.trials[1]
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert trial.user_attrs["rfopt:stopped"]["reason"] == "stopped by user"
+    assert [op["op"] for op in trial.user_attrs[OPS_LOG_ATTR]] == ["pause", "stop"]
+    assert len({op["id"] for op in trial.user_attrs[OPS_LOG_ATTR]}) == 2  # each request applied once, by its id
+    assert [step for number, step in done if number == 1] == [0]
+    assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_requests_made_at_the_same_moment_are_all_kept_and_applied_in_order(tiny_model, storage):
+    study = rfopt.create_study(study_name="many", storage=storage)
+
+    def on_unit(number, step, count):
+        if (number, step) == (1, 0):
+            study.pause(1)
+            study.resume(1)  # both pending at once: applied oldest first, the trial goes on unpaused
+
+    _optimize(study, _configs(tiny_model), on_unit)
+    trial = study.optuna.trials[1]
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert [op["op"] for op in trial.user_attrs[OPS_LOG_ATTR]] == ["pause", "resume"]
+    assert not trial.user_attrs.get("rfopt:paused", False)
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_model, tmp_path_factory):
+    """A study whose one trial trained both chunks: its database file, copied by each test that uses it."""
+    where = tmp_path_factory.mktemp("finished")
+    study = rfopt.create_study(study_name="f", storage=f"sqlite:///{where / 'f.db'}", checkpoint_dir=where / "ck")
+    _optimize(study, _configs(tiny_model)[:1], num_chunks=2)
+    return where / "f.db"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"learning_rate": -1}, "optimizer or LR scheduler refuses these settings: Invalid learning rate: -1"),
+        ({"lr_scheduler_type": "cosin"}, "cosin is not a valid SchedulerType"),
+        ({"temperature": 0.0}, "generation refuses these sampling settings: `temperature` \\(=0.0\\)"),
+        ({"top_p": 1.5}, "`top_p` has to be a float > 0 and < 1"),
+        ({"model": "/no/such/dir"}, "model '/no/such/dir' cannot be found: it is not a local directory with config.json"),
+        ({"rewards": ["no_such_module:reward"]}, "'no_such_module:reward' cannot be imported"),
+        ({"learning_rate": "fast"}, "learning_rate: expected a number, got 'fast'"),
+        ({"use_cpu": False}, "the device a study runs on decides use_cpu, bf16 and fp16"),
+    ],
+)
+def test_a_clone_override_training_would_refuse_is_refused_before_anything_is_written(finished, tmp_path, overrides,
+                                                                                        message):
+    import shutil
+
+    shutil.copy(finished, tmp_path / "f.db")
+    study = rfopt.load_study("f", f"sqlite:///{tmp_path / 'f.db'}")
+    with pytest.raises(OpError, match=f"clone of trial 0: .*{message}"):
+        study.clone(0, overrides)
+    assert len(study.optuna.trials) == 1
+
+
+def test_clone_overrides_from_the_command_line_are_read_as_their_fields_types(finished, tmp_path):
+    import shutil
+
+    shutil.copy(finished, tmp_path / "f.db")
+    storage = f"sqlite:///{tmp_path / 'f.db'}"
+    assert cli(["clone", "0", "--study", "f", "--storage", storage, "--set", "learning_rate=2e-6",
+                "--set", "lora_r=8", "--set", "use_liger_kernel=false", "--set", "reward_weights=[1.0, 0.5]"]) == 0
+    clone = rfopt.load_study("f", storage).optuna.trials[1]
+    assert clone.user_attrs["rfopt:clone"]["overrides"] == {
+        "learning_rate": 2e-6, "lora_r": 8, "use_liger_kernel": False, "reward_weights": [1.0, 0.5]}
+    config = rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"])
+    assert (config.grpo.learning_rate, config.peft.r, config.grpo.reward_weights) == (2e-6, 8, [1.0, 0.5])

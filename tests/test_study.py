@@ -9,7 +9,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rfopt
-from rfopt.study import ADAPTER_ATTR, METRICS_ATTR, chunk_attr
+from rfopt.schema import metrics_key
 from rfopt_testkit import prompts_dataset, trial_config
 
 
@@ -53,7 +53,7 @@ def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_
         assert sorted(t.intermediate_values) == [0, 1, 2]
         assert t.value == t.intermediate_values[2]
         for step in range(3):
-            metrics = t.user_attrs[chunk_attr(METRICS_ATTR, step)]
+            metrics = t.user_attrs[metrics_key(step)]
             assert metrics["eval"]["reward"] == pytest.approx(t.intermediate_values[step])
             for key in ("loss", "reward", "reward_std", "rewards/reward_len/mean", "completions/mean_length", "entropy"):
                 assert key in metrics["train"], key
@@ -73,7 +73,7 @@ def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_
     assert out.shape[1] > inputs["input_ids"].shape[1]
     # ... and holds the trained weights: the adapter stored for the best trial is not a fresh LoRA.
     assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
-    assert best.user_attrs[ADAPTER_ATTR].endswith("adapter")
+    assert best.user_attrs["rfopt:adapter"].endswith("adapter")
 
     rows = study.leaderboard()
     assert [r.number for r in rows][0] == best.number

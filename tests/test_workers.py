@@ -12,10 +12,11 @@ from crashkit import (assert_same_study, commits, env, events, retrained_after_d
                       worker_command)
 
 
-def unit_holders(storage):
+def unit_holders(storage, study="tiny"):
     engine = sa.create_engine(storage)
     with engine.begin() as db:
-        rows = db.execute(sa.text("SELECT trial, unit, holder FROM rfopt_units WHERE study = 'tiny'")).all()
+        rows = db.execute(sa.text("SELECT trial, unit, holder FROM rfopt_units WHERE study = :study"),
+                          {"study": study}).all()
     engine.dispose()
     return {(r.trial, r.unit): r.holder for r in rows}
 
@@ -104,3 +105,67 @@ def test_worker_refuses_an_unknown_device_before_starting_anything(capsys):
 
     assert main(["worker", str(STUDY_FILE), "--devices", "gpu0,cpu"]) == 1
     assert "--devices 'gpu0,cpu': give auto, cpu, cuda:N, or a comma-separated list of them" in capsys.readouterr().err
+
+
+def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_and_the_unit_is_trained_once(
+    tiny_model, tmp_path, monkeypatch, caplog
+):
+    """In the middle of a trial's second chunk another holder takes its lease. The worker's heartbeat finds it gone,
+    the chunk stops at the next step, nothing of it is checkpointed or committed; once the lease is free again the
+    unit is trained from the last checkpoint, once, and the trial ends exactly as an uninterrupted run ends."""
+    import threading
+    import time
+
+    import rfopt
+    import rfopt_testkit
+    from crashkit import adapter, same_tensors
+    from rfopt.leases import Leases
+    from rfopt_testkit import prompts_dataset, reward_len_hooked, trial_config
+
+    train, evaluation = prompts_dataset(16), prompts_dataset(2, "E")
+    config = trial_config(tiny_model, rewards=[reward_len_hooked])  # 8 steps per chunk of 2
+    reference = rfopt.create_study(study_name="lease", storage=f"sqlite:///{tmp_path / 'reference.db'}")
+    reference.optimize([config], train, evaluation, num_chunks=2, show_progress_bar=False)
+
+    storage = f"sqlite:///{tmp_path / 'worker.db'}"
+    study = rfopt.create_study(study_name="lease", storage=storage)
+    log = tmp_path / "events.log"
+    monkeypatch.setenv("RFOPT_EVENT_LOG", str(log))
+    noticed = threading.Event()
+    renew = Leases.renew
+
+    def renew_and_tell(self, lease):
+        ours = renew(self, lease)
+        if not ours:
+            noticed.set()
+        return ours
+
+    monkeypatch.setattr(Leases, "renew", renew_and_tell)
+    calls = {"n": 0}
+
+    def take_over_once():
+        # A unit's chunk scores 8 completion groups, then evaluates once: the 10th call is chunk 1's first step.
+        calls["n"] += 1
+        if calls["n"] != 10:
+            return
+        engine = sa.create_engine(storage)
+        with engine.begin() as db:
+            db.execute(sa.text("UPDATE rfopt_leases SET holder = 'thief', token = token + 1, expires = :until "
+                               "WHERE study = 'lease' AND name = 'trial-0'"), {"until": time.time() + 2.0})
+        engine.dispose()
+        assert noticed.wait(10), "the heartbeat never noticed the lease was taken"
+
+    monkeypatch.setattr(rfopt_testkit, "REWARD_HOOK", take_over_once)
+    study.work([config], train, evaluation, num_chunks=2, lease_seconds=1.5, poll_seconds=0.1)
+
+    assert "trial 0: chunk 1 stopped at step 9" in caplog.text  # at the step after the heartbeat's finding, of 16
+    units = unit_holders(storage, "lease")
+    assert sorted(units) == [(0, 0), (0, 1)]
+    seen = events(log)
+    for point in ("chunk-trained", "checkpoint-saved", "unit-committed"):
+        assert [e[2] for e in seen if e[0] == point] == [0, 1], point  # unit 1 trained to its end and committed once
+    assert [e[2] for e in seen if e[0] == "unit-started"] == [0, 1, 1]  # started again after the lease came back
+    got, ref = study.optuna.trials[0], reference.optuna.trials[0]
+    assert got.state == ref.state == optuna.trial.TrialState.COMPLETE
+    assert got.intermediate_values == ref.intermediate_values
+    assert same_tensors(adapter(got), adapter(ref))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -20,15 +19,11 @@ from optuna.pruners import (
     ThresholdPruner,
     WilcoxonPruner,
 )
-from optuna.pruners._percentile import (
-    _get_best_intermediate_result_over_steps,
-    _get_percentile_intermediate_result_over_trials,
-    _is_first_in_interval_step,
-)
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt.pruning._decision import PruneDecision, decision_key, load_decision
+from rfopt.compat import patience_gate, percentile_helpers, pruner_settings, storage_of, trial_id_of
+from rfopt.schema import PruneDecision, TrialRef, load_decision, write_decision
 from rfopt.pruning._halving import Brackets, successive_halving
 from rfopt.pruning._view import StepView, cut_at, step_view
 
@@ -90,9 +85,7 @@ def decide(
             peers=verdict.peers,
             pruner=type(pruner).__name__,
         )
-        study._storage.set_trial_user_attr(
-            trials[number]._trial_id, decision_key(step), decision.to_attr()
-        )
+        write_decision(TrialRef(storage_of(study), trial_id_of(trials[number]), number), decision)
         decided[number] = decision
     return [decided[n] for n in trial_numbers]
 
@@ -194,11 +187,10 @@ def _judge_hyperband(pruner: HyperbandPruner, at: _Step, trial: FrozenTrial) -> 
 def _judge_patient(pruner: PatientPruner, at: _Step, trial: FrozenTrial) -> _Verdict:
     # Optuna's own patience test, on the trial's history up to the step: the wrapped pruner is
     # consulted only when it says "stalled", and then with rfopt's semantics for that pruner.
-    gate = copy.copy(pruner)
-    gate._wrapped_pruner = None
+    settings = pruner_settings(pruner)
     view, running = at.view(trial, pruner)
-    stalled = gate.prune(view, running)
-    patience, min_delta = pruner._patience, pruner._min_delta
+    stalled = patience_gate(pruner).prune(view, running)
+    patience, min_delta = settings['patience'], settings['min_delta']
     if not stalled:
         n_values = len(running.intermediate_values)
         if n_values <= patience + 1:
@@ -216,7 +208,7 @@ def _judge_patient(pruner: PatientPruner, at: _Step, trial: FrozenTrial) -> _Ver
         f"no improvement in the last {patience + 1} chunks "
         f"(patience={patience}, min_delta={min_delta:g})"
     )
-    inner = pruner._wrapped_pruner
+    inner = settings['wrapped_pruner']
     if inner is None:
         return _Verdict(True, stall)
     verdict = _judge(inner, at, trial)
@@ -262,7 +254,7 @@ def _count(n: int, noun: str) -> str:
 def _check_schedule(step: int, trial: FrozenTrial, warmup: int, interval: int) -> str | None:
     if step < warmup:
         return f"kept: chunk {step} is in warmup (n_warmup_steps={warmup})"
-    if not _is_first_in_interval_step(step, trial.intermediate_values.keys(), warmup, interval):
+    if not percentile_helpers()[2](step, trial.intermediate_values.keys(), warmup, interval):
         return (
             f"kept: chunk {step} is not a check step "
             f"(n_warmup_steps={warmup}, interval_steps={interval})"
@@ -273,26 +265,28 @@ def _check_schedule(step: int, trial: FrozenTrial, warmup: int, interval: int) -
 def _explain_percentile(
     pruner: PercentilePruner, view: StepView, trial: FrozenTrial, prune: bool
 ) -> str | None:
+    settings = pruner_settings(pruner)
     step = trial.last_step
     assert step is not None
     peers = view.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     n = len(peers)
-    if n == 0 or n < pruner._n_startup_trials:
+    if n == 0 or n < settings['n_startup_trials']:
         implied, text = False, (
             f"kept: {_count(n, 'peer')} reached chunk {step}; "
-            f"n_startup_trials={pruner._n_startup_trials} needs that many"
+            f"n_startup_trials={settings['n_startup_trials']} needs that many"
         )
     elif (schedule := _check_schedule(
-        step, trial, pruner._n_warmup_steps, pruner._interval_steps
+        step, trial, settings['n_warmup_steps'], settings['interval_steps']
     )) is not None:
         implied, text = False, schedule
     else:
         direction = view.direction
-        best = _get_best_intermediate_result_over_steps(trial, direction)
-        cut = _get_percentile_intermediate_result_over_trials(
-            peers, direction, step, pruner._percentile, pruner._n_min_trials
+        best_over_steps, percentile_over_trials, _ = percentile_helpers()
+        best = best_over_steps(trial, direction)
+        cut = percentile_over_trials(
+            peers, direction, step, settings['percentile'], settings['n_min_trials']
         )
-        pct = pruner._percentile
+        pct = settings['percentile']
         name = "the median" if pct == 50.0 else f"the top-{pct:g}% cut"
         worse = "below" if direction == StudyDirection.MAXIMIZE else "above"
         if math.isnan(best):
@@ -300,7 +294,7 @@ def _explain_percentile(
         elif math.isnan(cut):
             implied, text = False, (
                 f"kept: too few peer values at chunk {step} to compare with "
-                f"(n_min_trials={pruner._n_min_trials}; NaN values are ignored)"
+                f"(n_min_trials={settings['n_min_trials']}; NaN values are ignored)"
             )
         else:
             implied = best < cut if direction == StudyDirection.MAXIMIZE else best > cut
@@ -315,22 +309,23 @@ def _explain_percentile(
 def _explain_threshold(
     pruner: ThresholdPruner, view: StepView, trial: FrozenTrial, prune: bool
 ) -> str | None:
+    settings = pruner_settings(pruner)
     step = trial.last_step
     assert step is not None
-    schedule = _check_schedule(step, trial, pruner._n_warmup_steps, pruner._interval_steps)
+    schedule = _check_schedule(step, trial, settings['n_warmup_steps'], settings['interval_steps'])
     value = trial.intermediate_values[step]
     if schedule is not None:
         implied, text = False, schedule
     elif math.isnan(value):
         implied, text = True, f"value at chunk {step} is NaN"
-    elif value < pruner._lower:
-        implied, text = True, f"value {value:.4g} at chunk {step} is below lower={pruner._lower:g}"
-    elif value > pruner._upper:
-        implied, text = True, f"value {value:.4g} at chunk {step} is above upper={pruner._upper:g}"
+    elif value < settings['lower']:
+        implied, text = True, f"value {value:.4g} at chunk {step} is below lower={settings['lower']:g}"
+    elif value > settings['upper']:
+        implied, text = True, f"value {value:.4g} at chunk {step} is above upper={settings['upper']:g}"
     else:
         implied, text = False, (
             f"kept: value {value:.4g} at chunk {step} is within "
-            f"[{pruner._lower:g}, {pruner._upper:g}]"
+            f"[{settings['lower']:g}, {settings['upper']:g}]"
         )
     return text if implied == prune else None
 
@@ -342,6 +337,7 @@ def _explain_nop(pruner: NopPruner, view: StepView, trial: FrozenTrial, prune: b
 def _explain_wilcoxon(
     pruner: WilcoxonPruner, view: StepView, trial: FrozenTrial, prune: bool
 ) -> str | None:
+    settings = pruner_settings(pruner)
     step = trial.last_step
     try:
         best = view.best_trial.number
@@ -349,10 +345,10 @@ def _explain_wilcoxon(
         return None if prune else f"kept: no peer reached chunk {step}"
     against = f"chunks 0..{step} of trial {best}, the best peer at chunk {step}"
     if prune:
-        return f"worse than {against} (Wilcoxon p < {pruner._p_threshold:g})"
+        return f"worse than {against} (Wilcoxon p < {settings['p_threshold']:g})"
     return (
-        f"kept: not shown worse than {against} (p_threshold={pruner._p_threshold:g}, "
-        f"n_startup_steps={pruner._n_startup_steps})"
+        f"kept: not shown worse than {against} (p_threshold={settings['p_threshold']:g}, "
+        f"n_startup_steps={settings['n_startup_steps']})"
     )
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from optuna.pruners import HyperbandPruner, SuccessiveHalvingPruner
 from optuna.study import StudyDirection
 
+from rfopt.compat import pruner_settings
+
 #: With ``min_resource="auto"`` the first rung comes after about ``n_steps / eta**3`` chunks, so a
 #: trial that runs the whole plan passes up to three halvings before its last chunk.
 AUTO_HALVINGS = 3
@@ -96,11 +98,12 @@ def successive_halving(pruner: SuccessiveHalvingPruner, n_steps: int) -> Halving
     ``min_resource="auto"`` becomes ``max(1, n_steps // reduction_factor**AUTO_HALVINGS)``:
     from the chunk plan, not from Optuna's "1% of a completed trial's steps".
     """
-    eta = pruner._reduction_factor
-    min_resource = pruner._min_resource
+    settings = pruner_settings(pruner)
+    eta = settings["reduction_factor"]
+    min_resource = settings["min_resource"]
     if min_resource is None:  # "auto"
         min_resource = max(1, n_steps // eta**AUTO_HALVINGS)
-    return Halving(min_resource, eta, pruner._min_early_stopping_rate, pruner._bootstrap_count)
+    return Halving(min_resource, eta, settings["min_early_stopping_rate"], settings["bootstrap_count"])
 
 
 @dataclass(frozen=True)
@@ -122,10 +125,11 @@ class Brackets:
     @classmethod
     def of(cls, pruner: HyperbandPruner, study_name: str, n_steps: int) -> Brackets:
         """``max_resource="auto"`` is ``n_steps``, the plan's number of chunks."""
-        min_resource = pruner._min_resource
-        max_resource = n_steps if pruner._max_resource == "auto" else pruner._max_resource
+        settings = pruner_settings(pruner)
+        min_resource = settings["min_resource"]
+        max_resource = n_steps if settings["max_resource"] == "auto" else settings["max_resource"]
         assert isinstance(max_resource, int)
-        eta = pruner._reduction_factor
+        eta = settings["reduction_factor"]
         # Same expression as Optuna, so float rounding agrees too.
         n_brackets = math.floor(math.log(max_resource / min_resource, eta)) + 1
         if n_brackets < 1:
@@ -137,7 +141,7 @@ class Brackets:
         for bracket in range(n_brackets):
             s = n_brackets - 1 - bracket
             budgets.append(math.ceil(n_brackets * (eta**s) / (s + 1)))
-        return cls(study_name, tuple(budgets), min_resource, eta, pruner._bootstrap_count)
+        return cls(study_name, tuple(budgets), min_resource, eta, settings["bootstrap_count"])
 
     def index_of(self, trial_number: int) -> int:
         n = binascii.crc32(f"{self.study_name}_{trial_number}".encode()) % sum(self.budgets)

@@ -12,34 +12,30 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Container, Mapping
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt.compat import StudyView, frozen_copy
+
 
 def cut_at(trial: FrozenTrial, step: int, state: TrialState) -> FrozenTrial:
     """``trial`` as it stood after reporting ``step``, in ``state``."""
     intermediate = {s: v for s, v in trial.intermediate_values.items() if s <= step}
     complete = state == TrialState.COMPLETE
-    return FrozenTrial(
-        number=trial.number,
+    return frozen_copy(
+        trial,
         state=state,
         value=intermediate[step] if complete else None,
-        datetime_start=trial.datetime_start,
         datetime_complete=(trial.datetime_complete or trial.datetime_start) if complete else None,
-        params=dict(trial.params),
-        distributions=dict(trial.distributions),
-        user_attrs=dict(trial.user_attrs),
-        system_attrs=dict(trial.system_attrs),
         intermediate_values=intermediate,
-        trial_id=trial._trial_id,
     )
 
 
-class StepView(optuna.Study):
+class StepView(StudyView):
     """The study at one step: peers COMPLETE with their value at the step, the judged one RUNNING.
 
     It reads like an :class:`optuna.Study` (``get_trials``, ``trials``, ``direction``,
@@ -50,28 +46,16 @@ class StepView(optuna.Study):
     def __init__(
         self, study: optuna.Study, trials: list[FrozenTrial], pruner: optuna.pruners.BasePruner
     ) -> None:
-        # Study.__init__ is skipped on purpose: it binds a storage, and a view has none.
-        self.study_name = study.study_name
-        self._directions = list(study.directions)
+        super().__init__(study.study_name, list(study.directions), trials)
         self._source = study
-        self._trials = sorted(trials, key=lambda t: t.number)
         self.pruner = pruner
 
-    def _get_trials(
-        self,
-        deepcopy: bool = True,
-        states: Container[TrialState] | None = None,
-        use_cache: bool = False,
-    ) -> list[FrozenTrial]:
-        trials = [t for t in self._trials if states is None or t.state in states]
-        return copy.deepcopy(trials) if deepcopy else trials
-
-    def _get_best_trial(self, deepcopy: bool) -> FrozenTrial:
-        if self._is_multi_objective():
+    def _best_of(self, deepcopy: bool) -> FrozenTrial:
+        if len(self.directions) > 1:
             raise RuntimeError("A multi-objective study has no single best trial.")
         complete = [
             t
-            for t in self._trials
+            for t in self._view_trials
             if t.state == TrialState.COMPLETE and t.value is not None and not math.isnan(t.value)
         ]
         if not complete:

@@ -1,0 +1,162 @@
+"""The artifacts rfopt keeps on each running trial for people to look at, and the store they live in.
+
+After each committed unit (`publish_unit`, a subscriber of the run) a trial's two artifacts are brought
+up to date in ``<checkpoint dir>/artifacts``: ``rfopt-metrics.svg`` (its per-chunk charts) and
+``rfopt-samples.jsonl`` (every chunk's sample completions, a table in optuna-dashboard).
+`StudyArtifacts` is optuna-dashboard's artifact store over every study's artifact directory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from .charts import charts_svg
+from .checkpoints import is_url
+from .compat import storage_of, trial_id_of
+from .schema import TrialRecord, study_record
+
+logger = logging.getLogger("rfopt")
+
+CHART_ARTIFACT = "rfopt-metrics.svg"
+SAMPLES_ARTIFACT = "rfopt-samples.jsonl"
+
+
+def study_artifact_store(study: optuna.Study) -> Any:
+    """The artifact store of an rfopt study: ``artifacts/`` in its checkpoint store (a directory or a URL)."""
+    root = study_record(study).checkpoint_dir
+    if root is None:
+        raise LookupError(f"study {study.study_name!r} has no checkpoint location; it has not run under rfopt")
+    if is_url(root):
+        return ObjectArtifactStore(f"{root}/artifacts")
+    path = Path(root) / "artifacts"
+    path.mkdir(parents=True, exist_ok=True)
+    return optuna.artifacts.FileSystemArtifactStore(path)
+
+
+class ObjectArtifactStore:
+    """Optuna's artifact store protocol over an fsspec URL: the artifacts of a study whose checkpoints are in an
+    object store (``s3://bucket/prefix/artifacts``), one object per artifact."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.url = url
+        self._fs, self._path = fsspec.core.url_to_fs(url)
+
+    def open_reader(self, artifact_id: str) -> Any:
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        try:
+            return io.BytesIO(self._fs.cat_file(f"{self._path}/{artifact_id}"))
+        except FileNotFoundError as exc:
+            raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
+
+    def write(self, artifact_id: str, content_body: Any) -> None:
+        self._fs.pipe_file(f"{self._path}/{artifact_id}", content_body.read())
+
+    def remove(self, artifact_id: str) -> None:
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        try:
+            self._fs.rm_file(f"{self._path}/{artifact_id}")
+        except FileNotFoundError as exc:
+            raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
+
+
+def publish_chunk(trial: optuna.Trial, artifact_store: Any = None) -> None:
+    """Bring the running trial's artifacts up to date with its committed chunks.
+
+    Call it after a chunk's metrics, samples and report are committed, while the trial is still
+    RUNNING (optuna adds an artifact to a trial only then). It keeps one ``rfopt-metrics.svg`` (the
+    trial's charts) and one ``rfopt-samples.jsonl`` (every chunk's sample completions, with their
+    ``step`` and ``chunk``) per trial, rewriting their contents in place, so a trial holds two
+    artifacts however many chunks it trains. `artifact_store` defaults to `study_artifact_store`.
+    Never raises: artifacts are for people to look at; a failure is logged and training goes on.
+
+        >>> publish_chunk(trial)        # doctest: +SKIP
+    """
+    try:
+        store = artifact_store if artifact_store is not None else study_artifact_store(trial.study)
+        storage = storage_of(trial.study)
+        record = TrialRecord(storage.get_trial(trial_id_of(trial)))
+        files = {
+            CHART_ARTIFACT: charts_svg(record.unit_metrics(), f"trial {trial.number}").encode(),
+            SAMPLES_ARTIFACT: samples_jsonl(record).encode(),
+        }
+        existing = {m.filename: m.artifact_id for m in optuna.artifacts.get_all_artifact_meta(trial)}
+        for filename, data in files.items():
+            if filename in existing:
+                store.write(existing[filename], io.BytesIO(data))
+                continue
+            with tempfile.TemporaryDirectory(prefix="rfopt-artifact-") as tmp:
+                path = Path(tmp) / filename
+                path.write_bytes(data)
+                optuna.artifacts.upload_artifact(
+                    artifact_store=store,
+                    file_path=str(path),
+                    study_or_trial=trial,
+                    mimetype="image/svg+xml" if filename.endswith(".svg") else "application/x-ndjson",
+                )
+    except Exception as exc:  # noqa: BLE001 - artifacts must never fail a trial
+        logger.warning("trial %d: could not publish its chunk artifacts: %s: %s", trial.number, type(exc).__name__, exc)
+
+
+def publish_unit(event: Any) -> None:
+    """`publish_chunk` as a subscriber of a run's committed units (`unit.UnitCommitted`)."""
+    publish_chunk(event.trial)
+
+
+def samples_jsonl(record: TrialRecord) -> str:
+    """Every chunk's sample completions of a trial, one JSON object a line with its ``step`` and ``chunk``."""
+    chunks = {m.unit: m.chunk for m in record.unit_metrics()}
+    lines = []
+    for unit, samples in record.samples().items():
+        for sample in samples:
+            lines.append(json.dumps({"step": unit, "chunk": chunks.get(unit, unit), **sample}))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+class StudyArtifacts:
+    """optuna-dashboard's artifact store: every rfopt study's ``<checkpoint dir>/artifacts`` (a directory or a URL).
+
+    Files uploaded through the dashboard go to `upload_dir` (created on the first upload).
+    """
+
+    def __init__(self, storage: optuna.storages.BaseStorage, upload_dir: str | os.PathLike) -> None:
+        self._storage = storage
+        self.upload_dir = Path(upload_dir)
+
+    def _stores(self) -> list[Any]:
+        roots = [r for r in (study_record(s).checkpoint_dir for s in self._storage.get_all_studies()) if r]
+        dirs = [self.upload_dir] + [Path(r) / "artifacts" for r in roots if not is_url(r)]
+        local = [optuna.artifacts.FileSystemArtifactStore(d) for d in dict.fromkeys(dirs) if d.is_dir()]
+        return local + [ObjectArtifactStore(f"{r}/artifacts") for r in dict.fromkeys(roots) if is_url(r)]
+
+    def _holder(self, artifact_id: str) -> Any:
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        for store in self._stores():
+            try:
+                store.open_reader(artifact_id).close()
+            except ArtifactNotFound:
+                continue
+            return store
+        raise ArtifactNotFound(f"artifact {artifact_id} is in none of the studies' artifact directories")
+
+    def open_reader(self, artifact_id: str) -> Any:
+        return self._holder(artifact_id).open_reader(artifact_id)
+
+    def write(self, artifact_id: str, content_body: Any) -> None:
+        self.upload_dir.mkdir(parents=True, exist_ok=True)
+        optuna.artifacts.FileSystemArtifactStore(self.upload_dir).write(artifact_id, content_body)
+
+    def remove(self, artifact_id: str) -> None:
+        self._holder(artifact_id).remove(artifact_id)

@@ -1,0 +1,338 @@
+"""Every use rfopt makes of another library's private internals, in one place.
+
+A private attribute, an overridden private method or a replaced global can move in any release of
+the library it belongs to, and a patch that silently stops applying is worse than none. So each one
+lives here, says what it relies on, why rfopt needs it and what it buys, and is checked:
+
+- against the versions it was tested with (`TESTED`; pyproject.toml pins the same ranges): outside
+  them, using it warns once (`CompatWarning`);
+- by a canary in ``tests/test_compat.py`` that fails loudly when the symbol *or the call site* it
+  relies on is gone (a hook that is never called any more fails its canary, not only a renamed one);
+- at run time where that is cheap: a correctness patch whose target is missing raises `CompatError`
+  instead of training wrongly.
+
+Kept for exactness or correctness (none of them is a speed trick):
+
+``carried_trainer_state``  `ChunkTrainer` sets ``global_step`` and ``num_input_tokens_seen`` in
+    ``Trainer._init_training_state`` (transformers): the state a chunk continues from must be in place
+    before the training loop reads it for its first log (``on_train_begin`` is too late), or the first
+    logged loss of every chunk is wrong. Buys: exactness of chunked training.
+``kl_reference_base_model``  `ChunkTrainer` is built with ``beta=0`` and gets the trial's ``beta`` after
+    construction (GRPOTrainer's ``beta`` attribute): with ``beta > 0`` TRL would copy a PEFT model's adapter
+    into a "ref" adapter on the shared model (once per trainer, and of trained weights). Built with 0, TRL
+    makes no copy, and its own fallback for a PEFT model without "ref" takes the reference from the base model
+    with the adapter disabled, which is exact for a fresh LoRA. Buys: KL penalties on shared base models.
+``telemetry_once``  `ChunkTrainer` sends TRL's usage ping (``_send_telemetry``) from a trial's first
+    chunk only: a trial is one training run, not one per chunk. Buys: honest usage counts for TRL.
+``shared_model_restored``  `restore_shared_model` puts back what a ``GRPOTrainer`` does to the model it
+    is given (an instance ``forward`` wrapper, transformers' ``_require_grads_hook``, dropout,
+    gradient checkpointing), so trials sharing one base model never see each other's settings (after
+    ~1000 chunks the stacked wrappers also overflowed the stack). Buys: correctness of shared models.
+``optimize_loop``  `optimize_loop` marks an Optuna study as inside an optimize loop
+    (``Study._thread_local.in_optimize_loop``, ``Study._stop_flag``), as ``optuna.Study.optimize``
+    does, so that ``study.stop()`` (which GridSampler calls when its grid is done) works under rfopt.
+``finished_trial_cache``  `cached` puts Optuna's cache of finished trials in front of an
+    ``RDBStorage`` (``optuna.storages.get_storage``, "for internal usage"), as Optuna does when it
+    opens a storage URL itself. Buys: Optuna's own read behaviour for rfopt's storages.
+``optuna_ids``  `storage_of`, `trial_id_of`, `study_id_of`: Optuna objects' ``_storage``,
+    ``_trial_id`` and ``_study_id``. Optuna has no public accessor; optuna-dashboard reads them too.
+``pruner_settings``  `pruner_settings`, `patience_gate`, `percentile_helpers`, `StudyView`: rfopt's
+    rung decisions (``rfopt.pruning``) run Optuna's pruners on a view of the study at one step, and
+    need their constructor arguments (kept in private attributes), Optuna's percentile helpers (for
+    the reason text) and a read-only `optuna.Study` that serves trials from a list.
+
+Kept for speed, measured at realistic size (BENCHMARKS.md, "What each kept patch buys"):
+
+``gc_freeze``  `freeze_long_lived`: ``Trainer.train`` calls ``Accelerator.free_memory``, whose full
+    ``gc.collect()`` walks every object torch, transformers and TRL hold, at every chunk. Frozen
+    (``gc.freeze``, process-wide), the resident model, its adapters and the libraries are skipped.
+
+Set ``RFOPT_COMPAT_OFF=gc_freeze`` (a comma-separated list of the speed entries) to run without one,
+e.g. when measuring what it buys, or if a library change made it harmful.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+import importlib.metadata
+import os
+import warnings
+from collections.abc import Callable, Container, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import optuna
+
+TESTED: dict[str, str] = {
+    "transformers": "~=5.23.0",
+    "trl": "~=1.16.0",
+    "peft": "~=0.21.0",
+    "accelerate": "~=1.15.0",
+    "optuna": "~=5.0.0",
+    "optuna-dashboard": "~=0.21.0",
+}
+"""The versions each patched library was checked against (compatible-release ranges, as pinned in pyproject.toml)."""
+
+SPEED_ENTRIES = ("gc_freeze",)
+
+
+class CompatError(RuntimeError):
+    """A library that rfopt patches moved: the symbol or call site a correctness patch relies on is gone."""
+
+
+class CompatWarning(UserWarning):
+    """A patched library is outside the versions rfopt was tested with."""
+
+
+@functools.cache
+def check_version(package: str) -> bool:
+    """Whether `package` is in its `TESTED` range; warns once if not."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    installed = importlib.metadata.version(package)
+    if Version(installed) in SpecifierSet(TESTED[package]):
+        return True
+    warnings.warn(
+        f"rfopt was tested with {package}{TESTED[package]}; {installed} is installed. Its patches of {package}'s "
+        f"internals may no longer apply (see rfopt/compat.py); if training fails or differs, "
+        f"pip install '{package}{TESTED[package]}'",
+        CompatWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def enabled(entry: str) -> bool:
+    """Whether the speed entry `entry` is on (``RFOPT_COMPAT_OFF`` turns entries off)."""
+    off = {name.strip() for name in os.environ.get("RFOPT_COMPAT_OFF", "").split(",") if name.strip()}
+    unknown = off - set(SPEED_ENTRIES)
+    if unknown:
+        raise CompatError(f"RFOPT_COMPAT_OFF names {sorted(unknown)}; the speed entries are {list(SPEED_ENTRIES)}")
+    return entry not in off
+
+
+def _require(owner: Any, name: str, entry: str) -> None:
+    if not hasattr(owner, name):
+        raise CompatError(
+            f"{entry}: {getattr(owner, '__qualname__', owner)}.{name} is gone; this rfopt does not support the installed "
+            f"version (tested: {', '.join(f'{k}{v}' for k, v in TESTED.items())})"
+        )
+
+
+# ---------------------------------------------------------------------- TRL / transformers: the chunk trainer
+@functools.cache
+def chunk_trainer_class() -> type:
+    """``GRPOTrainer`` that continues a trial (entries ``carried_trainer_state``, ``kl_reference_base_model`` and
+    ``telemetry_once``). Give it ``args`` with ``beta=0`` and the trial's beta as `beta`."""
+    from transformers import Trainer
+    from trl import GRPOTrainer
+
+    check_version("transformers")
+    check_version("trl")
+    _require(Trainer, "_init_training_state", "carried_trainer_state")
+    _require(GRPOTrainer, "_send_telemetry", "telemetry_once")
+    _require(GRPOTrainer, "_compute_loss", "kl_reference_base_model")
+
+    class ChunkTrainer(GRPOTrainer):
+        """GRPOTrainer that continues a trial: its TrainerState starts at the carried step and token counts."""
+
+        def __init__(self, *args: Any, start_step: int, tokens_seen: int, first_chunk: bool, beta: float,
+                     **kwargs: Any) -> None:
+            self._rfopt_start = (start_step, tokens_seen)
+            self._rfopt_first_chunk = first_chunk
+            super().__init__(*args, **kwargs)
+            self.beta = beta
+
+        def _send_telemetry(self) -> None:
+            if self._rfopt_first_chunk:
+                super()._send_telemetry()
+
+        def _init_training_state(self, *args: Any, **kwargs: Any):
+            out = super()._init_training_state(*args, **kwargs)
+            self.state.global_step, self.state.num_input_tokens_seen = self._rfopt_start
+            return out
+
+    return ChunkTrainer
+
+
+@contextmanager
+def restore_shared_model(model: Any, args: Any) -> Iterator[None]:
+    """Put back what constructing and running a GRPOTrainer with `args` changes on a (shared) model
+    (entry ``shared_model_restored``).
+
+    TRL wraps ``forward`` on the model instance (a fused LM head with that trainer's temperature), zeroes dropout
+    with ``args.disable_dropout``, and with gradient checkpointing turns it on and adds transformers' input hook
+    (``_require_grads_hook``). Dropout and checkpointing are walked only when the trainer will change them.
+    """
+    import torch.nn as nn
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    patched = {m: vars(m).get("forward") for m in (model, base)}
+    dropouts = [(m, m.p) for m in model.modules() if isinstance(m, nn.Dropout)] if args.disable_dropout else []
+    # transformers 5 renamed gradient_checkpointing to activation_checkpointing; after __post_init__ they mirror.
+    checkpoints = bool(args.gradient_checkpointing or getattr(args, "activation_checkpointing", False))
+    checkpointing = checkpoints and getattr(base, "is_gradient_checkpointing", False)
+    try:
+        yield
+    finally:
+        for module, forward in patched.items():
+            if forward is None:
+                vars(module).pop("forward", None)
+            else:
+                module.forward = forward
+        for module, p in dropouts:
+            module.p = p
+        if getattr(base, "_require_grads_hook", None) is not None:
+            base.disable_input_require_grads()
+        if checkpoints and not checkpointing and getattr(base, "is_gradient_checkpointing", False):
+            base.gradient_checkpointing_disable()
+
+
+# ---------------------------------------------------------------------- the garbage collector
+_frozen = False
+
+
+def freeze_long_lived() -> None:
+    """Take what is alive now (libraries, resident models, adapters) out of the cyclic GC's walks (entry
+    ``gc_freeze``). A no-op when the entry is off. The collection first frees what is already garbage, so only
+    live objects are frozen; reference counting still frees frozen objects (a deleted adapter's modules)."""
+    global _frozen
+    if not enabled("gc_freeze"):
+        return
+    gc.collect()
+    gc.freeze()
+    _frozen = True
+
+
+def unfreeze() -> None:
+    """Give the frozen objects back to the cyclic GC (``gc.unfreeze`` is process-wide)."""
+    global _frozen
+    if _frozen:
+        gc.unfreeze()
+        _frozen = False
+
+
+# ---------------------------------------------------------------------- Optuna
+def storage_of(study: Any) -> Any:
+    """An `optuna.Study`'s storage (``Study._storage``; entry ``optuna_ids``)."""
+    return study._storage
+
+
+def trial_id_of(trial: Any) -> int:
+    """A `FrozenTrial`'s or `Trial`'s id in its storage (``_trial_id``)."""
+    return trial._trial_id
+
+
+def study_id_of(study: Any) -> int:
+    """A `FrozenStudy`'s or `Study`'s id in its storage (``_study_id``)."""
+    return study._study_id
+
+
+@contextmanager
+def optimize_loop(study: Any) -> Iterator[None]:
+    """Inside this block ``study.stop()`` works as inside ``optuna.Study.optimize`` (entry ``optimize_loop``)."""
+    check_version("optuna")
+    _require(study, "_thread_local", "optimize_loop")
+    study._thread_local.in_optimize_loop = True
+    study._stop_flag = False
+    try:
+        yield
+    finally:
+        study._thread_local.in_optimize_loop = False
+
+
+def stop_requested(study: Any) -> bool:
+    """Whether ``study.stop()`` was called inside `optimize_loop`."""
+    return bool(study._stop_flag)
+
+
+def cached(rdb: Any) -> Any:
+    """Optuna's cache of finished trials in front of an ``RDBStorage``, as Optuna puts it in front of a storage it
+    opens from a URL (entry ``finished_trial_cache``)."""
+    check_version("optuna")
+    return optuna.storages.get_storage(rdb)
+
+
+# ---------------------------------------------------------------------- Optuna pruners (rfopt.pruning)
+_PRUNER_SETTINGS: dict[str, tuple[str, ...]] = {
+    "PercentilePruner": ("percentile", "n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials"),
+    "ThresholdPruner": ("lower", "upper", "n_warmup_steps", "interval_steps"),
+    "PatientPruner": ("wrapped_pruner", "patience", "min_delta"),
+    "SuccessiveHalvingPruner": ("min_resource", "reduction_factor", "min_early_stopping_rate", "bootstrap_count"),
+    "HyperbandPruner": ("min_resource", "max_resource", "reduction_factor", "bootstrap_count"),
+    "WilcoxonPruner": ("p_threshold", "n_startup_steps"),
+}
+
+
+def pruner_settings(pruner: Any) -> dict[str, Any]:
+    """The constructor arguments Optuna keeps in a pruner's private attributes (entry ``pruner_settings``), by
+    argument name: ``pruner_settings(MedianPruner(n_warmup_steps=2))["n_warmup_steps"] == 2``."""
+
+    check_version("optuna")
+    for name, fields in _PRUNER_SETTINGS.items():
+        if isinstance(pruner, getattr(optuna.pruners, name)):
+            missing = [f for f in fields if not hasattr(pruner, f"_{f}")]
+            if missing:
+                raise CompatError(f"pruner_settings: {name} has no {missing}; this optuna is not supported")
+            return {f: getattr(pruner, f"_{f}") for f in fields}
+    raise TypeError(f"no settings known for {type(pruner).__name__}")
+
+
+def patience_gate(pruner: Any) -> Any:
+    """A copy of a ``PatientPruner`` without its wrapped pruner: its ``prune()`` is then Optuna's patience test
+    alone ("stalled or not")."""
+    gate = copy.copy(pruner)
+    gate._wrapped_pruner = None
+    return gate
+
+
+def percentile_helpers() -> tuple[Callable[..., float], Callable[..., float], Callable[..., bool]]:
+    """Optuna's own ``_get_best_intermediate_result_over_steps``, ``_get_percentile_intermediate_result_over_trials``
+    and ``_is_first_in_interval_step`` (``optuna.pruners._percentile``), so the reasons rfopt stores quote the
+    numbers the pruner compared."""
+    from optuna.pruners import _percentile
+
+    return (_percentile._get_best_intermediate_result_over_steps,
+            _percentile._get_percentile_intermediate_result_over_trials,
+            _percentile._is_first_in_interval_step)
+
+
+def frozen_copy(trial: Any, **changes: Any) -> Any:
+    """A `FrozenTrial` like `trial` (same id in storage) with `changes` to its public fields."""
+    fields = dict(
+        number=trial.number, state=trial.state, value=None, datetime_start=trial.datetime_start,
+        datetime_complete=trial.datetime_complete, params=dict(trial.params), distributions=dict(trial.distributions),
+        user_attrs=dict(trial.user_attrs), system_attrs=dict(trial.system_attrs),
+        intermediate_values=dict(trial.intermediate_values), trial_id=trial_id_of(trial),
+    )
+    fields.update(changes)
+    return optuna.trial.FrozenTrial(**fields)
+
+
+class StudyView(optuna.Study):
+    """An `optuna.Study` without storage that serves a fixed list of trials (entry ``pruner_settings``).
+
+    ``get_trials``, ``trials``, ``best_trial`` and ``direction`` work: the public methods call Optuna's private
+    ``_get_trials`` and ``_get_best_trial``, which this class serves from the list. Subclasses define
+    ``_best_of(deepcopy)``; anything that needs a storage raises.
+    """
+
+    def __init__(self, study_name: str, directions: list[Any], trials: list[Any]) -> None:
+        # optuna.Study.__init__ is skipped on purpose: it binds a storage, and a view has none.
+        self.study_name = study_name
+        self._directions = list(directions)
+        self._view_trials = sorted(trials, key=lambda t: t.number)
+
+    def _get_trials(self, deepcopy: bool = True, states: Container[Any] | None = None,
+                    use_cache: bool = False) -> list[Any]:
+        trials = [t for t in self._view_trials if states is None or t.state in states]
+        return copy.deepcopy(trials) if deepcopy else trials
+
+    def _get_best_trial(self, deepcopy: bool) -> Any:
+        return self._best_of(deepcopy)
+
+    def _best_of(self, deepcopy: bool) -> Any:
+        raise NotImplementedError

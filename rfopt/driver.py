@@ -1,0 +1,82 @@
+"""The one driver loop: the same for a process that runs a study alone and for workers sharing it.
+
+Each round:
+
+1. reconcile every RUNNING trial with storage (`Roster.reconcile_all`): trials other processes asked,
+   moved on or ended; ends a crash left untold;
+2. apply pending pause/resume/stop requests, under each trial's claim;
+3. decide every complete rung (`rfopt.pruning`);
+4. ask new trials while slots are free, one asker at a time (`Coordinator.asking`);
+5. pick the next trial, least progress first among those no other process holds (`rfopt.scheduler`),
+   and under its claim run one unit of it (`Roster.work_on` -> `rfopt.unit`).
+
+It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
+resume: rerun to continue them). When other processes hold the remaining trials, it waits
+`poll_seconds` and looks again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from . import compat
+from .roster import Progress, Roster
+from .scheduler import next_trial
+
+logger = logging.getLogger("rfopt")
+
+
+def drive(
+    roster: Roster,
+    coordinator,
+    *,
+    max_concurrent: int,
+    more_to_ask: Callable[[], bool],
+    poll_seconds: float = 1.0,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> None:
+    """Run the study's units until none is left for this process (see the module docstring)."""
+    study = roster.study
+    with compat.optimize_loop(study):  # study.stop() (GridSampler calls it) stops asking, as in optuna.Study.optimize
+        while True:
+            records = roster.reconcile_all()
+            busy = coordinator.busy()
+            for record in records:
+                live = roster.live.get(record.number)
+                if live is not None and record.pending and live.number not in busy:
+                    with coordinator.claim(live.number) as claim:
+                        if claim is not None:
+                            roster.apply_requests(live, live.ref.read())
+            roster.decide_rungs()
+            asking = lambda: more_to_ask() and not compat.stop_requested(study)  # noqa: E731
+            with coordinator.asking() as allowed:
+                if allowed:
+                    roster.configure()
+                    roster.top_up(max_concurrent, asking)
+            for live in [live for live in roster.live.values() if live.finished and live.number not in busy]:
+                with coordinator.claim(live.number) as claim:  # trained all its units; a crash came before the tell
+                    if claim is not None:
+                        roster.work_on(live, claim)
+            if on_progress is not None:
+                on_progress(roster.progress())
+            free = [live.candidate() for live in roster.live.values() if live.number not in busy]
+            pick = next_trial(free, roster.resident_models())
+            if pick is None:
+                if roster.active() == 0 and not asking():
+                    paused = sorted(n for n, live in roster.live.items() if live.paused)
+                    if paused:
+                        logger.warning("nothing left to run but paused trials %s; resume them and run the study again",
+                                       paused)
+                    return
+                if not coordinator.shared:  # alone, nothing will change by waiting
+                    logger.warning("trials %s are live but none can run; stopping", sorted(roster.live))
+                    return
+                time.sleep(poll_seconds)  # other processes hold the remaining units
+                continue
+            with coordinator.claim(pick.number) as claim:
+                if claim is not None:
+                    roster.work_on(roster.live[pick.number], claim)
+            if on_progress is not None:
+                on_progress(roster.progress())

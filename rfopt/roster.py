@@ -1,0 +1,308 @@
+"""The trials one run is working on, kept in step with storage: the one `reconcile`, and each trial's lifecycle.
+
+Storage is the source of truth. `Roster.reconcile` answers one question, "what has this trial
+committed, and how does it stand?", from the stored trial alone, the same way at start-up, after a
+crash, and when a worker takes over a trial another worker trained:
+
+- an end that was stored but not told to Optuna (a failure, a stop, a rung decision to prune; a
+  crash came in between) is told now;
+- a trial asked but not configured yet is left for `configure` (under the coordinator's asking lock);
+- otherwise the trial is live here, at its committed progress (`TrialRecord.committed`): when that
+  is not what the runner holds, the unit pipeline loads it before training (`unit.prepare`); its
+  paused flag and stored rung decisions come from storage too.
+
+The rest is the lifecycle: `ask` (new trials from the search space), `apply_requests` (pause, resume,
+stop, applied at a chunk boundary by the process that holds the trial), `decide_rungs` (pruning once
+every live trial reported a step), `work_on` (one unit, then finish), `fail` and `prune`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from . import ops, schema, unit
+from .chunks import trial_schedule
+from .compat import storage_of, trial_id_of
+from .config import TrialConfig
+from .leases import LeaseLost
+from .pruning import decide
+from .runner import ChunkAborted
+from .scheduler import completed_rungs
+from .schema import TrialRecord, TrialRef
+from .unit import Claim, Context, Live
+
+logger = logging.getLogger("rfopt")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands, for a progress display: units done and in all, trial states, the best value so far."""
+
+    done: int
+    total: int
+    counts: dict[str, int]
+    best: float | None
+    last: tuple[int, int, float] | None
+    """(trial, unit, value) of the last unit committed by this run."""
+
+
+class Roster:
+    """The live trials of one run (`live`, by trial number)."""
+
+    def __init__(self, ctx: Context, space: Any) -> None:
+        self.ctx = ctx
+        self.study = ctx.study
+        self.space = space
+        self.live: dict[int, Live] = {}
+        self.asked = 0
+        """Trials this run asked Optuna for (clones not counted: they come on top)."""
+        self._counts: dict[str, int] = {}
+        self._ended_units: dict[int, int] = {}
+        self._best: float | None = None
+        self._last: tuple[int, int, float] | None = None
+        self._maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
+        ctx.subscribers.insert(0, self._on_commit)
+
+    # ------------------------------------------------------------------ reconcile with storage
+    def reconcile_all(self) -> list[TrialRecord]:
+        """Read the study once and reconcile every RUNNING trial; drop live trials that ended elsewhere."""
+        records = [TrialRecord(t) for t in self.study.get_trials(deepcopy=False)]
+        self._counts = {}
+        for record in records:
+            self._counts[record.state.name] = self._counts.get(record.state.name, 0) + 1
+        running = {r.number: r for r in records if r.state == TrialState.RUNNING}
+        for number in [n for n in self.live if n not in running]:
+            state = records[number].state.name if number < len(records) else "gone"
+            logger.warning("trial %d became %s outside this process; it trains no further here", number, state)
+            self._drop(number)
+        for record in running.values():
+            self.reconcile(record)
+        return records
+
+    def reconcile(self, record: TrialRecord) -> Live | None:
+        """What has this trial committed, and how does it stand? Returns it live here, or None if it is not (ended,
+        or not configured yet). A trial that cannot be resumed (its config no longer loads) fails, with the reason."""
+        number = record.number
+        if record.state != TrialState.RUNNING:
+            self._drop(number)
+            return None
+        if self._settle(record):
+            return None
+        if record.config_json is None:
+            return None
+        live = self.live.get(number)
+        try:
+            if live is None:
+                live = self._start(self._handle(record), TrialConfig.from_json(record.config_json), record, fresh=False)
+        except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
+            self.fail(number, f"could not resume: {type(exc).__name__}: {exc}")
+            return None
+        if record.committed != live.committed:  # another process moved it on, or this one crashed: load again
+            live.committed, live.loaded = record.committed, False
+        live.paused = record.paused
+        live.decided |= record.decided_steps
+        if record.last_value is not None:
+            live.last_value = record.last_value
+        return live
+
+    def _settle(self, record: TrialRecord) -> bool:
+        """Tell Optuna an end that was stored on the trial but not told before a crash; True if the trial ended."""
+        if record.fail_reason is not None:
+            self.fail(record.number, record.fail_reason)
+            return True
+        if record.stop is not None or record.pruned_by_rung is not None:
+            self._tell_pruned(record.number, "decided before the last crash")
+            return True
+        return False
+
+    # ------------------------------------------------------------------ new trials
+    def configure(self) -> None:
+        """Give a config to trials a crash left asked but unconfigured (call while asking is allowed)."""
+        for trial in self.study.get_trials(deepcopy=False, states=[TrialState.RUNNING]):
+            record = TrialRecord(trial)
+            if record.config_json is None:
+                self._configure(self._handle(record))
+
+    def top_up(self, max_concurrent: int, more_to_ask: Callable[[], bool]) -> None:
+        """Ask new trials while fewer than `max_concurrent` are active (call while asking is allowed). A waiting clone
+        is always asked; new trials from the space while `more_to_ask()`."""
+        while self.active() < max_concurrent and (more_to_ask() or self._waiting_clone()):
+            trial = self.study.ask()
+            if TrialRecord(trial).lineage is None:
+                self.asked += 1
+            self._configure(trial)
+
+    def _configure(self, trial: optuna.Trial) -> None:
+        try:
+            config = self.space.config_for(trial)
+            config.validate()
+            schema.write_config(self._ref(trial), config.to_json())
+            self._start(trial, config, None, fresh=True)
+        except Exception as exc:  # noqa: BLE001 - a bad config fails its trial, not the study
+            self.fail(trial.number, f"{type(exc).__name__}: {exc}")
+
+    def _start(self, trial: optuna.Trial, config: TrialConfig, record: TrialRecord | None, *, fresh: bool) -> Live:
+        """Make the trial live here. `fresh`: this process just configured it, so nothing of it can be in the
+        checkpoint store yet; any other trial is checked against its checkpoint before it trains (`unit.prepare`)."""
+        ref = self._ref(trial)
+        record = record or ref.read()
+        schedule = trial_schedule(self.ctx.plan, config.resolved_grpo())
+        if record.schedule is None:
+            schema.write_schedule(ref, schedule)
+        lineage = record.lineage
+        warm = lineage is not None and lineage.warm_start
+        start_unit = record.start_unit
+        live = Live(
+            trial=trial, ref=ref, config=config, schedule=schedule,
+            runner=unit.fresh_runner(self.ctx, trial.number, config, schedule, start_unit),
+            start_unit=start_unit, warm_start=warm, committed=record.committed,
+            # A new trial's fresh runner is its state; a resumed one, or a warm clone, is loaded before training.
+            loaded=fresh and not warm,
+            paused=record.paused, last_value=record.last_value,
+            decided=set(range(start_unit)) | record.decided_steps,  # a warm clone reports from its parent's step on
+        )
+        self.live[trial.number] = live
+        return live
+
+    def _waiting_clone(self) -> bool:
+        return any(TrialRecord(t).lineage is not None
+                   for t in self.study.get_trials(deepcopy=False, states=[TrialState.WAITING]))
+
+    # ------------------------------------------------------------------ ops
+    def apply_requests(self, live: Live, record: TrialRecord) -> None:
+        """Apply the trial's pending pause/resume/stop requests (the caller holds the trial's claim)."""
+        result = ops.apply_requests(live.ref, record, after_chunk=live.committed - 1)
+        if result.stop is not None:
+            self._tell_pruned(live.number, f"{schema.STOP_REASON} ({result.stop.by})")
+        elif result.paused != live.paused:
+            live.paused = result.paused
+            if live.paused:  # free its memory; it continues from its checkpoint
+                live.runner.cleanup()
+                live.loaded = False
+
+    # ------------------------------------------------------------------ rungs
+    def decide_rungs(self) -> None:
+        """Decide every rung that every live trial has reached (`rfopt.pruning`); prune the trials it drops."""
+        complete = completed_rungs([live.candidate() for live in self.live.values()])
+        if not complete:
+            return
+        n_steps = self._n_steps()
+        for step in range(complete):
+            # A trial that trained all its units is finished, not judged (another worker may be telling it so).
+            pending = [live for live in self.live.values()
+                       if step not in live.decided and live.committed > step and not live.finished]
+            if not pending:
+                continue
+            try:
+                decisions = decide(self.study, [live.number for live in pending], step, self.study.pruner,
+                                   n_steps=n_steps)
+            except ValueError as exc:  # a peer ended elsewhere since the last read; the next round reads again
+                logger.info("rung decision at step %d deferred: %s", step, exc)
+                return
+            for decision in decisions:
+                live = self.live.get(decision.trial_number)
+                if live is None:
+                    continue
+                live.decided.add(step)
+                if decision.prune:
+                    self._tell_pruned(live.number, decision.reason)
+
+    def _n_steps(self) -> int:
+        """Chunk units of the study's longest trial: the budget "auto" pruner settings are derived from."""
+        units = [TrialRecord(t).num_units for t in self.study.get_trials(deepcopy=False)]
+        return max((u for u in units if u is not None), default=self.ctx.plan.num_chunks)
+
+    # ------------------------------------------------------------------ one unit
+    def work_on(self, live: Live, claim: Claim) -> None:
+        """Under the trial's claim: read it again, apply its requests, train its next unit, finish it if done."""
+        ref = live.ref
+        record = ref.read()
+        if self.reconcile(record) is not live:
+            return
+        if record.pending:
+            self.apply_requests(live, record)
+            if live.number not in self.live or live.paused:
+                return
+        try:
+            unit.run_unit(self.ctx, live, claim)
+            if live.finished:
+                unit.finish(self.ctx, live, claim)
+                self._end(live.number)
+        except (LeaseLost, ChunkAborted) as exc:  # another worker has the trial now; what this one holds is stale
+            logger.warning("%s", exc)
+            live.loaded = False
+        except Exception as exc:  # noqa: BLE001 - the trial fails alone, if it is still ours to fail
+            try:
+                claim.fence_finish(live.number)
+            except LeaseLost:
+                live.loaded = False
+            else:
+                self.fail(live.number, f"{type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ ends
+    def fail(self, number: int, reason: str) -> None:
+        """End the trial FAIL with `reason` stored on it (before the tell: a finished trial's attrs are final)."""
+        logger.warning("trial %d failed: %s", number, reason)
+        live = self.live.get(number)
+        try:
+            schema.write_fail_reason(live.ref if live is not None else self._ref_by_number(number), reason)
+            self.study.tell(live.trial if live is not None else number, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # it ended elsewhere meanwhile
+            pass
+        self._end(number)
+
+    def _tell_pruned(self, number: int, reason: str) -> None:
+        try:
+            self.study.tell(self.live[number].trial if number in self.live else number, state=TrialState.PRUNED)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker carried out the same decision
+            pass
+        logger.info("trial %d pruned: %s", number, reason)
+        self._end(number)
+
+    def _end(self, number: int) -> None:
+        live = self.live.get(number)
+        if live is not None:
+            self._ended_units[number] = live.committed - live.start_unit
+        self._drop(number)
+
+    def _drop(self, number: int) -> None:
+        live = self.live.pop(number, None)
+        if live is not None:
+            live.runner.cleanup()
+
+    # ------------------------------------------------------------------ what the driver asks
+    def active(self) -> int:
+        """Live trials that hold a slot: paused ones free theirs."""
+        return sum(not live.paused for live in self.live.values())
+
+    def resident_models(self) -> set[str]:
+        return {live.config.model_key for live in self.live.values() if self.ctx.pool.has_base(live.config)}
+
+    def progress(self) -> Progress:
+        live_done = sum(live.committed - live.start_unit for live in self.live.values())
+        remaining = sum(max(0, live.schedule.num_units - live.committed) for live in self.live.values())
+        done = live_done + sum(self._ended_units.values())
+        return Progress(done=done, total=done + remaining, counts=dict(self._counts), best=self._best, last=self._last)
+
+    def _on_commit(self, event: unit.UnitCommitted) -> None:
+        self._last = (event.trial.number, event.unit, event.value)
+        if self._best is None or (event.value > self._best if self._maximize else event.value < self._best):
+            self._best = event.value
+
+    # ------------------------------------------------------------------ handles
+    def _handle(self, record: TrialRecord) -> optuna.Trial:
+        """An `optuna.Trial` for a RUNNING trial this process did not ask (resumed, or trained by another worker)."""
+        return optuna.trial.Trial(self.study, trial_id_of(record.trial))
+
+    def _ref(self, trial: optuna.Trial) -> TrialRef:
+        return TrialRef(storage_of(self.study), trial_id_of(trial), trial.number)
+
+    def _ref_by_number(self, number: int) -> TrialRef:
+        frozen = self.study.get_trials(deepcopy=False)[number]
+        return TrialRef(storage_of(self.study), trial_id_of(frozen), number)

@@ -1,0 +1,230 @@
+"""One chunk unit of one trial, from start to commit: load -> train chunk -> evaluate -> checkpoint -> commit.
+
+This is the only code that trains a trial, evaluates it, writes its checkpoint or commits its report:
+
+1. **load** (`prepare`): bring the runner to the trial's committed progress when it is not there
+   (after a pause, a crash, another worker's units, a warm start): from the latest checkpoint, the
+   clone's warm-start weights, or a fresh adapter. A unit whose checkpoint is durable but whose
+   report never reached storage is committed now, from the report inside the checkpoint.
+2. **train** one chunk with TRL's `GRPOTrainer` (`TrialRunner.train_chunk`); it stops between two
+   steps if the claim on the trial is lost (a worker whose lease another took over).
+3. **evaluate** on the eval set with the study's fixed settings: the unit's value.
+4. **checkpoint**: the trial's whole state and the unit's report, durably (`CheckpointStore.save`).
+5. **commit**: the claim's fence, then the unit's metrics and samples and ``trial.report(value,
+   step=unit)``; the unit counts as done once its report is in storage. Then the run's subscribers
+   hear of it (`UnitCommitted`): the progress bar, the dashboard's artifacts, `on_unit`.
+
+A finished trial (`finish`) saves its adapter and is told COMPLETE with its last value.
+
+The claim (`rfopt.coordinator`) says whether this process may write for the trial. What its fences
+cover, and why the writes after them are safe to repeat, is in the README ("Workers").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+
+from . import schema
+from .checkpoints import CheckpointError, CheckpointStore
+from .chunks import ChunkPlan, TrialSchedule
+from .config import TrialConfig
+from .crashpoints import reach
+from .evaluation import EvalSettings
+from .models import ModelPool, adapter_name
+from .runner import TrialRunner
+from .scheduler import LiveTrial
+from .schema import TrialRef
+from .state import UnitReport
+
+logger = logging.getLogger("rfopt")
+
+
+class Claim(Protocol):
+    """This process's right to write for one trial (see `rfopt.coordinator`)."""
+
+    def lost(self) -> bool:
+        """Whether the right was lost while the unit trained (asked after every optimizer step)."""
+
+    def fence_checkpoint(self, trial: int) -> None:
+        """Raise `LeaseLost` unless the right still holds; called before the checkpoint is written."""
+
+    def fence_commit(self, trial: int, unit: int) -> None:
+        """Record the unit as committed by this process, in the same transaction that checks the right."""
+
+    def fence_finish(self, trial: int) -> None:
+        """Raise `LeaseLost` unless the right still holds; called before the trial is told COMPLETE."""
+
+
+@dataclass(frozen=True)
+class UnitCommitted:
+    """What subscribers hear after each commit."""
+
+    trial: optuna.Trial
+    unit: int
+    value: float
+
+
+@dataclass
+class Context:
+    """What every unit of one run shares."""
+
+    study: optuna.Study
+    store: CheckpointStore
+    plan: ChunkPlan
+    train_dataset: Any
+    eval_dataset: Any
+    objective: str
+    settings: EvalSettings
+    pool: ModelPool
+    workdir: Path
+    subscribers: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
+
+
+@dataclass
+class Live:
+    """A trial this process is running: its handle, config, runner, and what it knows of its progress."""
+
+    trial: optuna.Trial
+    ref: TrialRef
+    config: TrialConfig
+    schedule: TrialSchedule
+    runner: TrialRunner
+    start_unit: int
+    """0, or for a warm-started clone its parent's progress when it was made (it reports from there on)."""
+    warm_start: bool
+    committed: int
+    """Units committed in storage, as last read or written by this process (`rfopt.roster` refreshes it)."""
+    loaded: bool
+    """Whether the runner holds the trial's state after `committed` units (else `prepare` loads it)."""
+    paused: bool = False
+    last_value: float | None = None
+    decided: set[int] = field(default_factory=set)
+    """Steps whose rung decision is stored for it."""
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def finished(self) -> bool:
+        return self.committed >= self.schedule.num_units
+
+    def candidate(self) -> LiveTrial:
+        """What the scheduler needs to know of it."""
+        return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused)
+
+
+def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
+                 ) -> TrialRunner:
+    return TrialRunner(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit)
+
+
+# ---------------------------------------------------------------------- 1. load
+def prepare(ctx: Context, live: Live, claim: Claim) -> None:
+    """Bring the runner to the trial's committed progress; commit a durable unit whose report is missing.
+
+    Raises `CheckpointError` if the trial's state is lost (committed units, but no checkpoint that holds them).
+    """
+    if live.loaded:
+        return
+    number = live.number
+    state = ctx.store.load(number)
+    if state is None or state.units_done < live.committed:
+        if live.committed > live.start_unit:
+            held = "no checkpoint" if state is None else f"a checkpoint of {state.units_done} chunks"
+            raise CheckpointError(
+                f"trial {number}: {live.committed} chunks were committed but {ctx.store.trial_dir(number)} holds "
+                f"{held}; its state is lost, clone it to train the config again"
+            )
+        if live.runner.units_done != live.start_unit:  # trained here but never committed: start afresh
+            live.runner.cleanup()
+            live.runner = fresh_runner(ctx, number, live.config, live.schedule, live.start_unit)
+        if live.warm_start:
+            live.runner.load_weights(ctx.store.load_warm_start(number))
+        live.loaded = True
+        return
+    if state.units_done > live.committed + 1:
+        raise CheckpointError(f"trial {number}: its checkpoint holds {state.units_done} chunks but only "
+                              f"{live.committed} were committed; the store does not belong to this study's storage")
+    live.runner.load_state(state)
+    live.loaded = True
+    if state.units_done == live.committed + 1:  # its last unit's checkpoint is durable, its report is not stored
+        report = ctx.store.load_report(number)
+        if report is None or report.unit != live.committed:  # written without its report: evaluate again
+            report = _report(ctx, live, live.committed, train=None)
+        commit(ctx, live, report, claim)
+
+
+# ---------------------------------------------------------------------- 2-5. train, evaluate, checkpoint, commit
+def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
+    """Train, evaluate, checkpoint durably (with the unit's report), then commit the report to storage."""
+    prepare(ctx, live, claim)
+    if live.finished:
+        return
+    number, unit = live.number, live.committed
+    reach("unit-started", trial=number, unit=unit)
+    started = time.perf_counter()
+    chunk = live.runner.train_chunk(should_stop=claim.lost)
+    reach("chunk-trained", trial=number, unit=unit)
+    train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
+    report = _report(ctx, live, unit, train)
+    claim.fence_checkpoint(number)
+    ctx.store.save(number, live.runner.state(), report)
+    reach("checkpoint-saved", trial=number, unit=unit)
+    commit(ctx, live, report, claim)
+
+
+def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None) -> UnitReport:
+    result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
+    value = result.objective(ctx.objective)
+    if not math.isfinite(value):
+        raise ValueError(
+            f"objective {ctx.objective!r} is {value} on the eval set (every reward was None/NaN?); "
+            "check the reward functions"
+        )
+    metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics}
+    if train is not None:
+        metrics["train"] = train
+    return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples))
+
+
+def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
+    """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
+    number = live.number
+    claim.fence_commit(number, report.unit)
+    schema.write_unit(live.ref, report.unit, report.metrics, report.samples)
+    reach("metrics-stored", trial=number, unit=report.unit)
+    live.trial.report(report.value, step=report.unit)
+    reach("unit-committed", trial=number, unit=report.unit)
+    live.committed = report.unit + 1
+    live.last_value = report.value
+    event = UnitCommitted(live.trial, report.unit, report.value)
+    for subscriber in ctx.subscribers:
+        try:
+            subscriber(event)
+        except Exception as exc:  # noqa: BLE001 - a listener's failure is not the trial's
+            logger.warning("trial %d: a listener of committed units failed (%s: %s); the trial goes on",
+                           number, type(exc).__name__, exc)
+
+
+# ---------------------------------------------------------------------- the end
+def finish(ctx: Context, live: Live, claim: Claim) -> None:
+    """Save the finished trial's adapter (or model) and tell Optuna COMPLETE with its last value."""
+    number = live.number
+    runner = live.runner
+    if live.config.peft is not None:
+        path = ctx.store.save_adapter(number, runner.model, adapter_name(number), runner.tokenizer)
+    else:
+        path = ctx.store.save_model(number, runner.model, runner.tokenizer)
+    claim.fence_finish(number)
+    schema.write_adapter(live.ref, str(path))
+    reach("trial-finishing", trial=number, unit=live.committed - 1)
+    ctx.study.tell(live.trial, live.last_value)

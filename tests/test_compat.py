@@ -1,0 +1,240 @@
+"""Canaries for rfopt/compat.py: each fails loudly when the library symbol, or the call site, that one of rfopt's
+patches of another library's internals relies on is gone, so an upgrade cannot leave a patch silently doing nothing."""
+
+import gc
+import inspect
+import warnings
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from rfopt import compat
+from rfopt_testkit import prompts_dataset, trial_config
+
+
+# ---------------------------------------------------------------------- carried_trainer_state, kl_reference_base_model,
+#                                                                          telemetry_once
+def test_the_training_loop_calls_init_training_state_before_it_reads_the_step_it_logs_from():
+    from transformers import Trainer
+
+    loop = inspect.getsource(Trainer._inner_training_loop)
+    assert "self._init_training_state(" in loop
+    assert loop.index("self._init_training_state(") < loop.index("self._globalstep_last_logged = self.state.global_step")
+
+
+def test_grpo_reads_its_beta_attribute_when_it_trains_and_pings_telemetry_from_its_constructor():
+    from trl import GRPOTrainer
+
+    scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "if self.beta != 0.0:" in scoring and "use_adapter(" in scoring  # the base model, adapter disabled
+    assert "self.beta" in inspect.getsource(GRPOTrainer._compute_loss)
+    constructors = "".join(inspect.getsource(c.__init__) for c in GRPOTrainer.__mro__
+                           if "__init__" in vars(c) and inspect.isfunction(c.__init__))
+    assert "self._send_telemetry()" in constructors
+
+
+def test_a_chunk_trainer_continues_at_the_carried_step_with_the_beta_it_is_given(tiny_model, tmp_path, monkeypatch):
+    """Behaviour, not source: built with beta=0 and given 0.04, it logs a KL; started at step 3 of 4, its one step
+    is step 4; it pings TRL's telemetry only as a trial's first chunk."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    from rfopt_testkit import lora_config
+
+    pings = []
+    monkeypatch.setattr(GRPOTrainer, "_send_telemetry", lambda self: pings.append(1))
+
+    class Logs(TrainerCallback):
+        seen = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.seen.append((state.global_step, dict(logs or {})))
+
+    from peft import get_peft_model
+
+    config = trial_config(tiny_model)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), lora_config())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.padding_side = "left"
+    args = dataclasses.replace(config.grpo, output_dir=str(tmp_path), max_steps=4, beta=0.0, logging_steps=1,
+                               report_to=[], generation_batch_size=None)
+    trainer_class = compat.chunk_trainer_class()
+    with compat.restore_shared_model(model, args):
+        trainer = trainer_class(model=model, reward_funcs=list(config.rewards), args=args,
+                                train_dataset=prompts_dataset(4), processing_class=tokenizer, callbacks=[Logs()],
+                                start_step=3, tokens_seen=100, first_chunk=False, beta=0.04)
+        trainer.train()
+    assert trainer.state.global_step == 4 and pings == []
+    step, logs = next((step, logs) for step, logs in Logs.seen if "loss" in logs)
+    assert step == 4 and "kl" in logs
+    assert trainer.state.num_input_tokens_seen > 100
+    trainer_class(model=model, reward_funcs=list(config.rewards), args=args, train_dataset=prompts_dataset(4),
+                  processing_class=tokenizer, start_step=0, tokens_seen=0, first_chunk=True, beta=0.0)
+    assert pings == [1]
+
+
+# ---------------------------------------------------------------------- shared_model_restored
+def test_the_input_require_grads_hook_is_where_the_shared_model_restore_removes_it(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    model.enable_input_require_grads()
+    assert getattr(model, "_require_grads_hook", None) is not None
+    model.disable_input_require_grads()
+
+
+def test_a_grpo_trainer_wraps_the_model_forward_on_the_instance_and_the_restore_takes_it_off(tiny_model, tmp_path):
+    import dataclasses
+
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from rfopt_testkit import lora_config
+
+    config = trial_config(tiny_model)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), lora_config())
+    base = model.get_base_model()
+    args = dataclasses.replace(config.grpo, output_dir=str(tmp_path), report_to=[], generation_batch_size=None)
+    with compat.restore_shared_model(model, args):
+        GRPOTrainer(model=model, reward_funcs=list(config.rewards), args=args, train_dataset=prompts_dataset(4),
+                    processing_class=AutoTokenizer.from_pretrained(tiny_model))
+        assert "forward" in vars(model) or "forward" in vars(base)  # what the restore exists for
+    assert "forward" not in vars(model) and "forward" not in vars(base)
+
+
+# ---------------------------------------------------------------------- gc_freeze
+def test_accelerate_collects_the_whole_heap_at_every_train_call(monkeypatch):
+    from accelerate import Accelerator
+    from transformers import Trainer
+
+    assert "self.accelerator.free_memory()" in inspect.getsource(Trainer._inner_training_loop)
+    calls = []
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append(args) or collect(*args))
+    Accelerator(cpu=True).free_memory()
+    assert calls  # a full collection: what freezing the long-lived objects saves at every chunk
+
+
+def test_gc_freeze_can_be_turned_off_by_name(monkeypatch):
+    monkeypatch.setenv("RFOPT_COMPAT_OFF", "gc_freeze")
+    compat.unfreeze()
+    gc.unfreeze()
+    compat.freeze_long_lived()
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setenv("RFOPT_COMPAT_OFF", "no_such_entry")
+    with pytest.raises(compat.CompatError, match="the speed entries are"):
+        compat.freeze_long_lived()
+
+
+# ---------------------------------------------------------------------- Optuna: optimize_loop, finished_trial_cache,
+#                                                                          optuna_ids
+def test_study_stop_works_inside_the_optimize_loop_marker_only():
+    study = optuna.create_study()
+    with pytest.raises(RuntimeError):
+        study.stop()  # outside optimize(): Optuna refuses
+    with compat.optimize_loop(study):
+        study.stop()
+        assert compat.stop_requested(study)
+    assert not study._thread_local.in_optimize_loop
+
+
+def test_optuna_puts_its_cache_of_finished_trials_in_front_of_an_rdb_storage(tmp_path):
+    rdb = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'c.db'}")
+    cached = compat.cached(rdb)
+    assert cached is not rdb and isinstance(cached, optuna.storages.BaseStorage)
+    study = optuna.create_study(storage=cached, study_name="c")
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    assert len(optuna.load_study(study_name="c", storage=rdb).trials) == 2
+
+
+def test_optuna_objects_keep_their_storage_and_ids_where_rfopt_reads_them():
+    study = optuna.create_study(study_name="ids")
+    study.ask()
+    frozen = study.trials[0]
+    storage = compat.storage_of(study)
+    assert storage.get_trial(compat.trial_id_of(frozen)).number == 0
+    summary = next(s for s in storage.get_all_studies() if s.study_name == "ids")
+    assert compat.study_id_of(summary) == storage.get_study_id_from_name("ids") == compat.study_id_of(study)
+
+
+# ---------------------------------------------------------------------- pruner_settings
+@pytest.mark.parametrize(
+    "pruner, expected",
+    [
+        (optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2, interval_steps=4, n_min_trials=5),
+         {"percentile": 50.0, "n_startup_trials": 3, "n_warmup_steps": 2, "interval_steps": 4, "n_min_trials": 5}),
+        (optuna.pruners.ThresholdPruner(lower=0.1, upper=0.9, n_warmup_steps=1, interval_steps=2),
+         {"lower": 0.1, "upper": 0.9, "n_warmup_steps": 1, "interval_steps": 2}),
+        (optuna.pruners.SuccessiveHalvingPruner(min_resource=2, reduction_factor=3, min_early_stopping_rate=1,
+                                                bootstrap_count=0),
+         {"min_resource": 2, "reduction_factor": 3, "min_early_stopping_rate": 1, "bootstrap_count": 0}),
+        (optuna.pruners.HyperbandPruner(min_resource=1, max_resource=8, reduction_factor=2),
+         {"min_resource": 1, "max_resource": 8, "reduction_factor": 2, "bootstrap_count": 0}),
+        (optuna.pruners.WilcoxonPruner(p_threshold=0.2, n_startup_steps=3), {"p_threshold": 0.2, "n_startup_steps": 3}),
+    ],
+)
+def test_pruners_keep_their_constructor_arguments_where_rfopt_reads_them(pruner, expected):
+    assert compat.pruner_settings(pruner) == expected
+
+
+def test_a_patient_pruner_without_its_wrapped_pruner_is_the_patience_test_alone():
+    inner = optuna.pruners.NopPruner()
+    pruner = optuna.pruners.PatientPruner(inner, patience=1, min_delta=0.0)
+    assert compat.pruner_settings(pruner) == {"wrapped_pruner": inner, "patience": 1, "min_delta": 0.0}
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    for step, value in enumerate([1.0, 0.5, 0.4]):  # no improvement for two steps
+        trial.report(value, step)
+    frozen = study.trials[0]
+    assert compat.patience_gate(pruner).prune(study, frozen) is True  # Nop alone would never prune
+    assert pruner.prune(study, frozen) is False
+
+
+def test_optunas_percentile_helpers_compute_what_the_median_pruner_compares():
+    best_over_steps, percentile_over_trials, first_in_interval = compat.percentile_helpers()
+    study = optuna.create_study(direction="maximize")
+    for values in ([0.1, 0.4], [0.2, 0.8], [0.3, 0.6]):
+        trial = study.ask()
+        for step, value in enumerate(values):
+            trial.report(value, step)
+        study.tell(trial, values[-1])
+    trials = study.trials
+    assert best_over_steps(trials[0], study.direction) == 0.4
+    assert percentile_over_trials(trials, study.direction, 1, 50.0, 1) == 0.6
+    assert first_in_interval(1, [0, 1], 0, 1) is True
+
+
+def test_a_study_view_serves_optunas_public_reads_from_its_list():
+    class View(compat.StudyView):
+        def _best_of(self, deepcopy):
+            return self._view_trials[-1]
+
+    study = optuna.create_study()
+    for x in (1.0, 2.0):
+        trial = study.ask()
+        study.tell(trial, x)
+    view = View("v", [optuna.study.StudyDirection.MINIMIZE], list(reversed(study.trials)))
+    assert [t.number for t in view.trials] == [0, 1]
+    assert [t.number for t in view.get_trials(states=(TrialState.COMPLETE,))] == [0, 1]
+    assert view.best_trial.number == 1 and view.direction == optuna.study.StudyDirection.MINIMIZE
+
+
+# ---------------------------------------------------------------------- version guard
+def test_a_patched_library_outside_its_tested_range_warns_once(monkeypatch):
+    import importlib.metadata
+
+    compat.check_version.cache_clear()
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "99.0.0" if name == "trl" else real(name))
+    with pytest.warns(compat.CompatWarning, match=r"rfopt was tested with trl~=1.16.0; 99.0.0 is installed"):
+        assert compat.check_version("trl") is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compat.check_version("trl")  # once
+    monkeypatch.undo()
+    compat.check_version.cache_clear()
+    assert all(compat.check_version(package) for package in compat.TESTED)  # what is installed is what was tested
