@@ -148,6 +148,8 @@ def clone(
         child_data, overrides = override_dict(data, overrides)
         child = _checked(child_data, data, notes)
         schedule = trial_schedule(plan, child.resolved_grpo())
+        # The config as stored: normalized by its own round trip where its code imports here, else as overridden.
+        config_json = TrialConfig.json_of(child_data) if notes else child.to_json()
     except (ConfigError, ValueError) as exc:
         raise OpError(f"clone of trial {parent_number}: {exc}") from exc
     start_unit = 0
@@ -166,7 +168,6 @@ def clone(
     lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
                       by=by or schema.who(), at=schema.now())
     params, distributions = _clone_params(parent.trial, overrides)
-    config_json = child.to_json() if isinstance(child, TrialConfig) else TrialConfig.json_of(child_data)
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.WAITING,
@@ -195,9 +196,10 @@ def clone_in_study(study: optuna.Study, parent_number: int, overrides: Mapping[s
                  checkpoints=CheckpointStore(record.checkpoint_dir), by=by)
 
 
-def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: list[str]) -> TrialConfig | dict[str, Any]:
-    """The clone's config, checked as far as this process can: a `TrialConfig` if the study's code (reward functions,
-    model factory) imports here, else its dict (every other field checked), with a note."""
+def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: list[str]) -> TrialConfig:
+    """The clone's config, checked as far as this process can. Where the study's code (reward functions, model
+    factory) does not import here, its import paths are left unresolved, everything else is checked, and a note
+    says so."""
     try:
         config = TrialConfig.from_dict(child_data)
     except ConfigError as exc:
@@ -209,7 +211,7 @@ def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: lis
         config = TrialConfig.from_dict(child_data, resolve_code=False)
         config.validate(check_code=False)
         _check_trainable(config, child_data, parent_data)
-        return child_data
+        return config
     config.validate()
     _check_trainable(config, child_data, parent_data)
     return config

@@ -78,8 +78,11 @@ class Roster:
             self._counts[record.state.name] = self._counts.get(record.state.name, 0) + 1
         running = {r.number: r for r in records if r.state == TrialState.RUNNING}
         for number in [n for n in self.live if n not in running]:
-            state = records[number].state.name if number < len(records) else "gone"
-            logger.warning("trial %d became %s outside this process; it trains no further here", number, state)
+            # Another worker finished it (a normal hand-over), or a person failed it (optuna-dashboard's button).
+            state = records[number].state if number < len(records) else None
+            log = logger.warning if state in (TrialState.FAIL, None) else logger.info
+            log("trial %d became %s outside this process; it trains no further here", number,
+                state.name if state is not None else "deleted")
             self._drop(number)
         for record in running.values():
             self.reconcile(record)

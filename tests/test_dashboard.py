@@ -179,6 +179,27 @@ def test_refused_op_answers_400_with_the_reason_and_changes_nothing(study, numbe
     assert _snapshot(study) == before
 
 
+def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in_every_other_way(study):
+    """The study's reward functions live in a study file this process cannot import: the clone is still made, the
+    reply says what could not be checked here, and a bad override is still refused."""
+    from rfopt import compat
+
+    config = json.loads(_trials(study)[2].user_attrs["rfopt:config"])
+    config["rewards"] = ["/home/someone/studies/my_study.py:correctness"]
+    storage = compat.storage_of(study.optuna)
+    storage.set_trial_user_attr(compat.trial_id_of(_trials(study)[2]), "rfopt:config", json.dumps(config))
+    with serving(storage) as server:
+        refused = call(server, "POST", api(study, 2, "clone"), {"set": ["learning_rate=-1"]})
+        before = _snapshot(study)
+        status, body, _ = call(server, "POST", api(study, 2, "clone"), {"set": ["learning_rate=0.004"]})
+    assert refused[0] == 400 and "Invalid learning rate: -1" in refused[1]["error"]
+    assert status == 200 and body["trial"] == 3, body
+    assert "cannot be imported here" in body["message"] and "my_study.py" in body["notes"][0]
+    clone = _trials(study)[3]
+    assert len(before) == 3 and json.loads(clone.user_attrs["rfopt:config"])["rewards"] == config["rewards"]
+    assert json.loads(clone.user_attrs["rfopt:config"])["grpo"]["learning_rate"] == 0.004
+
+
 def test_malformed_requests_are_refused_and_change_nothing(study):
     before = _snapshot(study)
     with serving(study.optuna._storage) as server:
