@@ -442,11 +442,10 @@ def run_study(setup: Setup, out_dir: Path) -> SideResult:
 def _settle() -> None:
     """Start each side with the same garbage-collector state, untimed.
 
-    What one side leaves behind lands in the next side's time otherwise: a study's `ModelPool.close` unfreezes the
-    process's objects (``gc.unfreeze``), so the side after it paid an automatic full collection of about a million
-    objects (0.3-0.9 s, which on the tiny model is a third of a side), and garbage left by plain TRL's models was
-    collected inside rfopt's first adapter. Collected and frozen here, both sides start with nothing to collect and
-    a heap the collector skips (plain TRL included, which is faster than in a fresh process: this favours (a)).
+    What one side leaves behind lands in the next side's time otherwise: garbage left by one side's models was
+    collected inside the other side's first chunk, and an automatic full collection of about a million objects
+    (0.3-0.9 s) fell on whichever side crossed the collector's threshold. Collected and frozen here, both sides start
+    with nothing to collect and a heap the collector skips (both alike; each is faster than in a fresh process).
     """
     gc.collect()
     gc.freeze()

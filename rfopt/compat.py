@@ -41,23 +41,15 @@ Kept for exactness or correctness (none of them is a speed trick):
     need their constructor arguments (kept in private attributes), Optuna's percentile helpers (for
     the reason text) and a read-only `optuna.Study` that serves trials from a list.
 
-Kept for speed, measured at realistic size (BENCHMARKS.md, "What each kept patch buys"):
-
-``gc_freeze``  `freeze_long_lived`: ``Trainer.train`` calls ``Accelerator.free_memory``, whose full
-    ``gc.collect()`` walks every object torch, transformers and TRL hold, at every chunk. Frozen
-    (``gc.freeze``, process-wide), the resident model, its adapters and the libraries are skipped.
-
-Set ``RFOPT_COMPAT_OFF=gc_freeze`` (a comma-separated list of the speed entries) to run without one,
-e.g. when measuring what it buys, or if a library change made it harmful.
+None is kept for speed: each speed patch was measured on the SmolLM2 full study and removed when it
+did not buy 1% of it (BENCHMARKS.md, "Engine core").
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import gc
 import importlib.metadata
-import os
 import warnings
 from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
@@ -74,9 +66,6 @@ TESTED: dict[str, str] = {
     "optuna-dashboard": "~=0.21.0",
 }
 """The versions each patched library was checked against (compatible-release ranges, as pinned in pyproject.toml)."""
-
-SPEED_ENTRIES = ("gc_freeze",)
-
 
 class CompatError(RuntimeError):
     """A library that rfopt patches moved: the symbol or call site a correctness patch relies on is gone."""
@@ -103,15 +92,6 @@ def check_version(package: str) -> bool:
         stacklevel=3,
     )
     return False
-
-
-def enabled(entry: str) -> bool:
-    """Whether the speed entry `entry` is on (``RFOPT_COMPAT_OFF`` turns entries off)."""
-    off = {name.strip() for name in os.environ.get("RFOPT_COMPAT_OFF", "").split(",") if name.strip()}
-    unknown = off - set(SPEED_ENTRIES)
-    if unknown:
-        raise CompatError(f"RFOPT_COMPAT_OFF names {sorted(unknown)}; the speed entries are {list(SPEED_ENTRIES)}")
-    return entry not in off
 
 
 def _require(owner: Any, name: str, entry: str) -> None:
@@ -189,30 +169,6 @@ def restore_shared_model(model: Any, args: Any) -> Iterator[None]:
             base.disable_input_require_grads()
         if checkpoints and not checkpointing and getattr(base, "is_gradient_checkpointing", False):
             base.gradient_checkpointing_disable()
-
-
-# ---------------------------------------------------------------------- the garbage collector
-_frozen = False
-
-
-def freeze_long_lived() -> None:
-    """Take what is alive now (libraries, resident models, adapters) out of the cyclic GC's walks (entry
-    ``gc_freeze``). A no-op when the entry is off. The collection first frees what is already garbage, so only
-    live objects are frozen; reference counting still frees frozen objects (a deleted adapter's modules)."""
-    global _frozen
-    if not enabled("gc_freeze"):
-        return
-    gc.collect()
-    gc.freeze()
-    _frozen = True
-
-
-def unfreeze() -> None:
-    """Give the frozen objects back to the cyclic GC (``gc.unfreeze`` is process-wide)."""
-    global _frozen
-    if _frozen:
-        gc.unfreeze()
-        _frozen = False
 
 
 # ---------------------------------------------------------------------- Optuna

@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import compat
 from .config import ConfigError, TrialConfig
 from .smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 
@@ -181,7 +180,6 @@ class ModelPool:
             else:
                 resident.peft_model.add_adapter(name, copy.deepcopy(config.peft))
             resident.adapters.add(name)
-            compat.freeze_long_lived()  # an adapter is some 10,000 module objects that live as long as its trial
         return self.activate(trial_number, config)
 
     def activate(self, trial_number: int, config: TrialConfig) -> Any:
@@ -218,11 +216,9 @@ class ModelPool:
         if key not in self._resident:
             model, tokenizer = load_model(config, self.device)
             self._resident[key] = _Resident(base=model, tokenizer=tokenizer)
-            compat.freeze_long_lived()
         return self._resident[key]
 
     def close(self) -> None:
-        """Drop the resident models and copies, and give frozen objects back to the cyclic GC."""
+        """Drop the resident models and copies."""
         self._resident.clear()
         self._full.clear()
-        compat.unfreeze()

@@ -236,7 +236,7 @@ class Roster:
             unit.run_unit(self.ctx, live, claim)
             if live.finished:
                 unit.finish(self.ctx, live, claim)
-                self._end(live.number)
+                self._drop(live.number)
         except (LeaseLost, ChunkAborted) as exc:  # another worker has the trial now; what this one holds is stale
             logger.warning("%s", exc)
             live.loaded = False
@@ -258,7 +258,7 @@ class Roster:
             self.study.tell(live.trial if live is not None else number, state=TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:  # it ended elsewhere meanwhile
             pass
-        self._end(number)
+        self._drop(number)
 
     def _tell_pruned(self, number: int, reason: str) -> None:
         try:
@@ -266,17 +266,13 @@ class Roster:
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker carried out the same decision
             pass
         logger.info("trial %d pruned: %s", number, reason)
-        self._end(number)
-
-    def _end(self, number: int) -> None:
-        live = self.live.get(number)
-        if live is not None:
-            self._ended_units[number] = live.committed - live.start_unit
         self._drop(number)
 
     def _drop(self, number: int) -> None:
+        """It trains no further here: free what it holds; its units stay counted in this run's progress."""
         live = self.live.pop(number, None)
         if live is not None:
+            self._ended_units[number] = live.committed - live.start_unit
             live.runner.cleanup()
 
     # ------------------------------------------------------------------ what the driver asks

@@ -1,7 +1,6 @@
 """Canaries for rfopt/compat.py: each fails loudly when the library symbol, or the call site, that one of rfopt's
 patches of another library's internals relies on is gone, so an upgrade cannot leave a patch silently doing nothing."""
 
-import gc
 import inspect
 import warnings
 
@@ -104,30 +103,6 @@ def test_a_grpo_trainer_wraps_the_model_forward_on_the_instance_and_the_restore_
                     processing_class=AutoTokenizer.from_pretrained(tiny_model))
         assert "forward" in vars(model) or "forward" in vars(base)  # what the restore exists for
     assert "forward" not in vars(model) and "forward" not in vars(base)
-
-
-# ---------------------------------------------------------------------- gc_freeze
-def test_accelerate_collects_the_whole_heap_at_every_train_call(monkeypatch):
-    from accelerate import Accelerator
-    from transformers import Trainer
-
-    assert "self.accelerator.free_memory()" in inspect.getsource(Trainer._inner_training_loop)
-    calls = []
-    collect = gc.collect
-    monkeypatch.setattr(gc, "collect", lambda *args: calls.append(args) or collect(*args))
-    Accelerator(cpu=True).free_memory()
-    assert calls  # a full collection: what freezing the long-lived objects saves at every chunk
-
-
-def test_gc_freeze_can_be_turned_off_by_name(monkeypatch):
-    monkeypatch.setenv("RFOPT_COMPAT_OFF", "gc_freeze")
-    compat.unfreeze()
-    gc.unfreeze()
-    compat.freeze_long_lived()
-    assert gc.get_freeze_count() == 0
-    monkeypatch.setenv("RFOPT_COMPAT_OFF", "no_such_entry")
-    with pytest.raises(compat.CompatError, match="the speed entries are"):
-        compat.freeze_long_lived()
 
 
 # ---------------------------------------------------------------------- Optuna: optimize_loop, finished_trial_cache,
