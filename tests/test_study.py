@@ -135,3 +135,15 @@ def test_a_model_given_as_a_function_is_stored_by_import_path_and_trains(tiny_mo
     trial = study.optuna.trials[0]
     assert trial.state.name == "COMPLETE"
     assert json.loads(trial.user_attrs["rfopt:config"])["model"] == {"factory": "rfopt_testkit:tiny_model_factory"}
+
+
+def test_a_listener_of_committed_units_that_raises_does_not_fail_the_trial(tiny_model, storage, caplog):
+    study = rfopt.create_study(study_name="listener", storage=storage)
+
+    def on_unit(number, step, value):
+        raise ValueError("my logging broke")
+
+    study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, prefix="E"), num_chunks=2,
+                   show_progress_bar=False, on_unit=on_unit)
+    assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
+    assert "a listener of committed units failed (ValueError: my logging broke); the trial goes on" in caplog.text
