@@ -51,10 +51,11 @@ def drive(
                             roster.apply_requests(live, live.ref.read())
             roster.decide_rungs()
             asking = lambda: more_to_ask() and not compat.stop_requested(study)  # noqa: E731
-            with coordinator.asking() as allowed:
-                if allowed:
-                    roster.configure()
-                    roster.top_up(max_concurrent, asking)
+            if roster.wants_to_ask(records, max_concurrent, asking):
+                with coordinator.asking() as allowed:
+                    if allowed:
+                        roster.configure()
+                        roster.top_up(max_concurrent, asking)
             for live in [live for live in roster.live.values() if live.finished and live.number not in busy]:
                 with coordinator.claim(live.number) as claim:  # trained all its units; a crash came before the tell
                     if claim is not None:

@@ -125,6 +125,15 @@ class Roster:
         return False
 
     # ------------------------------------------------------------------ new trials
+    def wants_to_ask(self, records: list[TrialRecord], max_concurrent: int, more_to_ask: Callable[[], bool]) -> bool:
+        """Whether `configure` or `top_up` has anything to do, judged from the round's read of the study (so a worker
+        takes the study's asking lock only when it will ask: not at every round while its slots are full)."""
+        if any(r.state == TrialState.RUNNING and r.config_json is None for r in records):
+            return True
+        if self.active() >= max_concurrent:
+            return False
+        return more_to_ask() or any(r.state == TrialState.WAITING and r.lineage is not None for r in records)
+
     def configure(self) -> None:
         """Give a config to trials a crash left asked but unconfigured (call while asking is allowed)."""
         for trial in self.study.get_trials(deepcopy=False, states=[TrialState.RUNNING]):

@@ -110,3 +110,16 @@ def test_overriding_the_batch_shape_rederives_the_generation_batch():
     changed = config.with_overrides({"gradient_accumulation_steps": 4})
     assert changed.grpo.steps_per_generation == 4
     assert changed.grpo.generation_batch_size == 16
+
+
+def test_a_stored_config_says_nothing_of_the_machine_and_loads_on_any(tiny_model):
+    """use_cpu, bf16 and fp16 are the device's (rfopt.models.Placement): not stored, and a config stored with bf16
+    (by an older rfopt, on a GPU) still loads on this CPU-only machine."""
+    from rfopt_testkit import trial_config
+
+    config = trial_config(tiny_model)  # use_cpu=True, bf16=False
+    stored = json.loads(config.to_json())
+    assert not {"use_cpu", "bf16", "fp16"} & set(stored["grpo"])
+    stored["grpo"]["bf16"] = True
+    loaded = rfopt.TrialConfig.from_dict(stored)
+    assert loaded.grpo.learning_rate == config.grpo.learning_rate and not loaded.grpo.bf16

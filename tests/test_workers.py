@@ -169,3 +169,34 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     assert got.state == ref.state == optuna.trial.TrialState.COMPLETE
     assert got.intermediate_values == ref.intermediate_values
     assert same_tensors(adapter(got), adapter(ref))
+
+
+def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_not_schedule(tiny_model, tmp_path):
+    """Under leases as alone: requests are applied by the worker that claims the trial, a paused trial included
+    (it is never picked to train, but its resume must still be applied), and it ends as an unpaused run ends."""
+    import rfopt
+    from crashkit import adapter, same_tensors
+    from rfopt_testkit import prompts_dataset, trial_config
+
+    train, evaluation = prompts_dataset(16), prompts_dataset(2, "E")
+    configs = rfopt.grid(trial_config(tiny_model, gradient_accumulation_steps=2), learning_rate=[1e-3, 5e-3])
+    reference = rfopt.create_study(study_name="w", storage=f"sqlite:///{tmp_path / 'reference.db'}")
+    reference.optimize(configs, train, evaluation, num_chunks=4, show_progress_bar=False)
+
+    study = rfopt.create_study(study_name="w", storage=f"sqlite:///{tmp_path / 'worker.db'}")
+    order = []
+
+    def on_unit(number, step, value):
+        order.append((number, step))
+        if (number, step) == (1, 0):
+            study.pause(1)
+        if (number, step) == (0, 2):
+            study.resume(1)
+
+    study.work(configs, train, evaluation, num_chunks=4, lease_seconds=5, poll_seconds=0.05, on_unit=on_unit)
+    assert order[:4] == [(0, 0), (1, 0), (0, 1), (0, 2)]  # trial 1 sat out while paused, then caught up
+    paused, ref = study.optuna.trials[1], reference.optuna.trials[1]
+    assert paused.state == ref.state == optuna.trial.TrialState.COMPLETE
+    assert [op["op"] for op in paused.user_attrs["rfopt:ops"]] == ["pause", "resume"]
+    assert paused.intermediate_values == ref.intermediate_values
+    assert same_tensors(adapter(paused), adapter(ref))
