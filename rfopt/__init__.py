@@ -18,7 +18,7 @@ from .evaluation import EvalResult, EvalSettings, RewardFunctionError
 from .models import ModelUnavailableError
 from .runner import TrialRunner
 from .spaces import grid
-from .storage import StorageUnavailableError
+from .storage import StorageLocationError, StorageUnavailableError
 from .study import LeaderboardRow, Study, create_study, load_study
 from .studyfile import StudySpec
 
@@ -33,6 +33,7 @@ __all__ = [
     "ModelUnavailableError",
     "PlanError",
     "RewardFunctionError",
+    "StorageLocationError",
     "StorageUnavailableError",
     "Study",
     "StudySpec",

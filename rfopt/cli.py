@@ -6,6 +6,14 @@
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
     rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's controls and per-chunk charts
     rfopt worker studies/arithmetic.py --storage URL join a study as workers (one per device), here or on any host
+    rfopt --version                                 rfopt's version and those of the libraries it drives
+
+Every command takes ``--storage URL`` (default ``sqlite:///rfopt.db`` in the working directory) and ``-v`` (before
+or after the command); every command on a study names it with ``--study`` (``--study-name`` is the same flag).
+Bad input is refused before anything is stored: a malformed storage URL, a SQLite file whose folder is missing, a
+study file that does not import, a count or port out of range. Only ``run`` and ``worker`` create a database;
+the other commands refuse a SQLite file that does not exist. An error prints ``rfopt: error: <what and the fix>``
+and exits 1 (2 for a bad argument); ``-v`` shows its traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_STORAGE = "sqlite:///rfopt.db"
+VERBOSE_HELP = "log each trial's progress and show tracebacks"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,11 +45,20 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted: rerun the same command to continue the study from its last committed chunks",
               file=sys.stderr)
         return 130
-    except (ValueError, LookupError, FileNotFoundError, RuntimeError) as exc:
+    except Exception as exc:  # any failure is one line to the user; -v shows the traceback
         if args.verbose:
             raise
-        print(f"rfopt: error: {exc}", file=sys.stderr)
+        print(f"rfopt: error: {_error_text(exc)}\n(run with -v for the traceback)", file=sys.stderr)
         return 1
+
+
+def _error_text(exc: Exception) -> str:
+    """The error as a person reads it: rfopt's own errors (ValueError, LookupError, OSError, RuntimeError and their
+    kin) say what and how to fix; anything else, from a library or a study file, is named by its type too."""
+    text = str(exc).strip()
+    if text and isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and not isinstance(exc, KeyError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,13 +66,17 @@ def _parser() -> argparse.ArgumentParser:
         prog="rfopt",
         description="Optuna-native GRPO hyperparameter search: train many TRL GRPO configurations "
         "concurrently, chunk by chunk, and let Optuna prune the losers.",
-        epilog="Storage defaults to %s (a SQLite file in the working directory); "
-        "any Optuna storage URL works (postgresql://... across hosts)." % DEFAULT_STORAGE,
+        epilog=f"Storage defaults to {DEFAULT_STORAGE} (a SQLite file in the working directory); "
+        "any Optuna storage URL works (postgresql://user@host/db across hosts). Only run and worker create a "
+        "database. -v may come before or after the command.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log each trial's progress and show tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print rfopt's version and those of optuna, trl, transformers, peft and torch, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser(
+    run = _command(
+        sub,
         "run",
         help="run (or continue) a study file",
         description="Run the study defined in a study file (STUDY = rfopt.StudySpec(...)). Rerunning the same "
@@ -65,17 +87,15 @@ def _parser() -> argparse.ArgumentParser:
             examples:
               rfopt run studies/arithmetic.py
               rfopt run studies/arithmetic.py --fast --storage sqlite:///smoke.db
-              rfopt run studies/gsm8k_lite.py --device cuda --study-name gsm8k-2
+              rfopt run studies/gsm8k_lite.py --device cuda --study gsm8k-2
             """
         ),
     )
     run.add_argument("study_file", help="path to a study file, e.g. studies/arithmetic.py")
-    run.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
-    run.add_argument("--study-name", help="study name (default: the study file's name)")
-    run.add_argument("--n-trials", type=int, help="new trials to run in this call (default: the study file's total, "
-                     "less the trials the study already has)")
-    run.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
-    run.add_argument("--max-concurrent", type=int, help="trials time-sliced at once (default: the study file's)")
+    _storage_argument(run, creates=True)
+    _study_argument(run, help="study name (default: the study file's name)")
+    _plan_arguments(run, n_trials="new trials to run in this call, 0 or more (default: the study file's total, "
+                    "less the trials the study already has)", max_concurrent="trials time-sliced at once")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every trial trains, whatever the "
                      "study file's use_cpu/bf16 say (default: %(default)s)")
     run.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
@@ -87,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(handler=_cmd_run)
 
-    worker = sub.add_parser(
+    worker = _command(
+        sub,
         "worker",
         help="join a study as workers, one process per device, beside workers on other devices or hosts",
         description="Train a study file's study together with every other worker on the same storage: each unit "
@@ -107,27 +128,27 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     worker.add_argument("study_file", help="the study file every worker of the study runs")
-    worker.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
-    worker.add_argument("--study", dest="study_name", help="study name (default: the study file's name)")
+    _storage_argument(worker, creates=True)
+    _study_argument(worker, help="study name (default: the study file's name)")
     worker.add_argument("--devices", default="cpu", help="auto (every CUDA device, else the CPU), cpu, cuda:N, or a "
                         "comma-separated list: one worker process each (default: %(default)s)")
     worker.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                         help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
-    worker.add_argument("--n-trials", type=int, help="the study's total trials (default: the study file's)")
-    worker.add_argument("--num-chunks", type=int, help="chunks the training set is split into (default: the study file's)")
-    worker.add_argument("--max-concurrent", type=int, help="trials time-sliced at once across all workers (default: "
-                        "the study file's)")
+    _plan_arguments(worker, n_trials="the study's total trials, 0 or more (default: the study file's)",
+                    max_concurrent="trials time-sliced at once across all workers")
     worker.add_argument("--checkpoint-dir", help="checkpoint store every worker can reach: a shared directory or an "
                         "fsspec URL such as s3://bucket/prefix (default: the one the study recorded, else "
                         "rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a PostgreSQL study needs one)")
-    worker.add_argument("--lease-seconds", type=float, default=30.0, help="how long a unit's lease lasts without a "
-                        "renewal: a dead worker's unit is taken over after this (default: %(default)s)")
+    worker.add_argument("--lease-seconds", type=_positive_seconds, default=30.0, metavar="SECONDS",
+                        help="how long a unit's lease lasts without a renewal, more than 0: a dead worker's unit is "
+                        "taken over after this (default: %(default)s)")
     worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
     worker.set_defaults(handler=_cmd_worker)
 
-    status = sub.add_parser("status", help="list studies, or show one study's leaderboard")
-    status.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
-    status.add_argument("--study", dest="study_name", help="show this study's leaderboard")
+    status = _command(sub, "status", help="list studies, or show one study's leaderboard",
+                      description="List the studies in a storage, or show one study's leaderboard.")
+    _storage_argument(status)
+    _study_argument(status, help="show this study's leaderboard")
     status.set_defaults(handler=_cmd_status)
 
     for op, text in (
@@ -135,12 +156,14 @@ def _parser() -> argparse.ArgumentParser:
         ("resume", "resume a paused trial exactly where it was"),
         ("stop", "stop a running trial at its next chunk boundary: it ends PRUNED, 'stopped by user'"),
     ):
-        p = sub.add_parser(op, help=text, description=text[0].upper() + text[1:] + ".")
-        _study_arguments(p)
+        p = _command(sub, op, help=text, description=text[0].upper() + text[1:] + ".")
+        _storage_argument(p)
+        _study_argument(p, help="the study's name", required=True)
         p.add_argument("trial", type=int, help="trial number")
         p.set_defaults(handler=_cmd_op, op=op)
 
-    clone = sub.add_parser(
+    clone = _command(
+        sub,
         "clone",
         help="enqueue a copy of a trial with changed settings",
         description="Enqueue a copy of a trial with some settings changed (validated before anything is written). "
@@ -154,7 +177,8 @@ def _parser() -> argparse.ArgumentParser:
             """
         ),
     )
-    _study_arguments(clone)
+    _storage_argument(clone)
+    _study_argument(clone, help="the study's name", required=True)
     clone.add_argument("trial", type=int, help="the parent trial's number")
     clone.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                        help="a GRPOConfig field (learning_rate), a LoRA field (lora_r, lora_alpha, peft.<field>) "
@@ -164,7 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                        "remaining steps) instead of from scratch")
     clone.set_defaults(handler=_cmd_clone)
 
-    dashboard = sub.add_parser(
+    dashboard = _command(
+        sub,
         "dashboard",
         help="optuna-dashboard plus rfopt's controls and per-chunk charts",
         description="Serve optuna-dashboard with rfopt's page at /rfopt: per-chunk charts of each trial and "
@@ -179,9 +204,9 @@ def _parser() -> argparse.ArgumentParser:
             """
         ),
     )
-    dashboard.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
+    _storage_argument(dashboard)
     dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
-    dashboard.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    dashboard.add_argument("--port", type=_port, default=8080, help="port, 1 to 65535 (default: %(default)s)")
     dashboard.add_argument("--token", help="token every request must carry; default: $RFOPT_DASHBOARD_TOKEN, or, "
                            "bound to a non-local address, a generated one (printed)")
     dashboard.add_argument("--artifact-dir", default="rfopt-artifacts", help="where files uploaded through the "
@@ -191,18 +216,125 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _study_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
-    parser.add_argument("--study", dest="study_name", required=True, help="the study's name")
+def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand's parser; it accepts -v too (``rfopt status -v``), without resetting a -v given before it."""
+    parser = sub.add_parser(name, **kwargs)
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    return parser
+
+
+def _storage_argument(parser: argparse.ArgumentParser, *, creates: bool = False) -> None:
+    made = "created if missing" if creates else "it must exist"
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL: sqlite:///path.db (relative "
+                        f"to the working directory; {made}) or postgresql://user@host/db (default: %(default)s)")
+
+
+def _plan_arguments(parser: argparse.ArgumentParser, *, n_trials: str, max_concurrent: str) -> None:
+    """``--n-trials``, ``--num-chunks`` and ``--max-concurrent``, each checked by the parser."""
+    parser.add_argument("--n-trials", type=_count, metavar="N", help=n_trials)
+    parser.add_argument("--num-chunks", type=_positive_int, metavar="N", help="chunks the training set is split "
+                        "into, 1 or more (default: the study file's)")
+    parser.add_argument("--max-concurrent", type=_positive_int, metavar="N",
+                        help=f"{max_concurrent}, 1 or more (default: the study file's)")
+
+
+def _study_argument(parser: argparse.ArgumentParser, *, help: str, required: bool = False) -> None:
+    parser.add_argument("--study", "--study-name", dest="study_name", metavar="NAME", required=required, help=help)
+
+
+def _whole_number(text: str, minimum: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number ({what}), got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """``--num-chunks``, ``--max-concurrent``: 1 or more."""
+    return _whole_number(text, 1, "1 or more")
+
+
+def _count(text: str) -> int:
+    """``--n-trials``: 0 or more."""
+    return _whole_number(text, 0, "0 or more")
+
+
+def _port(text: str) -> int:
+    value = _whole_number(text, 1, "a port from 1 to 65535")
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: rfopt's version and those of the libraries it drives, read from their installed metadata (so
+    that nothing heavy is imported)."""
+
+    LIBRARIES = ("optuna", "trl", "transformers", "peft", "torch")
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        lines = [f"rfopt {_installed('rfopt')}"] + [f"  {name} {_installed(name)}" for name in self.LIBRARIES]
+        lines.append(f"  python {sys.version.split()[0]}")
+        print("\n".join(lines))
+        parser.exit()
+
+
+def _installed(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _load_spec(path: str) -> Any:
+    """The `StudySpec` of the study file at `path`. A failure while importing the file (a syntax error, a missing
+    import, any exception its code raises) is reported as the file's, with the line."""
+    import traceback
+
+    from rfopt import studyfile
+
+    try:
+        return studyfile.load_spec(path)
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames and frames[-1].filename == studyfile.__file__:
+            raise  # load_spec's own refusal (no such file, no STUDY) says it all
+        if isinstance(exc, SyntaxError):
+            reason, line = exc.msg, exc.lineno
+        else:
+            here = os.path.abspath(path)
+            reason = str(exc).strip()
+            line = next((f.lineno for f in reversed(frames) if os.path.abspath(f.filename) == here), None)
+        where = f" (line {line})" if line else ""
+        raise ValueError(f"study file {path}: {type(exc).__name__}: {reason}{where}") from exc
 
 
 def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
     """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
-    from rfopt.storage import redact
-    from rfopt.studyfile import load_spec
+    from rfopt.storage import check_url, redact
 
-    spec = load_spec(args.study_file)
+    check_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
+    spec = _load_spec(args.study_file)
     if args.fast:
         spec = spec.with_fast()
     name = args.study_name or spec.name
@@ -242,8 +374,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         train,
         evaluation,
         n_trials=n_trials,
-        num_chunks=args.num_chunks or spec.num_chunks,
-        max_concurrent=args.max_concurrent or spec.max_concurrent,
+        num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
+        max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
         objective=spec.objective,
         eval_settings=spec.eval_settings,
         device=args.device,
@@ -258,6 +390,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     devices = _devices(args.devices)
     if len(devices) > 1:  # one process per device, each this same command on its one device
         import subprocess
+
+        from rfopt.storage import check_url
+
+        check_url(args.storage)  # bad input fails here once, not in every worker
+        _load_spec(args.study_file)
 
         base = ["-v"] * args.verbose + ["worker", args.study_file, "--storage", args.storage,
                                         "--lease-seconds", str(args.lease_seconds),
@@ -278,8 +415,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         train,
         evaluation,
         n_trials=args.n_trials if args.n_trials is not None else spec.n_trials,
-        num_chunks=args.num_chunks or spec.num_chunks,
-        max_concurrent=args.max_concurrent or spec.max_concurrent,
+        num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
+        max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
         objective=spec.objective,
         eval_settings=spec.eval_settings,
         device=devices[0],
@@ -310,7 +447,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import rfopt
     from rfopt.storage import open_storage
 
-    storage = open_storage(args.storage)
+    storage = open_storage(args.storage, create=False)
     if args.study_name is None:
         summaries = optuna.get_all_study_summaries(storage)
         if not summaries:
@@ -331,8 +468,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_op(args: argparse.Namespace) -> int:
     import rfopt
+    from rfopt.storage import open_storage
 
-    study = rfopt.load_study(args.study_name, args.storage)
+    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
     getattr(study, args.op)(args.trial)
     print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
     return 0
@@ -341,9 +479,10 @@ def _cmd_op(args: argparse.Namespace) -> int:
 def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
     from rfopt.config import parse_assignments
+    from rfopt.storage import open_storage
 
     overrides = parse_assignments(args.set)
-    study = rfopt.load_study(args.study_name, args.storage)
+    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
     number = study.clone(args.trial, overrides, warm_start=args.warm_start)
     start = " from its parent's latest checkpoint" if args.warm_start else ""
     print(f"trial {number}: clone of trial {args.trial} with {overrides or 'no changes'} enqueued{start}")
@@ -352,7 +491,9 @@ def _cmd_clone(args: argparse.Namespace) -> int:
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from rfopt.dashboard import serve
+    from rfopt.storage import check_url
 
+    check_url(args.storage, create=False)  # a dashboard only shows a study: it never creates the database
     serve(_absolute_sqlite(args.storage), host=args.host, port=args.port, token=args.token,
           artifact_dir=args.artifact_dir)
     return 0

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .evaluation import reward_name
+
 RewardFunc = Callable[..., list]
 
 # Fields of GRPOConfig that rfopt sets itself for every chunk; a user's value is ignored (see runner.py).
@@ -120,6 +122,10 @@ class TrialConfig:
                     "grpo.use_vllm: generation with vLLM is not supported yet; rfopt generates with transformers. "
                     "Set use_vllm=False"
                 )
+            for f in dataclasses.fields(self.grpo):
+                value = getattr(self.grpo, f.name, None)
+                if isinstance(value, float) and math.isnan(value):
+                    problems.append(f"grpo.{f.name}: NaN; give a number")
         if not self.rewards:
             problems.append("rewards: empty; give at least one reward function")
         for i, func in enumerate(self.rewards if check_code else []):
@@ -143,6 +149,8 @@ class TrialConfig:
             problems.append("quantization: a quantized base model can only be trained with a PEFT adapter; set peft")
         if problems:
             raise ConfigError("; ".join(problems))
+        if isinstance(self.grpo, GRPOConfig):
+            check_training_values(self.grpo)
 
     def resolved_grpo(self) -> Any:
         """The GRPOConfig with `reward_weights` applied."""
@@ -152,7 +160,7 @@ class TrialConfig:
 
     @property
     def reward_names(self) -> list[str]:
-        return [getattr(f, "__name__", type(f).__name__) for f in self.rewards]
+        return [reward_name(f) for f in self.rewards]
 
     @property
     def model_key(self) -> str:
@@ -492,7 +500,7 @@ def resolve_import(path: str) -> Any:
         raise ConfigError(f"{path!r}: expected 'module:name' or '/path/file.py:name'")
     try:
         if module_name.endswith(".py"):
-            module = load_file_module(Path(module_name))
+            module = _running_script(Path(module_name)) or _import_user_file(Path(module_name))
         else:
             module = importlib.import_module(module_name)
         obj: Any = module
@@ -512,8 +520,76 @@ def load_file_module(path: Path):
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
+
+
+_IMPORTING: list[Path] = []
+"""User files being imported to find a function stored by path (innermost last)."""
+
+
+def importing_user_file() -> Path | None:
+    """The user file rfopt is importing right now to find a reward function or model factory, if any: a study run
+    started while it imports is that file running its study again, which `Study.optimize` refuses."""
+    return _IMPORTING[-1] if _IMPORTING else None
+
+
+class _StudyCall(str):
+    lineno: int
+
+
+def _starts_a_study(path: Path) -> _StudyCall | None:
+    """The first call at the top level of the file (outside ``if __name__ == "__main__":`` and functions) that creates
+    or runs a study, if any: importing such a file would run its study."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None  # importing it says what is wrong
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+            continue
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and isinstance(call.func, (ast.Attribute, ast.Name)):
+                name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
+                if name in ("optimize", "work", "create_study", "load_study"):
+                    found = _StudyCall(f"{ast.unparse(call.func)}(...)")
+                    found.lineno = call.lineno
+                    return found
+    return None
+
+
+def _running_script(path: Path) -> Any | None:
+    """The running script's module, if `path` is that script: its functions are taken from it, never imported again
+    (which would run the script a second time)."""
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None)
+    return main if file is not None and Path(file).resolve() == path.resolve() else None
+
+
+def _import_user_file(path: Path) -> Any:
+    started = _starts_a_study(path)
+    if started is not None:
+        raise ConfigError(
+            f"{path} starts a study when it is imported ({started}, line {started.lineno}), and rfopt imports it "
+            "to find a reward function or model factory defined in it, which would run the study again. Put the "
+            "study's run under `if __name__ == \"__main__\":`, or define those functions in a module of their own"
+        )
+    _IMPORTING.append(path.resolve())
+    try:
+        return load_file_module(path)
+    finally:
+        _IMPORTING.pop()
 
 
 def _is_importable(module: str) -> bool:
@@ -552,16 +628,31 @@ def grpo_to_dict(grpo: Any) -> dict[str, Any]:
     for f in dataclasses.fields(GRPOConfig):
         if not f.init or f.name in PLUMBING_FIELDS or f.name in PLACEMENT_FIELDS or f.name in _DERIVED_FIELDS:
             continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = dataclasses.MISSING
+        default = _declared_default(f)
         value = getattr(grpo, f.name)
         if default is dataclasses.MISSING or _jsonable(value) != _jsonable(default):
             out[f.name] = _jsonable(value)
     return out
+
+
+def grpo_default(name: str) -> Any:
+    """The declared default of GRPOConfig field `name`, as JSON (what a stored config leaves out); None if it has
+    none."""
+    from trl import GRPOConfig
+
+    for f in dataclasses.fields(GRPOConfig):
+        if f.name == name:
+            default = _declared_default(f)
+            return None if default is dataclasses.MISSING else _jsonable(default)
+    return None
+
+
+def _declared_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
 
 
 def _derived_free(grpo: Any) -> dict[str, Any]:

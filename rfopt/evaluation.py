@@ -7,7 +7,11 @@ training does next.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +33,24 @@ class EvalSettings:
     seed: int = 0
     num_samples: int = 4
     """Completions kept per evaluation (stored on the trial for inspection)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_new_tokens is not None and (not _is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+            problems.append(f"max_new_tokens={self.max_new_tokens!r}: give a whole number >= 1, or None for the "
+                            "trial's max_completion_length")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            problems.append(f"temperature={self.temperature!r}: give a number >= 0 (0 decodes greedily)")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            problems.append(f"top_p={self.top_p!r}: give a number in (0, 1]")
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            problems.append(f"batch_size={self.batch_size!r}: give a whole number >= 1 (prompts generated at once)")
+        if not _is_int(self.seed):
+            problems.append(f"seed={self.seed!r}: give a whole number")
+        if not _is_int(self.num_samples) or self.num_samples < 0:
+            problems.append(f"num_samples={self.num_samples!r}: give a whole number >= 0 (completions kept)")
+        if problems:
+            raise ValueError("EvalSettings: " + "; ".join(problems))
 
 
 @dataclass
@@ -56,8 +78,10 @@ def evaluate(
     reward_weights: list[float] | None,
     settings: EvalSettings,
     max_new_tokens: int,
+    trainer_state: Any = None,
 ) -> EvalResult:
-    """Generate one completion per eval prompt and score it with the reward functions."""
+    """Generate one completion per eval prompt and score it with the reward functions, called as TRL calls them
+    (`trainer_state` is the trial's `transformers.TrainerState` at the evaluated step)."""
     import torch
 
     prompts = list(dataset["prompt"])
@@ -108,13 +132,13 @@ def evaluate(
         [{"role": "assistant", "content": text}] if is_conversational(p) else text
         for p, text in zip(prompts, completions_text)
     ]
-    scores = score_completions(reward_funcs, prompts, completions, completion_ids, columns)
+    scores = score_completions(reward_funcs, prompts, completions, completion_ids, columns, trainer_state)
     weights = reward_weights or [1.0] * len(reward_funcs)
     metrics: dict[str, float] = {}
     # A sample's total is the weighted sum of its non-NaN rewards, NaN when none is valid (then it is skipped).
     totals = [math.nan] * len(prompts)
     for func, weight, values in zip(reward_funcs, weights, scores):
-        metrics[f"rewards/{_name(func)}/mean"] = _nanmean(values)
+        metrics[f"rewards/{reward_name(func)}/mean"] = _nanmean(values)
         for i, v in enumerate(values):
             if not math.isnan(v):
                 totals[i] = weight * v + (0.0 if math.isnan(totals[i]) else totals[i])
@@ -122,39 +146,133 @@ def evaluate(
     metrics["completions/mean_length"] = sum(len(c) for c in completion_ids) / max(1, len(completion_ids))
     samples = [
         {"prompt": _prompt_text(prompts[i]), "completion": completions_text[i], "reward": totals[i]}
-        | {_name(f): s[i] for f, s in zip(reward_funcs, scores)}
+        | {reward_name(f): s[i] for f, s in zip(reward_funcs, scores)}
         for i in range(min(settings.num_samples, len(prompts)))
     ]
     return EvalResult(metrics=metrics, samples=samples)
 
 
 def score_completions(
-    reward_funcs: list, prompts: list, completions: list, completion_ids: list, columns: dict[str, list]
+    reward_funcs: list, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
+    trainer_state: Any = None,
 ) -> list[list[float]]:
-    """Call each reward function as TRL does; None becomes NaN. Raises `RewardFunctionError` on bad output."""
+    """Call each reward function as TRL's trainer does; None becomes NaN. Raises `RewardFunctionError` on bad
+    output, naming the function."""
     scores = []
     for func in reward_funcs:
-        name = _name(func)
-        try:
-            values = func(
-                prompts=prompts,
-                completions=completions,
-                completion_ids=completion_ids,
-                trainer_state=None,
-                log_extra=lambda *a, **k: None,
-                log_metric=lambda *a, **k: None,
-                **columns,
-            )
-        except Exception as exc:
-            raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc}") from exc
-        if values is None or len(values) != len(completions):
-            got = "None" if values is None else f"{len(values)} values"
-            raise RewardFunctionError(f"reward function {name!r} returned {got} for {len(completions)} completions")
-        try:
-            scores.append([math.nan if v is None else float(v) for v in values])
-        except (TypeError, ValueError) as exc:
-            raise RewardFunctionError(f"reward function {name!r} returned a non-number: {exc}") from exc
+        call = checked_reward(func)
+        kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                      trainer_state=trainer_state, log_extra=_ignore, log_metric=_ignore, **columns)
+        values = asyncio.run(call(**kwargs)) if is_async(func) else call(**kwargs)
+        scores.append([math.nan if v is None else float(v) for v in values])
     return scores
+
+
+def checked_reward(func: Any) -> Callable[..., Any]:
+    """`func` as TRL calls it, with what it returns checked: one finite number (or None) per completion. A reward
+    function that raises, or returns anything else, raises `RewardFunctionError` naming it, what it gave and what is
+    expected. The wrapper keeps the name TRL logs the rewards under (and is async when `func` is)."""
+    name = reward_name(func)
+
+    def check(values: Any, kwargs: dict[str, Any]) -> Any:
+        return _checked_values(name, values, len(kwargs.get("completions") or ()))
+
+    def failed(exc: Exception, kwargs: dict[str, Any]) -> RewardFunctionError:
+        hint = ""
+        if isinstance(exc, KeyError) and exc.args and exc.args[0] not in kwargs:
+            columns = sorted(k for k in kwargs if k not in TRL_REWARD_ARGUMENTS)
+            hint = f" (the dataset has no column {exc.args[0]!r}; its columns: {columns})"
+        return RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc}{hint}")
+
+    if is_async(func):
+        async def checked(**kwargs: Any) -> Any:
+            try:
+                values = await func(**kwargs)
+            except Exception as exc:  # named and re-raised
+                raise failed(exc, kwargs) from exc
+            return check(values, kwargs)
+    else:
+        def checked(**kwargs: Any) -> Any:
+            try:
+                values = func(**kwargs)
+            except Exception as exc:  # named and re-raised
+                raise failed(exc, kwargs) from exc
+            return check(values, kwargs)
+
+    checked.__name__ = checked.__qualname__ = name
+    checked.__wrapped__ = func  # type: ignore[attr-defined]
+    return checked
+
+
+TRL_REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                        "environments")
+"""What TRL's trainer passes every reward function besides the dataset's columns."""
+
+
+def reward_columns(func: Any) -> list[str]:
+    """The dataset columns `func` declares as required parameters (read from its signature)."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in signature.parameters.values()
+            if p.kind in kinds and p.default is inspect.Parameter.empty and p.name not in TRL_REWARD_ARGUMENTS]
+
+
+def reward_name(func: Any) -> str:
+    """The name TRL logs a reward function's values under (``rewards/<name>/mean``)."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def is_async(func: Any) -> bool:
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
+def _checked_values(name: str, values: Any, expected: int) -> list[Any]:
+    what = f"reward function {name!r}"
+    rule = f"it must return a list of {expected} numbers, one per completion (None for a completion it does not score)"
+    if values is None:
+        raise RewardFunctionError(f"{what} returned None; {rule}")
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not hasattr(values, "tolist"):
+        raise RewardFunctionError(f"{what} returned {_shown(values)}; {rule}")
+    values = values.tolist() if hasattr(values, "tolist") else list(values)
+    if len(values) != expected:
+        raise RewardFunctionError(f"{what} returned {len(values)} values for {expected} completions; {rule}")
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if not _is_number(value):  # bools count, as in TRL
+            raise RewardFunctionError(f"{what} returned {_shown(value)} for completion {i}; {rule}")
+        if math.isinf(float(value)):
+            raise RewardFunctionError(f"{what} returned {float(value)} for completion {i}; rewards must be finite "
+                                      "(return None, or NaN, for a completion it does not score)")
+    return values
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, (str, bytes))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    """TRL's ``log_extra`` / ``log_metric``: evaluation keeps no such logs."""
 
 
 def _until_eos(ids: list[int], eos_ids: list[int], pad_id: int | None) -> list[int]:
@@ -169,8 +287,6 @@ def _nanmean(values: list[float]) -> float:
     return sum(kept) / len(kept) if kept else math.nan
 
 
-def _name(func: Any) -> str:
-    return getattr(func, "__name__", type(func).__name__)
 
 
 def _prompt_text(prompt: Any) -> str:

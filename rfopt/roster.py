@@ -249,6 +249,8 @@ class Roster:
         except (LeaseLost, ChunkAborted) as exc:  # another worker has the trial now; what this one holds is stale
             logger.warning("%s", exc)
             live.loaded = False
+        except unit.CallbackFailed as exc:  # the caller's problem, as in Optuna: the trial is not failed
+            raise exc.__cause__ from None
         except Exception as exc:  # noqa: BLE001 - the trial fails alone, if it is still ours to fail
             try:
                 claim.fence_finish(live.number)

@@ -41,7 +41,7 @@ from typing import Any
 from . import compat
 from .chunks import ChunkPlan, TrialSchedule
 from .config import TrialConfig
-from .evaluation import EvalResult, EvalSettings, evaluate
+from .evaluation import EvalResult, EvalSettings, checked_reward, evaluate
 from .models import ModelPool, adapter_name
 from .state import RngState, TrialState
 
@@ -198,7 +198,7 @@ class TrialRunner:
         with compat.restore_shared_model(model, args):
             trainer = compat.chunk_trainer_class()(
                 model=model,
-                reward_funcs=list(self.config.rewards),
+                reward_funcs=self.reward_funcs,
                 args=args,
                 train_dataset=self.chunk_dataset(unit),
                 processing_class=self.tokenizer,
@@ -235,7 +235,15 @@ class TrialRunner:
             swap_seconds=(boundary.first_step_at or started) - started,
         )
 
+    @property
+    def reward_funcs(self) -> list[Any]:
+        """The trial's reward functions as the trainer gets them: what they return is checked, and a failure names
+        the function (`checked_reward`)."""
+        return [checked_reward(func) for func in self.config.rewards]
+
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
+        from transformers import TrainerState
+
         return evaluate(
             self.model,
             self.tokenizer,
@@ -244,6 +252,10 @@ class TrialRunner:
             self.config.reward_weights or self.config.grpo.reward_weights,
             settings,
             max_new_tokens=self.config.grpo.max_completion_length,
+            # What a reward function reading ``trainer_state`` gets from TRL at this step.
+            trainer_state=TrainerState(global_step=self.global_step, max_steps=self.total_steps,
+                                       num_train_epochs=self.schedule.num_epochs,
+                                       epoch=self.units_done / self.schedule.num_chunks),
         )
 
     def cleanup(self) -> None:
@@ -304,7 +316,7 @@ class TrialRunner:
         with compat.restore_shared_model(self.model, args):
             trainer = compat.chunk_trainer_class()(
                 model=self.model,
-                reward_funcs=list(self.config.rewards),
+                reward_funcs=self.reward_funcs,
                 args=args,
                 train_dataset=self.chunk_dataset(0),
                 processing_class=self.tokenizer,

@@ -7,7 +7,7 @@ spells those keys: the engine, ops, the command line and the dashboard read a `S
 
 On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries), ``rfopt:checkpoint_dir``,
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),
-``rfopt:train_fingerprint``.
+``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``.
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
@@ -45,7 +45,8 @@ from .chunks import ChunkPlan, TrialSchedule
 _STUDY_ID = "rfopt:id"
 _CHECKPOINT_DIR = "rfopt:checkpoint_dir"
 _PLAN = "rfopt:plan"
-_SETTINGS = {"objective": "rfopt:objective", "eval_settings": "rfopt:eval", "train_fingerprint": "rfopt:train_fingerprint"}
+_SETTINGS = {"objective": "rfopt:objective", "eval_settings": "rfopt:eval", "train_fingerprint": "rfopt:train_fingerprint",
+             "eval_fingerprint": "rfopt:eval_fingerprint"}
 
 _CONFIG = "rfopt:config"
 _LIST_INDEX = "rfopt:list_index"
@@ -119,7 +120,8 @@ class StudyRecord:
     checkpoint_dir: str | None
     plan: ChunkPlan | None
     settings: dict[str, Any]
-    """``objective``, ``eval_settings``, ``train_fingerprint``: what every trial must share to be compared."""
+    """``objective``, ``eval_settings``, ``train_fingerprint``, ``eval_fingerprint``: what every trial must share to be
+    compared."""
 
     @classmethod
     def of(cls, attrs: Mapping[str, Any]) -> StudyRecord:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
 
 from . import schema
-from .config import ConfigError, TrialConfig
+from .config import ConfigError, TrialConfig, grpo_default
 from .schema import TrialRecord
 
 SpaceFunction = Callable[[optuna.Trial], TrialConfig]
@@ -38,7 +39,13 @@ def grid(base: TrialConfig, **axes: Sequence[Any]) -> list[TrialConfig]:
 
 
 class ListSpace:
-    """An explicit list of configs, enqueued once each in the study."""
+    """An explicit list of configs, enqueued once each in the study.
+
+    The list may grow between runs of a study (the new configs become new trials); a config the study has run
+    cannot change, since its results are the old config's. The fields that differ between configs are the trials'
+    Optuna params: numbers as ranges (which grow with the list), anything else as categorical choices (fixed by the
+    first run: Optuna cannot add a choice to a param its trials already have).
+    """
 
     def __init__(self, configs: Sequence[TrialConfig]) -> None:
         if not configs:
@@ -48,9 +55,38 @@ class ListSpace:
                 raise ConfigError(f"configs[{i}]: expected a TrialConfig, got {type(config).__name__}")
         self.configs = list(configs)
         self.params = _varying_params([c.to_dict() for c in self.configs])
+        self.distributions = {name: _distribution(values, None) for name, values in self.params.items()}
 
     def __len__(self) -> int:
         return len(self.configs)
+
+    def check_study(self, study: optuna.Study) -> int:
+        """Check the list against what `study` ran; return how many of its configs are left to run (enqueued and
+        not started, or not enqueued yet). `ConfigError` if a config the study has changed, or a param gains a
+        categorical choice its trials do not have; nothing is written."""
+        listed: dict[int, str] = {}
+        waiting = 0
+        existing: dict[str, optuna.distributions.BaseDistribution] = {}
+        for t in study.get_trials(deepcopy=False):
+            record = TrialRecord(t)
+            if record.list_index is None or record.lineage is not None:
+                continue
+            listed[record.list_index] = record.config_json or ""
+            waiting += t.state == optuna.trial.TrialState.WAITING
+            for name, dist in t.distributions.items():
+                existing.setdefault(name, dist)
+        for index, stored in sorted(listed.items()):
+            now = TrialConfig.config_dict(self.configs[index].to_json()) if index < len(self.configs) else None
+            if now is not None and TrialConfig.config_dict(stored) != now:
+                changed = _changes(TrialConfig.config_dict(stored), now)
+                raise ConfigError(
+                    f"configs[{index}] is not the config this study ran as its trial for list position {index} "
+                    f"({changed}); a config that has run cannot change. Keep it as it was and append the changed "
+                    "config at the end of the list (it becomes a new trial), or use a new study name"
+                )
+        self.distributions = {name: _distribution(values, existing.get(name), name)
+                              for name, values in self.params.items()}
+        return waiting + sum(index not in listed for index in range(len(self.configs)))
 
     def enqueue_missing(self, study: optuna.Study) -> int:
         """Enqueue the configs this study has not seen yet (a rerun does not enqueue twice); return how many."""
@@ -75,8 +111,8 @@ class ListSpace:
                 "a study driven by a list of configs runs only those"
             )
         if record.lineage is None:  # a clone's params were set when it was made
-            for name, values in self.params.items():
-                trial.suggest_categorical(name, sorted(set(values), key=_sort_key))
+            for name, dist in self.distributions.items():
+                _suggest(trial, name, dist)
         return TrialConfig.from_json(record.config_json)
 
 
@@ -113,13 +149,73 @@ def as_space(space: Any) -> ListSpace | FunctionSpace:
     )
 
 
+def _distribution(values: list[Any], existing: Any, name: str = "") -> optuna.distributions.BaseDistribution:
+    """The Optuna distribution of a list param: a range for numbers, else categorical; the study's own where its
+    trials have the param already (Optuna refuses another kind, or other choices, under the same name)."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    if isinstance(existing, CategoricalDistribution) or (existing is None and not numbers):
+        choices = sorted(set(values), key=_sort_key)
+        if existing is None:
+            return CategoricalDistribution(choices)
+        new = [v for v in choices if v not in existing.choices]
+        if new:
+            raise ConfigError(
+                f"{name}: the list now gives {new}, which the study's trials did not have as choices of this param "
+                f"({list(existing.choices)}); Optuna cannot add a choice to a categorical param once trials have it. "
+                "Use a new study name for the larger list"
+            )
+        return existing
+    if not numbers:
+        raise ConfigError(f"{name}: the study's trials have it as a number range, the list now gives {values}; "
+                          "use a new study name for this list")
+    low, high = min(values), max(values)
+    if isinstance(existing, IntDistribution) or (existing is None and all(isinstance(v, int) for v in values)):
+        if not all(isinstance(v, int) for v in values):
+            raise ConfigError(f"{name}: the study's trials have it as whole numbers, the list now gives {values}; "
+                              "use a new study name for this list")
+        if existing is not None:
+            low, high = min(low, existing.low), max(high, existing.high)
+        return IntDistribution(low, high)
+    if existing is not None:
+        low, high = min(low, existing.low), max(high, existing.high)
+    return FloatDistribution(float(low), float(high))
+
+
+def _suggest(trial: optuna.Trial, name: str, dist: optuna.distributions.BaseDistribution) -> None:
+    """Set the enqueued value of a list param, under its distribution."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        trial.suggest_categorical(name, dist.choices)
+    elif isinstance(dist, IntDistribution):
+        trial.suggest_int(name, dist.low, dist.high)
+    else:
+        trial.suggest_float(name, dist.low, dist.high)
+
+
+def _changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """``learning_rate 0.001 -> 0.005, ...``: the leaf fields that differ between two config dicts."""
+    a, b = _flatten(old), _flatten(new)
+    names = [n for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)]
+    return ", ".join(f"{n.split('.', 1)[-1]} {a.get(n)!r} -> {b.get(n)!r}" for n in names[:4]) + (
+        ", ..." if len(names) > 4 else "")
+
+
 def _varying_params(dicts: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """The leaf fields that differ between configs, as Optuna categorical params (name -> value per config)."""
     flat = [_flatten(d) for d in dicts]
     names = sorted(set().union(*flat))
     params: dict[str, list[Any]] = {}
     for name in names:
-        values = [_param_value(f.get(name)) for f in flat]
+        # A GRPOConfig field a config leaves at its default is not stored: its value is the declared default.
+        default = grpo_default(name.split(".", 1)[1]) if name.startswith("grpo.") else None
+        values = [_param_value(f.get(name, default)) for f in flat]
         if len({json.dumps(v) for v in values}) > 1:
             params[_short(name, names)] = values
     return params

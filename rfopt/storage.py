@@ -12,6 +12,11 @@ how long and what to do. Other errors (a finished trial, a missing study) pass t
 A retried write may run twice if the connection dropped after the database committed it but before
 the reply arrived; rfopt's writes are idempotent (user attrs, reports of a step, state changes that
 Optuna refuses twice) except creating a trial, which could then leave one extra WAITING trial.
+
+A URL that cannot name a database is refused before anything is connected or created, with
+`StorageLocationError`: a malformed URL, a SQLite file whose folder is missing or not writable, and (with
+``create=False``, for commands that only read or steer a study) a SQLite file that does not exist. SQLite
+failing to open or write its file is not retried either: unlike a lock, waiting does not fix it.
 """
 
 from __future__ import annotations
@@ -20,13 +25,17 @@ import abc
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import optuna
 import tenacity
 from optuna.storages import BaseStorage
 
 from . import compat
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 logger = logging.getLogger("rfopt")
 
@@ -42,25 +51,43 @@ class StorageUnavailableError(RuntimeError):
     """The study's database stayed unreachable past the retry budget."""
 
 
+class StorageLocationError(ValueError):
+    """A storage URL that names no usable database: malformed, or a SQLite file that cannot be there (or, where it
+    must exist, is not)."""
+
+
+URL_FORMS = "sqlite:///path.db (relative to the working directory), sqlite:////abs/path.db or postgresql://user@host/db"
+"""The storage URLs rfopt documents, for messages."""
+# SQLite's words for a file it cannot open or write: retrying does not help, unlike "database is locked".
+_SQLITE_REFUSALS = ("unable to open database file", "attempt to write a readonly database")
+
+
 def open_storage(
     storage: str | BaseStorage,
     *,
     retry_seconds: float | None = None,
     sqlite_busy_seconds: float = SQLITE_BUSY_SECONDS,
     cache: bool = True,
+    create: bool = True,
 ) -> BaseStorage | str:
     """The storage for `storage` (a URL or a storage object), with retries on an unreachable database.
 
     SQLite waits `sqlite_busy_seconds` on a lock; PostgreSQL checks pooled connections before use.
-    A storage that is not an SQL database (a journal file, in-memory) is returned as it is. `cache` puts
-    Optuna's cache of finished trials in front, as Optuna does for a URL (a dashboard goes without).
+    A storage that is not an SQL database (a journal file, in-memory) is returned as it is, and a URL of another
+    SQL database (MySQL) as a string, without retries. `cache` puts Optuna's cache of finished trials in front, as
+    Optuna does for a URL (a dashboard goes without). The URL is checked first (`check_url`): with
+    ``create=False`` a SQLite file that does not exist is refused instead of created.
+
+        >>> open_storage("sqlite:///no/such/dir/x.db")                          # doctest: +SKIP
+        StorageLocationError: SQLite file /work/no/such/dir/x.db: its folder /work/no/such/dir does not exist; ...
     """
     if isinstance(storage, RetryingStorage) or not isinstance(storage, str):
         return storage
     budget = RETRY_SECONDS if retry_seconds is None else retry_seconds
-    if storage.startswith("sqlite:"):
+    backend = check_url(storage, create=create).get_backend_name()
+    if backend == "sqlite":
         kwargs: dict[str, Any] = {"connect_args": {"timeout": sqlite_busy_seconds}}
-    elif storage.startswith("postgresql"):
+    elif backend == "postgresql":
         kwargs = {"pool_pre_ping": True}
     else:
         return storage
@@ -69,10 +96,71 @@ def open_storage(
     return RetryingStorage(compat.cached(rdb) if cache else rdb, rdb, budget, redact(storage))
 
 
+def check_url(storage: str, *, create: bool = True) -> URL:
+    """The parsed SQLAlchemy URL of `storage`, once it is known to name a database; else `StorageLocationError`.
+
+    Nothing is connected or created. A SQLite file (relative paths are relative to the working directory) needs an
+    existing folder; with `create` that folder must be writable and so must the file if it exists; without, the
+    file must exist and be readable. In-memory SQLite and server databases are only parsed.
+
+        >>> check_url("sqlite:///rfopt.db", create=False)                        # doctest: +SKIP
+        StorageLocationError: no SQLite file /work/rfopt.db; check --storage ...
+    """
+    from sqlalchemy import exc as sa
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(storage)
+    except sa.ArgumentError:
+        raise StorageLocationError(f"storage {storage!r} is not a database URL; give {URL_FORMS}") from None
+    try:
+        url.get_dialect()
+    except sa.NoSuchModuleError:
+        spelling = " (SQLAlchemy spells it postgresql://)" if url.drivername.startswith("postgres") else ""
+        raise StorageLocationError(
+            f"storage {redact(storage)!r}: unknown database kind {url.drivername!r}{spelling}; give {URL_FORMS}"
+        ) from None
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not url.query.get("uri"):  # a file: URI (mode=ro, ...) is SQLite's own business
+        _check_sqlite_file(url.database, create=create)
+    return url
+
+
+def _check_sqlite_file(database: str, *, create: bool) -> None:
+    path = Path(os.path.abspath(database))
+    folder = path.parent
+    where = f"SQLite file {path}"
+    if not path.exists():
+        if not create:
+            relative = "" if os.path.isabs(database) else (
+                f" (in sqlite:///path.db the path is relative to the working directory, {Path.cwd()}; "
+                "sqlite:////abs/path.db is absolute)")
+            raise StorageLocationError(f"no SQLite file {path}; check --storage{relative}")
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir():
+            raise StorageLocationError(f"{where}: {existing} is not a folder; give another --storage")
+        if existing != folder:
+            raise StorageLocationError(
+                f"{where}: its folder {folder} does not exist; create it (mkdir -p {folder}) or give another --storage"
+            )
+    elif path.is_dir():
+        raise StorageLocationError(f"{where} is a folder, not a database file; give another --storage")
+    elif not os.access(path, os.R_OK):
+        raise StorageLocationError(f"{where} is not readable by this user; fix its permissions or give another --storage")
+    if create:
+        # SQLite writes a journal beside the file, so the folder must be writable as well as the file.
+        for target, what in ((folder, f"its folder {folder}"), (path, "the file")):
+            if target.exists() and not os.access(target, os.W_OK):
+                raise StorageLocationError(
+                    f"{where}: {what} is not writable by this user; fix its permissions or give another --storage"
+                )
+
+
 def retry(call: Callable[[], T], budget: float, where: str, what: str,
           retry_if: Callable[[BaseException], bool] | None = None) -> T:
     """Run `call`, retrying with exponential backoff (0.25 s doubling to 8 s, jittered) while the database is
-    unreachable (or `retry_if` says so), for at most `budget` seconds; then `StorageUnavailableError`."""
+    unreachable (or `retry_if` says so), for at most `budget` seconds; then `StorageUnavailableError`. SQLite failing
+    to open or write its file raises `StorageLocationError` at once."""
 
     def warn(state: tenacity.RetryCallState) -> None:
         logger.warning("storage %s: %s failed (%s); retrying in %.2f s", where, what,
@@ -95,17 +183,38 @@ def retry(call: Callable[[], T], budget: float, where: str, what: str,
             f"({_root(cause)}). Check that the database server is up and reachable, then rerun the same command: "
             "the study continues from its last committed chunks"
         ) from cause
+    except Exception as exc:
+        if not _is_sqlite_refusal(exc):
+            raise
+        raise StorageLocationError(
+            f"storage {where}: {what} failed, SQLite cannot open or write its file ({_root(exc)}); check that the "
+            "file and its folder exist and are writable by this user"
+        ) from exc
 
 
 def is_unreachable(exc: BaseException) -> bool:
-    """Whether `exc` (or what caused it) says the database could not be reached or was locked."""
+    """Whether `exc` (or what caused it) says the database could not be reached or was locked (not that SQLite
+    cannot open or write its file: waiting does not fix that)."""
     from sqlalchemy import exc as sa
 
+    if _is_sqlite_refusal(exc):
+        return False
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, (sa.OperationalError, sa.InterfaceError)):
             return True
         if isinstance(seen, sa.DBAPIError) and seen.connection_invalidated:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _is_sqlite_refusal(exc: BaseException) -> bool:
+    import sqlite3
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlite3.OperationalError) and str(seen) in _SQLITE_REFUSALS:
             return True
         seen = seen.__cause__ or seen.__context__
     return False

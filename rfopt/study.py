@@ -35,16 +35,16 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from . import ops, schema
+from . import compat, ops, schema
 from .artifacts import publish_unit
 from .checkpoints import CheckpointError, CheckpointStore, Location, download, is_url, location_exists, normalize_location
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
 from .compat import storage_of
-from .config import ConfigError, TrialConfig
+from .config import ConfigError, TrialConfig, importing_user_file
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .display import Progress
 from .driver import drive
-from .evaluation import EvalSettings
+from .evaluation import EvalSettings, reward_columns, reward_name
 from .models import ModelPool
 from .roster import Roster
 from .schema import TrialRecord, study_record
@@ -138,7 +138,10 @@ class Study:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
         Args:
-            space: a function ``trial -> TrialConfig``, a list of `TrialConfig`, or `rfopt.grid(...)`.
+            space: a function ``trial -> TrialConfig``, a list of `TrialConfig`, or `rfopt.grid(...)`. Before anything
+                is stored, a function is called once on a scratch trial of an in-memory study, and its config is
+                checked against the chunk plan, the objective and the datasets' columns; a list's configs are all
+                checked, and against what the study ran (a config that ran cannot change; new ones are appended).
             train_dataset, eval_dataset: `datasets.Dataset` with a ``prompt`` column (plus any columns the
                 reward functions read, e.g. ``answer``).
             n_trials: trials to run in this call (default: the length of a list space; required for a function).
@@ -158,9 +161,11 @@ class Study:
         space, n_trials = self._record(checked)
         max_concurrent = checked.max_concurrent or max(1, min(n_trials, 8))
         with Progress(self.study_name, enabled=show_progress_bar) as progress:
-            self._run(space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit,
-                      LocalCoordinator(), max_concurrent, progress=progress,
-                      more_to_ask=lambda roster: roster.asked < n_trials)
+            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit,
+                                LocalCoordinator(), max_concurrent, progress=progress,
+                                more_to_ask=lambda roster: roster.asked < n_trials)
+        if not trained:
+            logger.warning("%s", self._nothing_done(space))
 
     def work(
         self,
@@ -213,43 +218,78 @@ class Study:
                               for t in self.optuna.get_trials(deepcopy=False))
                 return started < n_trials
         max_concurrent = checked.max_concurrent or max(1, min(n_trials or 1, 8))
-        self._run(space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit,
-                  LeasedCoordinator(leases, lease_seconds), max_concurrent, more_to_ask=more_to_ask,
-                  poll_seconds=poll_seconds)
+        trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit,
+                            LeasedCoordinator(leases, lease_seconds), max_concurrent, more_to_ask=more_to_ask,
+                            poll_seconds=poll_seconds)
+        if not trained:
+            logger.warning("%s", self._nothing_done(space))
 
     def _run(self, space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit, coordinator,
-             max_concurrent, *, more_to_ask, progress=None, poll_seconds: float = 1.0) -> None:
+             max_concurrent, *, more_to_ask, progress=None, poll_seconds: float = 1.0) -> int:
+        """Drive the study until nothing is left to do here; return how many units this call committed."""
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         ctx = Context(study=self.optuna, store=store, plan=checked.plan, train_dataset=train_dataset,
                       eval_dataset=eval_dataset, objective=objective, settings=checked.settings, pool=pool,
                       workdir=workdir, subscribers=[publish_unit])
         if on_unit is not None:
-            ctx.subscribers.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
+            ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
+        committed = []
+        ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space)
         try:
             drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
                   poll_seconds=poll_seconds, on_progress=progress)
+        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or user code (a reward function) calling sys.exit
+            logger.warning("study %r: stopped by %s; no trial failed, and each continues from its last committed "
+                           "chunk when the study runs again", self.study_name, type(exc).__name__)
+            raise
         finally:
             for number in list(roster.live):
                 roster.live.pop(number).runner.cleanup()
             pool.close()
             shutil.rmtree(workdir, ignore_errors=True)
+        return len(committed)
+
+    def _nothing_done(self, space: Any) -> str:
+        counts: dict[str, int] = {}
+        for t in self.optuna.get_trials(deepcopy=False):
+            counts[t.state.name] = counts.get(t.state.name, 0) + 1
+        has = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no trials"
+        paused = sum(TrialRecord(t).paused for t in self.optuna.get_trials(deepcopy=False, states=[TrialState.RUNNING]))
+        if paused:
+            more = f"{paused} paused trial(s) wait for a resume (rfopt resume N --study {self.study_name})"
+        elif isinstance(space, ListSpace):
+            more = (f"every one of the list's {len(space)} configs has run; append configs to the list to add "
+                    "trials, or clone a trial")
+        else:
+            more = "no trial is left to continue; give n_trials to add trials"
+        return f"study {self.study_name!r}: nothing to do ({has}): {more}"
 
     # ------------------------------------------------------------------ checking and planning the study
     def _check(self, space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective,
                eval_settings, chunk_seed) -> _Plan:
         """Check the arguments of `optimize`/`work` against each other and the study; nothing is written."""
+        script = importing_user_file()
+        if script is not None:
+            raise ConfigError(
+                f"{script} starts a study when it is imported, and rfopt imports it to find a reward function or "
+                "model factory defined in it, which would run the study again. Put the study's run under "
+                "`if __name__ == \"__main__\":`, or define those functions in a module of their own"
+            )
         space = as_space(space)
         _check_dataset(train_dataset, "train_dataset")
         _check_dataset(eval_dataset, "eval_dataset")
-        if len(eval_dataset) == 0:
-            raise ValueError("eval_dataset is empty; evaluation after each chunk needs at least one prompt")
-        if n_trials is not None and n_trials < 0:
-            raise ValueError(f"n_trials must be >= 0, got {n_trials}")
+        if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
+            raise ValueError(f"n_trials must be a whole number >= 0, got {n_trials!r}")
         if n_trials is None and not isinstance(space, ListSpace):
             raise ValueError("n_trials is required when the search space is a function")
-        if max_concurrent is not None and max_concurrent < 1:
-            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+        if max_concurrent is not None and (not isinstance(max_concurrent, int) or max_concurrent < 1):
+            raise ValueError(f"max_concurrent must be a whole number >= 1, got {max_concurrent!r}")
+        if not isinstance(objective, str):
+            raise TypeError(f"objective must be 'reward' or a reward function's name, got {objective!r}")
+        if eval_settings is not None and not isinstance(eval_settings, EvalSettings):
+            raise TypeError(f"eval_settings must be an rfopt.EvalSettings, got {type(eval_settings).__name__}")
+        _check_pruner(self.optuna.pruner)
         settings = eval_settings or EvalSettings()
         record = study_record(self.optuna)
         plan = record.plan
@@ -263,21 +303,38 @@ class Study:
         else:
             plan = ChunkPlan.build(len(train_dataset), num_chunks, chunk_seed)
         wanted = {"objective": objective, "eval_settings": asdict(settings),
-                  "train_fingerprint": dataset_fingerprint(train_dataset)}
+                  "train_fingerprint": dataset_fingerprint(train_dataset),
+                  "eval_fingerprint": dataset_fingerprint(eval_dataset)}
         for name, value in wanted.items():
             if name in record.settings and record.settings[name] != value:
-                raise ValueError(
-                    f"study {self.study_name!r} was run with {name}={record.settings[name]!r}, this call gives "
-                    f"{value!r}; trials would not be comparable. Use the same value, or a new study name"
-                )
+                raise ValueError(f"study {self.study_name!r}: {_SETTING_CHANGED[name](record.settings[name], value)}; "
+                                 "trials would not be comparable. Use the same one to continue the study, or a new "
+                                 "study name")
         if isinstance(space, ListSpace):
-            for i, config in enumerate(space.configs):  # refuse a bad list before training anything
-                try:
+            configs = list(enumerate(space.configs))
+            left = space.check_study(self.optuna)
+            if n_trials is not None and n_trials > left:
+                raise ValueError(
+                    f"n_trials={n_trials}, but {left} of the list's {len(space)} configs are left to run; a study "
+                    "driven by a list of configs runs its configs: leave n_trials out to run them all, or append "
+                    "configs to the list"
+                )
+        else:
+            sample = _sample_config(space, self.optuna.direction)
+            # The study's own inputs (plan, objective, datasets) are checked against one sampled config.
+            configs = [] if sample is None else [("the search space function's config", sample)]
+        for where, config in configs:  # refuse what would fail every trial before training anything
+            label = f"configs[{where}]" if isinstance(where, int) else where
+            try:
+                if isinstance(where, int):  # a function's configs vary: each is validated as its trial starts
                     config.validate()
-                    trial_schedule(plan, config.resolved_grpo())
                     config.to_json()
-                except (ConfigError, PlanError) as exc:
-                    raise type(exc)(f"configs[{i}]: {exc}") from exc
+                trial_schedule(plan, config.resolved_grpo())
+                _check_objective(objective, config)
+                _check_columns(config, train_dataset, "train_dataset")
+                _check_columns(config, eval_dataset, "eval_dataset")
+            except (ConfigError, PlanError, ValueError) as exc:
+                raise type(exc)(f"{label}: {exc}") from exc
         return _Plan(space, plan, settings, wanted, n_trials, max_concurrent)
 
     def _claim(self) -> CheckpointStore:
@@ -416,6 +473,7 @@ def create_study(
     (default: ``rfopt-checkpoints/<study name>-<study id>`` beside a SQLite file; a study in a server database
     such as PostgreSQL needs one that every host can reach).
     """
+    _check_pruner(pruner)
     storage = open_storage(storage or "sqlite:///rfopt.db")
     study = optuna.create_study(
         study_name=study_name,
@@ -437,7 +495,7 @@ def load_study(
     checkpoint_dir: str | os.PathLike | None = None,
 ) -> Study:
     """Load an existing study (its checkpoint location is read from the study)."""
-    storage = open_storage(storage)
+    storage = open_storage(storage, create=False)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
     except KeyError as exc:
@@ -474,6 +532,84 @@ def _check_dataset(dataset: Any, name: str) -> None:
             f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt', "
             "e.g. dataset.rename_column('question', 'prompt')"
         )
+    if len(dataset) == 0:
+        use = "training splits it into chunks" if name == "train_dataset" else "evaluation after each chunk needs it"
+        raise ValueError(f"{name} is empty; {use}: give at least one row")
+    for i, prompt in enumerate(dataset["prompt"]):
+        if not _is_prompt(prompt):
+            shown = repr(prompt)
+            raise ValueError(
+                f"{name} row {i}: the prompt is {type(prompt).__name__} {shown[:80]}; a prompt is text, or a list of chat "
+                "messages such as [{'role': 'user', 'content': '...'}]. Fix or drop such rows, e.g. "
+                f"{name}.filter(lambda row: isinstance(row['prompt'], str))"
+            )
+
+
+def _is_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return True
+    return (isinstance(prompt, list) and bool(prompt)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in prompt))
+
+
+def _check_objective(objective: str, config: TrialConfig) -> None:
+    names = config.reward_names
+    if objective != "reward" and objective not in names:
+        raise ValueError(f"objective={objective!r} is neither 'reward' (the weighted total of the rewards) nor the "
+                         f"name of one of the reward functions {names}")
+
+
+def _check_columns(config: TrialConfig, dataset: Any, name: str) -> None:
+    """Refuse a dataset that lacks a column a reward function declares as a parameter (TRL passes every column)."""
+    for func in config.rewards:
+        missing = [c for c in reward_columns(func) if c not in dataset.column_names]
+        if missing:
+            raise ValueError(
+                f"reward function {reward_name(func)!r} takes {', '.join(map(repr, missing))}, which {name} has no "
+                f"column for (its columns: {dataset.column_names}); add the column, or give the parameter a default"
+            )
+
+
+def _check_pruner(pruner: Any) -> None:
+    """Refuse a pruner that cannot run here (before the study trains anything that it would then fail to judge)."""
+    import importlib.util
+
+    while isinstance(pruner, optuna.pruners.PatientPruner):
+        pruner = compat.pruner_settings(pruner)["wrapped_pruner"]
+    if isinstance(pruner, optuna.pruners.WilcoxonPruner) and importlib.util.find_spec("scipy") is None:
+        raise ImportError("WilcoxonPruner needs scipy, which is not installed: pip install scipy (or choose "
+                              "another pruner)")
+
+
+def _sample_config(space: Any, direction: Any) -> TrialConfig | None:
+    """A config of a function space, from one call on a scratch in-memory trial (nothing is stored), to check the
+    study before it starts; None if the function raises there (a trial it fails on fails alone, with the reason)."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        scratch = optuna.create_study(direction=direction, sampler=optuna.samplers.RandomSampler(seed=0))
+        config = space.function(scratch.ask())
+    except Exception as exc:  # noqa: BLE001 - checked again, trial by trial, when the study runs
+        logger.debug("the search space function raised on a scratch trial (%s); not checked before the run", exc)
+        return None
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    if not isinstance(config, TrialConfig):
+        raise ConfigError(
+            f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
+        )
+    return config
+
+
+_SETTING_CHANGED = {
+    "objective": lambda old, new: f"it was run with objective={old!r}, this call gives {new!r}",
+    "eval_settings": lambda old, new: f"it was run with eval_settings={old}, this call gives {new}",
+    "train_fingerprint": lambda old, new: (f"this call's train_dataset is not the one it was run with (fingerprint "
+                                           f"{new}, recorded {old})"),
+    "eval_fingerprint": lambda old, new: (f"this call's eval_dataset is not the one its trials were evaluated on "
+                                          f"(fingerprint {new}, recorded {old})"),
+}
 
 
 def _waiting_listed(study: optuna.Study) -> int:

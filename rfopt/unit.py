@@ -63,6 +63,11 @@ class Claim(Protocol):
         """Raise `LeaseLost` unless the right still holds; called before the trial is told COMPLETE."""
 
 
+class CallbackFailed(Exception):
+    """A user callback raised after a unit was committed: not the trial's failure; its cause is re-raised to the
+    caller."""
+
+
 @dataclass(frozen=True)
 class UnitCommitted:
     """What subscribers hear after each commit."""
@@ -86,6 +91,10 @@ class Context:
     pool: ModelPool
     workdir: Path
     subscribers: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
+    """rfopt's own listeners of committed units: one that raises is logged, and the run goes on."""
+    callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
+    """The user's: one that raises ends the run with its exception (`CallbackFailed` on the way out of the unit),
+    as an Optuna callback does; the unit stays committed and the trial resumable."""
 
 
 @dataclass
@@ -213,6 +222,11 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
         except Exception as exc:  # noqa: BLE001 - a listener's failure is not the trial's
             logger.warning("trial %d: a listener of committed units failed (%s: %s); the trial goes on",
                            number, type(exc).__name__, exc)
+    for callback in ctx.callbacks:
+        try:
+            callback(event)
+        except Exception as exc:
+            raise CallbackFailed(f"trial {number}: a callback raised {type(exc).__name__}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------- the end

@@ -34,6 +34,37 @@ def reward_nan(completions, **kwargs):
     return [math.nan] * len(completions)
 
 
+def reward_none(completions, **kwargs):
+    return None
+
+
+def reward_text(completions, **kwargs):
+    return ["good"] * len(completions)
+
+
+def reward_inf(completions, **kwargs):
+    return [math.inf] * len(completions)
+
+
+def reward_reads_solution(completions, **kwargs):
+    """Reads a column no test dataset has, through ``kwargs``."""
+    return [float(kwargs["solution"][i] == _text(c)) for i, c in enumerate(completions)]
+
+
+def reward_answer(completions, answer, **kwargs):
+    """Takes the ``answer`` column as a parameter, as TRL passes it."""
+    return [float(a in _text(c)) for c, a in zip(completions, answer)]
+
+
+def reward_step(completions, trainer_state, **kwargs):
+    """The trainer's global step: what a reward that shapes itself over training reads."""
+    return [float(trainer_state.global_step)] * len(completions)
+
+
+async def reward_len_async(completions, **kwargs):
+    return reward_len(completions, **kwargs)
+
+
 def _text(completion):
     return completion[0]["content"] if isinstance(completion, list) else completion
 

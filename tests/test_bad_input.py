@@ -111,7 +111,7 @@ def test_vllm_generation_is_refused_with_a_clear_message(tiny_model):
 def test_study_refuses_a_different_training_set_on_rerun(tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage)
     study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), num_chunks=1, show_progress_bar=False)
-    with pytest.raises(ValueError, match="train_fingerprint"):
+    with pytest.raises(ValueError, match="this call.s train_dataset is not the one it was run with"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8, prefix="X"), prompts_dataset(2),
                        num_chunks=1, show_progress_bar=False)
     with pytest.raises(rfopt.PlanError, match="num_chunks=2"):

@@ -108,6 +108,7 @@ def test_a_missing_study_file_is_a_clear_error(capsys):
 
 
 def test_unknown_study_in_status_is_a_clear_error(tmp_path, capsys):
+    optuna.create_study(study_name="other", storage=f"sqlite:///{tmp_path / 'e.db'}")
     code = main(["status", "--storage", f"sqlite:///{tmp_path / 'e.db'}", "--study", "nope"])
     assert code == 1
     assert "nope" in capsys.readouterr().err

@@ -85,7 +85,8 @@ def test_later_trials_are_asked_when_slots_free_and_sampler_sees_finished_ones(t
     seen_complete = []
 
     def space(trial):
-        seen_complete.append(len(trial.study.get_trials(states=[optuna.trial.TrialState.COMPLETE])))
+        if trial.study.study_name == "s":  # not the scratch trial that checks the study's inputs before it starts
+            seen_complete.append(len(trial.study.get_trials(states=[optuna.trial.TrialState.COMPLETE])))
         return trial_config(tiny_model, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2))
 
     study.optimize(space, prompts_dataset(16), prompts_dataset(2, "E"), n_trials=3, num_chunks=2,
@@ -137,13 +138,33 @@ def test_a_model_given_as_a_function_is_stored_by_import_path_and_trains(tiny_mo
     assert json.loads(trial.user_attrs["rfopt:config"])["model"] == {"factory": "rfopt_testkit:tiny_model_factory"}
 
 
-def test_a_listener_of_committed_units_that_raises_does_not_fail_the_trial(tiny_model, storage, caplog):
-    study = rfopt.create_study(study_name="listener", storage=storage)
+def test_a_user_callback_that_raises_ends_the_call_with_its_exception_and_the_trial_is_not_failed(tiny_model, storage):
+    study = rfopt.create_study(study_name="callback", storage=storage)
+    train, evaluation = prompts_dataset(8), prompts_dataset(2, prefix="E")
 
     def on_unit(number, step, value):
         raise ValueError("my logging broke")
 
+    with pytest.raises(ValueError, match="my logging broke"):  # as an Optuna callback's exception propagates
+        study.optimize([trial_config(tiny_model)], train, evaluation, num_chunks=2, show_progress_bar=False,
+                       on_unit=on_unit)
+    trial = study.optuna.trials[0]
+    assert trial.state == optuna.trial.TrialState.RUNNING and trial.intermediate_values.keys() == {0}
+    assert "rfopt:fail_reason" not in trial.user_attrs
+
+    study.optimize([trial_config(tiny_model)], train, evaluation, num_chunks=2, show_progress_bar=False)
+    trial = study.optuna.trials[0]
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.intermediate_values.keys() == {0, 1}
+
+
+def test_an_rfopt_listener_of_committed_units_that_raises_does_not_fail_the_trial(tiny_model, storage, caplog,
+                                                                                  monkeypatch):
+    def broken(event):
+        raise OSError("artifact store full")
+
+    monkeypatch.setattr("rfopt.study.publish_unit", broken)
+    study = rfopt.create_study(study_name="listener", storage=storage)
     study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, prefix="E"), num_chunks=2,
-                   show_progress_bar=False, on_unit=on_unit)
+                   show_progress_bar=False)
     assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
-    assert "a listener of committed units failed (ValueError: my logging broke); the trial goes on" in caplog.text
+    assert "a listener of committed units failed (OSError: artifact store full); the trial goes on" in caplog.text

@@ -1,0 +1,321 @@
+"""Bad input is refused before anything is stored, with a message that names the field and the fix; inputs the
+results depend on are guarded, so results never mix; one trial's bad input fails that trial alone, and user code
+that stops the process leaves every trial resumable.
+
+Each refusal test checks the message and that storage and checkpoints are as they were before the call."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+import trl
+from datasets import Dataset
+
+import rfopt
+import rfopt_testkit
+from rfopt.schema import TrialRecord
+from rfopt_testkit import prompts_dataset, reward_len, trial_config
+
+TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
+
+
+def _study(tmp_path, name="s", **kwargs):
+    return rfopt.create_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study.db'}", load_if_exists=True,
+                              **kwargs)
+
+
+def _optimize(study, space, train=TRAIN, evaluation=EVAL, **kwargs):
+    kwargs.setdefault("num_chunks", 2)
+    study.optimize(space, train, evaluation, show_progress_bar=False, **kwargs)
+
+
+def _snapshot(study, tmp_path):
+    """What a refused call must leave as it was: the study's attrs, its trials, and every file beside the database."""
+    trials = [(t.number, t.state, t.params, t.intermediate_values, t.user_attrs) for t in study.optuna.get_trials()]
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".db")
+    return study.optuna.user_attrs, trials, files
+
+
+def _untouched(study, tmp_path):
+    """A study that was never run: no rfopt attrs, no trials, no checkpoint directory."""
+    assert study.optuna.user_attrs == {} and study.optuna.get_trials() == []
+    assert not (tmp_path / "rfopt-checkpoints").exists()
+
+
+# ---------------------------------------------------------------------- results that must not mix
+def test_a_different_eval_set_is_refused_when_a_study_continues(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    _optimize(study, [trial_config(tiny_model)])
+    before = _snapshot(study, tmp_path)
+    more = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=1e-3)]
+    with pytest.raises(ValueError, match=r"this call's eval_dataset is not the one its trials were evaluated on .*"
+                       "Use the same one to continue the study, or a new study name"):
+        _optimize(study, more, evaluation=prompts_dataset(2, "Other"))
+    assert _snapshot(study, tmp_path) == before
+
+
+def test_a_list_study_grows_and_its_new_configs_become_new_trials_with_their_params(tiny_model, tmp_path, caplog):
+    base = trial_config(tiny_model)
+    study = _study(tmp_path)
+    _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 2e-3]))
+    first = [(t.number, t.params, t.intermediate_values) for t in study.optuna.get_trials()]
+
+    _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 2e-3, 3e-3]))
+    trials = study.optuna.get_trials()
+    assert [(t.number, t.params, t.intermediate_values) for t in trials[:2]] == first  # kept as they were
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    assert trials[2].params == {"learning_rate": 3e-3} and TrialRecord(trials[2]).list_index == 2
+    assert isinstance(trials[2].distributions["learning_rate"], optuna.distributions.FloatDistribution)
+
+    _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 2e-3, 3e-3]))  # nothing left: says so
+    assert len(study.optuna.get_trials()) == 3
+    assert "study 's': nothing to do (3 COMPLETE): every one of the list's 3 configs has run" in caplog.text
+
+
+def test_a_changed_config_of_a_list_study_is_refused_naming_what_changed(tiny_model, tmp_path):
+    base = trial_config(tiny_model)
+    study = _study(tmp_path)
+    _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 2e-3]))
+    before = _snapshot(study, tmp_path)
+    with pytest.raises(rfopt.ConfigError, match=r"configs\[1\] is not the config this study ran .* "
+                       r"\(learning_rate 0.002 -> 0.005\); a config that has run cannot change. Keep it as it was and "
+                       "append the changed config at the end of the list"):
+        _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 5e-3]))
+    assert _snapshot(study, tmp_path) == before
+
+
+def test_a_list_that_adds_a_choice_to_a_categorical_param_is_refused(tiny_model, tmp_path):
+    base = trial_config(tiny_model)
+    study = _study(tmp_path)
+    _optimize(study, rfopt.grid(base, lr_scheduler_type=["linear", "constant"]), num_chunks=1)
+    before = _snapshot(study, tmp_path)
+    with pytest.raises(rfopt.ConfigError, match=r"lr_scheduler_type: the list now gives \['cosine'\], which the "
+                       "study's trials did not have as choices"):
+        _optimize(study, rfopt.grid(base, lr_scheduler_type=["linear", "constant", "cosine"]), num_chunks=1)
+    assert _snapshot(study, tmp_path) == before
+
+
+def test_n_trials_beyond_a_lists_configs_is_refused(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    with pytest.raises(ValueError, match=r"n_trials=3, but 1 of the list's 1 configs are left to run; .*leave "
+                       "n_trials out"):
+        _optimize(study, [trial_config(tiny_model)], n_trials=3)
+    _untouched(study, tmp_path)
+
+
+_SCRIPT = """\
+import sys
+sys.path.insert(0, {tests!r})
+import rfopt
+from rfopt_testkit import prompts_dataset, trial_config
+
+
+def reward_here(completions, **kwargs):
+    return [len(c) / 8 for c in completions]
+
+
+study = rfopt.create_study(study_name="script", storage="sqlite:///script.db")
+study.optimize([trial_config({model!r}, rewards=[reward_here])], prompts_dataset(8), prompts_dataset(2, "E"),
+               num_chunks=2, show_progress_bar=False)
+print("trials:", [t.state.name for t in study.optuna.get_trials()])
+"""
+
+
+def test_a_reward_function_of_a_script_without_a_main_guard_is_taken_from_the_running_script(tiny_model, tmp_path,
+                                                                                             monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT.format(tests=str(Path(__file__).parent), model=str(tiny_model)))
+    env = dict(os.environ, RFOPT_STORAGE_RETRY_SECONDS="5")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("trials:") == 1  # the script ran once, not again inside optimize
+    assert "trials: ['COMPLETE']" in done.stdout
+    stored = optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}").trials[0]
+    assert json.loads(stored.user_attrs["rfopt:config"])["rewards"] == [f"{script.resolve()}:reward_here"]
+
+    # Another process (a worker, the dashboard) that would import the script to find the function gets a clear
+    # refusal instead of a second run of the study, and nothing of the script runs.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(rfopt.ConfigError, match=r"starts a study when it is imported \(rfopt.create_study\(...\), "
+                       r"line 11\).*Put the study's run under `if __name__ == \"__main__\":`"):
+        rfopt.TrialConfig.from_json(stored.user_attrs["rfopt:config"])
+    assert len(optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}").trials) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rfopt-checkpoints", "script.db", "train.py"]
+
+
+# ---------------------------------------------------------------------- a study name is not burned by a typo
+def test_too_many_chunks_for_a_function_space_is_refused_before_the_plan_is_stored_and_the_advice_works(tiny_model,
+                                                                                                        tmp_path):
+    study = _study(tmp_path)
+    def space(trial):  # 16 completions a step: 4 prompts x 4 generations
+        return trial_config(tiny_model, learning_rate=trial.suggest_float("lr", 1e-4, 1e-2),
+                            per_device_train_batch_size=16)
+
+    with pytest.raises(rfopt.PlanError, match=r"the search space function's config: each of the 8 chunks holds 2 "
+                       r"prompts, fewer than the 4 one training step needs .* use at most 4 chunks"):
+        _optimize(study, space, train=prompts_dataset(16), n_trials=1, num_chunks=8)
+    _untouched(study, tmp_path)
+    _optimize(study, space, train=prompts_dataset(16), n_trials=1, num_chunks=4)
+    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE"]
+
+
+@pytest.mark.parametrize("kind", ["list", "function"])
+def test_a_mistyped_objective_is_refused_before_anything_trains_and_the_fixed_call_runs(tiny_model, tmp_path, kind):
+    study = _study(tmp_path)
+    space = [trial_config(tiny_model)] if kind == "list" else (lambda trial: trial_config(tiny_model))
+    n_trials = None if kind == "list" else 1
+    with pytest.raises(ValueError, match=r"objective='goood' is neither 'reward' .* nor the name of one of the reward "
+                       r"functions \['reward_len', 'reward_vowels'\]"):
+        _optimize(study, space, n_trials=n_trials, objective="goood")
+    _untouched(study, tmp_path)
+    _optimize(study, space, n_trials=n_trials, objective="reward_len")
+    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE"]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (dict(batch_size=0), "batch_size=0: give a whole number >= 1"),
+    (dict(temperature=-1.0), "temperature=-1.0: give a number >= 0"),
+    (dict(top_p=0.0), r"top_p=0.0: give a number in \(0, 1\]"),
+    (dict(max_new_tokens=0), "max_new_tokens=0: give a whole number >= 1, or None"),
+    (dict(num_samples=-1), "num_samples=-1: give a whole number >= 0"),
+])
+def test_bad_eval_settings_are_refused_where_they_are_made(settings, message):
+    with pytest.raises(ValueError, match="EvalSettings: " + message):
+        rfopt.EvalSettings(**settings)
+
+
+# ---------------------------------------------------------------------- input checked before the first write
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Dataset.from_list([{"prompt": i} for i in range(8)]),
+     r"train_dataset row 0: the prompt is int 0; a prompt is text, or a list of chat messages"),
+    (lambda: Dataset.from_list([{"prompt": "a"}, {"prompt": None}] * 4),
+     r"train_dataset row 1: the prompt is NoneType None"),
+    (lambda: TRAIN.select([]), "train_dataset is empty; training splits it into chunks: give at least one row"),
+])
+def test_prompts_that_are_not_text_or_chat_and_an_empty_train_set_are_refused(tiny_model, tmp_path, make, message):
+    study = _study(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        _optimize(study, [trial_config(tiny_model)], train=make())
+    _untouched(study, tmp_path)
+
+
+def test_an_eval_set_missing_a_column_a_reward_function_takes_is_refused_before_training(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    config = trial_config(tiny_model, rewards=[reward_len, rfopt_testkit.reward_answer])
+    with pytest.raises(ValueError, match=r"configs\[0\]: reward function 'reward_answer' takes 'answer', which "
+                       r"eval_dataset has no column for \(its columns: \['prompt'\]\); add the column"):
+        _optimize(study, [config], evaluation=EVAL.remove_columns("answer"))
+    _untouched(study, tmp_path)
+
+
+def test_a_nan_learning_rate_is_refused_naming_the_field(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    with pytest.raises(rfopt.ConfigError, match=r"configs\[0\]: grpo.learning_rate: NaN; give a number"):
+        _optimize(study, [trial_config(tiny_model, learning_rate=math.nan)])
+    _untouched(study, tmp_path)
+    # From a function, the trial fails alone at once, before it trains, with the same message.
+    space = lambda trial: trial_config(tiny_model, learning_rate=trial.suggest_categorical("lr", [1e-3, math.nan]))  # noqa: E731
+    _optimize(study, space, n_trials=4)
+    trials = study.optuna.get_trials()
+    for trial in trials:
+        if math.isnan(trial.params["lr"]):
+            assert trial.state.name == "FAIL" and not trial.intermediate_values
+            assert "grpo.learning_rate: NaN; give a number" in trial.user_attrs["rfopt:fail_reason"]
+        else:
+            assert trial.state.name == "COMPLETE"
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("scipy") is not None, reason="scipy is installed")
+def test_a_wilcoxon_pruner_without_scipy_is_refused_when_the_study_is_created(tmp_path):
+    for pruner in (optuna.pruners.WilcoxonPruner(), optuna.pruners.PatientPruner(optuna.pruners.WilcoxonPruner(), 1)):
+        with pytest.raises(ImportError, match="WilcoxonPruner needs scipy, which is not installed: pip install scipy"):
+            _study(tmp_path, pruner=pruner)
+    assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'study.db'}") == []
+
+
+def test_bf16_with_use_cpu_in_a_config_trains_on_the_cpu_as_the_device_says(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    _optimize(study, [trial_config(tiny_model, bf16=True, use_cpu=True)], num_chunks=1)
+    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE"]
+
+
+# ---------------------------------------------------------------------- one trial's input, one trial's failure
+@pytest.mark.parametrize(("reward", "reason"), [
+    ("reward_none", "reward function 'reward_none' returned None; it must return a list of 4 numbers, one per "
+                    "completion (None for a completion it does not score)"),
+    ("reward_text", "reward function 'reward_text' returned str 'good' for completion 0; it must return a list of 4 "
+                    "numbers"),
+    ("reward_inf", "reward function 'reward_inf' returned inf for completion 0; rewards must be finite (return "
+                   "None, or NaN, for a completion it does not score)"),
+    ("reward_raises", "reward function 'reward_raises' raised RuntimeError: reward server unreachable"),
+    ("reward_reads_solution", "reward function 'reward_reads_solution' raised KeyError: 'solution' (the dataset "
+                              "has no column 'solution'; its columns: ['answer'])"),
+])
+def test_a_bad_reward_fails_its_trial_alone_with_a_reason_that_names_it(tiny_model, tmp_path, reward, reason):
+    configs = [trial_config(tiny_model, rewards=[reward_len, getattr(rfopt_testkit, reward)]),
+               trial_config(tiny_model)]
+    study = _study(tmp_path)
+    _optimize(study, configs, num_chunks=1)
+    bad, good = study.optuna.get_trials()
+    assert bad.state.name == "FAIL" and reason in bad.user_attrs["rfopt:fail_reason"]
+    assert good.state.name == "COMPLETE"
+
+
+def test_a_reward_reading_trainer_state_gets_the_trials_step_in_training_and_in_evaluation(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    _optimize(study, [trial_config(tiny_model, rewards=[rfopt_testkit.reward_step])], num_chunks=2)
+    trial = study.optuna.get_trials()[0]
+    assert trial.state.name == "COMPLETE"
+    # 4 prompts a chunk, one a step (4 completions, 4 generations): steps 0-3 generate in chunk 0, 4-7 in chunk 1.
+    steps = [m["train"]["rewards/reward_step/mean"] for m in study.chunk_metrics(0)]
+    assert steps == [1.5, 5.5]
+    assert trial.intermediate_values == {0: 4.0, 1: 8.0}  # evaluated after 4 and after 8 steps
+
+
+def test_sys_exit_in_a_reward_ends_the_call_and_every_trial_resumes_to_the_uninterrupted_result(tiny_model,
+                                                                                                 tmp_path):
+    configs = rfopt.grid(trial_config(tiny_model, rewards=[rfopt_testkit.reward_len_hooked]), learning_rate=[1e-3, 5e-3])
+    (tmp_path / "ref").mkdir()
+    reference = _study(tmp_path / "ref")
+    _optimize(reference, configs)
+    calls = []
+
+    def exit_once():
+        calls.append(1)
+        if len(calls) == 3:
+            sys.exit(3)
+
+    study = _study(tmp_path, name="exit")
+    rfopt_testkit.REWARD_HOOK = exit_once
+    try:
+        with pytest.raises(SystemExit):
+            _optimize(study, configs)
+    finally:
+        rfopt_testkit.REWARD_HOOK = None
+    assert all(t.state.name in ("RUNNING", "WAITING") for t in study.optuna.get_trials())
+    _optimize(study, configs)
+    assert ([(t.state, t.intermediate_values) for t in study.optuna.get_trials()]
+            == [(t.state, t.intermediate_values) for t in reference.optuna.get_trials()])
+
+
+def test_the_leaderboard_shows_a_default_as_its_value_not_none(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    _optimize(study, [trial_config(tiny_model), trial_config(tiny_model, optim="sgd")], num_chunks=1)
+    default = trl.GRPOConfig.__dataclass_fields__["optim"].default
+    assert sorted(t.params["optim"] for t in study.optuna.get_trials()) == sorted([str(default), "sgd"])
+    assert "optim=None" not in study.leaderboard_text()
+
+
+def test_an_async_reward_function_is_awaited_in_evaluation_as_in_training(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    _optimize(study, [trial_config(tiny_model, rewards=[rfopt_testkit.reward_len_async])], num_chunks=1)
+    trial = study.optuna.get_trials()[0]
+    assert trial.state.name == "COMPLETE"
+    assert trial.value == study.chunk_metrics(0)[0]["eval"]["rewards/reward_len_async/mean"]
