@@ -207,7 +207,7 @@ class TrialConfig:
     def from_dict(cls, data: Mapping[str, Any], resolve_code: bool = True) -> TrialConfig:
         """The config a dict describes. With `resolve_code=False` its reward functions and model factory stay import
         paths (nothing of the study's own code is imported): such a config can be checked
-        (`validate(check_code=False)`, `check_training_values`, `check_model`), not trained."""
+        (`validate(check_code=False)`, `check_model`), not trained."""
         from trl import GRPOConfig
 
         model = data["model"]
@@ -532,6 +532,15 @@ _IMPORTING: list[Path] = []
 """User files being imported to find a function stored by path (innermost last)."""
 
 
+def study_on_import(path: Path, where: str) -> ConfigError:
+    """The refusal to import a user file that runs a study when imported (`where`: what in it does)."""
+    return ConfigError(
+        f"{path} cannot be imported: it starts a study when it is imported ({where}), and rfopt imports it to find "
+        "a reward function or model factory defined in it, which would run the study again. Put the study's run "
+        "under `if __name__ == \"__main__\":`, or define those functions in a module of their own"
+    )
+
+
 def importing_user_file() -> Path | None:
     """The user file rfopt is importing right now to find a reward function or model factory, if any: a study run
     started while it imports is that file running its study again, which `Study.optimize` refuses."""
@@ -580,11 +589,7 @@ def _running_script(path: Path) -> Any | None:
 def _import_user_file(path: Path) -> Any:
     started = _starts_a_study(path)
     if started is not None:
-        raise ConfigError(
-            f"{path} starts a study when it is imported ({started}, line {started.lineno}), and rfopt imports it "
-            "to find a reward function or model factory defined in it, which would run the study again. Put the "
-            "study's run under `if __name__ == \"__main__\":`, or define those functions in a module of their own"
-        )
+        raise study_on_import(path, f"{started}, line {started.lineno}")
     _IMPORTING.append(path.resolve())
     try:
         return load_file_module(path)

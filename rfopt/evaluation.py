@@ -287,8 +287,6 @@ def _nanmean(values: list[float]) -> float:
     return sum(kept) / len(kept) if kept else math.nan
 
 
-
-
 def _prompt_text(prompt: Any) -> str:
     if is_conversational(prompt):
         return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")

@@ -36,7 +36,7 @@ from . import schema
 from .checkpoints import CheckpointStore
 from .chunks import ChunkPlan, trial_schedule
 from .compat import storage_of, trial_id_of
-from .config import ConfigError, TrialConfig, check_model, check_training_values, override_dict
+from .config import ConfigError, TrialConfig, check_model, override_dict
 from .schema import AppliedOp, Lineage, Request, Stop, TrialRecord, TrialRef
 
 logger = logging.getLogger("rfopt")
@@ -210,17 +210,16 @@ def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: lis
                      "so its reward functions were not checked here")
         config = TrialConfig.from_dict(child_data, resolve_code=False)
         config.validate(check_code=False)
-        _check_trainable(config, child_data, parent_data)
+        _check_model_if_changed(config, child_data, parent_data)
         return config
     config.validate()
-    _check_trainable(config, child_data, parent_data)
+    _check_model_if_changed(config, child_data, parent_data)
     return config
 
 
-def _check_trainable(config: TrialConfig, child_data: dict[str, Any], parent_data: dict[str, Any]) -> None:
-    """What TRL accepts at construction but refuses when training starts (the optimizer's, the scheduler's and the
-    sampling values), and a model that cannot be found (asked only when the overrides change the model)."""
-    check_training_values(config.resolved_grpo())
+def _check_model_if_changed(config: TrialConfig, child_data: dict[str, Any], parent_data: dict[str, Any]) -> None:
+    """A model that cannot be found (asked only when the overrides change the model); what training refuses is
+    checked by `TrialConfig.validate`."""
     if TrialConfig.base_model_of(child_data) != TrialConfig.base_model_of(parent_data):
         check_model(config)
 

@@ -208,7 +208,8 @@ def _changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 
 def _varying_params(dicts: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The leaf fields that differ between configs, as Optuna categorical params (name -> value per config)."""
+    """The leaf fields that differ between configs, as Optuna params (name -> value per config; `_distribution` says
+    which distribution each gets)."""
     flat = [_flatten(d) for d in dicts]
     names = sorted(set().union(*flat))
     params: dict[str, list[Any]] = {}

@@ -40,7 +40,7 @@ from .artifacts import publish_unit
 from .checkpoints import CheckpointError, CheckpointStore, Location, download, is_url, location_exists, normalize_location
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
 from .compat import storage_of
-from .config import ConfigError, TrialConfig, importing_user_file
+from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .display import Progress
 from .driver import drive
@@ -270,12 +270,8 @@ class Study:
                eval_settings, chunk_seed) -> _Plan:
         """Check the arguments of `optimize`/`work` against each other and the study; nothing is written."""
         script = importing_user_file()
-        if script is not None:
-            raise ConfigError(
-                f"{script} starts a study when it is imported, and rfopt imports it to find a reward function or "
-                "model factory defined in it, which would run the study again. Put the study's run under "
-                "`if __name__ == \"__main__\":`, or define those functions in a module of their own"
-            )
+        if script is not None:  # what the check of the file's top level (`config.study_on_import`) could not see
+            raise study_on_import(script, "a study run reached while importing it")
         space = as_space(space)
         _check_dataset(train_dataset, "train_dataset")
         _check_dataset(eval_dataset, "eval_dataset")
@@ -579,7 +575,7 @@ def _check_pruner(pruner: Any) -> None:
         pruner = compat.pruner_settings(pruner)["wrapped_pruner"]
     if isinstance(pruner, optuna.pruners.WilcoxonPruner) and importlib.util.find_spec("scipy") is None:
         raise ImportError("WilcoxonPruner needs scipy, which is not installed: pip install scipy (or choose "
-                              "another pruner)")
+                          "another pruner)")
 
 
 def _sample_config(space: Any, direction: Any) -> TrialConfig | None:

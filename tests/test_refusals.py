@@ -150,6 +150,47 @@ def test_a_reward_function_of_a_script_without_a_main_guard_is_taken_from_the_ru
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rfopt-checkpoints", "script.db", "train.py"]
 
 
+_SCRIPT_WITH_MAIN = """\
+import sys
+sys.path.insert(0, {tests!r})
+import rfopt
+from rfopt_testkit import prompts_dataset, trial_config
+
+
+def reward_here(completions, **kwargs):
+    return [len(c) / 8 for c in completions]
+
+
+def main():
+    study = rfopt.create_study(study_name="script", storage="sqlite:///script.db", load_if_exists=True)
+    study.optimize([trial_config({model!r}, rewards=[reward_here])], prompts_dataset(8), prompts_dataset(2, "E"),
+                   num_chunks=1, show_progress_bar=False)
+
+
+main()
+"""
+
+
+def test_a_script_whose_top_level_runs_a_study_through_a_function_is_refused_when_it_is_imported(tiny_model,
+                                                                                                 tmp_path,
+                                                                                                 monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT_WITH_MAIN.format(tests=str(Path(__file__).parent), model=str(tiny_model)))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    storage = f"sqlite:///{tmp_path / 'script.db'}"
+    stored = optuna.load_study(study_name="script", storage=storage).trials[0]
+    assert stored.state.name == "COMPLETE"
+
+    # The file's top level shows no study call (main() hides it): the study run it reaches is refused instead.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(rfopt.ConfigError, match=r"train.py cannot be imported: it starts a study when it is imported "
+                       r"\(a study run reached while importing it\)"):
+        rfopt.TrialConfig.from_json(stored.user_attrs["rfopt:config"])
+    assert [t.state.name for t in optuna.load_study(study_name="script", storage=storage).trials] == ["COMPLETE"]
+    assert not any(name.startswith("rfopt_user_") and "train" in name for name in sys.modules)  # not left half-made
+
+
 # ---------------------------------------------------------------------- a study name is not burned by a typo
 def test_too_many_chunks_for_a_function_space_is_refused_before_the_plan_is_stored_and_the_advice_works(tiny_model,
                                                                                                         tmp_path):
