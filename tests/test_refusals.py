@@ -133,7 +133,7 @@ def test_a_reward_function_of_a_script_without_a_main_guard_is_taken_from_the_ru
     script.write_text(_SCRIPT.format(tests=str(Path(__file__).parent), model=str(tiny_model)))
     env = dict(os.environ, RFOPT_STORAGE_RETRY_SECONDS="5")
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("trials:") == 1  # the script ran once, not again inside optimize
     assert "trials: ['COMPLETE']" in done.stdout
@@ -176,7 +176,8 @@ def test_a_script_whose_top_level_runs_a_study_through_a_function_is_refused_whe
                                                                                                  monkeypatch):
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT_WITH_MAIN.format(tests=str(Path(__file__).parent), model=str(tiny_model)))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     storage = f"sqlite:///{tmp_path / 'script.db'}"
     stored = optuna.load_study(study_name="script", storage=storage).trials[0]
