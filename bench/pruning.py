@@ -136,15 +136,15 @@ def make_configs(model_path: Path, seed: int, order: list[str], sweep: str) -> l
     return [
         TrialConfig(
             model=str(model_path),
-            peft=None,
-            grpo=grpo_config(
+            reward_funcs=[reward_vowel_variety],
+            args=grpo_config(
                 per_device_train_batch_size=16,  # 4 prompts x 4 completions per step
                 num_generations=4,
                 max_completion_length=8,
                 seed=seed,
                 **specs[label],
             ),
-            rewards=[reward_vowel_variety],
+            peft_config=None,
         )
         for label in order
     ]

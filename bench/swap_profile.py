@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import throughput  # noqa: E402  (sets the environment and sys.path for rewards/ and studies/)
+import throughput  # noqa: E402  (sets the environment and sys.path for rfopt)
 
 
 # The disjoint parts of a swap (the gc figures overlap with them).

@@ -69,7 +69,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore")
 
 ROOT = Path(__file__).resolve().parent.parent
-# rewards/ and studies/ are top-level packages of the repository. Appended, not prepended, so that another copy of
+# The repository root, for rfopt (with rfopt.rewards and rfopt.studies) when it is not installed. Appended, not prepended, so that another copy of
 # rfopt put first on PYTHONPATH (a prototype engine change) is the one measured.
 sys.path.append(str(ROOT))
 
@@ -151,13 +151,13 @@ class Setup:
 
 # ---------------------------------------------------------------------- configs and data
 def build_setup(args: argparse.Namespace, workdir: Path) -> Setup:
-    import rewards
+    from rfopt import rewards
     from peft import LoraConfig
     from trl import GRPOConfig
 
     import rfopt
     from rfopt.chunks import ChunkPlan, trial_schedule
-    from studies.data import load_arithmetic
+    from rfopt.studies.data import load_arithmetic
 
     spec = MODELS[args.model]
     if args.model == "tiny":
@@ -188,16 +188,16 @@ def build_setup(args: argparse.Namespace, workdir: Path) -> Setup:
         configs.append(
             rfopt.TrialConfig(
                 model=source,
-                peft=peft,
-                grpo=grpo,
                 # A length reward varies between completions, so advantages and gradients are not zero.
-                rewards=[rewards.length_reward(target_length=max_len // 2), rewards.tag_count],
+                reward_funcs=[rewards.length_reward(target_length=max_len // 2), rewards.tag_count],
+                args=grpo,
+                peft_config=peft,
             )
         )
     n_train = args.chunks * args.steps_per_chunk  # one prompt per step (batch 4 = one group of 4 completions)
     train, test = load_arithmetic(n_train=n_train, n_test=args.eval_prompts, seed=0)
     plan = ChunkPlan.build(len(train), args.chunks, seed=0)
-    schedules = [trial_schedule(plan, c.resolved_grpo()) for c in configs]
+    schedules = [trial_schedule(plan, c.args) for c in configs]
     for s in schedules:
         assert s.steps_per_chunk == args.steps_per_chunk, s
     settings = rfopt.EvalSettings(batch_size=max(1, args.eval_prompts), num_samples=2)
@@ -259,7 +259,7 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
             model, tokenizer = load_model(config, "cpu")
         # The plumbing rfopt sets for its own trainers, so that only the time-slicing differs.
         args = dataclasses.replace(
-            config.resolved_grpo(),
+            config.args,
             output_dir=str(out_dir / f"plain-{i}"),
             shuffle_dataset=False,
             save_strategy="no",
@@ -275,10 +275,10 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
                 trainer_box[0].model,
                 tokenizer,
                 setup.test,
-                list(config.rewards),
-                config.reward_weights or config.grpo.reward_weights,
+                list(config.reward_funcs),
+                config.args.reward_weights,
                 setup.settings,
-                max_new_tokens=config.grpo.max_completion_length,
+                max_new_tokens=config.args.max_completion_length,
             )
 
         probe = _plain_probe(schedule.steps_per_chunk, evaluate_now if with_eval else None)
@@ -286,11 +286,11 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
             started = time.perf_counter()
             trainer = GRPOTrainer(
                 model=model,
-                reward_funcs=list(config.rewards),
+                reward_funcs=list(config.reward_funcs),
                 args=args,
                 train_dataset=setup.train.select(plan_rows(setup, i)),
                 processing_class=tokenizer,
-                peft_config=copy.deepcopy(config.peft),
+                peft_config=copy.deepcopy(config.peft_config),
                 callbacks=[probe],
             )
             trainer.remove_callback(PrinterCallback)  # rfopt's trainers print nothing either
@@ -465,7 +465,7 @@ def warm_up(setup: Setup, out_dir: Path) -> float:
         train=one,
         test=setup.test.select([0]),
         plan=plan,
-        schedules=[trial_schedule(plan, setup.configs[0].resolved_grpo())],
+        schedules=[trial_schedule(plan, setup.configs[0].args)],
     )
     run_plain(warm, with_eval=True, out_dir=out_dir / "plain")
     run_runners(warm, out_dir / "runners", checkpoint_reps=1)
@@ -559,13 +559,13 @@ def summarize(setup: Setup, args: argparse.Namespace, pairs: dict[str, list[tupl
     record.update(
         model=args.model,
         configs=[
-            {"learning_rate": c.grpo.learning_rate, "lora_r": c.peft.r, "target_modules": "all-linear"}
+            {"learning_rate": c.args.learning_rate, "lora_r": c.peft_config.r, "target_modules": "all-linear"}
             for c in setup.configs
         ],
         chunks=args.chunks,
         steps_per_chunk=args.steps_per_chunk,
         total_steps_per_config=setup.schedules[0].total_steps,
-        max_completion_length=setup.configs[0].grpo.max_completion_length,
+        max_completion_length=setup.configs[0].args.max_completion_length,
         eval_prompts=len(setup.test),
         repeats=args.repeats,
         targets={"ratio": spec["ratio_target"], "swap_ms": spec["swap_target_ms"]},

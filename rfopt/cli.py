@@ -1,14 +1,16 @@
 """The ``rfopt`` command line.
 
-    rfopt run studies/arithmetic.py                 run (or continue) a study file
+    rfopt run arithmetic | my_study.py              run (or continue) a ready-made study or a study file
     rfopt status [--study NAME]                     studies in a storage, and a study's leaderboard
     rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
     rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's controls and per-chunk charts
-    rfopt worker studies/arithmetic.py --storage URL join a study as workers (one per device), here or on any host
+    rfopt worker my_study.py --storage URL          join a study as workers (one per device), here or on any host
     rfopt --version                                 rfopt's version and those of the libraries it drives
 
-Every command takes ``--storage URL`` (default ``sqlite:///rfopt.db`` in the working directory) and ``-v`` (before
+``--n-trials N`` means what it means to ``optuna.Study.optimize``: new trials this command starts;
+``--n-trials-total N`` is the study's total (a study file's ``n_trials_total``): a rerun tops the
+study up to it. Every command takes ``--storage URL`` (default ``sqlite:///rfopt.db`` in the working directory) and ``-v`` (before
 or after the command); every command on a study names it with ``--study`` (``--study-name`` is the same flag).
 Bad input is refused before anything is stored: a malformed storage URL, a SQLite file whose folder is missing, a
 study file that does not import, a count or port out of range. Only ``run`` and ``worker`` create a database;
@@ -85,17 +87,18 @@ def _parser() -> argparse.ArgumentParser:
         epilog=textwrap.dedent(
             """\
             examples:
-              rfopt run studies/arithmetic.py
-              rfopt run studies/arithmetic.py --fast --storage sqlite:///smoke.db
-              rfopt run studies/gsm8k_lite.py --device cuda --study gsm8k-2
+              rfopt run arithmetic                              # the offline demo (rfopt/studies/arithmetic.py)
+              rfopt run arithmetic --fast --storage sqlite:///smoke.db
+              rfopt run gsm8k_lite --device cuda --study gsm8k-2
+              rfopt run my_study.py --n-trials 4 --timeout 3600  # 4 new trials; no chunk starts after an hour
             """
         ),
     )
-    run.add_argument("study_file", help="path to a study file, e.g. studies/arithmetic.py")
+    run.add_argument("study_file", help="a study file (my_study.py), or a ready-made study: "
+                     "arithmetic, gsm8k_lite, deepmath, numina_tir")
     _storage_argument(run, creates=True)
     _study_argument(run, help="study name (default: the study file's name)")
-    _plan_arguments(run, n_trials="new trials to run in this call, 0 or more (default: the study file's total, "
-                    "less the trials the study already has)", max_concurrent="trials time-sliced at once")
+    _plan_arguments(run, max_concurrent="trials time-sliced at once")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every trial trains, whatever the "
                      "study file's use_cpu/bf16 say (default: %(default)s)")
     run.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
@@ -120,22 +123,22 @@ def _parser() -> argparse.ArgumentParser:
         epilog=textwrap.dedent(
             """\
             examples:
-              rfopt worker studies/arithmetic.py --devices auto                  # one worker per GPU, or the CPU
-              rfopt worker studies/arithmetic.py --devices cuda:0,cuda:1 --storage postgresql://db/rfopt \\
+              rfopt worker arithmetic --devices auto                  # one worker per GPU, or the CPU
+              rfopt worker arithmetic --devices cuda:0,cuda:1 --storage postgresql://db/rfopt \\
                   --checkpoint-dir s3://my-bucket/rfopt      # or a directory every host mounts
-              rfopt worker studies/arithmetic.py --devices cpu,cpu               # two workers on the CPU
+              rfopt worker arithmetic --devices cpu,cpu --n-trials-total 16      # two workers on the CPU
             """
         ),
     )
-    worker.add_argument("study_file", help="the study file every worker of the study runs")
+    worker.add_argument("study_file", help="the study file (or ready-made study) every worker of the study runs")
     _storage_argument(worker, creates=True)
     _study_argument(worker, help="study name (default: the study file's name)")
     worker.add_argument("--devices", default="cpu", help="auto (every CUDA device, else the CPU), cpu, cuda:N, or a "
                         "comma-separated list: one worker process each (default: %(default)s)")
     worker.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                         help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
-    _plan_arguments(worker, n_trials="the study's total trials, 0 or more (default: the study file's)",
-                    max_concurrent="trials time-sliced at once across all workers")
+    _plan_arguments(worker, max_concurrent="trials time-sliced at once across all workers",
+                    starter="each worker process")
     worker.add_argument("--checkpoint-dir", help="checkpoint store every worker can reach: a shared directory or an "
                         "fsspec URL such as s3://bucket/prefix (default: the one the study recorded, else "
                         "rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a PostgreSQL study needs one)")
@@ -181,8 +184,8 @@ def _parser() -> argparse.ArgumentParser:
     _study_argument(clone, help="the study's name", required=True)
     clone.add_argument("trial", type=int, help="the parent trial's number")
     clone.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                       help="a GRPOConfig field (learning_rate), a LoRA field (lora_r, lora_alpha, peft.<field>) "
-                       "or model; repeat for several")
+                       help="a GRPOConfig field (learning_rate, reward_weights), a LoRA field (lora_r, lora_alpha, "
+                       "peft_config.<field>), model or reward_funcs; repeat for several")
     clone.add_argument("--warm-start", action="store_true",
                        help="start from the parent's latest checkpoint (its weights; a fresh LR schedule over the "
                        "remaining steps) instead of from scratch")
@@ -229,9 +232,17 @@ def _storage_argument(parser: argparse.ArgumentParser, *, creates: bool = False)
                         f"to the working directory; {made}) or postgresql://user@host/db (default: %(default)s)")
 
 
-def _plan_arguments(parser: argparse.ArgumentParser, *, n_trials: str, max_concurrent: str) -> None:
-    """``--n-trials``, ``--num-chunks`` and ``--max-concurrent``, each checked by the parser."""
-    parser.add_argument("--n-trials", type=_count, metavar="N", help=n_trials)
+def _plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, starter: str = "this command") -> None:
+    """``--n-trials``, ``--n-trials-total``, ``--timeout``, ``--num-chunks`` and ``--max-concurrent``, each checked by
+    the parser."""
+    parser.add_argument("--n-trials", type=_count, metavar="N", help=f"new trials {starter} starts, 0 or more, as "
+                        "optuna's optimize(n_trials=...); trials a stopped run left continue on top (default: the "
+                        "study file's n_trials, else as many as --n-trials-total allows)")
+    parser.add_argument("--n-trials-total", type=_count, metavar="N", help="the study's total trials, 0 or more, "
+                        "whichever command started them: a rerun tops the study up to it (default: the study file's "
+                        "n_trials_total unless --n-trials is given)")
+    parser.add_argument("--timeout", type=_positive_seconds, metavar="SECONDS", help="no chunk starts after this "
+                        "many seconds; trials not finished stay resumable (rerun the command to continue them)")
     parser.add_argument("--num-chunks", type=_positive_int, metavar="N", help="chunks the training set is split "
                         "into, 1 or more (default: the study file's)")
     parser.add_argument("--max-concurrent", type=_positive_int, metavar="N",
@@ -328,6 +339,16 @@ def _load_spec(path: str) -> Any:
         raise ValueError(f"study file {path}: {type(exc).__name__}: {reason}{where}") from exc
 
 
+def _trial_counts(args: argparse.Namespace, spec: Any) -> dict[str, int | None]:
+    """``n_trials`` and ``n_trials_total`` for `Study.optimize` / `Study.work`: the flags, else the study file's (its
+    total only when no ``--n-trials`` says how many trials this command starts)."""
+    n_trials = args.n_trials if args.n_trials is not None else spec.n_trials
+    total = args.n_trials_total
+    if total is None and args.n_trials is None:
+        total = spec.n_trials_total
+    return {"n_trials": n_trials, "n_trials_total": total}
+
+
 def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
     """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
@@ -342,7 +363,7 @@ def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, A
     if spec.description:
         print(textwrap.fill(spec.description, 100), file=sys.stderr)
     train, evaluation = spec.datasets()
-    space = spec.space() if callable(spec.space) and _takes_no_arguments(spec.space) else spec.space
+    space = spec.search_space()
     study = rfopt.create_study(
         study_name=name,
         storage=args.storage,
@@ -357,23 +378,12 @@ def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, A
 
 def _cmd_run(args: argparse.Namespace) -> int:
     spec, study, space, train, evaluation = _open_study_file(args, "study")
-    n_trials = args.n_trials
-    if n_trials is None and spec.n_trials is not None and callable(space):
-        # A study file's n_trials is the study's total: a rerun only tops it up.
-        from optuna.trial import TrialState
-
-        from rfopt.schema import TrialRecord
-
-        started = sum(
-            t.state != TrialState.WAITING and TrialRecord(t).lineage is None
-            for t in study.optuna.get_trials(deepcopy=False)
-        )
-        n_trials = max(0, spec.n_trials - started)
     study.optimize(
         space,
         train,
         evaluation,
-        n_trials=n_trials,
+        **_trial_counts(args, spec),
+        timeout=args.timeout,
         num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
         max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
         objective=spec.objective,
@@ -400,6 +410,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                                         "--lease-seconds", str(args.lease_seconds),
                                         "--precision", args.precision] + ["--fast"] * args.fast
         for flag, value in (("--study", args.study_name), ("--n-trials", args.n_trials),
+                            ("--n-trials-total", args.n_trials_total), ("--timeout", args.timeout),
                             ("--num-chunks", args.num_chunks), ("--max-concurrent", args.max_concurrent),
                             ("--checkpoint-dir", args.checkpoint_dir)):
             if value is not None:
@@ -414,7 +425,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         space,
         train,
         evaluation,
-        n_trials=args.n_trials if args.n_trials is not None else spec.n_trials,
+        **_trial_counts(args, spec),
+        timeout=args.timeout,
         num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
         max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
         objective=spec.objective,
@@ -471,7 +483,7 @@ def _cmd_op(args: argparse.Namespace) -> int:
     from rfopt.storage import open_storage
 
     study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
-    getattr(study, args.op)(args.trial)
+    getattr(study, f"{args.op}_trial")(args.trial)
     print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
     return 0
 
@@ -483,7 +495,7 @@ def _cmd_clone(args: argparse.Namespace) -> int:
 
     overrides = parse_assignments(args.set)
     study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
-    number = study.clone(args.trial, overrides, warm_start=args.warm_start)
+    number = study.clone_trial(args.trial, overrides, warm_start=args.warm_start)
     start = " from its parent's latest checkpoint" if args.warm_start else ""
     print(f"trial {number}: clone of trial {args.trial} with {overrides or 'no changes'} enqueued{start}")
     return 0
@@ -533,15 +545,6 @@ def _absolute_sqlite(storage: str) -> str:
     if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
         return prefix + str(Path(storage[len(prefix):]).resolve())
     return storage
-
-
-def _takes_no_arguments(func: Any) -> bool:
-    import inspect
-
-    try:
-        return not inspect.signature(func).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _quiet_libraries(verbose: bool) -> None:

@@ -28,6 +28,16 @@ Kept for exactness or correctness (none of them is a speed trick):
     is given (an instance ``forward`` wrapper, transformers' ``_require_grads_hook``, dropout,
     gradient checkpointing), so trials sharing one base model never see each other's settings (after
     ~1000 chunks the stacked wrappers also overflowed the stack). Buys: correctness of shared models.
+``trl_model_loading``  `create_model` loads a string ``model`` with TRL's ``create_model_from_path``
+    (``trl.trainer.utils``; not in TRL's public API), the function ``GRPOTrainer.__init__`` loads a string
+    ``model`` with, given ``args.model_init_kwargs``: ``dtype`` defaults to float32 and may be a name
+    (``"bfloat16"``), the architecture comes from the model's config. Buys: ``args.model_init_kwargs`` mean in a
+    trial what they mean to TRL, with no copy of TRL's rules to drift from them.
+``plain_object_state``  `object_state` and `object_from_state` store an instance (a per-trial
+    ``TrainerCallback``; a callable reward such as ``trl.rewards.get_soft_overlong_punishment(...)`` returns, an
+    instance of a private TRL class) as pickle stores a plain object: its class, then its instance attributes,
+    private ones included; restored with ``cls.__new__(cls)`` and the attributes put back. Buys: callbacks and TRL's
+    factory-made rewards stored with a trial, as JSON.
 ``optimize_loop``  `optimize_loop` marks an Optuna study as inside an optimize loop
     (``Study._thread_local.in_optimize_loop``, ``Study._stop_flag``), as ``optuna.Study.optimize``
     does, so that ``study.stop()`` (which GridSampler calls when its grid is done) works under rfopt.
@@ -138,6 +148,17 @@ def chunk_trainer_class() -> type:
     return ChunkTrainer
 
 
+def create_model(model_id: str, **kwargs: Any) -> Any:
+    """A model loaded from a Hub id or directory as ``GRPOTrainer`` loads a string ``model`` (entry
+    ``trl_model_loading``): ``trl.trainer.utils.create_model_from_path(model_id, **kwargs)``, kwargs being
+    ``args.model_init_kwargs`` (with ``quantization_config`` and ``trust_remote_code`` as TRL adds them)."""
+    check_version("trl")
+    from trl.trainer import utils
+
+    _require(utils, "create_model_from_path", "trl_model_loading")
+    return utils.create_model_from_path(model_id, **kwargs)
+
+
 @contextmanager
 def restore_shared_model(model: Any, args: Any) -> Iterator[None]:
     """Put back what constructing and running a GRPOTrainer with `args` changes on a (shared) model
@@ -169,6 +190,29 @@ def restore_shared_model(model: Any, args: Any) -> Iterator[None]:
             base.disable_input_require_grads()
         if checkpoints and not checkpointing and getattr(base, "is_gradient_checkpointing", False):
             base.gradient_checkpointing_disable()
+
+
+# ---------------------------------------------------------------------- instances stored as pickle stores them
+def object_state(obj: Any) -> dict[str, Any] | None:
+    """The instance attributes pickle stores for `obj` when it pickles it as a plain object (its class, then its
+    ``__dict__``); None for anything pickle stores otherwise: a function, a class, a builtin, an object with slots or
+    its own ``__reduce__``/``__getstate__``/``__setstate__`` (entry ``plain_object_state``)."""
+    cls = type(obj)
+    if isinstance(obj, type) or cls.__module__ == "builtins" or not hasattr(obj, "__dict__"):
+        return None
+    if (cls.__reduce_ex__ is not object.__reduce_ex__ or cls.__reduce__ is not object.__reduce__
+            or cls.__getstate__ is not object.__getstate__ or hasattr(cls, "__setstate__")
+            or any("__slots__" in vars(k) for k in cls.__mro__[:-1])):
+        return None
+    return dict(vars(obj))
+
+
+def object_from_state(cls: type, state: dict[str, Any]) -> Any:
+    """An instance of `cls` with the attributes `state`, made as pickle makes one (``cls.__new__(cls)``, no
+    ``__init__``)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
 
 
 # ---------------------------------------------------------------------- Optuna

@@ -11,8 +11,8 @@ Each round:
    and under its claim run one unit of it (`Roster.work_on` -> `rfopt.unit`).
 
 It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
-resume: rerun to continue them). When other processes hold the remaining trials, it waits
-`poll_seconds` and looks again.
+resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`), before it starts
+another unit. When other processes hold the remaining trials, it waits `poll_seconds` and looks again.
 """
 
 from __future__ import annotations
@@ -36,11 +36,15 @@ def drive(
     more_to_ask: Callable[[], bool],
     poll_seconds: float = 1.0,
     on_progress: Callable[[Progress], None] | None = None,
+    deadline: float | None = None,
 ) -> None:
     """Run the study's units until none is left for this process (see the module docstring)."""
     study = roster.study
     with compat.optimize_loop(study):  # study.stop() (GridSampler calls it) stops asking, as in optuna.Study.optimize
         while True:
+            if deadline is not None and time.monotonic() >= deadline:
+                logger.info("timeout: no unit starts after it; the live trials stay resumable")
+                return
             records = roster.reconcile_all()
             busy = coordinator.busy()
             for record in records:

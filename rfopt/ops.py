@@ -17,8 +17,8 @@ running (the Python API, the ``rfopt`` command line, the dashboard):
   schedule over the remaining steps; it reports at the parent's step numbers onward). Lineage is
   stored on the clone.
 
-    >>> study.pause(3); study.resume(3); study.stop(4)                        # doctest: +SKIP
-    >>> study.clone(3, {"learning_rate": 2e-6}, warm_start=True)              # doctest: +SKIP
+    >>> study.pause_trial(3); study.resume_trial(3); study.stop_trial(4)      # doctest: +SKIP
+    >>> study.clone_trial(3, {"learning_rate": 2e-6}, warm_start=True)        # doctest: +SKIP
     7
 """
 
@@ -147,7 +147,7 @@ def clone(
     try:
         child_data, overrides = override_dict(data, overrides)
         child = _checked(child_data, data, notes)
-        schedule = trial_schedule(plan, child.resolved_grpo())
+        schedule = trial_schedule(plan, child.args)
         # The config as stored: normalized by its own round trip where its code imports here, else as overridden.
         config_json = TrialConfig.json_of(child_data) if notes else child.to_json()
     except (ConfigError, ValueError) as exc:
@@ -197,13 +197,14 @@ def clone_in_study(study: optuna.Study, parent_number: int, overrides: Mapping[s
 
 
 def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: list[str]) -> TrialConfig:
-    """The clone's config, checked as far as this process can. Where the study's code (reward functions, model
-    factory) does not import here, its import paths are left unresolved, everything else is checked, and a note
+    """The clone's config, checked as far as this process can. Where the study's code (reward functions, callbacks,
+    model factory) does not import here, its import paths are left unresolved, everything else is checked, and a note
     says so."""
     try:
         config = TrialConfig.from_dict(child_data)
     except ConfigError as exc:
-        own_code = child_data["rewards"] == parent_data["rewards"] and child_data["model"] == parent_data["model"]
+        own_code = (child_data["reward_funcs"] == parent_data["reward_funcs"] and child_data["model"] == parent_data["model"]
+                    and child_data.get("callbacks") == parent_data.get("callbacks"))
         if not own_code or "cannot be imported" not in str(exc):
             raise  # a reward or model factory the overrides name must import here
         notes.append(f"the study's code cannot be imported here ({exc}); the process running the study imports it, "
@@ -227,10 +228,10 @@ def _check_model_if_changed(config: TrialConfig, child_data: dict[str, Any], par
 def _check_warm_compatible(parent: dict[str, Any], child: dict[str, Any], parent_number: int) -> None:
     if TrialConfig.base_model_of(parent) != TrialConfig.base_model_of(child):
         raise OpError(f"clone of trial {parent_number}: a warm start needs the parent's base model; the overrides change it")
-    if (parent["peft"] is None) != (child["peft"] is None):
+    if (parent["peft_config"] is None) != (child["peft_config"] is None):
         raise OpError(f"clone of trial {parent_number}: a warm start cannot switch between an adapter and full fine-tuning")
-    if parent["peft"] is not None:
-        before, after = parent["peft"], child["peft"]
+    if parent["peft_config"] is not None:
+        before, after = parent["peft_config"], child["peft_config"]
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         shape_changes = [k for k in changed if k not in _WARM_SAFE_PEFT_FIELDS]
         if shape_changes:

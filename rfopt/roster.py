@@ -18,13 +18,14 @@ every live trial reported a step), `work_on` (one unit, then finish), `fail` and
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from . import ops, schema, unit
 from .chunks import trial_schedule
@@ -55,8 +56,14 @@ class Progress:
 class Roster:
     """The live trials of one run (`live`, by trial number)."""
 
-    def __init__(self, ctx: Context, space: Any) -> None:
+    def __init__(self, ctx: Context, space: Any, *,
+                 callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+                 catch: tuple[type[Exception], ...] = (Exception,)) -> None:
         self.ctx = ctx
+        self.callbacks = tuple(callbacks)
+        """Called as ``callback(study, frozen_trial)`` after each trial this run ends, as Optuna calls them."""
+        self.catch = catch
+        """A trial's exceptions that fail it alone; another fails it and is raised on (`optuna.Study.optimize`)."""
         self.study = ctx.study
         self.space = space
         self.live: dict[int, Live] = {}
@@ -105,6 +112,7 @@ class Roster:
                 live = self._start(self._handle(record), TrialConfig.from_json(record.config_json), record, fresh=False)
         except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
             self.fail(number, f"could not resume: {type(exc).__name__}: {exc}")
+            self._raise_uncaught(exc)
             return None
         if record.committed != live.committed:  # another process moved it on, or this one crashed: load again
             live.committed, live.loaded = record.committed, False
@@ -158,13 +166,14 @@ class Roster:
             self._start(trial, config, None, fresh=True)
         except Exception as exc:  # noqa: BLE001 - a bad config fails its trial, not the study
             self.fail(trial.number, f"{type(exc).__name__}: {exc}")
+            self._raise_uncaught(exc)
 
     def _start(self, trial: optuna.Trial, config: TrialConfig, record: TrialRecord | None, *, fresh: bool) -> Live:
         """Make the trial live here. `fresh`: this process just configured it, so nothing of it can be in the
         checkpoint store yet; any other trial is checked against its checkpoint before it trains (`unit.prepare`)."""
         ref = self._ref(trial)
         record = record or ref.read()
-        schedule = trial_schedule(self.ctx.plan, config.resolved_grpo())
+        schedule = trial_schedule(self.ctx.plan, config.args)
         if record.schedule is None:
             schema.write_schedule(ref, schedule)
         lineage = record.lineage
@@ -243,7 +252,8 @@ class Roster:
                 return
         try:
             unit.run_unit(self.ctx, live, claim)
-            if live.finished:
+            finished = live.finished
+            if finished:
                 unit.finish(self.ctx, live, claim)
                 self._drop(live.number)
         except (LeaseLost, ChunkAborted) as exc:  # another worker has the trial now; what this one holds is stale
@@ -258,6 +268,10 @@ class Roster:
                 live.loaded = False
             else:
                 self.fail(live.number, f"{type(exc).__name__}: {exc}")
+                self._raise_uncaught(exc)
+        else:
+            if finished:
+                self._ended(live.number)
 
     # ------------------------------------------------------------------ ends
     def fail(self, number: int, reason: str) -> None:
@@ -268,16 +282,33 @@ class Roster:
             schema.write_fail_reason(live.ref if live is not None else self._ref_by_number(number), reason)
             self.study.tell(live.trial if live is not None else number, state=TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:  # it ended elsewhere meanwhile
-            pass
+            self._drop(number)
+            return
         self._drop(number)
+        self._ended(number)
+
+    def _raise_uncaught(self, exc: Exception) -> None:
+        """Raise a trial's exception on (out of the run) unless `catch` says it fails the trial alone; call it in the
+        `except` block, after the trial failed."""
+        if not isinstance(exc, self.catch):
+            raise exc
 
     def _tell_pruned(self, number: int, reason: str) -> None:
         try:
             self.study.tell(self.live[number].trial if number in self.live else number, state=TrialState.PRUNED)
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker carried out the same decision
-            pass
+            self._drop(number)
+            return
         logger.info("trial %d pruned: %s", number, reason)
         self._drop(number)
+        self._ended(number)
+
+    def _ended(self, number: int) -> None:
+        """Call the run's callbacks with the trial this process just ended, as Optuna calls them after a trial."""
+        if self.callbacks:
+            frozen = copy.deepcopy(self.study.get_trials(deepcopy=False)[number])
+            for callback in self.callbacks:
+                callback(self.study, frozen)
 
     def _drop(self, number: int) -> None:
         """It trains no further here: free what it holds; its units stay counted in this run's progress."""

@@ -11,7 +11,9 @@ adapter on the shared base), trains the chunk, and hands the state on to the nex
   (the trainer's constructor and dataloader draw random numbers before that);
 - every chunk ends on a generation-cycle boundary (see chunks.py), so no buffered generation is
   lost;
-- the data is the study's chunk, in order (``shuffle_dataset=False``: the plan already shuffled).
+- the data is the study's chunk, in order (``shuffle_dataset=False``: the plan already shuffled);
+- the trial's own callbacks (`TrialConfig.callbacks`) are given to every chunk's trainer, after rfopt's: a chunk is
+  one ``trainer.train()`` call, so their ``on_train_begin``/``on_train_end`` fire once per chunk.
 
 So a trial trained in chunks, with other trials swapped in between, ends with the same weights as
 the trial trained straight through (bit-identical on the CPU). With ``beta > 0`` the reference
@@ -202,11 +204,11 @@ class TrialRunner:
                 args=args,
                 train_dataset=self.chunk_dataset(unit),
                 processing_class=self.tokenizer,
-                callbacks=[boundary],
+                callbacks=[boundary, *self.config.callbacks],
                 optimizers=(self._optimizer, self._scheduler),
                 start_step=self.global_step,
                 tokens_seen=self.tokens_seen,
-                beta=self.config.grpo.beta,
+                beta=self.config.args.beta,
                 first_chunk=unit == self.start_unit,
             )
             _quiet(trainer)
@@ -239,7 +241,7 @@ class TrialRunner:
     def reward_funcs(self) -> list[Any]:
         """The trial's reward functions as the trainer gets them: what they return is checked, and a failure names
         the function (`checked_reward`)."""
-        return [checked_reward(func) for func in self.config.rewards]
+        return [checked_reward(func) for func in self.config.reward_funcs]
 
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
         from transformers import TrainerState
@@ -248,10 +250,10 @@ class TrialRunner:
             self.model,
             self.tokenizer,
             eval_dataset,
-            list(self.config.rewards),
-            self.config.reward_weights or self.config.grpo.reward_weights,
+            list(self.config.reward_funcs),
+            self.config.args.reward_weights,
             settings,
-            max_new_tokens=self.config.grpo.max_completion_length,
+            max_new_tokens=self.config.args.max_completion_length,
             # What a reward function reading ``trainer_state`` gets from TRL at this step.
             trainer_state=TrainerState(global_step=self.global_step, max_steps=self.total_steps,
                                        num_train_epochs=self.schedule.num_epochs,
@@ -267,7 +269,7 @@ class TrialRunner:
     def trainable_weights(self) -> dict[str, Any]:
         """The trial's trained weights: its adapter (PEFT) or the whole model (full fine-tuning)."""
         model = self.model
-        if self.config.peft is not None:
+        if self.config.peft_config is not None:
             from peft import get_peft_model_state_dict
 
             return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=adapter_name(self.number)).items()}
@@ -288,7 +290,7 @@ class TrialRunner:
         """Set the trial's trained weights (its adapter, or the whole model) from `trainable_weights()` of a trial
         of the same shape."""
         model = self.model
-        if self.config.peft is not None:
+        if self.config.peft_config is not None:
             from peft import set_peft_model_state_dict
 
             result = set_peft_model_state_dict(model, weights, adapter_name=adapter_name(self.number))
@@ -322,7 +324,7 @@ class TrialRunner:
                 processing_class=self.tokenizer,
                 start_step=0,
                 tokens_seen=0,
-                beta=self.config.grpo.beta,
+                beta=self.config.args.beta,
                 first_chunk=False,
             )
             optimizer = trainer.create_optimizer()
@@ -330,10 +332,10 @@ class TrialRunner:
         return optimizer, scheduler
 
     def chunk_args(self) -> Any:
-        """The trial's GRPOConfig as a chunk trains it: rfopt's plumbing, and placement from the pool's device."""
-        grpo = self.config.resolved_grpo()
+        """The trial's GRPOConfig as a chunk trains it: rfopt's plumbing, and placement from the pool's device. The
+        model is the pool's, loaded with ``model_init_kwargs`` already (TRL would warn that they are ignored)."""
         return dataclasses.replace(
-            grpo,
+            self.config.args,
             **self.pool.placement.args(),
             output_dir=str(self.workdir / f"trial-{self.number}"),
             max_steps=self.total_steps,
@@ -345,6 +347,7 @@ class TrialRunner:
             eval_strategy="no",
             beta=0.0,
             generation_batch_size=None,
+            model_init_kwargs=None,
         )
 
 

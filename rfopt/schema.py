@@ -46,7 +46,8 @@ _STUDY_ID = "rfopt:id"
 _CHECKPOINT_DIR = "rfopt:checkpoint_dir"
 _PLAN = "rfopt:plan"
 _SETTINGS = {"objective": "rfopt:objective", "eval_settings": "rfopt:eval", "train_fingerprint": "rfopt:train_fingerprint",
-             "eval_fingerprint": "rfopt:eval_fingerprint"}
+             "eval_fingerprint": "rfopt:eval_fingerprint", "num_chunks": "rfopt:num_chunks",
+             "chunk_seed": "rfopt:chunk_seed"}
 
 _CONFIG = "rfopt:config"
 _LIST_INDEX = "rfopt:list_index"
@@ -120,8 +121,8 @@ class StudyRecord:
     checkpoint_dir: str | None
     plan: ChunkPlan | None
     settings: dict[str, Any]
-    """``objective``, ``eval_settings``, ``train_fingerprint``, ``eval_fingerprint``: what every trial must share to be
-    compared."""
+    """``num_chunks``, ``chunk_seed``, ``objective``, ``eval_settings``, ``train_fingerprint``, ``eval_fingerprint``: what
+    every trial must share to be compared."""
 
     @classmethod
     def of(cls, attrs: Mapping[str, Any]) -> StudyRecord:

@@ -215,7 +215,7 @@ def _varying_params(dicts: list[dict[str, Any]]) -> dict[str, list[Any]]:
     params: dict[str, list[Any]] = {}
     for name in names:
         # A GRPOConfig field a config leaves at its default is not stored: its value is the declared default.
-        default = grpo_default(name.split(".", 1)[1]) if name.startswith("grpo.") else None
+        default = grpo_default(name.split(".", 1)[1]) if name.startswith("args.") else None
         values = [_param_value(f.get(name, default)) for f in flat]
         if len({json.dumps(v) for v in values}) > 1:
             params[_short(name, names)] = values
@@ -226,7 +226,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and key in ("grpo", "peft", "model_kwargs", "tokenizer_kwargs"):
+        if isinstance(value, Mapping) and key in ("args", "peft_config", "model_init_kwargs"):
             out.update(_flatten(value, f"{name}."))
         else:
             out[name] = value
@@ -239,12 +239,18 @@ def _param_value(value: Any) -> Any:
     return json.dumps(value, sort_keys=True)
 
 
+# Param names of fields that are not their field's name: kept from the first rfopt, so that a list study that ran
+# keeps its params.
+_PARAM_NAMES = {"peft_config.r": "lora_r", "reward_funcs": "rewards", "quantization_config": "quantization"}
+
+
 def _short(name: str, names: list[str]) -> str:
-    """``grpo.learning_rate`` -> ``learning_rate`` and ``peft.r`` -> ``lora_r`` when that is unambiguous."""
-    tail = name.split(".", 1)[-1]
-    if name == "peft.r":
-        return "lora_r"
-    if sum(n.split(".", 1)[-1] == tail for n in names) == 1:
+    """``args.learning_rate`` -> ``learning_rate``, ``args.model_init_kwargs.dtype`` -> ``dtype`` and
+    ``peft_config.r`` -> ``lora_r`` when that is unambiguous."""
+    if name in _PARAM_NAMES:
+        return _PARAM_NAMES[name]
+    tail = name.rsplit(".", 1)[-1]
+    if sum(n.rsplit(".", 1)[-1] == tail for n in names) == 1:
         return tail
     return name
 

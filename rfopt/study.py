@@ -1,12 +1,14 @@
 """The study API: `create_study`, `load_study`, and `Study.optimize` / `Study.work`, which run trials round-robin.
 
-    >>> study = rfopt.create_study(study_name="demo", storage="sqlite:///rfopt.db")   # doctest: +SKIP
-    >>> study.optimize(space, train_dataset, eval_dataset, n_trials=8, num_chunks=4)  # doctest: +SKIP
-    >>> print(study.leaderboard_text())                                               # doctest: +SKIP
+    >>> study = rfopt.create_study(study_name="demo", storage="sqlite:///rfopt.db", num_chunks=4)  # doctest: +SKIP
+    >>> study.optimize(space, train_dataset, eval_dataset, n_trials=8, timeout=3600)  # doctest: +SKIP
+    >>> study.best_trial, study.trials_dataframe()                                    # doctest: +SKIP
     >>> study.optuna   # the real optuna.Study: visualization, optuna-dashboard and Optuna's CLI all work
 
-A `Study` is an `optuna.Study` plus what rfopt keeps on it (`rfopt.schema`): its identity and
-checkpoint location, its chunk plan and the settings every trial shares. `optimize` (one process)
+A `Study` is an `optuna.Study` to its user (Optuna's attributes are read from `study.optuna`; trial
+ops are `pause_trial`, `resume_trial`, `stop_trial`, `clone_trial`, so that `stop()` is Optuna's)
+plus what rfopt keeps on it (`rfopt.schema`): its identity and checkpoint location, its chunk plan
+and the settings every trial shares, fixed once. `optimize` (one process)
 and `work` (one of several workers) check their arguments against the study, plan it once, then hand
 the run to the driver loop (`rfopt.driver`), with a coordinator that says whether other processes
 share the study (`rfopt.coordinator`). Each unit of work goes through the unit pipeline
@@ -26,18 +28,27 @@ import math
 import os
 import shutil
 import tempfile
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from . import compat, ops, schema
 from .artifacts import publish_unit
-from .checkpoints import CheckpointError, CheckpointStore, Location, download, is_url, location_exists, normalize_location
+from .checkpoints import (
+    CheckpointError,
+    CheckpointStore,
+    Location,
+    download,
+    is_url,
+    location_exists,
+    normalize_location,
+)
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
 from .compat import storage_of
 from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
@@ -72,10 +83,27 @@ class _Plan:
 
     space: Any
     plan: ChunkPlan
+    objective: str
     settings: EvalSettings
     settings_record: dict[str, Any]
     n_trials: int | None
+    n_trials_total: int | None
     max_concurrent: int | None
+    deadline: float | None
+    """`time.monotonic()` after which no unit starts (`timeout`)."""
+    callbacks: tuple[Callable[[optuna.Study, FrozenTrial], None], ...]
+    catch: tuple[type[Exception], ...]
+
+    def timed_out(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+OPTUNA_ATTRIBUTES = frozenset({
+    "best_trial", "best_trials", "best_value", "best_params", "trials", "get_trials", "trials_dataframe",
+    "user_attrs", "system_attrs", "set_user_attr", "set_system_attr", "study_name", "direction", "directions",
+    "sampler", "pruner", "metric_names", "set_metric_names",
+})
+"""What an rfopt `Study` reads from its `optuna.Study`: to its user, it is an Optuna study."""
 
 
 class Study:
@@ -106,16 +134,31 @@ class Study:
         schema.write_checkpoint_dir(self.optuna, self._requested)
 
     @property
-    def study_name(self) -> str:
-        return self.optuna.study_name
-
-    @property
     def checkpoints(self) -> CheckpointStore:
         """The study's checkpoint store (`LookupError` before the study has run and none was given)."""
         location = study_record(self.optuna).checkpoint_dir or self._requested
         if location is None:
             raise LookupError(f"study {self.study_name!r} has not run yet: it has no checkpoint location")
         return CheckpointStore(location)
+
+    # ------------------------------------------------------------------ an Optuna study to its user
+    def __getattr__(self, name: str) -> Any:
+        """Optuna's study attributes (`OPTUNA_ATTRIBUTES`), read from the real study: ``study.best_trial``,
+        ``study.trials_dataframe()``, ``study.user_attrs``, ..."""
+        if name in OPTUNA_ATTRIBUTES:
+            return getattr(self.optuna, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | OPTUNA_ATTRIBUTES)
+
+    def stop(self, *args: Any) -> None:
+        """Stop the running `optimize` / `work` of this process, as `optuna.Study.stop` does (call it from a callback):
+        no new trial is started; the live ones go on to their end. To stop one trial, use `stop_trial`."""
+        if args:
+            raise TypeError(f"Study.stop() stops the optimization loop, as in Optuna; to stop trial {args[0]} at its "
+                            f"next chunk boundary use study.stop_trial({args[0]})")
+        self.optuna.stop()
 
     # ------------------------------------------------------------------ running
     def optimize(
@@ -125,17 +168,24 @@ class Study:
         eval_dataset: Any,
         *,
         n_trials: int | None = None,
-        num_chunks: int = 4,
+        timeout: float | None = None,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
+        catch: tuple[type[Exception], ...] | type[Exception] = (Exception,),
+        show_progress_bar: bool = True,
+        n_trials_total: int | None = None,
         max_concurrent: int | None = None,
-        objective: str = "reward",
+        num_chunks: int | None = None,
+        objective: str | None = None,
         eval_settings: EvalSettings | None = None,
+        chunk_seed: int | None = None,
         device: str = "cpu",
         precision: str = "auto",
-        chunk_seed: int = 0,
-        show_progress_bar: bool = True,
         on_unit: Callable[[int, int, float], None] | None = None,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
+
+        `n_trials`, `timeout`, `callbacks` and `show_progress_bar` mean what they mean to `optuna.Study.optimize`; a
+        rerun continues the trials a stopped run left (they are not counted in `n_trials`).
 
         Args:
             space: a function ``trial -> TrialConfig``, a list of `TrialConfig`, or `rfopt.grid(...)`. Before anything
@@ -144,27 +194,40 @@ class Study:
                 checked, and against what the study ran (a config that ran cannot change; new ones are appended).
             train_dataset, eval_dataset: `datasets.Dataset` with a ``prompt`` column (plus any columns the
                 reward functions read, e.g. ``answer``).
-            n_trials: trials to run in this call (default: the length of a list space; required for a function).
-            num_chunks: chunks the training set is split into (fixed for the study once chosen).
+            n_trials: new trials this call starts. None: a list's configs not run yet; for a function, trials until
+                `timeout`, `n_trials_total`, `study.stop()` or Ctrl-C (as Optuna).
+            timeout: seconds after which no new unit (a chunk of a trial) starts; the units running finish and commit,
+                and every trial not finished stays resumable: the next call continues it.
+            callbacks: called as ``callback(optuna_study, frozen_trial)`` after each trial this process ends
+                (COMPLETE, PRUNED or FAIL), as Optuna calls them; ``optuna_study.stop()`` in one stops the run.
+            catch: exceptions that fail a trial alone. Another exception fails its trial (with the reason stored)
+                and then ends the run, the other trials staying resumable. Optuna's default is ``()``: every error
+                ends the run; rfopt's is ``(Exception,)``, since a study time-slices many trials and one trial's
+                failure must not stop the others. KeyboardInterrupt and SystemExit never fail a trial.
+            n_trials_total: the study's total: no new trial is started once the study has this many (clones not
+                counted), whichever process started them (a study file's ``n_trials_total``).
             max_concurrent: live trials time-sliced at once (default: ``min(n_trials, 8)``).
-            objective: ``"reward"`` (mean weighted total reward on the eval set) or a reward function's name.
-            eval_settings: generation settings of the per-chunk evaluation (greedy by default).
+            num_chunks, objective, eval_settings, chunk_seed: the study's settings, fixed when it is first planned
+                (`create_study` or the first `optimize`) and read back afterwards; None takes the stored value (the
+                default, 4 chunks, ``"reward"``, greedy `EvalSettings()`, seed 0, for a new study); a different value
+                is refused. `objective` is ``"reward"`` (mean weighted total reward on the eval set) or a reward
+                function's name.
             device: ``"cpu"`` or ``"cuda"`` / ``"cuda:1"``: where every trial's chunks train, whatever the trial
                 configs say (their ``use_cpu``, ``bf16`` and ``fp16`` are not used).
             precision: ``"auto"`` (fp32 on the CPU, bf16 on a GPU that has it), ``"fp32"``, ``"bf16"`` or ``"fp16"``.
             on_unit: called after each committed unit with ``(trial_number, step, value)``.
         """
         pool = ModelPool(device, precision)  # checks the device before anything is written
-        checked = self._check(space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective,
-                              eval_settings, chunk_seed)
+        checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
+                              max_concurrent, {"num_chunks": num_chunks, "objective": objective,
+                                               "eval_settings": eval_settings, "chunk_seed": chunk_seed})
         store = self._claim()
         space, n_trials = self._record(checked)
-        max_concurrent = checked.max_concurrent or max(1, min(n_trials, 8))
+        max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
         with Progress(self.study_name, enabled=show_progress_bar) as progress:
-            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit,
-                                LocalCoordinator(), max_concurrent, progress=progress,
-                                more_to_ask=lambda roster: roster.asked < n_trials)
-        if not trained:
+            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit, LocalCoordinator(),
+                                max_concurrent, progress=progress, more_to_ask=self._more_to_ask(space, checked, n_trials))
+        if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
     def work(
@@ -174,27 +237,31 @@ class Study:
         eval_dataset: Any,
         *,
         n_trials: int | None = None,
-        num_chunks: int = 4,
+        timeout: float | None = None,
+        callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] | None = None,
+        catch: tuple[type[Exception], ...] | type[Exception] = (Exception,),
+        n_trials_total: int | None = None,
         max_concurrent: int | None = None,
-        objective: str = "reward",
+        num_chunks: int | None = None,
+        objective: str | None = None,
         eval_settings: EvalSettings | None = None,
+        chunk_seed: int | None = None,
         device: str = "cpu",
         precision: str = "auto",
-        chunk_seed: int = 0,
         lease_seconds: float = 30.0,
         poll_seconds: float = 1.0,
         on_unit: Callable[[int, int, float], None] | None = None,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
-        Takes the same arguments as `optimize`, with two differences: `n_trials` is the study's total (with a
-        function space; a list space runs its configs), and every unit is trained under a lease on its trial
-        (`rfopt.leases`): renewed while it trains, and checked in the transaction that commits the unit, so a
-        worker whose lease expired cannot commit; one whose heartbeat finds its lease taken stops the chunk at the
-        next step. A unit whose worker died is trained by another once the lease expires (`lease_seconds`).
-        Returns when no trial is left to train (paused trials wait for a resume).
+        Takes the arguments of `optimize`, meaning the same: `n_trials` counts the new trials this worker starts,
+        `n_trials_total` the study's trials whichever worker started them (what several workers share). Every unit
+        is trained under a lease on its trial (`rfopt.leases`): renewed while it trains, and checked in the
+        transaction that commits the unit, so a worker whose lease expired cannot commit; one whose heartbeat finds
+        its lease taken stops the chunk at the next step. A unit whose worker died is trained by another once the
+        lease expires (`lease_seconds`). Returns when no trial is left to train (paused trials wait for a resume).
 
-            >>> study.work(space, train, test, n_trials=16, num_chunks=4, device="cuda:1")   # doctest: +SKIP
+            >>> study.work(space, train, test, n_trials_total=16, device="cuda:1")   # doctest: +SKIP
         """
         from .leases import Leases
 
@@ -203,42 +270,56 @@ class Study:
         pool = ModelPool(device, precision)  # checks the device before anything is written
         if max_concurrent is None and isinstance(as_space(space), ListSpace):  # the same for every worker
             max_concurrent = max(1, min(len(as_space(space).configs), 8))
-        checked = self._check(space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective,
-                              eval_settings, chunk_seed)
+        checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
+                              max_concurrent, {"num_chunks": num_chunks, "objective": objective,
+                                               "eval_settings": eval_settings, "chunk_seed": chunk_seed})
         leases = Leases(self.optuna)
         with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity and plan
             store = self._claim()
-            space, _ = self._record(checked)
-        if isinstance(space, ListSpace):
-            def more_to_ask(roster: Roster) -> bool:
-                return _waiting_listed(self.optuna) > 0
-        else:
-            def more_to_ask(roster: Roster) -> bool:
-                started = sum(t.state != TrialState.WAITING and TrialRecord(t).lineage is None
-                              for t in self.optuna.get_trials(deepcopy=False))
-                return started < n_trials
-        max_concurrent = checked.max_concurrent or max(1, min(n_trials or 1, 8))
-        trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit,
-                            LeasedCoordinator(leases, lease_seconds), max_concurrent, more_to_ask=more_to_ask,
-                            poll_seconds=poll_seconds)
-        if not trained:
+            space, n_trials = self._record(checked)
+        max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
+        trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
+                            LeasedCoordinator(leases, lease_seconds), max_concurrent,
+                            more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds)
+        if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
-    def _run(self, space, checked, store, pool, train_dataset, eval_dataset, objective, on_unit, coordinator,
-             max_concurrent, *, more_to_ask, progress=None, poll_seconds: float = 1.0) -> int:
+    def _more_to_ask(self, space: Any, checked: _Plan, n_trials: int | None) -> Callable[[Roster], bool]:
+        """Whether this run starts another new trial: `n_trials` counts this run's, `n_trials_total` the study's; a
+        list space runs its enqueued configs."""
+        total = checked.n_trials_total
+
+        def more(roster: Roster) -> bool:
+            if n_trials is not None and roster.asked >= n_trials:
+                return False
+            if isinstance(space, ListSpace):
+                return _waiting_listed(self.optuna) > 0
+            if total is not None:
+                started = sum(t.state != TrialState.WAITING and TrialRecord(t).lineage is None
+                              for t in self.optuna.get_trials(deepcopy=False))
+                return started < total
+            return True
+
+        return more
+
+    def _run(self, space, checked, store, pool, train_dataset, eval_dataset, on_unit, coordinator, max_concurrent, *,
+             more_to_ask, progress=None, poll_seconds: float = 1.0) -> int:
         """Drive the study until nothing is left to do here; return how many units this call committed."""
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         ctx = Context(study=self.optuna, store=store, plan=checked.plan, train_dataset=train_dataset,
-                      eval_dataset=eval_dataset, objective=objective, settings=checked.settings, pool=pool,
+                      eval_dataset=eval_dataset, objective=checked.objective, settings=checked.settings, pool=pool,
                       workdir=workdir, subscribers=[publish_unit])
         if on_unit is not None:
             ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
         committed = []
         ctx.subscribers.append(committed.append)
-        roster = Roster(ctx, space)
+        roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)
         try:
             drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-                  poll_seconds=poll_seconds, on_progress=progress)
+                  poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
+            if checked.timed_out() and roster.live:
+                logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
+                               "the study runs again", self.study_name, sorted(roster.live))
         except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or user code (a reward function) calling sys.exit
             logger.warning("study %r: stopped by %s; no trial failed, and each continues from its last committed "
                            "chunk when the study runs again", self.study_name, type(exc).__name__)
@@ -266,46 +347,56 @@ class Study:
         return f"study {self.study_name!r}: nothing to do ({has}): {more}"
 
     # ------------------------------------------------------------------ checking and planning the study
-    def _check(self, space, train_dataset, eval_dataset, n_trials, num_chunks, max_concurrent, objective,
-               eval_settings, chunk_seed) -> _Plan:
+    def _check(self, space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
+               max_concurrent, given: dict[str, Any]) -> _Plan:
         """Check the arguments of `optimize`/`work` against each other and the study; nothing is written."""
+        started = time.monotonic()
         script = importing_user_file()
         if script is not None:  # what the check of the file's top level (`config.study_on_import`) could not see
             raise study_on_import(script, "a study run reached while importing it")
         space = as_space(space)
         _check_dataset(train_dataset, "train_dataset")
         _check_dataset(eval_dataset, "eval_dataset")
-        if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 0):
-            raise ValueError(f"n_trials must be a whole number >= 0, got {n_trials!r}")
-        if n_trials is None and not isinstance(space, ListSpace):
-            raise ValueError("n_trials is required when the search space is a function")
+        for name, value in (("n_trials", n_trials), ("n_trials_total", n_trials_total)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        if n_trials_total is not None and isinstance(space, ListSpace):
+            raise ValueError("n_trials_total is for a search space function; a study driven by a list of configs "
+                             "runs its configs (n_trials limits how many of them this call starts)")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         if max_concurrent is not None and (not isinstance(max_concurrent, int) or max_concurrent < 1):
             raise ValueError(f"max_concurrent must be a whole number >= 1, got {max_concurrent!r}")
-        if not isinstance(objective, str):
-            raise TypeError(f"objective must be 'reward' or a reward function's name, got {objective!r}")
-        if eval_settings is not None and not isinstance(eval_settings, EvalSettings):
-            raise TypeError(f"eval_settings must be an rfopt.EvalSettings, got {type(eval_settings).__name__}")
+        callbacks = tuple(callbacks or ())
+        for callback in callbacks:
+            if not callable(callback):
+                raise TypeError(f"callbacks: {callback!r} is not callable; a callback is called as "
+                                "callback(optuna_study, frozen_trial) after each trial ends")
+        catch = catch if isinstance(catch, tuple) else (catch,)
+        if not all(isinstance(c, type) and issubclass(c, Exception) for c in catch):
+            raise TypeError(f"catch must be a tuple of exception classes, got {catch!r}")
         _check_pruner(self.optuna.pruner)
-        settings = eval_settings or EvalSettings()
+        fixed = _fixed_settings(self.optuna, given)
+        objective, settings = fixed["objective"], fixed["eval_settings"]
         record = study_record(self.optuna)
         plan = record.plan
         if plan is not None:
-            if (plan.num_chunks, plan.num_rows, plan.seed) != (num_chunks, len(train_dataset), chunk_seed):
+            if plan.num_rows != len(train_dataset):
                 raise PlanError(
-                    f"study {self.study_name!r} was planned with {plan.to_dict()}; this call asks for "
-                    f"num_chunks={num_chunks}, {len(train_dataset)} rows, chunk_seed={chunk_seed}. "
-                    "Use the same values to continue it, or a new study name"
+                    f"study {self.study_name!r} was planned with a train_dataset of {plan.num_rows} rows; this call "
+                    f"gives {len(train_dataset)}. Use the same dataset to continue it, or a new study name"
                 )
         else:
-            plan = ChunkPlan.build(len(train_dataset), num_chunks, chunk_seed)
-        wanted = {"objective": objective, "eval_settings": asdict(settings),
-                  "train_fingerprint": dataset_fingerprint(train_dataset),
+            plan = ChunkPlan.build(len(train_dataset), fixed["num_chunks"], fixed["chunk_seed"])
+        wanted = {"train_fingerprint": dataset_fingerprint(train_dataset),
                   "eval_fingerprint": dataset_fingerprint(eval_dataset)}
         for name, value in wanted.items():
             if name in record.settings and record.settings[name] != value:
                 raise ValueError(f"study {self.study_name!r}: {_SETTING_CHANGED[name](record.settings[name], value)}; "
                                  "trials would not be comparable. Use the same one to continue the study, or a new "
                                  "study name")
+        wanted.update(_settings_record(fixed))
         if isinstance(space, ListSpace):
             configs = list(enumerate(space.configs))
             left = space.check_study(self.optuna)
@@ -325,13 +416,15 @@ class Study:
                 if isinstance(where, int):  # a function's configs vary: each is validated as its trial starts
                     config.validate()
                     config.to_json()
-                trial_schedule(plan, config.resolved_grpo())
+                trial_schedule(plan, config.args)
                 _check_objective(objective, config)
                 _check_columns(config, train_dataset, "train_dataset")
                 _check_columns(config, eval_dataset, "eval_dataset")
             except (ConfigError, PlanError, ValueError) as exc:
                 raise type(exc)(f"{label}: {exc}") from exc
-        return _Plan(space, plan, settings, wanted, n_trials, max_concurrent)
+        deadline = None if timeout is None else started + timeout
+        return _Plan(space, plan, objective, settings, wanted, n_trials, n_trials_total, max_concurrent, deadline,
+                     callbacks, catch)
 
     def _claim(self) -> CheckpointStore:
         """Give the study its identity and checkpoint location if it has none, and make the location this study's
@@ -359,20 +452,22 @@ class Study:
                 n_trials = _waiting_listed(self.optuna)
         return checked.space, n_trials
 
-    # ------------------------------------------------------------------ ops
-    def pause(self, trial_number: int) -> None:
+    # ------------------------------------------------------------------ trial ops (`rfopt pause|resume|stop|clone`)
+    def pause_trial(self, trial_number: int) -> None:
         """Pause a running trial at its next chunk boundary (it stays RUNNING in Optuna, unscheduled)."""
         ops.request(self.optuna, trial_number, "pause")
 
-    def resume(self, trial_number: int) -> None:
+    def resume_trial(self, trial_number: int) -> None:
         """Resume a paused trial; it continues exactly where it was."""
         ops.request(self.optuna, trial_number, "resume")
 
-    def stop(self, trial_number: int) -> None:
-        """Stop a running trial at its next chunk boundary: it ends PRUNED with its last value."""
+    def stop_trial(self, trial_number: int) -> None:
+        """Stop a running trial at its next chunk boundary: it ends PRUNED with its last value. (`stop()` is Optuna's:
+        it stops the optimization loop.)"""
         ops.request(self.optuna, trial_number, "stop")
 
-    def clone(self, trial_number: int, overrides: dict[str, Any] | None = None, *, warm_start: bool = False) -> int:
+    def clone_trial(self, trial_number: int, overrides: dict[str, Any] | None = None, *,
+                    warm_start: bool = False) -> int:
         """Enqueue a copy of a trial with `overrides` (validated first); returns the clone's trial number.
 
         With `warm_start` the clone starts from the parent's latest checkpoint (weights; a fresh LR schedule over
@@ -461,8 +556,16 @@ def create_study(
     direction: str = "maximize",
     load_if_exists: bool = False,
     checkpoint_dir: str | os.PathLike | None = None,
+    num_chunks: int | None = None,
+    objective: str | None = None,
+    eval_settings: EvalSettings | None = None,
+    chunk_seed: int | None = None,
 ) -> Study:
     """Create (or, with `load_if_exists`, load) a study, exactly as `optuna.create_study` would.
+
+    `num_chunks`, `objective`, `eval_settings` and `chunk_seed` fix the study's settings now (`Study.optimize` says
+    what they mean); those left out are fixed by the first `optimize`. Loading a study that has them stored, a
+    different value is refused.
 
     `storage` defaults to a SQLite file ``rfopt.db`` in the working directory. `pruner` is any Optuna
     pruner; rfopt applies it at rung boundaries (see `rfopt.pruning`). Checkpoints go to `checkpoint_dir`
@@ -470,6 +573,8 @@ def create_study(
     such as PostgreSQL needs one that every host can reach).
     """
     _check_pruner(pruner)
+    given = {"num_chunks": num_chunks, "objective": objective, "eval_settings": eval_settings, "chunk_seed": chunk_seed}
+    _check_settings(given)
     storage = open_storage(storage or "sqlite:///rfopt.db")
     study = optuna.create_study(
         study_name=study_name,
@@ -479,7 +584,12 @@ def create_study(
         direction=direction,
         load_if_exists=load_if_exists,
     )
-    return Study(study, checkpoint_dir)
+    made = Study(study, checkpoint_dir)
+    fixed = _fixed_settings(study, given)  # refuses a value that differs from the stored one
+    stored = study_record(study).settings
+    schema.write_settings(study, {name: value for name, value in _settings_record(fixed).items()
+                                  if given[name] is not None and name not in stored})
+    return made
 
 
 def load_study(
@@ -558,7 +668,7 @@ def _check_objective(objective: str, config: TrialConfig) -> None:
 
 def _check_columns(config: TrialConfig, dataset: Any, name: str) -> None:
     """Refuse a dataset that lacks a column a reward function declares as a parameter (TRL passes every column)."""
-    for func in config.rewards:
+    for func in config.reward_funcs:
         missing = [c for c in reward_columns(func) if c not in dataset.column_names]
         if missing:
             raise ValueError(
@@ -599,13 +709,64 @@ def _sample_config(space: Any, direction: Any) -> TrialConfig | None:
 
 
 _SETTING_CHANGED = {
-    "objective": lambda old, new: f"it was run with objective={old!r}, this call gives {new!r}",
-    "eval_settings": lambda old, new: f"it was run with eval_settings={old}, this call gives {new}",
     "train_fingerprint": lambda old, new: (f"this call's train_dataset is not the one it was run with (fingerprint "
                                            f"{new}, recorded {old})"),
     "eval_fingerprint": lambda old, new: (f"this call's eval_dataset is not the one its trials were evaluated on "
                                           f"(fingerprint {new}, recorded {old})"),
 }
+
+STUDY_SETTINGS: dict[str, Any] = {"num_chunks": 4, "chunk_seed": 0, "objective": "reward",
+                                  "eval_settings": EvalSettings()}
+"""A study's settings, fixed when it is first planned, with their defaults: every trial of the study shares them."""
+
+
+def _fixed_settings(study: optuna.Study, given: dict[str, Any]) -> dict[str, Any]:
+    """The study's settings (`STUDY_SETTINGS`): the stored ones, else those `given`, else the defaults; a given value
+    that differs from the stored one is refused, naming it."""
+    _check_settings(given)
+    stored = _stored_settings(study_record(study))
+    for name, value in given.items():
+        if value is not None and name in stored and stored[name] != value:
+            raise ValueError(
+                f"study {study.study_name!r} was planned with {name}={_shown(stored[name])}, and this call gives "
+                f"{name}={_shown(value)}; a study's {name} is fixed when it is first planned, so that its trials "
+                f"compare. Leave {name} out to use the stored one, or use a new study name"
+            )
+    return {name: stored.get(name, given[name] if given.get(name) is not None else default)
+            for name, default in STUDY_SETTINGS.items()}
+
+
+def _check_settings(given: dict[str, Any]) -> None:
+    num_chunks, chunk_seed = given.get("num_chunks"), given.get("chunk_seed")
+    if num_chunks is not None and (not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 1):
+        raise ValueError(f"num_chunks must be a whole number >= 1, got {num_chunks!r}")
+    if chunk_seed is not None and (not isinstance(chunk_seed, int) or isinstance(chunk_seed, bool)):
+        raise ValueError(f"chunk_seed must be a whole number, got {chunk_seed!r}")
+    if given.get("objective") is not None and not isinstance(given["objective"], str):
+        raise TypeError(f"objective must be 'reward' or a reward function's name, got {given['objective']!r}")
+    if given.get("eval_settings") is not None and not isinstance(given["eval_settings"], EvalSettings):
+        raise TypeError(f"eval_settings must be an rfopt.EvalSettings, got {type(given['eval_settings']).__name__}")
+
+
+def _stored_settings(record: schema.StudyRecord) -> dict[str, Any]:
+    """The settings a study has stored (`STUDY_SETTINGS` names); a study planned before they were stored one by one
+    has its chunk count and seed in its plan."""
+    stored = {k: v for k, v in record.settings.items() if k in STUDY_SETTINGS}
+    if "eval_settings" in stored:
+        stored["eval_settings"] = EvalSettings(**stored["eval_settings"])
+    if record.plan is not None:
+        stored.setdefault("num_chunks", record.plan.num_chunks)
+        stored.setdefault("chunk_seed", record.plan.seed)
+    return stored
+
+
+def _settings_record(settings: dict[str, Any]) -> dict[str, Any]:
+    """`STUDY_SETTINGS` as the study stores them."""
+    return {name: asdict(value) if isinstance(value, EvalSettings) else value for name, value in settings.items()}
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _waiting_listed(study: optuna.Study) -> int:

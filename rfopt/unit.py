@@ -234,7 +234,7 @@ def finish(ctx: Context, live: Live, claim: Claim) -> None:
     """Save the finished trial's adapter (or model) and tell Optuna COMPLETE with its last value."""
     number = live.number
     runner = live.runner
-    if live.config.peft is not None:
+    if live.config.peft_config is not None:
         path = ctx.store.save_adapter(number, runner.model, adapter_name(number), runner.tokenizer)
     else:
         path = ctx.store.save_model(number, runner.model, runner.tokenizer)

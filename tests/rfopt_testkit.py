@@ -108,13 +108,15 @@ def lora_config(**overrides):
 
 
 def trial_config(model_path, rewards=(reward_len, reward_vowels), peft=None, **grpo_overrides):
+    """A config on the tiny model: `rewards` are its reward_funcs, `peft` its peft_config (default `lora_config()`),
+    `grpo_overrides` change `grpo_config()` (its args)."""
     import rfopt
 
     return rfopt.TrialConfig(
         model=str(model_path),
-        peft=peft if peft is not None else lora_config(),
-        grpo=grpo_config(**grpo_overrides),
-        rewards=list(rewards),
+        reward_funcs=list(rewards),
+        args=grpo_config(**grpo_overrides),
+        peft_config=peft if peft is not None else lora_config(),
     )
 
 
@@ -151,3 +153,4 @@ def reward_len_hooked(completions, **kwargs):
     if REWARD_HOOK is not None:
         REWARD_HOOK()
     return reward_len(completions, **kwargs)
+

@@ -24,11 +24,11 @@ def longer(completions, **kwargs):
 def space(trial):
     return rfopt.TrialConfig(
         model=MODEL,
-        peft=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
-        grpo=GRPOConfig(learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True),
+        reward_funcs=[longer],
+        args=GRPOConfig(learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True),
                         per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
                         num_train_epochs=1, bf16=False, use_cpu=True, gradient_checkpointing=False),
-        rewards=[longer],
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
     )
 
 def datasets():
@@ -36,9 +36,9 @@ def datasets():
     return rows(8, "Q"), rows(2, "E")
 
 STUDY = rfopt.StudySpec(
-    name="cli-demo", space=space, datasets=datasets, num_chunks=2, n_trials=3,
+    name="cli-demo", space=space, datasets=datasets, num_chunks=2, n_trials_total=3,
     pruner=lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2),
-    fast={{"n_trials": 2}},
+    fast={{"n_trials_total": 2}},
 )
 """
 

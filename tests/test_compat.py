@@ -58,11 +58,11 @@ def test_a_chunk_trainer_continues_at_the_carried_step_with_the_beta_it_is_given
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), lora_config())
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.padding_side = "left"
-    args = dataclasses.replace(config.grpo, output_dir=str(tmp_path), max_steps=4, beta=0.0, logging_steps=1,
+    args = dataclasses.replace(config.args, output_dir=str(tmp_path), max_steps=4, beta=0.0, logging_steps=1,
                                report_to=[], generation_batch_size=None)
     trainer_class = compat.chunk_trainer_class()
     with compat.restore_shared_model(model, args):
-        trainer = trainer_class(model=model, reward_funcs=list(config.rewards), args=args,
+        trainer = trainer_class(model=model, reward_funcs=list(config.reward_funcs), args=args,
                                 train_dataset=prompts_dataset(4), processing_class=tokenizer, callbacks=[Logs()],
                                 start_step=3, tokens_seen=100, first_chunk=False, beta=0.04)
         trainer.train()
@@ -70,7 +70,7 @@ def test_a_chunk_trainer_continues_at_the_carried_step_with_the_beta_it_is_given
     step, logs = next((step, logs) for step, logs in Logs.seen if "loss" in logs)
     assert step == 4 and "kl" in logs
     assert trainer.state.num_input_tokens_seen > 100
-    trainer_class(model=model, reward_funcs=list(config.rewards), args=args, train_dataset=prompts_dataset(4),
+    trainer_class(model=model, reward_funcs=list(config.reward_funcs), args=args, train_dataset=prompts_dataset(4),
                   processing_class=tokenizer, start_step=0, tokens_seen=0, first_chunk=True, beta=0.0)
     assert pings == [1]
 
@@ -97,12 +97,67 @@ def test_a_grpo_trainer_wraps_the_model_forward_on_the_instance_and_the_restore_
     config = trial_config(tiny_model)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), lora_config())
     base = model.get_base_model()
-    args = dataclasses.replace(config.grpo, output_dir=str(tmp_path), report_to=[], generation_batch_size=None)
+    args = dataclasses.replace(config.args, output_dir=str(tmp_path), report_to=[], generation_batch_size=None)
     with compat.restore_shared_model(model, args):
-        GRPOTrainer(model=model, reward_funcs=list(config.rewards), args=args, train_dataset=prompts_dataset(4),
+        GRPOTrainer(model=model, reward_funcs=list(config.reward_funcs), args=args, train_dataset=prompts_dataset(4),
                     processing_class=AutoTokenizer.from_pretrained(tiny_model))
         assert "forward" in vars(model) or "forward" in vars(base)  # what the restore exists for
     assert "forward" not in vars(model) and "forward" not in vars(base)
+
+
+# ---------------------------------------------------------------------- trl_model_loading
+def test_grpo_trainer_loads_a_string_model_and_its_processing_class_the_way_rfopt_copies():
+    """rfopt loads a string model as GRPOTrainer.__init__ does: create_model_from_path with args.model_init_kwargs
+    (quantization_config and trust_remote_code added), and with no processing_class an AutoProcessor padded and
+    truncated on the left (rfopt.models.load_model)."""
+    from trl import GRPOTrainer
+    from trl.trainer.utils import create_model_from_path
+
+    assert list(inspect.signature(create_model_from_path).parameters) == ["model_id", "architecture", "kwargs"]
+    init = inspect.getsource(GRPOTrainer.__init__)
+    loading = init[init.index("if isinstance(model, str):"): init.index("# Processing class")]
+    assert 'model_init_kwargs["quantization_config"] = quantization_config' in loading
+    assert 'model_init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)' in loading
+    assert "create_model_from_path(model, **model_init_kwargs)" in loading
+    processing = init[init.index("if processing_class is None:"):]
+    processing = processing[: processing.index("\n\n")]
+    assert "AutoProcessor.from_pretrained(" in processing
+    assert 'truncation_side="left"' in processing and 'padding_side="left"' in processing
+
+
+def test_trls_model_loader_defaults_to_float32_reads_dtype_names_and_places_on_the_device_map(tiny_model, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").dtype == torch.bfloat16  # transformers: "auto"
+    assert compat.create_model(str(tmp_path / "bf16")).dtype == torch.float32  # TRL: float32 unless told
+    loaded = compat.create_model(str(tiny_model), dtype="bfloat16", device_map={"": "cpu"})
+    assert loaded.dtype == torch.bfloat16 and loaded.device == torch.device("cpu")
+    with pytest.raises(ValueError, match="Invalid `dtype`"):
+        compat.create_model(str(tiny_model), dtype="int3")
+
+
+# ---------------------------------------------------------------------- plain_object_state
+def test_trls_factory_rewards_are_plain_objects_whose_state_is_their_arguments():
+    import functools
+
+    import trl.rewards
+    from rfopt_callbacks import RecordingCallback
+    from rfopt_testkit import reward_len
+
+    for reward, arguments in ((trl.rewards.get_soft_overlong_punishment(8, 4), {"max_completion_len": 8,
+                                                                                "soft_punish_cache": 4}),
+                              (trl.rewards.get_repetition_penalty_reward(2, -0.5), {"ngram_size": 2,
+                                                                                    "max_penalty": -0.5})):
+        assert compat.object_state(reward) == arguments
+        again = compat.object_from_state(type(reward), compat.object_state(reward))
+        assert again(completion_ids=[[1, 2, 1, 2, 1], [3]]) == reward(completion_ids=[[1, 2, 1, 2, 1], [3]])
+    callback = RecordingCallback()
+    callback.tag = "x"
+    assert compat.object_state(callback) == {"tag": "x"}
+    for not_plain in (reward_len, RecordingCallback, functools.partial(reward_len), print, 3, "text"):
+        assert compat.object_state(not_plain) is None
 
 
 # ---------------------------------------------------------------------- Optuna: optimize_loop, finished_trial_cache,

@@ -5,7 +5,7 @@ import json
 import pytest
 from transformers import BitsAndBytesConfig
 
-import rewards
+from rfopt import rewards
 import rfopt
 from rfopt.config import ConfigError, import_path, resolve_import
 from rfopt_testkit import grpo_config, lora_config, reward_len
@@ -14,11 +14,10 @@ from rfopt_testkit import grpo_config, lora_config, reward_len
 def _config(**kwargs):
     settings = dict(
         model="some/model",
-        grpo=grpo_config(gradient_accumulation_steps=2, lr_scheduler_type="cosine", warmup_steps=0.1, beta=0.04),
-        rewards=[reward_len, rewards.correctness, rewards.soft_overlong_punishment(64, 16)],
-        peft=lora_config(r=16, target_modules=["q_proj", "k_proj", "v_proj"]),
-        reward_weights=[1.0, 2.0, 0.5],
-        model_kwargs={"dtype": "float32"},
+        reward_funcs=[reward_len, rewards.correctness, rewards.soft_overlong_punishment(64, 16)],
+        args=grpo_config(gradient_accumulation_steps=2, lr_scheduler_type="cosine", warmup_steps=0.1, beta=0.04,
+                         reward_weights=[1.0, 2.0, 0.5], model_init_kwargs={"dtype": "float32"}),
+        peft_config=lora_config(r=16, target_modules=["q_proj", "k_proj", "v_proj"]),
     )
     settings.update(kwargs)
     return rfopt.TrialConfig(**settings)
@@ -27,54 +26,54 @@ def _config(**kwargs):
 def test_config_round_trips_through_json_with_rewards_by_import_path():
     config = _config()
     data = json.loads(config.to_json())
-    assert data["rewards"][0] == "rfopt_testkit:reward_len"
-    assert data["rewards"][1] == "rewards.answers:correctness"
-    assert data["rewards"][2]["kwargs"] == {"max_completion_length": 64, "soft_punish_cache": 16}
+    assert data["reward_funcs"][0] == "rfopt_testkit:reward_len"
+    assert data["reward_funcs"][1] == "rfopt.rewards.answers:correctness"
+    assert data["reward_funcs"][2]["kwargs"] == {"max_completion_length": 64, "soft_punish_cache": 16}
     again = rfopt.TrialConfig.from_json(config.to_json())
     assert again.to_json() == config.to_json()
-    assert again.rewards[0] is reward_len
-    assert again.grpo.learning_rate == config.grpo.learning_rate
-    assert again.grpo.gradient_accumulation_steps == 2
-    assert again.grpo.steps_per_generation == config.grpo.steps_per_generation
-    assert again.grpo.beta == 0.04
-    assert sorted(again.peft.target_modules) == ["k_proj", "q_proj", "v_proj"]
-    assert again.reward_weights == [1.0, 2.0, 0.5]
-    assert again.resolved_grpo().reward_weights == [1.0, 2.0, 0.5]
+    assert again.reward_funcs[0] is reward_len
+    assert again.args.learning_rate == config.args.learning_rate
+    assert again.args.gradient_accumulation_steps == 2
+    assert again.args.steps_per_generation == config.args.steps_per_generation
+    assert again.args.beta == 0.04
+    assert sorted(again.peft_config.target_modules) == ["k_proj", "q_proj", "v_proj"]
+    assert again.args.reward_weights == [1.0, 2.0, 0.5]
+    assert again.args.model_init_kwargs == {"dtype": "float32"}
 
 
 def test_full_fine_tuning_and_quantization_round_trip():
-    config = _config(peft=None)
-    assert rfopt.TrialConfig.from_json(config.to_json()).peft is None
-    q = _config(quantization=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"))
+    config = _config(peft_config=None)
+    assert rfopt.TrialConfig.from_json(config.to_json()).peft_config is None
+    q = _config(quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"))
     again = rfopt.TrialConfig.from_json(q.to_json())
-    assert again.quantization.load_in_4bit and again.quantization.bnb_4bit_quant_type == "nf4"
+    assert again.quantization_config.load_in_4bit and again.quantization_config.bnb_4bit_quant_type == "nf4"
 
 
 def test_quantization_without_an_adapter_is_refused():
-    with pytest.raises(ConfigError, match="quantization.*PEFT adapter"):
-        _config(peft=None, quantization=BitsAndBytesConfig(load_in_4bit=True)).validate()
+    with pytest.raises(ConfigError, match="quantization_config.*PEFT adapter"):
+        _config(peft_config=None, quantization_config=BitsAndBytesConfig(load_in_4bit=True)).validate()
 
 
 def test_quantization_on_the_cpu_is_refused_with_the_reason(tmp_path):
     from rfopt.models import load_model
 
-    config = _config(quantization=BitsAndBytesConfig(load_in_4bit=True))
+    config = _config(quantization_config=BitsAndBytesConfig(load_in_4bit=True))
     with pytest.raises(ConfigError, match="need a CUDA device.*cpu"):
         load_model(config, "cpu")
 
 
 def test_validation_names_every_problem_at_once():
-    config = _config(rewards=[], reward_weights=[1.0])
-    config.grpo.use_vllm = True
+    config = _config(reward_funcs=[], args=grpo_config(reward_weights=[1.0]))
+    config.args.use_vllm = True
     with pytest.raises(ConfigError) as info:
         config.validate()
     message = str(info.value)
-    assert "use_vllm" in message and "rewards: empty" in message and "reward_weights" in message
+    assert "args.use_vllm" in message and "reward_funcs: empty" in message and "args.reward_weights" in message
 
 
 def test_unimportable_reward_is_refused_with_a_fix():
     with pytest.raises(ConfigError, match="lambda or a nested function"):
-        _config(rewards=[lambda completions, **kw: [0.0] * len(completions)], reward_weights=None).to_json()
+        _config(reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=grpo_config()).to_json()
     with pytest.raises(ConfigError, match="cannot be imported"):
         resolve_import("no_such_module_xyz:f")
 
@@ -89,10 +88,11 @@ def test_functions_defined_in_a_file_are_stored_by_path(tmp_path):
 
 def test_overrides_change_grpo_and_lora_fields_and_are_validated():
     config = _config()
-    changed = config.with_overrides({"learning_rate": 2e-6, "lora_r": 8, "peft.lora_alpha": 32, "grpo.beta": 0.0})
-    assert changed.grpo.learning_rate == 2e-6 and changed.peft.r == 8 and changed.peft.lora_alpha == 32
-    assert changed.grpo.beta == 0.0
-    assert config.grpo.learning_rate != 2e-6  # the original is untouched
+    changed = config.with_overrides({"learning_rate": 2e-6, "lora_r": 8, "peft_config.lora_alpha": 32,
+                                     "args.beta": 0.0})
+    assert changed.args.learning_rate == 2e-6 and changed.peft_config.r == 8 and changed.peft_config.lora_alpha == 32
+    assert changed.args.beta == 0.0
+    assert config.args.learning_rate != 2e-6  # the original is untouched
     with pytest.raises(ConfigError, match="unknown field"):
         config.with_overrides({"learning_rat": 1e-5})
     with pytest.raises(ConfigError, match="expected a number"):
@@ -102,14 +102,14 @@ def test_overrides_change_grpo_and_lora_fields_and_are_validated():
     with pytest.raises(ConfigError, match="sets output_dir itself"):
         config.with_overrides({"output_dir": "/tmp/x"})
     with pytest.raises(ConfigError, match="no PEFT adapter"):
-        _config(peft=None).with_overrides({"lora_r": 8})
+        _config(peft_config=None).with_overrides({"lora_r": 8})
 
 
 def test_overriding_the_batch_shape_rederives_the_generation_batch():
     config = _config()
     changed = config.with_overrides({"gradient_accumulation_steps": 4})
-    assert changed.grpo.steps_per_generation == 4
-    assert changed.grpo.generation_batch_size == 16
+    assert changed.args.steps_per_generation == 4
+    assert changed.args.generation_batch_size == 16
 
 
 def test_a_stored_config_says_nothing_of_the_machine_and_loads_on_any(tiny_model):
@@ -119,7 +119,14 @@ def test_a_stored_config_says_nothing_of_the_machine_and_loads_on_any(tiny_model
 
     config = trial_config(tiny_model)  # use_cpu=True, bf16=False
     stored = json.loads(config.to_json())
-    assert not {"use_cpu", "bf16", "fp16"} & set(stored["grpo"])
-    stored["grpo"]["bf16"] = True
+    assert not {"use_cpu", "bf16", "fp16"} & set(stored["args"])
+    stored["args"]["bf16"] = True
     loaded = rfopt.TrialConfig.from_dict(stored)
-    assert loaded.grpo.learning_rate == config.grpo.learning_rate and not loaded.grpo.bf16
+    assert loaded.args.learning_rate == config.args.learning_rate and not loaded.args.bf16
+
+
+def test_the_model_key_picks_what_base_model_of_picks_from_the_stored_config():
+    """`model_key` reads the config (it is called at every swap); ops compare stored dicts with `base_model_of`."""
+    for config in (_config(), _config(args=grpo_config(model_init_kwargs={"dtype": "bfloat16"}, trust_remote_code=True)),
+                   _config(quantization_config=BitsAndBytesConfig(load_in_4bit=True), processing_class="some/tokenizer")):
+        assert json.loads(config.model_key) == rfopt.TrialConfig.base_model_of(config.to_dict())

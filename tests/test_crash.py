@@ -129,7 +129,7 @@ def test_a_trial_asked_just_before_a_crash_resumes_with_its_params(tiny_model, s
     trials = study.optuna.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert trials[1].params == asked.params
-    assert study.trial_config(1).grpo.learning_rate == asked.params["learning_rate"]
+    assert study.trial_config(1).args.learning_rate == asked.params["learning_rate"]
 
 
 def test_a_paused_trial_stays_paused_across_a_crash_and_the_rerun(tiny_model, storage):
@@ -138,7 +138,7 @@ def test_a_paused_trial_stays_paused_across_a_crash_and_the_rerun(tiny_model, st
 
     def on_unit(number, step, value):
         if (number, step) == (1, 0):
-            study.pause(1)
+            study.pause_trial(1)
         if (number, step) == (0, 1):
             raise _Crash
 

@@ -152,7 +152,7 @@ def test_pause_resume_stop_and_clone_routes_store_requests_the_engine_applies(st
     assert clone.state == TrialState.WAITING
     assert clone.params == {"learning_rate": 0.004}
     assert clone.user_attrs["rfopt:clone"]["parent"] == 1 and clone.user_attrs["rfopt:clone"]["warm_start"] is False
-    assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).grpo.learning_rate == 0.004
+    assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).args.learning_rate == 0.004
 
 
 @pytest.mark.parametrize(
@@ -185,7 +185,7 @@ def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in
     from rfopt import compat
 
     config = json.loads(_trials(study)[2].user_attrs["rfopt:config"])
-    config["rewards"] = ["/home/someone/studies/my_study.py:correctness"]
+    config["reward_funcs"] = ["/home/someone/studies/my_study.py:correctness"]
     storage = compat.storage_of(study.optuna)
     storage.set_trial_user_attr(compat.trial_id_of(_trials(study)[2]), "rfopt:config", json.dumps(config))
     with serving(storage) as server:
@@ -196,8 +196,8 @@ def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in
     assert status == 200 and body["trial"] == 3, body
     assert "cannot be imported here" in body["message"] and "my_study.py" in body["notes"][0]
     clone = _trials(study)[3]
-    assert len(before) == 3 and json.loads(clone.user_attrs["rfopt:config"])["rewards"] == config["rewards"]
-    assert json.loads(clone.user_attrs["rfopt:config"])["grpo"]["learning_rate"] == 0.004
+    assert len(before) == 3 and json.loads(clone.user_attrs["rfopt:config"])["reward_funcs"] == config["reward_funcs"]
+    assert json.loads(clone.user_attrs["rfopt:config"])["args"]["learning_rate"] == 0.004
 
 
 def test_malformed_requests_are_refused_and_change_nothing(study):
@@ -383,7 +383,7 @@ def test_page_shows_running_trials_charts_and_its_buttons_clone_and_stop(study, 
     assert len(trials) == 4
     clone = trials[3]
     assert clone.user_attrs["rfopt:clone"]["overrides"] == {"learning_rate": 0.004, "lora_alpha": 16}
-    assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).peft.lora_alpha == 16
+    assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).peft_config.lora_alpha == 16
     assert TrialRecord(trials[2]).pending[-1].op == "stop"
 
 

@@ -18,15 +18,15 @@ def _train_straight_through(model_path, config, plan, schedule, dataset):
     rows = [row for unit in range(plan.num_chunks) for row in plan.chunks[unit][: schedule.prompts_per_chunk]]
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
-    args = config.grpo
+    args = config.args
     args.shuffle_dataset = False
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_path),
-        reward_funcs=list(config.rewards),
+        reward_funcs=list(config.reward_funcs),
         args=args,
         train_dataset=dataset.select(rows),
         processing_class=tokenizer,
-        peft_config=config.peft,
+        peft_config=config.peft_config,
     )
     trainer.train()
     assert trainer.state.global_step == schedule.total_steps
@@ -36,9 +36,9 @@ def _train_straight_through(model_path, config, plan, schedule, dataset):
 def _train_interleaved(config, other, plan, dataset, workdir):
     """rfopt's way: chunk by chunk, alternating with another trial on the same resident base model. The pool's
     precision is the one plain TRL trains the config with (rfopt takes it from the device, not from the config)."""
-    pool = ModelPool("cpu", precision="bf16" if config.grpo.bf16 else "fp32")
+    pool = ModelPool("cpu", precision="bf16" if config.args.bf16 else "fp32")
     runners = [
-        TrialRunner(number, cfg, plan, trial_schedule(plan, cfg.grpo), dataset, pool, workdir)
+        TrialRunner(number, cfg, plan, trial_schedule(plan, cfg.args), dataset, pool, workdir)
         for number, cfg in ((0, other), (1, config))
     ]
     while not all(r.finished for r in runners):
@@ -82,7 +82,7 @@ def test_chunked_training_with_swaps_equals_straight_through(tiny_model, tmp_pat
     )
     plan = ChunkPlan.build(len(dataset), num_chunks=4, seed=0)
     chunked = _train_interleaved(config, other, plan, dataset, tmp_path)
-    straight = _train_straight_through(str(tiny_model), config, plan, trial_schedule(plan, config.grpo), dataset)
+    straight = _train_straight_through(str(tiny_model), config, plan, trial_schedule(plan, config.args), dataset)
 
     assert chunked.keys() == straight.keys()
     for key, value in straight.items():
@@ -98,7 +98,7 @@ def test_restored_checkpoint_continues_exactly(tiny_model, tmp_path):
     dataset = prompts_dataset(32)
     config = trial_config(tiny_model, gradient_accumulation_steps=2, lr_scheduler_type="cosine", warmup_steps=0.25)
     plan = ChunkPlan.build(len(dataset), num_chunks=4, seed=0)
-    schedule = trial_schedule(plan, config.grpo)
+    schedule = trial_schedule(plan, config.args)
 
     straight = TrialRunner(0, config, plan, schedule, dataset, ModelPool("cpu"), tmp_path)
     while not straight.finished:
@@ -123,9 +123,9 @@ def test_restored_checkpoint_continues_exactly(tiny_model, tmp_path):
 def test_full_fine_tuning_in_chunks_equals_straight_through(tiny_model, tmp_path):
     dataset = prompts_dataset(16)
     config = trial_config(tiny_model, gradient_accumulation_steps=2, learning_rate=1e-3)
-    config.peft = None
+    config.peft_config = None
     plan = ChunkPlan.build(len(dataset), num_chunks=2, seed=0)
-    schedule = trial_schedule(plan, config.grpo)
+    schedule = trial_schedule(plan, config.args)
     runner = TrialRunner(0, config, plan, schedule, dataset, ModelPool("cpu"), tmp_path)
     while not runner.finished:
         runner.train_chunk()
@@ -134,11 +134,11 @@ def test_full_fine_tuning_in_chunks_equals_straight_through(tiny_model, tmp_path
     rows = [row for unit in range(plan.num_chunks) for row in plan.chunks[unit][: schedule.prompts_per_chunk]]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.padding_side = "left"
-    config.grpo.shuffle_dataset = False
+    config.args.shuffle_dataset = False
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(tiny_model),
-        reward_funcs=list(config.rewards),
-        args=config.grpo,
+        reward_funcs=list(config.reward_funcs),
+        args=config.args,
         train_dataset=dataset.select(rows),
         processing_class=tokenizer,
     )

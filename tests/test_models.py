@@ -20,7 +20,7 @@ def test_a_trial_trained_in_chunks_sends_trl_telemetry_once(tiny_model, tmp_path
     monkeypatch.setattr(GRPOTrainer, "_send_telemetry", lambda self: pings.append(self.state.global_step))
     config = trial_config(tiny_model)
     plan = ChunkPlan.build(4, 2, seed=0)
-    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), ModelPool("cpu"), tmp_path)
+    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.args), prompts_dataset(4), ModelPool("cpu"), tmp_path)
     runner.train_chunk()
     runner.train_chunk()
     assert runner.global_step == 4
@@ -49,10 +49,10 @@ def test_a_finished_full_fine_tuning_trial_frees_its_model_copy(tiny_model, tmp_
     from rfopt_testkit import prompts_dataset
 
     config = trial_config(tiny_model)
-    config.peft = None
+    config.peft_config = None
     plan = ChunkPlan.build(4, 2, seed=0)
     pool = ModelPool("cpu")
-    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), pool, tmp_path)
+    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.args), prompts_dataset(4), pool, tmp_path)
     runner.train_chunk()
     copy = weakref.ref(runner.model)
     runner.cleanup()
@@ -181,7 +181,7 @@ def test_a_trial_with_gradient_checkpointing_leaves_the_shared_model_without_it(
     config = trial_config(tiny_model, gradient_checkpointing=True)
     plan = ChunkPlan.build(4, 2, seed=0)
     pool = ModelPool("cpu")
-    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), pool, tmp_path)
+    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.args), prompts_dataset(4), pool, tmp_path)
     runner.train_chunk()
     base = runner.model.get_base_model()
     assert not base.is_gradient_checkpointing
@@ -233,10 +233,10 @@ def test_the_device_decides_placement_and_precision_whatever_the_config_says(tin
 
     plan = ChunkPlan.build(4, 2, seed=0)
     cpu_config = trial_config(tiny_model)  # use_cpu=True, bf16=False, as a study file written for the CPU has it
-    assert cpu_config.grpo.use_cpu and not cpu_config.grpo.bf16
+    assert cpu_config.args.use_cpu and not cpu_config.args.bf16
 
     def args(pool, config):
-        return TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), prompts_dataset(4), pool,
+        return TrialRunner(0, config, plan, trial_schedule(plan, config.args), prompts_dataset(4), pool,
                            tmp_path).chunk_args()
 
     on_cpu = args(ModelPool("cpu"), cpu_config)
@@ -255,12 +255,13 @@ def test_the_device_decides_placement_and_precision_whatever_the_config_says(tin
 
 
 def test_a_study_file_written_for_the_cpu_puts_the_shared_model_on_the_cuda_device_it_runs_on(monkeypatch):
-    """studies/arithmetic.py sets use_cpu=True; run on cuda:1 the shared base model goes to cuda:1 and every chunk
+    """rfopt/studies/arithmetic.py sets use_cpu=True; run on cuda:1 the shared base model goes to cuda:1 and every chunk
     trains there (no GPU here: the model's move is recorded instead of made)."""
     import torch
     import transformers
 
-    from studies.arithmetic import build_space
+    from rfopt import compat
+    from rfopt.studies.arithmetic import build_space
 
     _stand_in_cuda(monkeypatch)
     moved = []
@@ -273,11 +274,17 @@ def test_a_study_file_written_for_the_cpu_puts_the_shared_model_on_the_cuda_devi
     class Tokenizer:
         pad_token, eos_token = None, "</s>"
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Model())
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Tokenizer())
+    placed = []
+
+    def create_model(source, **kwargs):
+        placed.append(kwargs["device_map"])
+        return Model()
+
+    monkeypatch.setattr(compat, "create_model", create_model)
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", lambda *a, **k: Tokenizer())
     config = build_space(model="/a/model/dir")[0]
-    assert config.grpo.use_cpu and not config.grpo.bf16
+    assert config.args.use_cpu and not config.args.bf16
     pool = ModelPool("cuda:1")
     pool.tokenizer(config)  # loads the base model
-    assert moved == [torch.device("cuda:1")]
+    assert placed == [{"": "cuda:1"}] and moved == [torch.device("cuda:1")]
     assert pool.placement.args() == {"use_cpu": False, "bf16": True, "fp16": False}

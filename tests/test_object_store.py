@@ -33,7 +33,7 @@ def trained_state(tiny_model, tmp_path_factory):
     dataset = prompts_dataset(16)
     config = trial_config(tiny_model, lr_scheduler_type="cosine", warmup_steps=0.25)
     plan = ChunkPlan.build(len(dataset), num_chunks=2, seed=0)
-    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.grpo), dataset, ModelPool("cpu"),
+    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.args), dataset, ModelPool("cpu"),
                          tmp_path_factory.mktemp("runner"))
     runner.train_chunk()
     return runner.state()

@@ -44,7 +44,7 @@ def test_stopped_trial_ends_pruned_with_its_last_value_and_trains_no_further(tin
 
     def on_unit(number, step, count):
         if (number, step) == (1, 0):
-            study.stop(1)
+            study.stop_trial(1)
 
     done = _optimize(study, _configs(tiny_model), on_unit)
     assert [step for number, step in done if number == 1] == [0]
@@ -68,9 +68,9 @@ def test_paused_trial_resumes_exactly_where_it_was(tiny_model, tmp_path):
     def on_unit(number, step, count):
         order.append((number, step))
         if (number, step) == (1, 0):
-            study.pause(1)
+            study.pause_trial(1)
         if (number, step) == (0, 2):
-            study.resume(1)
+            study.resume_trial(1)
 
     _optimize(study, _configs(tiny_model), on_unit)
     # Trial 1 sat out while paused (trial 0 ran chunks 1 and 2 alone), then caught up.
@@ -91,8 +91,8 @@ def test_warm_clone_starts_from_the_parents_weights_and_cold_clone_from_the_base
         if (number, step) == (0, 1):
             parent_weights.update(study.checkpoints.load(0).weights)
             # A learning rate of 0 keeps whatever the clone starts from: its final adapter shows where it started.
-            clones["warm"] = study.clone(0, {"learning_rate": 0.0}, warm_start=True)
-            clones["cold"] = study.clone(0, {"learning_rate": 0.0})
+            clones["warm"] = study.clone_trial(0, {"learning_rate": 0.0}, warm_start=True)
+            clones["cold"] = study.clone_trial(0, {"learning_rate": 0.0})
 
     _optimize(study, _configs(tiny_model)[:1], on_unit)
     warm, cold = study.optuna.trials[clones["warm"]], study.optuna.trials[clones["cold"]]
@@ -106,7 +106,7 @@ def test_warm_clone_starts_from_the_parents_weights_and_cold_clone_from_the_base
     assert warm.user_attrs["rfopt:clone"]["parent"] == 0
     assert warm.user_attrs["rfopt:clone"]["overrides"] == {"learning_rate": 0.0}
     assert warm.user_attrs["rfopt:clone"]["warm_start"] is True
-    assert rfopt.TrialConfig.from_json(warm.user_attrs["rfopt:config"]).grpo.learning_rate == 0.0
+    assert rfopt.TrialConfig.from_json(warm.user_attrs["rfopt:config"]).args.learning_rate == 0.0
 
 
 def test_ops_from_the_command_line_reach_the_running_study(tiny_model, storage):
@@ -133,19 +133,19 @@ def test_bad_ops_are_refused_and_change_nothing(tiny_model, storage, capsys):
     _optimize(study, _configs(tiny_model)[:1], num_chunks=2)
     before = len(study.optuna.trials)
     with pytest.raises(OpError, match="trial 0 is COMPLETE; only a RUNNING trial can be paused"):
-        study.pause(0)
+        study.pause_trial(0)
     with pytest.raises(OpError, match="has no trial 7"):
-        study.stop(7)
+        study.stop_trial(7)
     with pytest.raises(OpError, match="unknown field"):
-        study.clone(0, {"learning_rat": 1e-3})
+        study.clone_trial(0, {"learning_rat": 1e-3})
     with pytest.raises(OpError, match="expected a number"):
-        study.clone(0, {"learning_rate": "high"})
+        study.clone_trial(0, {"learning_rate": "high"})
     with pytest.raises(OpError, match="num_generations"):
-        study.clone(0, {"num_generations": 3})
+        study.clone_trial(0, {"num_generations": 3})
     with pytest.raises(OpError, match="shape must stay.*'r'"):
-        study.clone(0, {"lora_r": 8}, warm_start=True)
+        study.clone_trial(0, {"lora_r": 8}, warm_start=True)
     with pytest.raises(OpError, match="nothing left to train"):
-        study.clone(0, {}, warm_start=True)
+        study.clone_trial(0, {}, warm_start=True)
     assert len(study.optuna.trials) == before
     assert cli(["clone", "0", "--study", "b", "--storage", storage, "--set", "learning_rate"]) == 1
     assert "expected FIELD=VALUE" in capsys.readouterr().err
@@ -160,7 +160,7 @@ def test_resume_of_a_running_trial_that_is_not_paused_is_refused(tiny_model, sto
     def on_unit(number, step, count):
         if (number, step) == (0, 0):
             try:
-                study.resume(1)
+                study.resume_trial(1)
             except OpError as exc:
                 errors.append(str(exc))
 
@@ -179,13 +179,13 @@ def test_a_stop_that_arrives_while_a_pause_is_being_applied_is_honoured(tiny_mod
     def pause_then_a_stop_arrives(ref, paused):
         write_paused(ref, paused)
         if paused and ref.number == 1:
-            study.stop(1)  # another process asks, while this one is applying the pause
+            study.stop_trial(1)  # another process asks, while this one is applying the pause
 
     monkeypatch.setattr(schema, "write_paused", pause_then_a_stop_arrives)
 
     def on_unit(number, step, count):
         if (number, step) == (1, 0):
-            study.pause(1)
+            study.pause_trial(1)
 
     done = _optimize(study, _configs(tiny_model), on_unit)
     trial = study.optuna.trials[1]
@@ -202,8 +202,8 @@ def test_requests_made_at_the_same_moment_are_all_kept_and_applied_in_order(tiny
 
     def on_unit(number, step, count):
         if (number, step) == (1, 0):
-            study.pause(1)
-            study.resume(1)  # both pending at once: applied oldest first, the trial goes on unpaused
+            study.pause_trial(1)
+            study.resume_trial(1)  # both pending at once: applied oldest first, the trial goes on unpaused
 
     _optimize(study, _configs(tiny_model), on_unit)
     trial = study.optuna.trials[1]
@@ -241,7 +241,7 @@ def test_a_clone_override_training_would_refuse_is_refused_before_anything_is_wr
     shutil.copy(finished, tmp_path / "f.db")
     study = rfopt.load_study("f", f"sqlite:///{tmp_path / 'f.db'}")
     with pytest.raises(OpError, match=f"clone of trial 0: .*{message}"):
-        study.clone(0, overrides)
+        study.clone_trial(0, overrides)
     assert len(study.optuna.trials) == 1
 
 
@@ -256,4 +256,4 @@ def test_clone_overrides_from_the_command_line_are_read_as_their_fields_types(fi
     assert clone.user_attrs["rfopt:clone"]["overrides"] == {
         "learning_rate": 2e-6, "lora_r": 8, "use_liger_kernel": False, "reward_weights": [1.0, 0.5]}
     config = rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"])
-    assert (config.grpo.learning_rate, config.peft.r, config.grpo.reward_weights) == (2e-6, 8, [1.0, 0.5])
+    assert (config.args.learning_rate, config.peft_config.r, config.args.reward_weights) == (2e-6, 8, [1.0, 0.5])

@@ -71,14 +71,14 @@ def configs(model_path) -> list[rfopt.TrialConfig]:
     return [
         rfopt.TrialConfig(
             model=str(model_path),
-            peft=None,  # full fine-tuning: see the module docstring
-            grpo=grpo_config(
+            reward_funcs=[reward_lowercase],
+            args=grpo_config(
                 learning_rate=lr,
                 lr_scheduler_type="constant",
                 per_device_train_batch_size=16,  # 4 prompts x num_generations=4 per step
                 max_completion_length=8,
             ),
-            rewards=[reward_lowercase],
+            peft_config=None,  # full fine-tuning: see the module docstring
         )
         for lr in LEARNING_RATES
     ]

@@ -138,7 +138,7 @@ def test_a_reward_function_of_a_script_without_a_main_guard_is_taken_from_the_ru
     assert done.stdout.count("trials:") == 1  # the script ran once, not again inside optimize
     assert "trials: ['COMPLETE']" in done.stdout
     stored = optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}").trials[0]
-    assert json.loads(stored.user_attrs["rfopt:config"])["rewards"] == [f"{script.resolve()}:reward_here"]
+    assert json.loads(stored.user_attrs["rfopt:config"])["reward_funcs"] == [f"{script.resolve()}:reward_here"]
 
     # Another process (a worker, the dashboard) that would import the script to find the function gets a clear
     # refusal instead of a second run of the study, and nothing of the script runs.
@@ -259,7 +259,7 @@ def test_an_eval_set_missing_a_column_a_reward_function_takes_is_refused_before_
 
 def test_a_nan_learning_rate_is_refused_naming_the_field(tiny_model, tmp_path):
     study = _study(tmp_path)
-    with pytest.raises(rfopt.ConfigError, match=r"configs\[0\]: grpo.learning_rate: NaN; give a number"):
+    with pytest.raises(rfopt.ConfigError, match=r"configs\[0\]: args.learning_rate: NaN; give a number"):
         _optimize(study, [trial_config(tiny_model, learning_rate=math.nan)])
     _untouched(study, tmp_path)
     # From a function, the trial fails alone at once, before it trains, with the same message.
@@ -269,7 +269,7 @@ def test_a_nan_learning_rate_is_refused_naming_the_field(tiny_model, tmp_path):
     for trial in trials:
         if math.isnan(trial.params["lr"]):
             assert trial.state.name == "FAIL" and not trial.intermediate_values
-            assert "grpo.learning_rate: NaN; give a number" in trial.user_attrs["rfopt:fail_reason"]
+            assert "args.learning_rate: NaN; give a number" in trial.user_attrs["rfopt:fail_reason"]
         else:
             assert trial.state.name == "COMPLETE"
 

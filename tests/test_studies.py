@@ -1,4 +1,4 @@
-"""The study files in studies/: each loads, builds configs the engine accepts, and runs end to end.
+"""The study files in rfopt/studies/: each loads, builds configs the engine accepts, and runs end to end.
 
 End-to-end runs swap the study's model for the tiny test model and its data for a few rows
 (the Hub studies read small local files in each dataset's real format), through the study
@@ -18,7 +18,7 @@ from rfopt.cli import main
 from rfopt.studyfile import load_spec
 from rfopt_testkit import deepmath_rows
 
-STUDIES_DIR = Path(__file__).resolve().parents[1] / "studies"
+STUDIES_DIR = Path(__file__).resolve().parents[1] / "rfopt" / "studies"
 STUDY_NAMES = ["arithmetic", "gsm8k_lite", "deepmath", "numina_tir"]
 
 
@@ -44,7 +44,7 @@ def _module(name):
     load_spec(STUDIES_DIR / f"{name}.py")  # the way `rfopt run` loads it
     import importlib
 
-    return importlib.import_module(f"studies.{name}")
+    return importlib.import_module(f"rfopt.studies.{name}")
 
 
 def _default_train_rows(module) -> int:
@@ -82,13 +82,13 @@ def test_study_file_loads_and_its_configs_fit_the_chunk_plan(name):
     module = _module(name)
     assert spec.name == name and spec.description
     for variant in (spec, spec.with_fast()):
-        configs = variant.space()
+        configs = variant.search_space()
         assert configs and all(isinstance(c, rfopt.TrialConfig) for c in configs)
         plan = rfopt.ChunkPlan.build(_default_train_rows(module), variant.num_chunks)
         for config in configs:
             config.validate()
-            assert config.grpo.num_train_epochs == 1
-            schedule = rfopt.trial_schedule(plan, config.resolved_grpo())
+            assert config.args.num_train_epochs == 1
+            schedule = rfopt.trial_schedule(plan, config.args)
             assert schedule.steps_per_chunk >= 1
             assert rfopt.TrialConfig.from_json(config.to_json()).to_json() == config.to_json()
         assert variant.pruner is None or isinstance(variant.pruner(), optuna.pruners.BasePruner)
@@ -96,7 +96,7 @@ def test_study_file_loads_and_its_configs_fit_the_chunk_plan(name):
 
 def test_arithmetic_searches_a_poor_learning_rate_and_prunes_with_successive_halving():
     spec = load_spec(STUDIES_DIR / "arithmetic.py")
-    rates = sorted(c.grpo.learning_rate for c in spec.space())
+    rates = sorted(c.args.learning_rate for c in spec.search_space())
     assert rates[0] <= 1e-6 and rates[-1] >= 1e-4
     assert isinstance(spec.pruner(), optuna.pruners.SuccessiveHalvingPruner)
     train, evaluation = spec.datasets()
@@ -112,21 +112,21 @@ def test_arithmetic_searches_a_poor_learning_rate_and_prunes_with_successive_hal
 def test_gsm8k_lite_matches_the_article():
     module = _module("gsm8k_lite")
     configs = module.build_space(optim="adamw_8bit")
-    assert {c.model: c.grpo.learning_rate for c in configs} == {
+    assert {c.model: c.args.learning_rate for c in configs} == {
         "Qwen/Qwen2.5-0.5B-Instruct": 5e-6,
         "meta-llama/Llama-3.2-1B-Instruct": 1e-6,
     }
     for c in configs:
-        g = c.resolved_grpo()
+        g = c.args
         assert (g.per_device_train_batch_size, g.gradient_accumulation_steps, g.num_generations) == (4, 2, 8)
         assert g.generation_batch_size == 8  # one prompt x 8 generations per optimizer step
         assert (g.warmup_steps, g.weight_decay, g.max_grad_norm, g.beta) == (0.1, 0.1, 0.1, 0.0)
         assert (g.max_completion_length, g.num_train_epochs, g.optim) == (256, 1, "adamw_8bit")
-        assert (c.peft.r, c.peft.lora_alpha, c.peft.lora_dropout) == (16, 16, 0.05)
-        assert set(c.peft.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+        assert (c.peft_config.r, c.peft_config.lora_alpha, c.peft_config.lora_dropout) == (16, 16, 0.05)
+        assert set(c.peft_config.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
         assert c.reward_names == ["correctness", "integer_answer", "strict_format", "soft_format", "tag_count"]
     # 128 prompts in 4 chunks: 32 steps each.
-    schedule = rfopt.trial_schedule(rfopt.ChunkPlan.build(128, 4), configs[0].resolved_grpo())
+    schedule = rfopt.trial_schedule(rfopt.ChunkPlan.build(128, 4), configs[0].args)
     assert (schedule.prompts_per_chunk, schedule.steps_per_chunk) == (32, 32)
 
 
@@ -136,8 +136,8 @@ def test_gsm8k_lite_falls_back_to_adamw_torch_with_a_warning_without_cuda(monkey
     module = _module("gsm8k_lite")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     configs = module.build_space()
-    assert {c.grpo.optim for c in configs} == {"adamw_torch"}
-    assert all(not c.grpo.bf16 and c.grpo.use_cpu for c in configs)
+    assert {c.args.optim for c in configs} == {"adamw_torch"}
+    assert all(not c.args.bf16 and c.args.use_cpu for c in configs)
     err = capsys.readouterr().err
     assert "adamw_8bit" in err and "adamw_torch" in err and "no CUDA device" in err
 
@@ -154,12 +154,12 @@ def test_gsm8k_lite_offline_stops_with_the_loaders_message_not_a_traceback(tmp_p
 # ---------------------------------------------------------------------- end to end on the tiny model
 ARITHMETIC_ON_TINY = """
 import dataclasses
-from studies import arithmetic
+from rfopt.studies import arithmetic
 
 STUDY = dataclasses.replace(
     arithmetic.STUDY,
     name="arithmetic-tiny",
-    space=lambda: arithmetic.build_space(model={model!r}, configs=[(1e-6, 4), (5e-3, 4)], max_completion_length=8),
+    configs=lambda: arithmetic.build_space(model={model!r}, configs=[(1e-6, 4), (5e-3, 4)], max_completion_length=8),
     datasets=lambda: arithmetic.load_datasets(n_train=8, n_eval=2),
     eval_settings=dataclasses.replace(arithmetic.STUDY.eval_settings, max_new_tokens=8),
 )

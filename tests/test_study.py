@@ -58,8 +58,8 @@ def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_
             for key in ("loss", "reward", "reward_std", "rewards/reward_len/mean", "completions/mean_length", "entropy"):
                 assert key in metrics["train"], key
         config = rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"])
-        assert config.grpo.learning_rate == pytest.approx(t.params["learning_rate"])
-        assert config.peft.r == t.params["lora_r"]
+        assert config.args.learning_rate == pytest.approx(t.params["learning_rate"])
+        assert config.peft_config.r == t.params["lora_r"]
 
     # The best adapter loads with PEFT onto the base model and generates.
     path = study.export_best(tmp_path / "best")
@@ -106,7 +106,7 @@ def test_explicit_list_and_grid_become_enqueued_trials_with_params(tiny_model, s
     assert params == [(1e-3, 4), (1e-3, 8), (1e-2, 4), (1e-2, 8)]
     for t in study.optuna.trials:
         config = rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"])
-        assert (config.grpo.learning_rate, config.peft.r) == (t.params["learning_rate"], t.params["lora_r"])
+        assert (config.args.learning_rate, config.peft_config.r) == (t.params["learning_rate"], t.params["lora_r"])
     # Running the same list again enqueues nothing new.
     study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
     assert len(study.optuna.trials) == 4

@@ -189,9 +189,9 @@ def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_no
     def on_unit(number, step, value):
         order.append((number, step))
         if (number, step) == (1, 0):
-            study.pause(1)
+            study.pause_trial(1)
         if (number, step) == (0, 2):
-            study.resume(1)
+            study.resume_trial(1)
 
     study.work(configs, train, evaluation, num_chunks=4, lease_seconds=5, poll_seconds=0.05, on_unit=on_unit)
     assert order[:4] == [(0, 0), (1, 0), (0, 1), (0, 2)]  # trial 1 sat out while paused, then caught up

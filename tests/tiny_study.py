@@ -5,8 +5,9 @@ same configs under the same trial numbers."""
 
 import os
 
-import rfopt
 from rfopt_testkit import prompts_dataset, trial_config
+
+import rfopt
 
 TRIALS = int(os.environ.get("RFOPT_TEST_TRIALS", "3"))
 CHUNKS = int(os.environ.get("RFOPT_TEST_CHUNKS", "3"))
@@ -24,7 +25,7 @@ def datasets():
 
 STUDY = rfopt.StudySpec(
     name="tiny",
-    space=space,
+    configs=space,
     datasets=datasets,
     num_chunks=CHUNKS,
     max_concurrent=TRIALS,

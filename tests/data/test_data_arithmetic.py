@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from studies.data import REASONING_SYSTEM_PROMPT, gsm8k_final_answer, load_arithmetic
+from rfopt.studies.data import REASONING_SYSTEM_PROMPT, gsm8k_final_answer, load_arithmetic
 
 # One worked-solution step: "... 7 * 4 = 28 ..."
 _STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")

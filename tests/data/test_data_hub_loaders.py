@@ -7,7 +7,7 @@ import huggingface_hub.constants
 import pytest
 
 from rfopt_testkit import deepmath_rows
-from studies.data import (
+from rfopt.studies.data import (
     BOXED_SYSTEM_PROMPT,
     REASONING_SYSTEM_PROMPT,
     THINK_SYSTEM_PROMPT,

@@ -1,6 +1,6 @@
 import pytest
 
-from rewards import correctness, integer_answer
+from rfopt.rewards import correctness, integer_answer
 
 
 def test_correctness_gives_two_for_the_right_answer_and_zero_for_a_wrong_one(as_completion):

@@ -1,7 +1,7 @@
 import pytest
 
-from rewards import completion_text, extract_answer, extract_gsm8k_answer, normalize_answer, normalize_number
-from rewards.extract import completion_texts, find_gold_column
+from rfopt.rewards import completion_text, extract_answer, extract_gsm8k_answer, normalize_answer, normalize_number
+from rfopt.rewards.extract import completion_texts, find_gold_column
 
 
 def test_completion_text_reads_plain_and_conversational_completions(as_completion):

@@ -1,6 +1,6 @@
 import pytest
 
-from rewards import soft_format, strict_format, tag_count, think_format
+from rfopt.rewards import soft_format, strict_format, tag_count, think_format
 
 STRICT = "<reasoning>\nFirst 6*7.\nThat is 42.\n</reasoning>\n<answer>\n42\n</answer>"
 

@@ -3,7 +3,7 @@ import pickle
 import pytest
 import torch
 
-from rewards import completion_lengths, length_reward, soft_overlong_punishment
+from rfopt.rewards import completion_lengths, length_reward, soft_overlong_punishment
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_soft_overlong_punishment_carries_its_name_and_factory_arguments():
     punish = soft_overlong_punishment(max_completion_length=256, soft_punish_cache=64)
     assert punish.__name__ == "soft_overlong_punishment"
     assert punish.rfopt_factory == (
-        "rewards.length:soft_overlong_punishment",
+        "rfopt.rewards.length:soft_overlong_punishment",
         {"max_completion_length": 256, "soft_punish_cache": 64},
     )
 
@@ -58,7 +58,7 @@ def test_length_reward_peaks_at_the_target_and_falls_linearly_to_zero(length, ex
 def test_length_reward_tolerance_defaults_to_the_target_length():
     near_10 = length_reward(target_length=10)
     assert near_10(["Q"] * 3, ["", "", ""], completion_ids=[[0] * 5, [0] * 20, []]) == [0.5, 0.0, 0.0]
-    assert near_10.rfopt_factory == ("rewards.length:length_reward", {"target_length": 10, "tolerance": None})
+    assert near_10.rfopt_factory == ("rfopt.rewards.length:length_reward", {"target_length": 10, "tolerance": None})
 
 
 def test_length_reward_counts_words_without_completion_ids(as_completion):

@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from rewards import math_accuracy, math_accuracy_for
+from rfopt.rewards import math_accuracy, math_accuracy_for
 
 
 @pytest.mark.parametrize(

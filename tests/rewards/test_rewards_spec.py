@@ -4,20 +4,20 @@ import json
 
 import pytest
 
-import rewards
+from rfopt import rewards
 from rfopt.config import reward_from_json, reward_to_json
 
 
 @pytest.mark.parametrize(
     ("reward", "path"),
     [
-        (rewards.correctness, "rewards.answers:correctness"),
-        (rewards.integer_answer, "rewards.answers:integer_answer"),
-        (rewards.strict_format, "rewards.formats:strict_format"),
-        (rewards.soft_format, "rewards.formats:soft_format"),
-        (rewards.tag_count, "rewards.formats:tag_count"),
-        (rewards.think_format, "rewards.formats:think_format"),
-        (rewards.math_accuracy, "rewards.math_answers:math_accuracy"),
+        (rewards.correctness, "rfopt.rewards.answers:correctness"),
+        (rewards.integer_answer, "rfopt.rewards.answers:integer_answer"),
+        (rewards.strict_format, "rfopt.rewards.formats:strict_format"),
+        (rewards.soft_format, "rfopt.rewards.formats:soft_format"),
+        (rewards.tag_count, "rfopt.rewards.formats:tag_count"),
+        (rewards.think_format, "rfopt.rewards.formats:think_format"),
+        (rewards.math_accuracy, "rfopt.rewards.math_answers:math_accuracy"),
     ],
 )
 def test_plain_rewards_round_trip_through_their_import_path(reward, path):

@@ -6,7 +6,7 @@ import pickle
 import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
-import rewards
+from rfopt import rewards
 
 REWARDS = {
     "correctness": rewards.correctness,

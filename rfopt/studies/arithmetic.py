@@ -1,6 +1,6 @@
 """The offline default study: GRPO on SmolLM2-135M-Instruct + LoRA, synthetic arithmetic word problems.
 
-``rfopt run studies/arithmetic.py`` needs no network and finishes in under 15 minutes on a 2-core
+``rfopt run arithmetic`` needs no network and finishes in under 15 minutes on a 2-core
 CPU (`make demo` measured 10 min 17 s on 2 mostly idle cores, reinstalling the package included; 14 min
 beside another busy process, first model conversion included). It searches learning rate and LoRA rank over
 `CONFIGS` (4 trials), lets successive halving stop the worse half after chunks 1 and 2 of 4,
@@ -51,9 +51,9 @@ import optuna
 from peft import LoraConfig
 from trl import GRPOConfig
 
-import rewards
 import rfopt
-from studies.data import REASONING_SYSTEM_PROMPT, load_arithmetic
+from rfopt import rewards
+from rfopt.studies.data import REASONING_SYSTEM_PROMPT, load_arithmetic
 
 MODEL = "smollm2"
 NUM_CHUNKS = 4
@@ -139,9 +139,9 @@ def build_space(
     return [
         rfopt.TrialConfig(
             model=model,
-            peft=LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear"),
-            grpo=base_grpo(learning_rate=learning_rate, **grpo_overrides),
-            rewards=list(REWARDS),
+            reward_funcs=list(REWARDS),
+            args=base_grpo(learning_rate=learning_rate, **grpo_overrides),
+            peft_config=LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear"),
         )
         for learning_rate, rank in (CONFIGS if configs is None else configs)
     ]
@@ -163,7 +163,7 @@ def fast_datasets():
 
 STUDY = rfopt.StudySpec(
     name="arithmetic",
-    space=space,
+    configs=space,
     datasets=load_datasets,
     num_chunks=NUM_CHUNKS,
     pruner=lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2),
@@ -173,5 +173,5 @@ STUDY = rfopt.StudySpec(
         "GRPO on SmolLM2-135M-Instruct + LoRA (offline), synthetic arithmetic word problems with the "
         "<reasoning>/<answer> format: learning rate x LoRA rank, successive halving after chunks 1 and 2 of 4."
     ),
-    fast={"space": fast_space, "datasets": fast_datasets, "num_chunks": 2},
+    fast={"configs": fast_space, "datasets": fast_datasets, "num_chunks": 2},
 )

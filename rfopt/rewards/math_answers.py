@@ -6,7 +6,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from rewards.extract import (
+from rfopt.rewards.extract import (
     completion_texts,
     extract_answer,
     extract_gsm8k_answer,
@@ -14,7 +14,7 @@ from rewards.extract import (
     gold_text,
     normalize_number,
 )
-from rewards.spec import FactoryReward
+from rfopt.rewards.spec import FactoryReward
 
 GOLD_COLUMNS = ("final_answer", "solution", "answer")
 """Where the gold is looked for, in order: DeepMath's bare ``final_answer``, NuminaMath-TIR's
@@ -49,7 +49,7 @@ def math_accuracy_for(gold_columns: Sequence[str]) -> "MathAccuracy":
     """Return :func:`math_accuracy` reading the gold from the first of ``gold_columns`` passed.
 
     >>> math_accuracy_for(["solution"]).rfopt_factory
-    ('rewards.math_answers:math_accuracy_for', {'gold_columns': ['solution']})
+    ('rfopt.rewards.math_answers:math_accuracy_for', {'gold_columns': ['solution']})
     """
     return MathAccuracy(gold_columns)
 
@@ -65,7 +65,7 @@ class MathAccuracy(FactoryReward):
             )
         self.gold_columns = tuple(gold_columns)
         factory_kwargs = {"gold_columns": list(gold_columns)}
-        super().__init__("math_accuracy", "rewards.math_answers:math_accuracy_for", factory_kwargs)
+        super().__init__("math_accuracy", "rfopt.rewards.math_answers:math_accuracy_for", factory_kwargs)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         return _score(completion_texts(completions, self.__name__), kwargs, self.gold_columns, self.__name__)

@@ -2,9 +2,9 @@
 
 A reward is saved in a trial's config as an import path plus keyword arguments:
 
-- a plain function: ``("rewards.answers:correctness", None)``; rebuilt by importing it;
+- a plain function: ``("rfopt.rewards.answers:correctness", None)``; rebuilt by importing it;
 - a factory's product: the factory's path and its arguments, kept on the product as
-  ``rfopt_factory``, e.g. ``("rewards.length:soft_overlong_punishment",
+  ``rfopt_factory``, e.g. ``("rfopt.rewards.length:soft_overlong_punishment",
   {"max_completion_length": 256, "soft_punish_cache": 64})``; rebuilt by calling the factory.
 
 Factory products are instances of :class:`FactoryReward` subclasses, not closures, because TRL

@@ -4,7 +4,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rewards.extract import (
+from rfopt.rewards.extract import (
     completion_texts,
     extract_answer,
     extract_gsm8k_answer,
@@ -25,7 +25,7 @@ def correctness(
 
     The gold may be a full GSM8K solution (the part after the last ``####`` counts) or a bare
     answer; numbers compare by value in canonical form ("1,234" == "1234", "$12" == "12 dollars"
-    == "12.0"), anything else as exact text (see ``rewards.extract.normalize_answer``). No
+    == "12.0"), anything else as exact text (see ``rfopt.rewards.extract.normalize_answer``). No
     ``<answer>`` block, or a wrong one, gives 0.0. A gold that is None, empty or not text gives
     None, which TRL skips: nothing can be judged against it.
 

@@ -11,11 +11,11 @@ box anything, are told apart from wrong ones.
 The search is a learning-rate x LoRA-rank grid on Qwen2.5-0.5B-Instruct (`build_space` takes
 other models); the objective is the eval accuracy alone (``"math_accuracy"``), pruned by
 successive halving after chunks 1 and 2. One prompt x 8 generations per step, 512 new tokens:
-meant for a GPU (``rfopt run studies/deepmath.py --device cuda``). Offline, the run stops with
+meant for a GPU (``rfopt run deepmath --device cuda``). Offline, the run stops with
 the loader's message: pass a local copy to `load_datasets` (a ``.jsonl``/``.parquet`` file or a
 Hub snapshot directory with ``question`` and ``final_answer`` columns).
 
-    from studies import deepmath
+    from rfopt.studies import deepmath
     train, test = deepmath.load_datasets(source="path/to/deepmath.parquet")
     space = deepmath.build_space(models=["path/to/model"])
 """
@@ -29,9 +29,9 @@ import optuna
 from peft import LoraConfig
 from trl import GRPOConfig
 
-import rewards
 import rfopt
-from studies.data import load_deepmath
+from rfopt import rewards
+from rfopt.studies.data import load_deepmath
 
 DEEPMATH_SOURCE = "zwhe99/DeepMath-103K"
 MODELS = ["Qwen/Qwen2.5-0.5B-Instruct"]
@@ -75,9 +75,9 @@ def build_space(
     return [
         rfopt.TrialConfig(
             model=model,
-            peft=LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.05, target_modules="all-linear"),
-            grpo=GRPOConfig(learning_rate=learning_rate, **settings),
-            rewards=[rewards.math_accuracy, punish],
+            reward_funcs=[rewards.math_accuracy, punish],
+            args=GRPOConfig(learning_rate=learning_rate, **settings),
+            peft_config=LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.05, target_modules="all-linear"),
         )
         for model in models
         for learning_rate in learning_rates
@@ -92,7 +92,7 @@ def space() -> list[rfopt.TrialConfig]:
 
 STUDY = rfopt.StudySpec(
     name="deepmath",
-    space=space,
+    configs=space,
     datasets=load_datasets,
     num_chunks=4,
     pruner=lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2),
@@ -102,5 +102,5 @@ STUDY = rfopt.StudySpec(
         "GRPO on DeepMath-103K (128 train / 24 held out), math_verify accuracy on \\boxed{} answers: "
         "learning rate x LoRA rank on Qwen2.5-0.5B-Instruct, successive halving. Needs the Hub (or a local copy)."
     ),
-    fast={"space": lambda: build_space(learning_rates=[5e-6], lora_ranks=[16])},
+    fast={"configs": lambda: build_space(learning_rates=[5e-6], lora_ranks=[16])},
 )

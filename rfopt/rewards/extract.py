@@ -117,7 +117,7 @@ def normalize_number(text: str) -> str | None:
     Canonical form: no leading zeros, no trailing fractional zeros, no "+", no "-0", so
     "12.0", "012" and "+12" all give "12". Words before the number ("the answer is 12"),
     fractions (``\\frac{1}{2}``, "1/2") and scientific notation are not numbers here: symbolic
-    equivalence is math_verify's job (see ``rewards.math_answers``). Commas between digits always count
+    equivalence is math_verify's job (see ``rfopt.rewards.math_answers``). Commas between digits always count
     as thousands separators, so "1,5" reads as 15.
 
     >>> normalize_number("\\\\boxed{\\\\$1,234.50}")

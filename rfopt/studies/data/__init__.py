@@ -6,7 +6,7 @@ whose ``prompt`` column is a conversation (system prompt, then the user's questi
 (``solution``, ``final_answer``, ...) are kept. Hub loaders take ``source=``, a Hub id or a
 local copy in the same format, and raise `DatasetUnavailableError` when neither can be read.
 
->>> from studies.data import load_arithmetic
+>>> from rfopt.studies.data import load_arithmetic
 >>> train, test = load_arithmetic(n_train=8, n_test=4)
 >>> train[0]["prompt"][1]["role"], train[0]["answer"].isdigit()
 ('user', True)

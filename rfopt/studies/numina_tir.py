@@ -19,7 +19,7 @@ Offline, the run stops with the loader's message; pass a local copy (a directory
 ``train.jsonl``/``test.jsonl`` or the Hub's ``data/*.parquet``, columns ``problem`` and
 ``solution``) to `load_datasets`, and local models to `build_space`:
 
-    from studies import numina_tir
+    from rfopt.studies import numina_tir
     train, test = numina_tir.load_datasets(source="path/to/NuminaMath-TIR")
     space = numina_tir.build_space(models=["path/to/model"])
 """
@@ -33,9 +33,9 @@ import optuna
 from peft import LoraConfig
 from trl import GRPOConfig
 
-import rewards
 import rfopt
-from studies.data import load_numina_tir
+from rfopt import rewards
+from rfopt.studies.data import load_numina_tir
 
 NUMINA_SOURCE = "AI-MO/NuminaMath-TIR"
 MODELS = ["Qwen/Qwen2-0.5B-Instruct"]
@@ -69,9 +69,9 @@ def build_space(
     return [
         rfopt.TrialConfig(
             model=model,
-            peft=lora,
-            grpo=GRPOConfig(learning_rate=learning_rate, **settings),
-            rewards=[rewards.think_format, rewards.math_accuracy],
+            reward_funcs=[rewards.think_format, rewards.math_accuracy],
+            args=GRPOConfig(learning_rate=learning_rate, **settings),
+            peft_config=lora,
         )
         for model in models
         for learning_rate in learning_rates
@@ -85,7 +85,7 @@ def space() -> list[rfopt.TrialConfig]:
 
 STUDY = rfopt.StudySpec(
     name="numina_tir",
-    space=space,
+    configs=space,
     datasets=load_datasets,
     num_chunks=4,
     pruner=lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2),
@@ -96,5 +96,5 @@ STUDY = rfopt.StudySpec(
         "math_verify accuracy): learning rate around 1e-5 on Qwen2-0.5B-Instruct, successive halving. "
         "Needs the Hub (or local copies)."
     ),
-    fast={"space": lambda: build_space(learning_rates=[1e-5, 1e-4])},
+    fast={"configs": lambda: build_space(learning_rates=[1e-5, 1e-4])},
 )

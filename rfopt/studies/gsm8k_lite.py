@@ -35,11 +35,11 @@ How the article's settings map onto TRL 1.16 and rfopt:
 - No automatic pruning (the article stops runs by hand with IC Ops): the pruner is Optuna's
   NopPruner; use ``rfopt stop`` / the dashboard, or another pruner, to stop a run early.
 
-Offline, ``rfopt run studies/gsm8k_lite.py`` stops with the loader's message (the Hub cannot be
+Offline, ``rfopt run gsm8k_lite`` stops with the loader's message (the Hub cannot be
 reached; pass a local copy). To run it on a local copy or other models, use the builders::
 
     import rfopt
-    from studies import gsm8k_lite
+    from rfopt.studies import gsm8k_lite
     train, test = gsm8k_lite.load_datasets(source="path/to/gsm8k")   # train.jsonl + test.jsonl
     space = gsm8k_lite.build_space(models={"path/to/model": 5e-6})
     rfopt.create_study(study_name="gsm8k").optimize(space, train, test, num_chunks=4)
@@ -56,9 +56,9 @@ import optuna
 from peft import LoraConfig
 from trl import GRPOConfig
 
-import rewards
 import rfopt
-from studies.data import load_gsm8k
+from rfopt import rewards
+from rfopt.studies.data import load_gsm8k
 
 #: Where GSM8K comes from: the Hub id, or a local copy (see `studies.data.load_gsm8k`).
 GSM8K_SOURCE = "openai/gsm8k"
@@ -137,20 +137,13 @@ def build_space(
     settings = {**GRPO_SETTINGS, **grpo_overrides}
     lora = LoraConfig(r=16, lora_alpha=16, lora_dropout=0.05, target_modules=LORA_TARGETS, bias="none")
     configs = []
-    # On a GPU, TRL's defaults as in the article (bf16 autocast, gradient checkpointing); the CPU
-    # needs float32 and is faster without checkpointing.
-    device = {} if cuda else {"bf16": False, "use_cpu": True, "gradient_checkpointing": False}
+    # On a GPU, TRL's defaults as in the article (bf16 autocast, gradient checkpointing) and the weights loaded in
+    # float16; the CPU needs float32 and is faster without checkpointing.
+    device = ({"model_init_kwargs": {"dtype": "float16"}} if cuda
+              else {"bf16": False, "use_cpu": True, "gradient_checkpointing": False})
     for model, learning_rate in models.items():
-        grpo = GRPOConfig(learning_rate=learning_rate, optim=optim, **{**device, **settings})
-        configs.append(
-            rfopt.TrialConfig(
-                model=model,
-                peft=lora,
-                grpo=grpo,
-                rewards=list(REWARDS),
-                model_kwargs={"dtype": "float16"} if cuda else {},
-            )
-        )
+        args = GRPOConfig(learning_rate=learning_rate, optim=optim, **{**device, **settings})
+        configs.append(rfopt.TrialConfig(model=model, reward_funcs=list(REWARDS), args=args, peft_config=lora))
     return configs
 
 
@@ -161,7 +154,7 @@ def space() -> list[rfopt.TrialConfig]:
 
 STUDY = rfopt.StudySpec(
     name="gsm8k_lite",
-    space=space,
+    configs=space,
     datasets=load_datasets,
     num_chunks=4,
     pruner=lambda: optuna.pruners.NopPruner(),

@@ -24,23 +24,27 @@ reward                         gives                                            
 Factory products carry ``rfopt_factory = (import path, kwargs)``, from which rfopt stores a
 trial's rewards by import path and rebuilds them (``rfopt.config``).
 
->>> import rewards
+>>> from rfopt import rewards
 >>> rewards.correctness(["Q"], [[{"role": "assistant", "content": "<answer>$1,200</answer>"}]], answer=["#### 1200"])
 [2.0]
 """
 
-from rewards.answers import correctness, integer_answer
-from rewards.extract import (
+from rfopt.rewards.answers import correctness, integer_answer
+from rfopt.rewards.extract import (
     completion_text,
     extract_answer,
     extract_gsm8k_answer,
     normalize_answer,
     normalize_number,
 )
-from rewards.formats import soft_format, strict_format, tag_count, think_format
-from rewards.length import completion_lengths, length_reward, soft_overlong_punishment
-from rewards.math_answers import math_accuracy, math_accuracy_for
-from rewards.spec import FactoryReward, RewardFunc
+from rfopt.rewards.formats import soft_format, strict_format, tag_count, think_format
+from rfopt.rewards.length import (
+    completion_lengths,
+    length_reward,
+    soft_overlong_punishment,
+)
+from rfopt.rewards.math_answers import math_accuracy, math_accuracy_for
+from rfopt.rewards.spec import FactoryReward, RewardFunc
 
 __all__ = [
     "FactoryReward",

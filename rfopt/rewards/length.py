@@ -3,8 +3,8 @@
 from collections.abc import Sequence
 from typing import Any
 
-from rewards.extract import completion_texts
-from rewards.spec import FactoryReward
+from rfopt.rewards.extract import completion_texts
+from rfopt.rewards.spec import FactoryReward
 
 
 def completion_lengths(completions: Sequence[Any], completion_ids: Sequence[Any] | None, reward: str) -> list[int]:
@@ -62,7 +62,7 @@ class SoftOverlongPunishment(FactoryReward):
         self.soft_punish_cache = soft_punish_cache
         super().__init__(
             "soft_overlong_punishment",
-            "rewards.length:soft_overlong_punishment",
+            "rfopt.rewards.length:soft_overlong_punishment",
             {"max_completion_length": max_completion_length, "soft_punish_cache": soft_punish_cache},
         )
 
@@ -116,7 +116,7 @@ class LengthReward(FactoryReward):
         self.tolerance = effective
         super().__init__(
             "length_reward",
-            "rewards.length:length_reward",
+            "rfopt.rewards.length:length_reward",
             {"target_length": target_length, "tolerance": tolerance},
         )
 

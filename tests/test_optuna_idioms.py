@@ -1,0 +1,231 @@
+"""An rfopt study speaks Optuna: `optimize(n_trials, timeout, callbacks, catch)` mean what they mean to
+`optuna.Study.optimize`, `n_trials` means the same in `optimize`, `work` and the command line, Optuna's study
+attributes work on an rfopt study, trial ops cannot be confused with `optuna.Study.stop`, and a study's settings are
+stored once."""
+
+import os
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+from rfopt_testkit import prompts_dataset, reward_len, reward_raises, trial_config
+
+import rfopt
+
+TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
+
+
+def _space(model_path):
+    def space(trial):
+        return trial_config(model_path, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True))
+
+    return space
+
+
+def _run(study, space, **kwargs):
+    kwargs.setdefault("num_chunks", 2)
+    study.optimize(space, TRAIN, EVAL, show_progress_bar=False, **kwargs)
+
+
+def _states(study):
+    return [t.state for t in study.optuna.get_trials(deepcopy=False)]
+
+
+def _sampler():
+    return optuna.samplers.RandomSampler(seed=0)
+
+
+# ---------------------------------------------------------------------- n_trials, timeout, callbacks, catch
+def test_n_trials_counts_the_trials_each_call_starts_as_in_optuna(tiny_model, storage):
+    study = rfopt.create_study(study_name="s", storage=storage, sampler=_sampler())
+    _run(study, _space(tiny_model), n_trials=2)
+    _run(study, _space(tiny_model), n_trials=1)
+    assert _states(study) == [TrialState.COMPLETE] * 3
+    # The study's total: a rerun only tops it up, whichever call started the trials.
+    _run(study, _space(tiny_model), n_trials_total=4)
+    _run(study, _space(tiny_model), n_trials_total=4)
+    assert _states(study) == [TrialState.COMPLETE] * 4
+
+
+def test_work_counts_n_trials_as_optimize_does(tiny_model, storage):
+    study = rfopt.create_study(study_name="w", storage=storage, sampler=_sampler())
+    for _ in range(2):
+        study.work(_space(tiny_model), TRAIN, EVAL, n_trials=1, num_chunks=2, lease_seconds=5, poll_seconds=0.05)
+    assert _states(study) == [TrialState.COMPLETE] * 2
+    study.work(_space(tiny_model), TRAIN, EVAL, n_trials_total=3, lease_seconds=5, poll_seconds=0.05)
+    assert _states(study) == [TrialState.COMPLETE] * 3
+
+
+def test_timeout_stops_starting_units_and_a_rerun_finishes_the_same_trials(tiny_model, tmp_path):
+    def values(study):
+        return [(t.number, t.state, t.intermediate_values) for t in study.optuna.get_trials(deepcopy=False)]
+
+    straight = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'a.db'}", sampler=_sampler())
+    _run(straight, _space(tiny_model), n_trials=2, num_chunks=4)
+
+    study = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'b.db'}", sampler=_sampler())
+    started = time.monotonic()
+
+    def slow_first_unit(number, unit, value):
+        time.sleep(max(0.0, started + 1.5 - time.monotonic()))  # the timeout passes while the first unit commits
+
+    _run(study, _space(tiny_model), n_trials=2, num_chunks=4, timeout=1.0, on_unit=slow_first_unit)
+    stopped = study.optuna.get_trials(deepcopy=False)
+    assert [t.state for t in stopped] == [TrialState.RUNNING] * len(stopped)
+    assert sum(len(t.intermediate_values) for t in stopped) == 1  # no unit started after the timeout
+    _run(study, _space(tiny_model), n_trials=2 - len(stopped), num_chunks=4)
+    assert values(study) == values(straight)  # resumed, exactly where it stopped
+
+
+def test_callbacks_get_the_optuna_study_and_each_finished_trial_once(tiny_model, storage):
+    seen = []
+
+    def callback(optuna_study, trial):
+        assert isinstance(optuna_study, optuna.Study) and isinstance(trial, FrozenTrial)
+        seen.append((trial.number, trial.state))
+
+    def space(trial):
+        if trial.number == 1:
+            return trial_config(tiny_model, rewards=(reward_raises,))
+        return _space(tiny_model)(trial)
+
+    study = rfopt.create_study(study_name="s", storage=storage, sampler=_sampler(),
+                               pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+    _run(study, space, n_trials=4, callbacks=[callback])
+    assert sorted(seen) == sorted((t.number, t.state) for t in study.trials)
+    assert {state for _, state in seen} >= {TrialState.COMPLETE, TrialState.FAIL}
+
+
+def test_optunas_max_trials_callback_stops_an_open_ended_run(tiny_model, storage):
+    """``n_trials=None`` asks trials until stopped, as in Optuna; Optuna's own callback stops it."""
+    study = rfopt.create_study(study_name="s", storage=storage, sampler=_sampler())
+    stop_at_two = optuna.study.MaxTrialsCallback(2, states=(TrialState.COMPLETE,))
+    _run(study, _space(tiny_model), max_concurrent=1, callbacks=[stop_at_two])
+    assert _states(study) == [TrialState.COMPLETE] * 2
+
+
+def test_study_stop_from_on_unit_stops_asking_new_trials(tiny_model, storage):
+    study = rfopt.create_study(study_name="s", storage=storage, sampler=_sampler())
+    _run(study, _space(tiny_model), n_trials=5, max_concurrent=1, on_unit=lambda *unit: study.stop())
+    assert _states(study) == [TrialState.COMPLETE]
+
+
+def test_catch_decides_whether_a_failing_trial_ends_the_run(tiny_model, tmp_path):
+    configs = [trial_config(tiny_model, rewards=(reward_raises,)), trial_config(tiny_model, rewards=(reward_len,))]
+    alone = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'a.db'}")
+    _run(alone, configs)  # rfopt's default: the failing trial fails alone
+    assert _states(alone) == [TrialState.FAIL, TrialState.COMPLETE]
+
+    optuna_like = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'b.db'}")
+    with pytest.raises(rfopt.RewardFunctionError, match="reward_raises"):
+        _run(optuna_like, configs, catch=())  # Optuna's default: the error ends the run, its trial failed
+    failed, other = optuna_like.optuna.get_trials(deepcopy=False)
+    assert failed.state == TrialState.FAIL and "reward_raises" in failed.user_attrs["rfopt:fail_reason"]
+    assert other.state == TrialState.RUNNING  # left resumable
+    _run(optuna_like, configs)
+    assert _states(optuna_like) == [TrialState.FAIL, TrialState.COMPLETE]
+
+
+# ---------------------------------------------------------------------- an Optuna study to its user
+def test_optunas_study_attributes_work_on_an_rfopt_study(tiny_model, storage):
+    study = rfopt.create_study(study_name="attrs", storage=storage, sampler=_sampler())
+    _run(study, _space(tiny_model), n_trials=2)
+    real = study.optuna
+    assert study.study_name == "attrs" and study.direction == real.direction and study.directions == real.directions
+    assert study.best_trial.number == real.best_trial.number and study.best_value == real.best_value
+    assert study.best_params == real.best_params
+    assert [t.number for t in study.trials] == [0, 1] == [t.number for t in study.get_trials(states=[TrialState.COMPLETE])]
+    frame = study.trials_dataframe()
+    assert list(frame["number"]) == [0, 1] and "params_learning_rate" in frame.columns
+    study.set_user_attr("owner", "me")
+    assert study.user_attrs["owner"] == "me" == optuna.load_study(study_name="attrs", storage=storage).user_attrs["owner"]
+    assert "best_trial" in dir(study)
+    with pytest.raises(AttributeError, match="no attribute 'optimise'"):
+        study.optimise  # noqa: B018
+
+
+def test_trial_ops_have_names_apart_from_optunas_stop(tiny_model, storage):
+    study = rfopt.create_study(study_name="s", storage=storage)
+    with pytest.raises(TypeError, match=r"study.stop_trial\(0\)"):
+        study.stop(0)
+    with pytest.raises(RuntimeError):  # Optuna's: stop() belongs inside a running optimize
+        study.stop()
+
+    def pause_after_first_unit(number, unit, value):
+        if unit == 0:
+            study.pause_trial(number)
+
+    _run(study, [trial_config(tiny_model)], on_unit=pause_after_first_unit)
+    assert rfopt.schema.TrialRecord(study.trials[0]).paused and study.trials[0].state == TrialState.RUNNING
+    study.resume_trial(0)
+    study.stop_trial(0)
+    assert [r.op for r in rfopt.schema.TrialRecord(study.trials[0]).requests] == ["pause", "resume", "stop"]
+    _run(study, [trial_config(tiny_model)])
+    assert study.trials[0].state == TrialState.PRUNED and len(study.trials[0].intermediate_values) == 1
+    clone = study.clone_trial(0, {"learning_rate": 0.002})
+    assert study.trials[clone].state == TrialState.WAITING
+
+
+# ---------------------------------------------------------------------- settings stored once
+def test_settings_fixed_at_create_study_are_read_back_and_a_different_one_is_refused(tiny_model, storage):
+    settings = rfopt.EvalSettings(max_new_tokens=4)
+    study = rfopt.create_study(study_name="s", storage=storage, num_chunks=2, objective="reward_len",
+                               eval_settings=settings, chunk_seed=3)
+    study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False)  # nothing repeated
+    plan = rfopt.schema.study_record(study.optuna).plan
+    assert (plan.num_chunks, plan.seed) == (2, 3)
+    assert study.user_attrs["rfopt:objective"] == "reward_len" and study.user_attrs["rfopt:eval"]["max_new_tokens"] == 4
+    assert len(study.trials[0].intermediate_values) == 2
+
+    for name, value, shown in (("num_chunks", 4, "num_chunks=2"), ("objective", "reward", "objective='reward_len'"),
+                               ("chunk_seed", 0, "chunk_seed=3"),
+                               ("eval_settings", rfopt.EvalSettings(), "max_new_tokens=4")):
+        with pytest.raises(ValueError, match=f"was planned with .*{shown}.*Leave {name} out to use the stored one"):
+            study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False, **{name: value})
+        with pytest.raises(ValueError, match=f"was planned with .*{shown}"):
+            rfopt.create_study(study_name="s", storage=storage, load_if_exists=True, **{name: value})
+    # The same values, or none, continue it.
+    rfopt.create_study(study_name="s", storage=storage, load_if_exists=True, num_chunks=2, objective="reward_len")
+    rfopt.load_study("s", storage).optimize([trial_config(tiny_model)], TRAIN, EVAL, num_chunks=2,
+                                            show_progress_bar=False)
+
+
+def test_a_bad_setting_is_refused_before_create_study_stores_anything(storage, tmp_path):
+    with pytest.raises(ValueError, match="num_chunks must be a whole number >= 1, got 0"):
+        rfopt.create_study(study_name="s", storage=storage, num_chunks=0)
+    assert not (tmp_path / "study.db").exists() or optuna.get_all_study_summaries(storage) == []
+
+
+# ---------------------------------------------------------------------- the command line means the same
+STUDY_FILE = """
+import rfopt
+from rfopt_testkit import prompts_dataset, trial_config
+
+def space(trial):
+    return trial_config({model!r}, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True))
+
+STUDY = rfopt.StudySpec(name="cli", space=space, datasets=lambda: (prompts_dataset(8), prompts_dataset(2, "E")),
+                        num_chunks=1, n_trials_total=2)
+"""
+
+
+def test_cli_n_trials_is_per_command_and_n_trials_total_is_the_studys(tiny_model, tmp_path):
+    study_file = tmp_path / "cli_study.py"
+    study_file.write_text(STUDY_FILE.format(model=str(tiny_model)))
+    storage = f"sqlite:///{tmp_path / 'cli.db'}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.path.join(os.getcwd(), "tests")]))
+
+    def rfopt_run(*flags):
+        done = subprocess.run([sys.executable, "-m", "rfopt.cli", "run", str(study_file), "--storage", storage,
+                               "--no-progress", *flags], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return len(optuna.load_study(study_name="cli", storage=storage).trials)
+
+    assert rfopt_run() == 2  # the study file's total
+    assert rfopt_run() == 2  # a rerun: the total is reached
+    assert rfopt_run("--n-trials", "1") == 3  # one new trial, as optimize(n_trials=1)
+    assert rfopt_run("--n-trials-total", "4") == 4
