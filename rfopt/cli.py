@@ -339,14 +339,23 @@ def _load_spec(path: str) -> Any:
         raise ValueError(f"study file {path}: {type(exc).__name__}: {reason}{where}") from exc
 
 
-def _trial_counts(args: argparse.Namespace, spec: Any) -> dict[str, int | None]:
+def _trial_counts(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, int | None]:
     """``n_trials`` and ``n_trials_total`` for `Study.optimize` / `Study.work`: the flags, else the study file's (its
     total only when no ``--n-trials`` says how many trials this command starts)."""
     n_trials = args.n_trials if args.n_trials is not None else spec.n_trials
     total = args.n_trials_total
     if total is None and args.n_trials is None:
         total = spec.n_trials_total
+    if n_trials is None and total is None and args.timeout is None and not _is_list(space):
+        print("rfopt: no --n-trials, --n-trials-total or --timeout (nor n_trials_total in the study file): new "
+              "trials start until Ctrl-C, as in Optuna; rerun to continue", file=sys.stderr)
     return {"n_trials": n_trials, "n_trials_total": total}
+
+
+def _is_list(space: Any) -> bool:
+    from rfopt.spaces import ListSpace, as_space
+
+    return isinstance(as_space(space), ListSpace)
 
 
 def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
@@ -382,7 +391,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         space,
         train,
         evaluation,
-        **_trial_counts(args, spec),
+        **_trial_counts(args, spec, space),
         timeout=args.timeout,
         num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
         max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
@@ -425,7 +434,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         space,
         train,
         evaluation,
-        **_trial_counts(args, spec),
+        **_trial_counts(args, spec, space),
         timeout=args.timeout,
         num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
         max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,

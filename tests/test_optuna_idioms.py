@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rfopt_testkit import prompts_dataset, reward_len, reward_raises, trial_config
 
 import rfopt
+from rfopt.cli import main
 
 TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
 
@@ -161,12 +162,15 @@ def test_trial_ops_have_names_apart_from_optunas_stop(tiny_model, storage):
     _run(study, [trial_config(tiny_model)], on_unit=pause_after_first_unit)
     assert rfopt.schema.TrialRecord(study.trials[0]).paused and study.trials[0].state == TrialState.RUNNING
     study.resume_trial(0)
-    study.stop_trial(0)
+    assert main(["stop", "0", "--study", "s", "--storage", storage]) == 0  # the CLI's verbs are unchanged
     assert [r.op for r in rfopt.schema.TrialRecord(study.trials[0]).requests] == ["pause", "resume", "stop"]
     _run(study, [trial_config(tiny_model)])
     assert study.trials[0].state == TrialState.PRUNED and len(study.trials[0].intermediate_values) == 1
     clone = study.clone_trial(0, {"learning_rate": 0.002})
-    assert study.trials[clone].state == TrialState.WAITING
+    assert main(["clone", "0", "--study", "s", "--storage", storage, "--set", "learning_rate=0.003"]) == 0
+    assert [t.state for t in study.trials[clone:]] == [TrialState.WAITING] * 2
+    assert [rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"]).args.learning_rate
+            for t in study.trials[clone:]] == [0.002, 0.003]
 
 
 # ---------------------------------------------------------------------- settings stored once
@@ -202,6 +206,8 @@ def test_a_bad_setting_is_refused_before_create_study_stores_anything(storage, t
 # ---------------------------------------------------------------------- the command line means the same
 STUDY_FILE = """
 import rfopt
+from rfopt.cli import main
+from rfopt.cli import main
 from rfopt_testkit import prompts_dataset, trial_config
 
 def space(trial):
