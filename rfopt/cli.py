@@ -563,6 +563,8 @@ def _quiet_libraries(verbose: bool) -> None:
         return
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The Hub's and transformers' own bars ("Loading weights", downloads) would break rfopt's progress bar.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     import optuna
