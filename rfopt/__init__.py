@@ -1,14 +1,14 @@
 """rfopt: an Optuna-native engine for GRPO hyperparameter search.
 
-Each GRPO configuration (`TrialConfig`) is an Optuna trial; `Study.optimize` time-slices all live
-trials chunk by chunk on TRL's `GRPOTrainer`, reports every chunk's evaluation to Optuna, and lets
-Optuna's pruners stop losers at rung boundaries.
+Each GRPO configuration (`TrialConfig`, a `trl.GRPOTrainer(...)` call renamed) is an Optuna trial;
+`Study.optimize` time-slices all live trials chunk by chunk on TRL's `GRPOTrainer`, reports every
+chunk's evaluation to Optuna, and lets Optuna's pruners stop losers at rung boundaries.
 
     import optuna, rfopt
-    study = rfopt.create_study(study_name="demo", storage="sqlite:///rfopt.db",
+    study = rfopt.create_study(study_name="demo", storage="sqlite:///rfopt.db", num_chunks=4,
                                pruner=optuna.pruners.SuccessiveHalvingPruner())
-    study.optimize(space, train_dataset, eval_dataset, n_trials=8, num_chunks=4)
-    print(study.leaderboard_text())
+    study.optimize(space, train_dataset, eval_dataset, n_trials=8, timeout=3600)
+    print(study.best_trial.params, study.leaderboard_text())
 """
 
 from .checkpoints import CheckpointError, CheckpointStore
