@@ -147,10 +147,23 @@ class Setup:
     schedules: list[Any]
     settings: Any
     workdir: Path
+    device: str = "cpu"
+    """Where both sides train (bench/gpu.py: ``cuda``); the placement fields of every config follow it."""
+    precision: str = "auto"
 
 
 # ---------------------------------------------------------------------- configs and data
-def build_setup(args: argparse.Namespace, workdir: Path) -> Setup:
+def build_setup(
+    args: argparse.Namespace,
+    workdir: Path,
+    *,
+    source: str | None = None,
+    learning_rates: list[float] | None = None,
+    lora_ranks: list[int] | None = None,
+    device: str = "cpu",
+    precision: str = "auto",
+) -> Setup:
+    """The configs, rows and chunk plan both sides train. `source` etc. override `MODELS[args.model]` (bench/gpu.py)."""
     from rfopt import rewards
     from peft import LoraConfig
     from trl import GRPOConfig
@@ -159,19 +172,21 @@ def build_setup(args: argparse.Namespace, workdir: Path) -> Setup:
     from rfopt.chunks import ChunkPlan, trial_schedule
     from rfopt.studies.data import load_arithmetic
 
-    spec = MODELS[args.model]
-    if args.model == "tiny":
+    spec = MODELS.get(args.model, {})
+    learning_rates = learning_rates or spec["learning_rates"]
+    lora_ranks = lora_ranks or LORA_RANKS
+    if source is None and args.model == "tiny":
         from rfopt.tiny import build_tiny_model
 
         source = str(build_tiny_model(workdir / "tiny-llama"))
-    else:
+    elif source is None:
         source = "smollm2"
     max_len = args.max_completion_length or spec["max_completion_length"]
     configs = []
     for i in range(args.configs):
         grpo = GRPOConfig(
             output_dir=str(workdir / "unused"),
-            learning_rate=spec["learning_rates"][i % len(spec["learning_rates"])],
+            learning_rate=learning_rates[i % len(learning_rates)],
             per_device_train_batch_size=BATCH,
             num_generations=BATCH,
             max_completion_length=max_len,
@@ -182,7 +197,7 @@ def build_setup(args: argparse.Namespace, workdir: Path) -> Setup:
             seed=42,
         )
         peft = LoraConfig(
-            r=LORA_RANKS[i % len(LORA_RANKS)], lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
+            r=lora_ranks[i % len(lora_ranks)], lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
             task_type="CAUSAL_LM",
         )
         configs.append(
@@ -201,7 +216,7 @@ def build_setup(args: argparse.Namespace, workdir: Path) -> Setup:
     for s in schedules:
         assert s.steps_per_chunk == args.steps_per_chunk, s
     settings = rfopt.EvalSettings(batch_size=max(1, args.eval_prompts), num_samples=2)
-    return Setup(args.model, source, configs, train, test, plan, schedules, settings, workdir)
+    return Setup(args.model, source, configs, train, test, plan, schedules, settings, workdir, device, precision)
 
 
 def plan_rows(setup: Setup, index: int) -> list[int]:
@@ -250,13 +265,14 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
     from trl import GRPOTrainer
 
     from rfopt.evaluation import evaluate
-    from rfopt.models import load_model
+    from rfopt.models import Placement, load_model
 
     result = SideResult()
+    placement = Placement.of(setup.device, setup.precision)
     for i, config in enumerate(setup.configs):
         schedule = setup.schedules[i]
         with result.load.measure():
-            model, tokenizer = load_model(config, "cpu")
+            model, tokenizer = load_model(config, setup.device)
         # The plumbing rfopt sets for its own trainers, so that only the time-slicing differs.
         args = dataclasses.replace(
             config.args,
@@ -267,6 +283,7 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
             logging_steps=1,
             disable_tqdm=True,
             generation_batch_size=None,
+            **placement.args(),
         )
         trainer_box: list[Any] = []
 
@@ -320,7 +337,7 @@ def run_runners(setup: Setup, out_dir: Path, checkpoint_reps: int) -> SideResult
     from rfopt.runner import TrialRunner
 
     result = SideResult()
-    pool = ModelPool("cpu")
+    pool = ModelPool(setup.device, setup.precision)
     with result.load.measure():
         pool.tokenizer(setup.configs[0])  # loads the shared base model
     with result.train.measure():
@@ -416,6 +433,8 @@ def run_study(setup: Setup, out_dir: Path) -> SideResult:
                 num_chunks=setup.plan.num_chunks,
                 eval_settings=setup.settings,
                 show_progress_bar=False,
+                device=setup.device,
+                precision=setup.precision,
             )
     load = sum(s for s, _ in loads)
     result.load = Clock(wall=load, cpu=load)  # CPU time of the load is not separable; count it as wall

@@ -1,0 +1,428 @@
+"""rfopt on one GPU: round-robin against sequential TRL, memory, GPU busy time, exactness, workers (issue 16).
+
+Self-contained: the GPU machine reaches no hub and no index, so the model is built here, on the device, with the
+*shape* of Qwen2.5-0.5B-Instruct (bench/qwen2.5-0.5b-config.json) and seeded random weights, beside an offline
+tokenizer; the prompts are rfopt's synthetic arithmetic set. One run measures, on ``cuda`` in bf16:
+
+- (a) N=4 configs (learning rates apart, LoRA r16) trained one after another by plain ``trl.GRPOTrainer`` vs
+  (b) the same configs round-robin by rfopt's `TrialRunner`s on one shared base model, the same rows and steps
+  (bench/throughput.py's training-only comparison, whose functions this reuses): wall ratio b/a, median swap time,
+  checkpoint save time per unit;
+- peak GPU memory (``torch.cuda.max_memory_allocated``) of (b) against one trial alone, and the goal
+  base + N x (adapter + AdamW states) + 10%;
+- how busy the GPU was during (b) (``torch.cuda.utilization()`` sampled in a thread; needs pynvml, else "n/a");
+- exactness: one trial trained in chunks vs straight through, ``torch.use_deterministic_algorithms(True)``;
+- the same sweep as a study on SQLite run by 1, 2 and 4 ``rfopt worker`` processes sharing the GPU.
+
+    python bench/gpu.py                    # on the GPU machine: see bench/gpu.md
+    python bench/gpu.py --dry-run          # the same code path on the CPU, tiny model, well under two minutes
+
+It prints one table and writes the figures as JSON (default ``/tmp/rfopt-bench/gpu-results.json``, outside the
+repository: results are not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Deterministic cuBLAS needs this before CUDA starts (the exactness check turns deterministic algorithms on).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH)]
+import throughput  # noqa: E402  (bench/throughput.py: its comparison functions; it puts the repository on sys.path)
+
+QWEN_CONFIG = BENCH / "qwen2.5-0.5b-config.json"
+WORKER_COUNTS = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What one run trains, and where."""
+
+    model: str
+    configs: int
+    chunks: int
+    steps_per_chunk: int
+    max_completion_length: int
+    eval_prompts: int
+    learning_rates: tuple[float, ...]
+    device: str
+    precision: str
+
+
+GPU = Sizes("qwen2.5-0.5b-shape", 4, 4, 2, 64, 4, (1e-5, 5e-5, 2e-5, 1e-4), "cuda", "bf16")
+# The CPU dry run: the tiny model, 2 steps per config; bf16 is refused on the CPU, so fp32.
+DRY = Sizes("tiny", 4, 2, 1, 8, 2, (5e-3, 1e-3, 2e-3, 5e-4), "cpu", "fp32")
+LORA_RANK = 16
+
+
+# ---------------------------------------------------------------------- the model, built offline
+def _padded_tokenizer(vocab_size: int) -> Any:
+    """rfopt.tiny's character-level ChatML tokenizer, its vocabulary padded with ``<xN>`` tokens to `vocab_size`.
+
+    The model keeps Qwen2.5's vocabulary of 151,936 (rather than shrinking it to the tokenizer's ~100): the embedding
+    and LM head are 136M of its 494M parameters, and the logits over that vocabulary dominate GRPO's memory and
+    time, so a smaller vocabulary would not measure Qwen's shape. Padding the tokenizer instead makes every id the
+    random model samples decode (to ``<xN>``); encoding is still character by character.
+    """
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rfopt.tiny import CHATML_TEMPLATE
+
+    specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+    tokens = specials + sorted(set(string.printable))
+    tokens += [f"<x{i}>" for i in range(len(tokens), vocab_size)]
+    core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<|im_start|>",
+        eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_qwen_shaped(path: Path, seed: int = 0) -> Path:
+    """Write a random model of Qwen2.5-0.5B-Instruct's shape (bench/qwen2.5-0.5b-config.json) and its tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config_dict = json.loads(QWEN_CONFIG.read_text())
+    tokenizer = _padded_tokenizer(config_dict["vocab_size"])
+    assert len(tokenizer) == config_dict["vocab_size"], (len(tokenizer), config_dict["vocab_size"])
+    config = Qwen2Config.from_dict(
+        {**config_dict, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+         "eos_token_id": tokenizer.eos_token_id}
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def build_model(sizes: Sizes, workdir: Path) -> Path:
+    if sizes.model == "tiny":
+        from rfopt.tiny import build_tiny_model
+
+        return build_tiny_model(workdir / "tiny-llama")
+    return build_qwen_shaped(workdir / sizes.model)
+
+
+def bench_setup(sizes: Sizes, source: Path, workdir: Path) -> throughput.Setup:
+    """The configs, rows and chunk plan of this benchmark (also what bench/gpu_study.py gives its workers)."""
+    args = argparse.Namespace(
+        model=sizes.model, configs=sizes.configs, chunks=sizes.chunks, steps_per_chunk=sizes.steps_per_chunk,
+        eval_prompts=sizes.eval_prompts, max_completion_length=sizes.max_completion_length,
+    )
+    return throughput.build_setup(
+        args, workdir, source=str(source), learning_rates=list(sizes.learning_rates), lora_ranks=[LORA_RANK],
+        device=sizes.device, precision=sizes.precision,
+    )
+
+
+# ---------------------------------------------------------------------- GPU probes
+def _cuda(setup: throughput.Setup) -> Any:
+    """torch.cuda when the setup trains on a GPU, else None (every GPU figure is then "n/a (cpu)")."""
+    import torch
+
+    return torch.cuda if setup.device.startswith("cuda") else None
+
+
+@contextlib.contextmanager
+def peak_memory(setup: throughput.Setup, sink: dict[str, Any]) -> Iterator[None]:
+    """Peak GPU memory allocated in the block, in bytes, into ``sink["peak"]`` (None on the CPU)."""
+    cuda = _cuda(setup)
+    sink["peak"] = None
+    if cuda is not None:
+        gc.collect()
+        cuda.empty_cache()
+        cuda.reset_peak_memory_stats()
+    yield
+    if cuda is not None:
+        cuda.synchronize()
+        sink["peak"] = cuda.max_memory_allocated()
+
+
+class BusySampler:
+    """Samples ``torch.cuda.utilization()`` (percent of time a kernel ran) every `interval` s in a thread."""
+
+    def __init__(self, setup: throughput.Setup, interval: float = 0.1) -> None:
+        self.cuda = _cuda(setup)
+        self.interval = interval
+        self.samples: list[float] = []
+        self.error: str | None = None if self.cuda is not None else "cpu"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.samples.append(float(self.cuda.utilization()))
+            except Exception as exc:  # no pynvml / amdsmi: the figure is "n/a"
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+
+    def __enter__(self) -> BusySampler:
+        if self.cuda is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def busy_fraction(self) -> float | None:
+        return statistics.mean(self.samples) / 100 if self.samples and self.error is None else None
+
+
+def base_model_bytes(setup: throughput.Setup) -> int | None:
+    """GPU memory the base model takes once loaded (None on the CPU)."""
+    from rfopt.models import load_model
+
+    cuda = _cuda(setup)
+    if cuda is None:
+        return None
+    gc.collect()
+    cuda.empty_cache()
+    before = cuda.memory_allocated()
+    model, _ = load_model(setup.configs[0], setup.device)
+    taken = cuda.memory_allocated() - before
+    del model
+    gc.collect()
+    cuda.empty_cache()
+    return taken
+
+
+def _one_trial(setup: throughput.Setup) -> throughput.Setup:
+    return dataclasses.replace(setup, configs=setup.configs[:1], schedules=setup.schedules[:1])
+
+
+# ---------------------------------------------------------------------- the measurements
+def measure_round_robin(setup: throughput.Setup, workdir: Path) -> dict[str, Any]:
+    """(a) sequential plain TRL vs (b) rfopt round-robin; memory of (b) and of one trial alone; GPU busy in (b)."""
+    throughput._settle()
+    a = throughput.run_plain(setup, with_eval=False, out_dir=workdir / "plain")
+    throughput._settle()
+    memory: dict[str, Any] = {}
+    with BusySampler(setup) as busy, peak_memory(setup, memory):
+        b = throughput.run_runners(setup, workdir / "runners", checkpoint_reps=2)
+    alone: dict[str, Any] = {}
+    with peak_memory(setup, alone):
+        one = throughput.run_runners(_one_trial(setup), workdir / "alone", checkpoint_reps=0)
+    adapter = sum(t.numel() * t.element_size() for t in one.weights[0].values())
+    base = base_model_bytes(setup)
+    n = len(setup.configs)
+    # The issue's goal: the base once, and per trial its adapter and AdamW's two states (each the adapter's size).
+    goal = None if base is None else 1.1 * (base + n * 3 * adapter)
+    later_swaps = b.swap_seconds[n:]  # unit 0 of each trial also builds its optimizer
+    return {
+        "plain_trl_wall_s": a.train.wall,
+        "rfopt_wall_s": b.train.wall,
+        "ratio_wall": b.train.wall / a.train.wall,
+        "ratio_wall_with_model_loading": b.total.wall / a.total.wall,
+        "swap_ms_median": throughput._median_ms(b.swap_seconds),
+        "swap_ms_median_after_first_chunk": throughput._median_ms(later_swaps),
+        "plain_time_to_first_step_ms_median": throughput._median_ms(a.swap_seconds),
+        "checkpoint_ms_per_unit_median": throughput._median_ms(b.checkpoint_seconds),
+        "max_abs_weight_diff_a_vs_b": throughput.max_weight_diff(a, b),
+        "peak_gpu_bytes_round_robin": memory["peak"],
+        "peak_gpu_bytes_one_trial": alone["peak"],
+        "base_model_gpu_bytes": base,
+        "adapter_bytes_per_trial": adapter,
+        "goal_gpu_bytes": goal,
+        "goal_met": None if goal is None else memory["peak"] <= goal,
+        "gpu_busy_fraction": busy.busy_fraction,
+        "gpu_busy_samples": len(busy.samples),
+        "gpu_busy_error": busy.error,
+    }
+
+
+def measure_exactness(setup: throughput.Setup, workdir: Path) -> dict[str, Any]:
+    """One trial trained in chunks (rfopt) vs straight through (plain TRL), deterministic algorithms on."""
+    import torch
+
+    one = _one_trial(setup)
+    torch.use_deterministic_algorithms(True)
+    try:
+        straight = throughput.run_plain(one, with_eval=False, out_dir=workdir / "straight")
+        chunked = throughput.run_runners(one, workdir / "chunked", checkpoint_reps=0)
+        return {"max_abs_diff": throughput.max_weight_diff(straight, chunked), "error": None}
+    except RuntimeError as exc:  # an op with no deterministic implementation on this device
+        return {"max_abs_diff": None, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def measure_workers(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) -> dict[str, Any]:
+    """The same sweep as a study on SQLite, run by `count` ``rfopt worker`` processes sharing the device."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    result: dict[str, Any] = {}
+    for count in counts:
+        where = workdir / f"workers-{count}"
+        where.mkdir(parents=True)
+        storage = f"sqlite:///{where / 'study.db'}"
+        # The repository on the workers' path: on the GPU machine rfopt is not installed, only carried.
+        path = os.pathsep.join(p for p in (str(BENCH.parent), os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ, PYTHONPATH=path, RFOPT_BENCH_GPU_MODEL=str(source),
+                   RFOPT_BENCH_GPU_DRY=str(int(sizes is DRY)))
+        argv = [sys.executable, "-m", "rfopt.cli", "worker", str(BENCH / "gpu_study.py"), "--storage", storage,
+                "--checkpoint-dir", str(where / "ck"), "--devices", ",".join([sizes.device] * count),
+                "--precision", sizes.precision]
+        started = time.perf_counter()
+        with open(where / "output.log", "wb") as log:
+            code = subprocess.run(argv, cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        wall = time.perf_counter() - started
+        study = optuna.load_study(study_name="gpu-bench", storage=storage)
+        complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+        if code != 0 or complete != sizes.configs:
+            tail = (where / "output.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{count} worker(s): exit {code}, {complete}/{sizes.configs} trials complete\n{tail}")
+        result[str(count)] = {"wall_s": wall}
+        print(f"  {count} worker(s): {wall:.1f} s", flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------- report
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def print_table(record: dict[str, Any]) -> None:
+    cpu = record["device"] == "cpu"
+    na = "n/a (cpu)" if cpu else "n/a"
+    rr, ex, w = record["round_robin"], record["exactness"], record["workers"]
+
+    def fmt(value: Any, spec: str, unit: str = "") -> str:
+        return na if value is None else f"{value:{spec}}{unit}"
+
+    busy = rr["gpu_busy_fraction"]
+    rows = [
+        ("plain TRL, sequential (a), wall", fmt(rr["plain_trl_wall_s"], ".2f", " s")),
+        ("rfopt round-robin (b), wall", fmt(rr["rfopt_wall_s"], ".2f", " s")),
+        ("wall ratio b/a (model loading excluded)", fmt(rr["ratio_wall"], ".3f")),
+        ("wall ratio b/a (with model loading)", fmt(rr["ratio_wall_with_model_loading"], ".3f")),
+        ("swap, median", fmt(rr["swap_ms_median"], ".1f", " ms")),
+        ("swap after chunk 0, median", fmt(rr["swap_ms_median_after_first_chunk"], ".1f", " ms")),
+        ("plain TRL time to first step, median", fmt(rr["plain_time_to_first_step_ms_median"], ".1f", " ms")),
+        ("checkpoint save per unit, median", fmt(rr["checkpoint_ms_per_unit_median"], ".1f", " ms")),
+        ("same weights a vs b: max |a - b|", f"{rr['max_abs_weight_diff_a_vs_b']:.3g}"),
+        ("peak GPU memory, round-robin (b)", na if cpu else _gib(rr["peak_gpu_bytes_round_robin"])),
+        ("peak GPU memory, one trial alone", na if cpu else _gib(rr["peak_gpu_bytes_one_trial"])),
+        ("base model on the GPU", na if cpu else _gib(rr["base_model_gpu_bytes"])),
+        ("adapter per trial (+2x for AdamW)", f"{rr['adapter_bytes_per_trial'] / 2**20:.2f} MiB"),
+        (f"goal base + {record['configs']} x (adapter + AdamW) + 10%",
+         na if cpu else f"{_gib(rr['goal_gpu_bytes'])} ({'met' if rr['goal_met'] else 'NOT met'})"),
+        ("GPU busy during (b)", na if cpu else ("n/a" if busy is None else f"{busy:.0%}")),
+        ("exactness, chunks vs straight: max |a - b|",
+         f"{ex['max_abs_diff']:.3g}" if ex["max_abs_diff"] is not None else f"n/a ({ex['error'][:60]})"),
+    ]
+    for count in WORKER_COUNTS:
+        entry = w.get(str(count))
+        rows.append((f"sweep with {count} worker(s) sharing the device, wall",
+                     f"{entry['wall_s']:.1f} s" if entry else "not run"))
+    print()
+    print(f"rfopt GPU benchmark - {record['model']} on {record['device_name']} ({record['precision']}), "
+          f"{record['configs']} configs (lr {', '.join(f'{x:g}' for x in record['learning_rates'])}, LoRA r{LORA_RANK}), "
+          f"{record['chunks']} chunks x {record['steps_per_chunk']} steps, max_completion_length "
+          f"{record['max_completion_length']}")
+    width = max(len(name) for name, _ in rows) + 2
+    for name, value in rows:
+        print(f"  {name:<{width}}{value}")
+
+
+# ---------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="the same code path on the CPU with the tiny model")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "rfopt-bench" / "gpu-results.json",
+                        help="JSON result path (default: %(default)s)")
+    parser.add_argument("--workers", default=",".join(map(str, WORKER_COUNTS)),
+                        help="worker counts for the sweep, comma-separated, or 'none' (default: %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        args.workers = [] if args.workers == "none" else [int(x) for x in args.workers.split(",")]
+    except ValueError:
+        parser.error(f"--workers {args.workers!r}: give counts such as 1,2,4, or none")
+    if any(count < 1 for count in args.workers):
+        parser.error("--workers: every count must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    sizes = DRY if args.dry_run else GPU
+    import peft
+    import torch
+    import transformers
+    import trl
+
+    transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per model load otherwise
+    if sizes.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: run on the GPU machine (bench/gpu.md), or use --dry-run")
+    workdir = Path(tempfile.mkdtemp(prefix="rfopt-bench-gpu-"))
+    try:
+        started = time.perf_counter()
+        source = build_model(sizes, workdir)
+        print(f"model built in {time.perf_counter() - started:.1f} s: {source}", flush=True)
+        setup = bench_setup(sizes, source, workdir)
+        print(f"warm-up: {throughput.warm_up(setup, workdir / 'warmup'):.1f} s", flush=True)
+        started = time.perf_counter()
+        round_robin = measure_round_robin(setup, workdir / "round-robin")
+        print(f"round-robin comparison: {time.perf_counter() - started:.1f} s", flush=True)
+        exactness = measure_exactness(setup, workdir / "exactness")
+        print("workers sweep:", "skipped (--workers none)" if not args.workers else "", flush=True)
+        workers = measure_workers(sizes, source, workdir, args.workers)
+        record = {
+            **dataclasses.asdict(sizes),
+            "dry_run": args.dry_run,
+            "lora_r": LORA_RANK,
+            "device_name": torch.cuda.get_device_name() if sizes.device == "cuda" else platform.processor() or "cpu",
+            "round_robin": round_robin,
+            "exactness": exactness,
+            "workers": workers,
+            "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                        "cuda": torch.version.cuda, "transformers": transformers.__version__, "trl": trl.__version__,
+                        "peft": peft.__version__},
+        }
+        print_table(record)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2))
+        print(f"\nresult written to {args.out}")
+        return record
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

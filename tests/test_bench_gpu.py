@@ -1,0 +1,34 @@
+"""bench/gpu.py's CPU dry run, so that the GPU benchmark cannot rot between the runs on a GPU machine."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path):
+    out = tmp_path / "gpu.json"
+    # One worker count (2) keeps it short; the full sweep is the same code with more counts.
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--workers", "2", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    table = run.stdout
+    for row in ("wall ratio b/a (model loading excluded)", "swap, median", "checkpoint save per unit, median",
+                "peak GPU memory, round-robin (b)", "GPU busy during (b)", "exactness, chunks vs straight",
+                "sweep with 2 worker(s) sharing the device, wall", "sweep with 4 worker(s) sharing the device, wall"):
+        assert row in table, row
+    assert "n/a (cpu)" in table
+    record = json.loads(out.read_text())
+    rr = record["round_robin"]
+    assert record["device"] == "cpu" and record["dry_run"] is True
+    assert rr["ratio_wall"] > 0 and rr["swap_ms_median"] > 0 and rr["checkpoint_ms_per_unit_median"] > 0
+    assert rr["peak_gpu_bytes_round_robin"] is None and rr["gpu_busy_fraction"] is None
+    assert rr["adapter_bytes_per_trial"] > 0
+    # On the CPU, chunked training is bit-identical to straight through, and rfopt trains what plain TRL trains.
+    assert record["exactness"]["max_abs_diff"] == 0.0
+    assert rr["max_abs_weight_diff_a_vs_b"] == 0.0
+    assert set(record["workers"]) == {"2"} and record["workers"]["2"]["wall_s"] > 0
