@@ -74,6 +74,41 @@ def _tokenizer(processing_class: str | TokenizerSpec) -> Any:
     return spec.load()
 
 
+GIB = 1024**3
+ROOM_MARGIN = 1.2
+"""`ModelPool.check_room` refuses base models whose weights, times this, exceed the GPU's free memory."""
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def model_bytes(config: TrialConfig) -> int | None:
+    """The size of `config`'s base model weights as rfopt loads them (parameters counted on the meta device, times
+    the bytes of the loading ``dtype``: float32 unless ``args.model_init_kwargs`` says otherwise, as TRL loads it);
+    None where it cannot be told without loading (a model factory, a config that cannot be read, quantization)."""
+    if not isinstance(config.model, str) or config.quantization_config is not None:
+        return None
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = config.model_init_kwargs()
+    if kwargs.get("quantization_config") is not None:
+        return None
+    source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
+    try:
+        model_config = AutoConfig.from_pretrained(source, trust_remote_code=kwargs.get("trust_remote_code", False))
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(model_config)
+        model.tie_weights()  # on the meta device they are not tied yet
+    except (OSError, ValueError, ModelUnavailableError):
+        return None
+    count = sum(p.numel() for p in model.parameters())  # a tied embedding counts once
+    dtype = kwargs.get("dtype", "float32")
+    if dtype == "auto":
+        dtype = getattr(model_config, "dtype", None) or "float32"
+    name = str(dtype).removeprefix("torch.")
+    return count * _DTYPE_BYTES.get(name, 4)
+
+
 def _bind_device(device: str) -> str:
     """Check `device` and, for a CUDA device, make it this process's current one; returns it.
 
@@ -166,6 +201,33 @@ class ModelPool:
         self.placement = Placement.of(self.device, precision)
         self._resident: dict[str, _Resident] = {}
         self._full: dict[int, Any] = {}
+
+    def check_room(self, configs: list[TrialConfig]) -> None:
+        """On a CUDA device, refuse (`ValueError`, before anything is loaded or stored) base models whose weights
+        cannot fit in the device's free memory: this process holds one copy of each base model its trials use, beside
+        what other processes on the same GPU hold (several workers per GPU: ``--devices cuda:0,cuda:0``)."""
+        import torch
+
+        if torch.device(self.device).type != "cuda":
+            return
+        models: dict[str, tuple[str, int]] = {}
+        for config in configs:
+            size = model_bytes(config)
+            if size is not None:
+                models.setdefault(config.model_key, (str(config.model), size))
+        if not models:
+            return
+        free, total = torch.cuda.mem_get_info(torch.device(self.device))
+        need = sum(size for _, size in models.values())
+        if need * ROOM_MARGIN > free:
+            names = ", ".join(f"{name} ({size / GIB:.2f} GiB)" for name, size in models.values())
+            raise ValueError(
+                f"device {self.device!r}: {free / GIB:.2f} GiB of its {total / GIB:.2f} GiB are free, and this worker's "
+                f"base model weights need about {need / GIB:.2f} GiB ({names}), {ROOM_MARGIN:.1f}x with room for the "
+                "adapters, optimizer states and activations. Each worker process on a GPU holds its own copy: run "
+                "fewer workers on this GPU (--devices cuda:0 once, not cuda:0,cuda:0), free the GPU, or use a smaller "
+                "model"
+            )
 
     def tokenizer(self, config: TrialConfig) -> Any:
         return self._load(config).tokenizer

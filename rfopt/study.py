@@ -93,6 +93,8 @@ class _Plan:
     """`time.monotonic()` after which no unit starts (`timeout`)."""
     callbacks: tuple[Callable[[optuna.Study, FrozenTrial], None], ...]
     catch: tuple[type[Exception], ...]
+    configs: list[TrialConfig]
+    """The configs checked: a list's, or one sampled from a function space."""
 
     def timed_out(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -221,6 +223,7 @@ class Study:
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed})
+        pool.check_room(checked.configs)
         store = self._claim()
         space, n_trials = self._record(checked)
         max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
@@ -273,6 +276,7 @@ class Study:
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed})
+        pool.check_room(checked.configs)
         leases = Leases(self.optuna)
         with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity and plan
             store = self._claim()
@@ -424,7 +428,7 @@ class Study:
                 raise type(exc)(f"{label}: {exc}") from exc
         deadline = None if timeout is None else started + timeout
         return _Plan(space, plan, objective, settings, wanted, n_trials, n_trials_total, max_concurrent, deadline,
-                     callbacks, catch)
+                     callbacks, catch, [config for _, config in configs])
 
     def _claim(self) -> CheckpointStore:
         """Give the study its identity and checkpoint location if it has none, and make the location this study's
