@@ -212,9 +212,11 @@ class ModelPool:
             return
         models: dict[str, tuple[str, int]] = {}
         for config in configs:
+            if config.model_key in models:  # one resident copy per base model: counted once
+                continue
             size = model_bytes(config)
             if size is not None:
-                models.setdefault(config.model_key, (str(config.model), size))
+                models[config.model_key] = (str(config.model), size)
         if not models:
             return
         free, total = torch.cuda.mem_get_info(torch.device(self.device))

@@ -283,9 +283,9 @@ class Roster:
             self.study.tell(live.trial if live is not None else number, state=TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:  # it ended elsewhere meanwhile
             self._drop(number)
-            return
-        self._drop(number)
-        self._ended(number)
+        else:
+            self._drop(number)
+            self._ended(number)
 
     def _raise_uncaught(self, exc: Exception) -> None:
         """Raise a trial's exception on (out of the run) unless `catch` says it fails the trial alone; call it in the
@@ -298,10 +298,10 @@ class Roster:
             self.study.tell(self.live[number].trial if number in self.live else number, state=TrialState.PRUNED)
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker carried out the same decision
             self._drop(number)
-            return
-        logger.info("trial %d pruned: %s", number, reason)
-        self._drop(number)
-        self._ended(number)
+        else:
+            logger.info("trial %d pruned: %s", number, reason)
+            self._drop(number)
+            self._ended(number)
 
     def _ended(self, number: int) -> None:
         """Call the run's callbacks with the trial this process just ended, as Optuna calls them after a trial."""

@@ -197,6 +197,19 @@ def test_settings_fixed_at_create_study_are_read_back_and_a_different_one_is_ref
                                             show_progress_bar=False)
 
 
+def test_a_study_planned_before_settings_were_stored_reads_its_chunks_and_seed_from_its_plan(tiny_model, storage):
+    """A study planned by an earlier rfopt has ``rfopt:plan`` but no ``rfopt:num_chunks`` / ``rfopt:chunk_seed``."""
+    earlier = optuna.create_study(study_name="old", storage=storage, direction="maximize")
+    earlier.set_user_attr("rfopt:plan", rfopt.ChunkPlan.build(len(TRAIN), 2, 3).to_dict())
+    study = rfopt.load_study("old", storage)
+    with pytest.raises(ValueError, match="was planned with num_chunks=2, and this call gives num_chunks=4"):
+        study.optimize([trial_config(tiny_model)], TRAIN, EVAL, num_chunks=4, show_progress_bar=False)
+    with pytest.raises(ValueError, match="was planned with chunk_seed=3"):
+        study.optimize([trial_config(tiny_model)], TRAIN, EVAL, chunk_seed=0, show_progress_bar=False)
+    study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False)
+    assert len(study.trials[0].intermediate_values) == 2 and study.user_attrs["rfopt:chunk_seed"] == 3
+
+
 def test_a_bad_setting_is_refused_before_create_study_stores_anything(storage, tmp_path):
     with pytest.raises(ValueError, match="num_chunks must be a whole number >= 1, got 0"):
         rfopt.create_study(study_name="s", storage=storage, num_chunks=0)
