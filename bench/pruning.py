@@ -42,8 +42,11 @@ After the main table, other pruner settings are judged by replay (c) alone on th
     python bench/pruning.py --seeds 2 --show-curves
     python bench/pruning.py --replay-only    # (c) only, on the curves saved by the last run
     python bench/pruning.py --replay-only --sweep steady
+    python bench/pruning.py --curves bench/curves-smollm2-arithmetic.json   # real SmolLM2 curves (issue 15)
 
 Results go to ``/tmp/rfopt-bench/pruning-<sweep>.json`` (``--out``); ``--replay-only`` reads it.
+``--curves PATH`` replays on curves recorded elsewhere in the same layout, every seed the file holds: the
+SmolLM2-135M-Instruct sweep in ``bench/curves-smollm2-arithmetic.json`` (``bench/record_smollm2.py``).
 """
 
 from __future__ import annotations
@@ -234,13 +237,13 @@ def sha_pruner(args: argparse.Namespace) -> optuna.pruners.SuccessiveHalvingPrun
 
 def run_seed(seed: int, args: argparse.Namespace, model_path: Path | None,
              saved: dict[str, Any] | None) -> SeedResult:
-    order = [label for label, _ in SWEEPS[args.sweep]]
-    random.Random(seed).shuffle(order)
     if saved is not None:
         order = saved["order"]
         full = Run(**saved["full"])
         sha = None
     else:
+        order = [label for label, _ in SWEEPS[args.sweep]]
+        random.Random(seed).shuffle(order)
         with tempfile.TemporaryDirectory(prefix="rfopt-bench-pruning-") as tmp:
             work = Path(tmp)
             full = train(model_path, seed, order, optuna.pruners.NopPruner(), args, work, "full")
@@ -268,7 +271,7 @@ def rank_in_full(r: SeedResult, label: str) -> int:
 
 
 def print_table(results: list[SeedResult], args: argparse.Namespace) -> None:
-    n, chunks = len(SWEEPS[args.sweep]), args.chunks
+    n, chunks = len(results[0].order), args.chunks
     print(f"\nsweep {args.sweep!r}: {n} configs x {chunks} chunks of {args.rows_per_chunk} "
           "prompts; "
           f"SuccessiveHalvingPruner(min_resource={args.min_resource}, "
@@ -385,7 +388,11 @@ def main() -> None:
                         help="no training: replay (c) on the curves an earlier run saved in --out")
     parser.add_argument("--show-curves", action="store_true")
     parser.add_argument("--out", help="default: /tmp/rfopt-bench/pruning-<sweep>.json")
+    parser.add_argument("--curves", help="replay only, on every seed of this file (e.g. "
+                        "bench/curves-smollm2-arithmetic.json); implies --replay-only")
     args = parser.parse_args()
+    if args.curves:
+        args.replay_only, args.out = True, args.curves
 
     out = Path(args.out or f"/tmp/rfopt-bench/pruning-{args.sweep}.json")
     saved: dict[int, Any] = {}
@@ -397,6 +404,10 @@ def main() -> None:
         args.rows_per_chunk = data["args"]["rows_per_chunk"]
         args.threads = data["args"]["threads"]
         args.sweep = data["args"].get("sweep", "collapse")
+        if args.curves:
+            args.seeds = len(saved)
+            if "what" in data:
+                print(f"curves: {data['what']}")
     else:
         import torch
 
@@ -405,7 +416,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
         model_path = build_tiny_model(Path(tempfile.gettempdir()) / "rfopt-bench-tiny")
     results = []
-    for seed in range(args.seeds):
+    for seed in (sorted(saved) if args.curves else range(args.seeds)):
         if args.replay_only and seed not in saved:
             raise SystemExit(f"{out} has no curves for seed {seed}; run without --replay-only")
         started = time.perf_counter()
