@@ -4,6 +4,8 @@
     rfopt status [--study NAME]                     studies in a storage, and a study's leaderboard
     rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
+    rfopt cancel TRIAL --study NAME                 cancel a WAITING clone before it starts
+    rfopt withdraw pause|resume|stop TRIAL --study NAME   take back a pending request before it applies
     rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's controls and per-chunk charts
     rfopt worker my_study.py --storage URL          join a study as workers (one per device), here or on any host
     rfopt --version                                 rfopt's version and those of the libraries it drives
@@ -164,6 +166,23 @@ def _parser() -> argparse.ArgumentParser:
         _study_argument(p, help="the study's name", required=True)
         p.add_argument("trial", type=int, help="trial number")
         p.set_defaults(handler=_cmd_op, op=op)
+
+    cancel = _command(sub, "cancel", help="cancel a WAITING clone before any process starts it",
+                      description="Cancel a WAITING clone before any process starts it: it leaves the queue and ends "
+                      "FAIL, 'cancelled by ... at ...'. A clone that a process started is refused: stop it instead.")
+    _storage_argument(cancel)
+    _study_argument(cancel, help="the study's name", required=True)
+    cancel.add_argument("trial", type=int, help="the clone's trial number")
+    cancel.set_defaults(handler=_cmd_cancel)
+
+    withdraw = _command(sub, "withdraw", help="take back a pending pause, resume or stop before it applies",
+                        description="Take back a pending pause, resume or stop request on a running trial before it "
+                        "applies at the trial's next chunk boundary. Refused if none is pending or it applied already.")
+    _storage_argument(withdraw)
+    _study_argument(withdraw, help="the study's name", required=True)
+    withdraw.add_argument("op", choices=("pause", "resume", "stop"), help="the request to take back")
+    withdraw.add_argument("trial", type=int, help="trial number")
+    withdraw.set_defaults(handler=_cmd_withdraw)
 
     clone = _command(
         sub,
@@ -494,6 +513,26 @@ def _cmd_op(args: argparse.Namespace) -> int:
     study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
     getattr(study, f"{args.op}_trial")(args.trial)
     print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    import rfopt
+    from rfopt.storage import open_storage
+
+    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study.cancel_clone(args.trial)
+    print(f"trial {args.trial}: cancelled; it left the queue and will not start")
+    return 0
+
+
+def _cmd_withdraw(args: argparse.Namespace) -> int:
+    import rfopt
+    from rfopt.storage import open_storage
+
+    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study.withdraw_request(args.trial, args.op)
+    print(f"trial {args.trial}: its pending {args.op} was withdrawn; it will not apply")
     return 0
 
 

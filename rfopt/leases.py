@@ -30,6 +30,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -218,6 +219,24 @@ class Leases:
 
     def _where(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
+
+
+REQUESTS_LOCK_SECONDS = 30.0
+"""How long a requests lock holds if its holder dies holding it (it is held for a few writes)."""
+
+
+@contextmanager
+def requests_lock(study: optuna.Study, trial: int) -> Iterator[None]:
+    """Hold the lock on a trial's op requests: the process applying them and a withdrawal (`rfopt.ops`) take it, so
+    a request is either withdrawn or applied, never both. A lease of its own per call (a thread of the process running
+    the study and its API call exclude each other too). A storage without SQL (in memory) is one process's: no lock.
+    """
+    if engine_of(storage_of(study)) is None:
+        yield
+        return
+    leases = Leases(study, holder=f"{worker_id()}:{uuid.uuid4().hex[:8]}")
+    with leases.holding(f"requests-{trial}", REQUESTS_LOCK_SECONDS, poll_seconds=0.05):
+        yield
 
 
 class Heartbeat:

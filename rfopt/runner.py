@@ -62,13 +62,17 @@ class ChunkAborted(RuntimeError):
 
 @dataclass
 class ChunkMetrics:
-    """Training metrics of one chunk, averaged over its steps from TRL's logs (plus the last loss)."""
+    """Training metrics of one chunk, averaged over its steps from TRL's logs (plus the last loss), and TRL's logs of
+    each optimizer step as they were."""
 
     values: dict[str, float]
     seconds: float
     swap_seconds: float
     """From the call to `train_chunk` to the chunk's first step: activating the trial's adapter, building its
     trainer and restoring its state (what time-slicing costs over training straight through)."""
+    steps: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    """TRL's logged metrics of each optimizer step of the chunk, by TRL's names, with ``step``: the trainer's global
+    step (continuing across chunks). Finite numbers only."""
 
 
 def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
@@ -105,7 +109,9 @@ def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs and "train_runtime" not in logs:
-                self.logs.append({k: float(v) for k, v in logs.items() if isinstance(v, (int, float))})
+                # TRL's logs carry no step (the Trainer adds it to log_history only); `_aggregate` skips it.
+                self.logs.append({k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+                                 | {"step": float(state.global_step)})
 
     return ChunkBoundary()
 
@@ -235,6 +241,7 @@ class TrialRunner:
             values=values,
             seconds=time.perf_counter() - started,
             swap_seconds=(boundary.first_step_at or started) - started,
+            steps=[{k: v for k, v in log.items() if k != "epoch" and math.isfinite(v)} for log in boundary.logs],
         )
 
     @property

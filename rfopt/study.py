@@ -470,6 +470,16 @@ class Study:
         it stops the optimization loop.)"""
         ops.request(self.optuna, trial_number, "stop")
 
+    def withdraw_request(self, trial_number: int, op: str) -> None:
+        """Take back a pending ``"pause"``, ``"resume"`` or ``"stop"`` on a running trial before it applies; refused
+        (`rfopt.ops.OpError`) if none is pending or it applied already."""
+        ops.withdraw(self.optuna, trial_number, op)
+
+    def cancel_clone(self, trial_number: int) -> None:
+        """Cancel a WAITING clone before any process starts it: it leaves the queue and ends FAIL, ``cancelled by ...``.
+        Refused (`rfopt.ops.OpError`) for any other trial, or if a process started it first (stop it instead)."""
+        ops.cancel(self.optuna, trial_number)
+
     def clone_trial(self, trial_number: int, overrides: dict[str, Any] | None = None, *,
                     warm_start: bool = False) -> int:
         """Enqueue a copy of a trial with `overrides` (validated first); returns the clone's trial number.
@@ -495,9 +505,9 @@ class Study:
             rows.append(
                 LeaderboardRow(
                     number=t.number,
-                    state=t.state.name,
+                    state="CANCELLED" if record.cancelled is not None else t.state.name,
                     value=record.value,
-                    chunks_done=len(t.intermediate_values),
+                    chunks_done=record.committed,  # a warm clone's count includes the units it inherited
                     params=dict(t.params),
                     adapter=record.adapter,
                     reason=record.end_reason,

@@ -184,14 +184,15 @@ def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
     chunk = live.runner.train_chunk(should_stop=claim.lost)
     reach("chunk-trained", trial=number, unit=unit)
     train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
-    report = _report(ctx, live, unit, train)
+    report = _report(ctx, live, unit, train, steps=chunk.steps)
     claim.fence_checkpoint(number)
     ctx.store.save(number, live.runner.state(), report)
     reach("checkpoint-saved", trial=number, unit=unit)
     commit(ctx, live, report, claim)
 
 
-def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None) -> UnitReport:
+def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
+            steps: list[dict[str, float]] | None = None) -> UnitReport:
     result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
     value = result.objective(ctx.objective)
     if not math.isfinite(value):
@@ -202,14 +203,15 @@ def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None)
     metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics}
     if train is not None:
         metrics["train"] = train
-    return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples))
+    return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples),
+                      steps=list(steps or []))
 
 
 def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
     """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
     number = live.number
     claim.fence_commit(number, report.unit)
-    schema.write_unit(live.ref, report.unit, report.metrics, report.samples)
+    schema.write_unit(live.ref, report.unit, report.metrics, report.samples, report.steps)
     reach("metrics-stored", trial=number, unit=report.unit)
     live.trial.report(report.value, step=report.unit)
     reach("unit-committed", trial=number, unit=report.unit)
