@@ -503,6 +503,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 0
     study = rfopt.load_study(args.study_name, storage)
     print(study.leaderboard_text())
+    print(study.liveness().message)
     return 0
 
 

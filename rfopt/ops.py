@@ -33,9 +33,11 @@ running (the Python API, the ``rfopt`` command line, the dashboard):
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +50,7 @@ from .checkpoints import CheckpointStore
 from .chunks import ChunkPlan, trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import ConfigError, TrialConfig, check_model, override_dict
-from .leases import requests_lock
+from .leases import requests_lock, seen_on
 from .schema import (
     AppliedOp,
     Cancel,
@@ -68,6 +70,61 @@ _WARM_SAFE_PEFT_FIELDS = {"lora_alpha", "lora_dropout"}
 
 class OpError(ValueError):
     """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides."""
+
+
+# ---------------------------------------------------------------------- who is running the study
+@dataclass(frozen=True)
+class Liveness:
+    """Whether any process is running a study now (from the heartbeats of `rfopt.leases.Presence`), and what waits for
+    one.
+
+        >>> rfopt.ops.liveness(study.optuna).message                          # doctest: +SKIP
+        'nobody is running this study (last seen 12:03:05); 2 WAITING trials (clones 7, 8) will start when you run
+        `rfopt run ...` or `rfopt worker ...`'
+    """
+
+    running: bool
+    holders: list[str]
+    """The processes running it now: ``host:pid (run)`` or ``host:pid (worker)``."""
+    last_seen: datetime.datetime | None
+    """The last beat of any process that ran it (UTC); None if none ever did (or the storage keeps no heartbeats)."""
+    waiting_unattended: list[int]
+    """WAITING trials (clones, a list's configs) that nobody will start because nobody is running the study."""
+    message: str
+    """One line for a person."""
+
+
+def liveness(study: optuna.Study) -> Liveness:
+    """Whether a process (`Study.optimize`, or workers) is running `study`: one whose heartbeat is younger than two
+    intervals (a process that died reads as gone within that; one that exited cleanly at once)."""
+    seen = seen_on(study)
+    waiting = [t.number for t in study.get_trials(deepcopy=False, states=[TrialState.WAITING])]
+    if seen is None:
+        return Liveness(False, [], None, [], "this storage keeps no heartbeats (no SQL database): whether a process "
+                        "runs the study cannot be told")
+    now = time.time()
+    alive = [s for s in seen if s.alive(now)]
+    last = max((s.ended or s.seen for s in seen), default=None)
+    last_seen = None if last is None else datetime.datetime.fromtimestamp(last, datetime.UTC)
+    if alive:
+        holders = [f"{s.holder} ({s.kind})" for s in alive]
+        return Liveness(True, holders, last_seen, [], f"running: {', '.join(holders)}")
+    when = "it never ran under this rfopt" if last_seen is None else f"last seen {_local_time(last_seen)}"
+    message = f"nobody is running this study ({when})"
+    if waiting:
+        trials = study.get_trials(deepcopy=False)
+        clones = [n for n in waiting if TrialRecord(trials[n]).lineage is not None]
+        what = f"{len(waiting)} WAITING trial{'s' if len(waiting) > 1 else ''}"
+        if clones:
+            what += f" (clone{'s' if len(clones) > 1 else ''} {', '.join(map(str, clones))})"
+        message += f"; {what} will start when you run `rfopt run ...` or `rfopt worker ...` (or study.optimize)"
+    return Liveness(False, [], last_seen, waiting, message)
+
+
+def _local_time(when: datetime.datetime) -> str:
+    local = when.astimezone()
+    today = datetime.datetime.now().astimezone().date()
+    return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M:%S")
 
 
 # ---------------------------------------------------------------------- requests

@@ -100,6 +100,10 @@ class _Plan:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
 
+PRESENCE_SECONDS = 5.0
+"""How often a process running a study stamps its presence (`rfopt.leases.Presence`): a process that died reads as
+gone within twice this."""
+
 OPTUNA_ATTRIBUTES = frozenset({
     "best_trial", "best_trials", "best_value", "best_params", "trials", "get_trials", "trials_dataframe",
     "user_attrs", "system_attrs", "set_user_attr", "set_system_attr", "study_name", "direction", "directions",
@@ -319,8 +323,9 @@ class Study:
         ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)
         try:
-            drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-                  poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
+            with self._presence("worker" if coordinator.shared else "run"):
+                drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
+                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
             if checked.timed_out() and roster.live:
                 logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                                "the study runs again", self.study_name, sorted(roster.live))
@@ -334,6 +339,17 @@ class Study:
             pool.close()
             shutil.rmtree(workdir, ignore_errors=True)
         return len(committed)
+
+    def _presence(self, kind: str) -> Any:
+        """This process's heartbeat on the study while it runs it (`rfopt.leases.Presence`; `rfopt.ops.liveness` reads
+        it): in an SQL storage, where other processes can look."""
+        from contextlib import nullcontext
+
+        from .leases import Presence
+
+        if engine_of(storage_of(self.optuna)) is None:
+            return nullcontext()
+        return Presence(self.optuna, kind, interval=PRESENCE_SECONDS)
 
     def _nothing_done(self, space: Any) -> str:
         counts: dict[str, int] = {}
@@ -469,6 +485,10 @@ class Study:
         """Stop a running trial at its next chunk boundary: it ends PRUNED with its last value. (`stop()` is Optuna's:
         it stops the optimization loop.)"""
         ops.request(self.optuna, trial_number, "stop")
+
+    def liveness(self) -> ops.Liveness:
+        """Whether a process is running the study now, and which WAITING trials wait for one (`rfopt.ops.liveness`)."""
+        return ops.liveness(self.optuna)
 
     def withdraw_request(self, trial_number: int, op: str) -> None:
         """Take back a pending ``"pause"``, ``"resume"`` or ``"stop"`` on a running trial before it applies; refused

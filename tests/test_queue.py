@@ -1,6 +1,12 @@
 """Queue control: cancelling a WAITING clone and withdrawing a pending request, from the API and the command line,
 and what happens when either loses a race against the process running the study."""
 
+import os
+import socket
+import subprocess
+import sys
+import time
+
 import optuna
 import pytest
 from rfopt_testkit import prompts_dataset, trial_config
@@ -19,10 +25,51 @@ WAITING, RUNNING, FAIL, COMPLETE = (optuna.trial.TrialState.WAITING, optuna.tria
 
 @pytest.fixture
 def finished_study(tiny_model, storage):
-    """A study that ran one config to the end (2 chunks): it has a plan, checkpoints, and nobody running it."""
+    """A study that ran one config to the end (2 chunks): it has a plan, checkpoints, and nobody running it. Its
+    `seen_running` is what `liveness` said while it ran."""
     study = rfopt.create_study(study_name="q", storage=storage, num_chunks=2)
-    study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False)
+    seen = []
+    study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False,
+                   on_unit=lambda *_: seen.append(study.liveness()))
+    study.seen_running = seen
     return study
+
+
+def test_liveness_tells_whether_anybody_runs_the_study_and_what_waits(finished_study, storage, capsys):
+    study = finished_study
+    during = study.seen_running[0]
+    assert during.running and during.holders == [f"{socket.gethostname()}:{os.getpid()} (run)"]
+    assert during.message.startswith("running: ")
+    after = study.liveness()
+    assert not after.running and after.holders == [] and after.last_seen is not None
+    assert after.waiting_unattended == [] and after.message.startswith("nobody is running this study (last seen ")
+    clone = study.clone_trial(0, {"learning_rate": 1e-3})
+    after = study.liveness()
+    assert after.waiting_unattended == [clone]
+    assert f"1 WAITING trial (clone {clone}) will start when you run `rfopt run ...`" in after.message
+    assert cli(["status", "--study", "q", "--storage", storage]) == 0
+    assert after.message in capsys.readouterr().out
+
+
+def test_a_killed_process_reads_as_gone_within_two_heartbeats(storage, tmp_path):
+    study = rfopt.create_study(study_name="k", storage=storage)
+    script = ("import sys, time, optuna; from rfopt.leases import Presence; from rfopt.storage import open_storage\n"
+              f"study = optuna.load_study(study_name='k', storage=open_storage({storage!r}))\n"
+              "with Presence(study, 'worker', interval=0.2):\n"
+              "    print('beating', flush=True); time.sleep(60)\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "beating"
+        live = ops.liveness(study.optuna)
+        assert live.running and live.holders == [f"{socket.gethostname()}:{process.pid} (worker)"]
+    finally:
+        process.kill()
+        process.wait()
+    killed = time.monotonic()
+    while ops.liveness(study.optuna).running:
+        time.sleep(0.05)
+    assert time.monotonic() - killed <= 2 * 0.2 + 0.3
+    assert ops.liveness(study.optuna).last_seen is not None
 
 
 def test_cancelled_clone_leaves_the_queue_and_never_starts(finished_study, storage, capsys):
@@ -114,3 +161,24 @@ def test_a_stop_withdrawn_while_the_study_runs_lets_the_trial_finish(tiny_model,
     trial = study.optuna.trials[0]
     assert trial.state == COMPLETE and sorted(trial.intermediate_values) == [0, 1]
     assert TrialRecord(trial).applied == [] and len(TrialRecord(trial).withdrawn) == 1
+
+
+def test_presence_withdraw_and_cancel_work_on_postgresql(postgres, tmp_path):
+    from rfopt.leases import Presence
+    from rfopt.storage import open_storage
+
+    storage = open_storage(postgres.new_database())
+    study = rfopt.create_study(study_name="pg", storage=storage)
+    assert not study.liveness().running and study.liveness().last_seen is None
+    with Presence(study.optuna, "worker", interval=0.2, holder="host-b:42"):
+        assert study.liveness().holders == ["host-b:42 (worker)"]
+    assert not study.liveness().running and study.liveness().last_seen is not None
+    trial = study.optuna.ask()
+    study.stop_trial(trial.number)
+    study.withdraw_request(trial.number, "stop")
+    ref = TrialRef(storage_of(study.optuna), trial_id_of(trial), trial.number)
+    assert ref.read().pending == []
+    # A WAITING clone, as `clone_trial` writes one (lineage in its attrs), cancelled through the storage's own CAS.
+    study.optuna.add_trial(optuna.trial.create_trial(state=WAITING, user_attrs={"rfopt:clone": {"parent": 0}}))
+    study.cancel_clone(1)
+    assert study.optuna.trials[1].state == FAIL and TrialRecord(study.optuna.trials[1]).cancelled is not None
