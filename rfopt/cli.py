@@ -266,6 +266,10 @@ def _plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, sta
                         "into, 1 or more (default: the study file's)")
     parser.add_argument("--max-concurrent", type=_positive_int, metavar="N",
                         help=f"{max_concurrent}, 1 or more (default: the study file's)")
+    parser.add_argument("--report-to", action="append", metavar="TRACKER",
+                        help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "
+                        "mlflow, trackio, all, none); repeat for several. One run per trial, <study>-trial-<n>, "
+                        "grouped by study; stored on the study (default: the study's, none for a new one)")
 
 
 def _study_argument(parser: argparse.ArgumentParser, *, help: str, required: bool = False) -> None:
@@ -419,6 +423,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         device=args.device,
         precision=args.precision,
         show_progress_bar=not args.no_progress,
+        report_to=args.report_to,
     )
     _print_summary(study, args.storage)
     return 0
@@ -443,6 +448,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                             ("--checkpoint-dir", args.checkpoint_dir)):
             if value is not None:
                 base += [flag, str(value)]
+        for tracker in args.report_to or ():
+            base += ["--report-to", tracker]
         print(f"rfopt: {len(devices)} workers on {', '.join(devices)}", file=sys.stderr)
         processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d]) for d in devices]
         codes = [p.wait() for p in processes]
@@ -462,6 +469,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         device=devices[0],
         precision=args.precision,
         lease_seconds=args.lease_seconds,
+        report_to=args.report_to,
     )
     print(study.leaderboard_text())
     return 0

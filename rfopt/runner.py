@@ -31,6 +31,7 @@ lost its lease); the runner's state is then no longer any unit's, and it raises 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -46,6 +47,7 @@ from .config import TrialConfig
 from .evaluation import EvalResult, EvalSettings, checked_reward, evaluate
 from .models import ModelPool, adapter_name
 from .state import RngState, TrialState
+from .trackers import Tracking
 
 
 _NO_STATE = -1
@@ -137,9 +139,11 @@ class TrialRunner:
         pool: ModelPool,
         workdir: str | Path,
         start_unit: int = 0,
+        tracking: Tracking | None = None,
     ) -> None:
         """`start_unit` > 0 starts a warm-started clone at its parent's progress: it trains the remaining units
-        with a fresh optimizer and LR schedule over the remaining steps."""
+        with a fresh optimizer and LR schedule over the remaining steps. `tracking`: the trackers every chunk's trainer
+        reports to (`rfopt.trackers`); none by default."""
         self.number = number
         self.config = config
         self.plan = plan
@@ -148,6 +152,7 @@ class TrialRunner:
         self.pool = pool
         self.workdir = Path(workdir)
         self.start_unit = start_unit
+        self.tracking = tracking
         self.units_done = start_unit
         self.global_step = 0
         self.tokens_seen = 0
@@ -203,7 +208,8 @@ class TrialRunner:
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
         boundary = _boundary_callback(stop_at, self._rng, new_epoch, should_stop)
         args = self.chunk_args()
-        with compat.restore_shared_model(model, args):
+        tracked = self.tracking.chunk(self.number) if self.tracking is not None else contextlib.nullcontext()
+        with tracked, compat.restore_shared_model(model, args):
             trainer = compat.chunk_trainer_class()(
                 model=model,
                 reward_funcs=self.reward_funcs,
@@ -348,7 +354,7 @@ class TrialRunner:
             max_steps=self.total_steps,
             shuffle_dataset=False,
             save_strategy="no",
-            report_to=[],
+            **self._tracker_args(),
             logging_steps=1,
             disable_tqdm=True,
             eval_strategy="no",
@@ -357,6 +363,19 @@ class TrialRunner:
             model_init_kwargs=None,
         )
 
+
+    def _tracker_args(self) -> dict[str, Any]:
+        """``report_to`` and the run's name (and trackio's project) for the trial's trackers (`rfopt.trackers`)."""
+        if self.tracking is None or not self.tracking.report_to:
+            return {"report_to": []}
+        args = {"report_to": list(self.tracking.report_to), "run_name": self.tracking.run_name(self.number)}
+        if self.tracking.uses("trackio") and self.config.args.project == _DEFAULT_PROJECT:
+            args["project"] = self.tracking.study
+        return args
+
+
+_DEFAULT_PROJECT = "huggingface"
+"""`TrainingArguments.project`'s default: a trial config that keeps it reports to trackio under the study's name."""
 
 _SELECTED: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = weakref.WeakKeyDictionary()
 

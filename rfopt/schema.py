@@ -7,7 +7,7 @@ spells those keys: the engine, ops, the command line and the dashboard read a `S
 
 On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries), ``rfopt:checkpoint_dir``,
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),
-``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``.
+``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
@@ -49,7 +49,7 @@ _CHECKPOINT_DIR = "rfopt:checkpoint_dir"
 _PLAN = "rfopt:plan"
 _SETTINGS = {"objective": "rfopt:objective", "eval_settings": "rfopt:eval", "train_fingerprint": "rfopt:train_fingerprint",
              "eval_fingerprint": "rfopt:eval_fingerprint", "num_chunks": "rfopt:num_chunks",
-             "chunk_seed": "rfopt:chunk_seed"}
+             "chunk_seed": "rfopt:chunk_seed", "report_to": "rfopt:report_to"}
 
 _CONFIG = "rfopt:config"
 _LIST_INDEX = "rfopt:list_index"

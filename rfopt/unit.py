@@ -43,6 +43,7 @@ from .runner import TrialRunner
 from .scheduler import LiveTrial
 from .schema import TrialRef
 from .state import UnitReport
+from .trackers import Tracking
 
 logger = logging.getLogger("rfopt")
 
@@ -90,6 +91,8 @@ class Context:
     settings: EvalSettings
     pool: ModelPool
     workdir: Path
+    tracking: Tracking | None = None
+    """The trackers each chunk's trainer reports to (`rfopt.trackers`); None: none."""
     subscribers: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
     """rfopt's own listeners of committed units: one that raises is logged, and the run goes on."""
     callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
@@ -133,7 +136,8 @@ class Live:
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
                  ) -> TrialRunner:
-    return TrialRunner(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit)
+    return TrialRunner(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
+                       tracking=ctx.tracking)
 
 
 # ---------------------------------------------------------------------- 1. load
