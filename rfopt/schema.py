@@ -441,9 +441,10 @@ class TrialRecord:
 
     def samples(self) -> dict[int, list[dict[str, Any]]]:
         """Each unit's sample completions, by unit: ``{unit: [{"prompt", "completion", "reward", <reward function
-        name>: score, ...}]}`` (``reward`` is the weighted total; a score a reward function gave as None is NaN)."""
-        return {int(k[len(_SAMPLES):]): list(self.attrs[k] or []) for k in sorted(self.attrs)
-                if k.startswith(_SAMPLES)}
+        name>: score, ...}]}`` (``reward`` is the weighted total; a score a reward function gave as None is NaN: stored
+        as the text ``"nan"``, read back as a float)."""
+        return {int(k[len(_SAMPLES):]): [_sample(x) for x in self.attrs[k] or [] if isinstance(x, Mapping)]
+                for k in sorted(self.attrs) if k.startswith(_SAMPLES)}
 
     def step_metrics(self) -> list[dict[str, float]]:
         """TRL's logged metrics of each optimizer step, in step order: dicts with ``step`` (the trainer's global step,
@@ -567,6 +568,15 @@ class TrialRecord:
             return f"{self.stop.reason} after chunk {self.stop.after_chunk}"
         decision = self.pruned_by_rung
         return decision.reason if decision is not None else None
+
+
+_NOT_FINITE = {"nan", "inf", "-inf"}
+
+
+def _sample(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored sample with its scores as numbers again (`json_safe` stored NaN and infinities as text)."""
+    return {k: float(v) if k not in ("prompt", "completion") and isinstance(v, str) and v in _NOT_FINITE else v
+            for k, v in sample.items()}
 
 
 def _finite(value: Any) -> float | None:

@@ -91,3 +91,31 @@ def test_samples_carry_prompt_completion_total_and_each_rewards_score(study_with
     for sample in samples[3]:
         assert {"prompt", "completion", "reward", "reward_len", "reward_vowels"} <= set(sample)
         assert sample["reward"] == pytest.approx(sample["reward_len"] + sample["reward_vowels"])
+
+
+def test_trial_note_shows_values_metrics_and_scored_samples_in_plain_optuna_dashboard(study_with_warm_clone):
+    from optuna_dashboard import get_note, save_note
+
+    from rfopt.artifacts import NOTE_END, publish_note
+    from rfopt.compat import trial_id_of
+
+    study, _ = study_with_warm_clone
+    frozen = study.optuna.trials[1]
+    handle = optuna.trial.Trial(study.optuna, trial_id_of(frozen))
+    note = get_note(handle)  # written after each chunk by the run
+    lines = note.splitlines()
+    assert lines[0] == "### rfopt: trial 1, 4 of 4 chunks"
+    header = next(line for line in lines if line.startswith("| step | chunk | reward (value) |"))
+    assert "rewards/reward_len/mean" in header
+    rows = [line for line in lines if line.startswith("| 3 | ")]
+    assert rows and f"{frozen.intermediate_values[3]:.4g}" in rows[0]
+    assert "**Samples after step 3**" in note
+    assert "| prompt | completion | reward | reward_len | reward_vowels |" in note
+    sample = TrialRecord(frozen).samples()[3][0]
+    assert f"| {sample['reward']:.4g} | {sample['reward_len']:.4g} | {sample['reward_vowels']:.4g} |" in note
+    # A person's words below rfopt's part outlive the next update.
+    save_note(handle, note + "my own words\n")
+    publish_note(handle)
+    again = get_note(handle)
+    assert again.startswith("### rfopt: trial 1") and again.count(NOTE_END) == 1
+    assert again.endswith("my own words\n")
