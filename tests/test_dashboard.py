@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import optuna
 import pytest
 from optuna.trial import TrialState
-from rfopt_testkit import trial_config
+from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
 from rfopt import schema
@@ -27,8 +27,6 @@ from rfopt.chunks import ChunkPlan
 from rfopt.cli import main as cli
 from rfopt.dashboard import make_server, resolve_token
 from rfopt.schema import StepColumns, TrialRecord, metrics_key, samples_key, steps_key
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 # ---------------------------------------------------------------------- a study as the engine leaves it
@@ -485,18 +483,11 @@ def test_page_says_nobody_runs_a_study_that_never_ran_here(study):
 # ---------------------------------------------------------------------- the page in a browser
 @pytest.fixture
 def browser(tmp_path):
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install chromium chromium-driver")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    driver = chromium(tmp_path / "chromium")
+    if driver is None:
+        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "
+                    "apt-get install chromium chromium-driver")
     driver.implicitly_wait(5)
     try:
         yield driver
