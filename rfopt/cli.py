@@ -6,7 +6,7 @@
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
     rfopt cancel TRIAL --study NAME                 cancel a WAITING clone before it starts
     rfopt withdraw pause|resume|stop TRIAL --study NAME   take back a pending request before it applies
-    rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's controls and per-chunk charts
+    rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's trial comparison and controls
     rfopt worker my_study.py --storage URL          join a study as workers (one per device), here or on any host
     rfopt --version                                 rfopt's version and those of the libraries it drives
 
@@ -213,9 +213,10 @@ def _parser() -> argparse.ArgumentParser:
     dashboard = _command(
         sub,
         "dashboard",
-        help="optuna-dashboard plus rfopt's controls and per-chunk charts",
-        description="Serve optuna-dashboard with rfopt's page at /rfopt: per-chunk charts of each trial and "
-        "pause / resume / stop / clone buttons (applied at the trial's next chunk boundary). Bound to a non-local "
+        help="optuna-dashboard plus rfopt's trial comparison and controls",
+        description="Serve optuna-dashboard with rfopt's page at /rfopt: a leaderboard and charts comparing every "
+        "trial, whether a process runs the study, each trial's samples, and pause / resume / stop / clone / cancel / "
+        "withdraw buttons (pause, resume, stop apply at the trial's next chunk boundary). Bound to a non-local "
         "address, every request needs a token.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=textwrap.dedent(
@@ -593,7 +594,7 @@ def _print_summary(study: Any, storage: str) -> None:
     print()
     print("open the dashboard:")
     print(f"  optuna-dashboard {_absolute_sqlite(storage)}")
-    print("or, with rfopt's per-chunk charts and trial controls:")
+    print("or, with rfopt's trial comparison and controls:")
     print(f"  rfopt dashboard --storage {_absolute_sqlite(storage)}")
 
 
