@@ -465,6 +465,8 @@ def test_withdraw_route_takes_back_a_pending_request_once(study):
         assert call(server, "POST", api(study, 2, "stop"), {})[0] == 200
         page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
         assert "data-op='withdraw' data-what='stop'" in page
+        trials = call(server, "GET", f"/rfopt/api/studies/{study.optuna._study_id}/trials")[1]["trials"]
+        assert [(t["number"], t["pending"], t["controls"]) for t in trials if t["number"] == 2] == [(2, ["stop"], ["clone"])]
         status, body, _ = call(server, "POST", api(study, 2, "withdraw"), {"op": "stop"})
         assert status == 200 and body["message"] == "trial 2: stop request withdrawn; it will not apply"
         status, body, _ = call(server, "POST", api(study, 2, "withdraw"), {"op": "stop"})
