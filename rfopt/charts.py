@@ -299,9 +299,9 @@ def chart_svg(chart: Chart, width: int = 270, x: int | None = None, y: int | Non
     plot_w, plot_h = width - left - right, 150 - top - bottom
     position = "" if x is None else f' x="{x}" y="{y}"'
     parts = [
-        f'<svg class="rfopt-chart" data-title="{_attr(chart.title)}" data-points="{chart.num_points}"{position} '
-        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" '
-        'font-family="sans-serif" font-size="10">',
+        (f'<svg class="rfopt-chart" data-title="{_attr(chart.title)}" data-points="{chart.num_points}"{position} '
+         f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" '
+         'font-family="sans-serif" font-size="10">'),
         f'<text x="{left}" y="13" font-size="12" font-weight="bold">{_attr(chart.title)}</text>',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
     ]
