@@ -119,3 +119,28 @@ def test_trial_note_shows_values_metrics_and_scored_samples_in_plain_optuna_dash
     again = get_note(handle)
     assert again.startswith("### rfopt: trial 1") and again.count(NOTE_END) == 1
     assert again.endswith("my own words\n")
+
+
+def test_clone_params_that_optuna_cannot_hold_stay_out_and_the_rest_are_recorded():
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    from rfopt.ops import _clone_params
+
+    study = optuna.create_study()
+    study.add_trial(optuna.trial.create_trial(
+        params={"optim": "adamw_torch", "learning_rate": 1e-3},
+        distributions={"optim": CategoricalDistribution(["adamw_torch", "adafactor"]),
+                       "learning_rate": FloatDistribution(1e-4, 1e-2, log=True)}, value=0.5))
+    parent = study.trials[0]
+    params, distributions = _clone_params(study, parent, {"optim": "sgd", "args.learning_rate": 0.5, "lora_r": 8,
+                                                          "reward_funcs": ["a.b"]})
+    assert "optim" not in params  # a categorical cannot gain a choice: the clone's config still has it
+    assert params["learning_rate"] == 0.5 and distributions["learning_rate"] == FloatDistribution(1e-4, 0.5, log=True)
+    assert params["lora_r"] == 8 and distributions["lora_r"] == IntDistribution(8, 8)
+    assert params["rewards"] == '["a.b"]' and isinstance(distributions["rewards"], CategoricalDistribution)
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING, params=params,
+                                              distributions=distributions))  # Optuna takes them beside the parent's
