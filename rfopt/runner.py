@@ -327,7 +327,7 @@ class TrialRunner:
 
     def _fresh_optimizer(self) -> tuple[Any, Any]:
         """An optimizer and LR scheduler over the trial's total steps, made by TRL's trainer as it would make them."""
-        args = self.chunk_args()
+        args = dataclasses.replace(self.chunk_args(), report_to=[])  # a trainer that never trains reports nothing
         with compat.restore_shared_model(self.model, args):
             trainer = compat.chunk_trainer_class()(
                 model=self.model,

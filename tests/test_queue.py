@@ -18,7 +18,7 @@ from rfopt.compat import storage_of, trial_id_of
 from rfopt.ops import OpError
 from rfopt.schema import TrialRecord, TrialRef
 
-TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
+TRAIN, EVAL = prompts_dataset(4), prompts_dataset(2, "E")
 WAITING, RUNNING, FAIL, COMPLETE = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING,
                                     optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE)
 
