@@ -327,7 +327,7 @@ class TrialRunner:
 
     def _fresh_optimizer(self) -> tuple[Any, Any]:
         """An optimizer and LR scheduler over the trial's total steps, made by TRL's trainer as it would make them."""
-        args = dataclasses.replace(self.chunk_args(), report_to=[])  # a trainer that never trains reports nothing
+        args = self.chunk_args(report=False)  # a trainer that never trains reports nothing
         with compat.restore_shared_model(self.model, args):
             trainer = compat.chunk_trainer_class()(
                 model=self.model,
@@ -344,7 +344,7 @@ class TrialRunner:
             scheduler = trainer.create_scheduler(self.total_steps, optimizer)
         return optimizer, scheduler
 
-    def chunk_args(self) -> Any:
+    def chunk_args(self, report: bool = True) -> Any:
         """The trial's GRPOConfig as a chunk trains it: rfopt's plumbing, and placement from the pool's device. The
         model is the pool's, loaded with ``model_init_kwargs`` already (TRL would warn that they are ignored)."""
         return dataclasses.replace(
@@ -354,7 +354,7 @@ class TrialRunner:
             max_steps=self.total_steps,
             shuffle_dataset=False,
             save_strategy="no",
-            **self._tracker_args(),
+            **(self._tracker_args() if report else {"report_to": []}),
             logging_steps=1,
             disable_tqdm=True,
             eval_strategy="no",
