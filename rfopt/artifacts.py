@@ -2,7 +2,9 @@
 
 After each committed unit (`publish_unit`, a subscriber of the run) a trial's two artifacts are brought
 up to date in ``<checkpoint dir>/artifacts``: ``rfopt-metrics.svg`` (its per-chunk charts) and
-``rfopt-samples.jsonl`` (every chunk's sample completions, a table in optuna-dashboard).
+``rfopt-samples.jsonl`` (every chunk's sample completions, a table in optuna-dashboard); and its
+optuna-dashboard *note* (`trial_note`: markdown that plain optuna-dashboard renders on the trial's page) shows
+its chunks' values and metrics and its latest samples with each reward function's score, in tables.
 `StudyArtifacts` is optuna-dashboard's artifact store over every study's artifact directory.
 """
 
@@ -109,9 +111,88 @@ def publish_chunk(trial: optuna.Trial, artifact_store: Any = None) -> None:
         logger.warning("trial %d: could not publish its chunk artifacts: %s: %s", trial.number, type(exc).__name__, exc)
 
 
+def publish_note(trial: optuna.Trial) -> None:
+    """Bring the trial's optuna-dashboard note up to date (`trial_note`), keeping what a person wrote below rfopt's
+    part. A few small writes per chunk (optuna-dashboard keeps a note in study system attrs of 2 KB each). Never
+    raises: a failure is logged and training goes on."""
+    try:
+        from optuna_dashboard import get_note, save_note
+
+        record = TrialRecord(storage_of(trial.study).get_trial(trial_id_of(trial)))
+        objective = study_record(trial.study).objective
+        save_note(trial, trial_note(record, objective, kept=_persons_part(get_note(trial))))
+    except Exception as exc:  # noqa: BLE001 - a note must never fail a trial
+        logger.warning("trial %d: could not update its note: %s: %s", trial.number, type(exc).__name__, exc)
+
+
 def publish_unit(event: Any) -> None:
-    """`publish_chunk` as a subscriber of a run's committed units (`unit.UnitCommitted`)."""
+    """`publish_chunk` and `publish_note` as a subscriber of a run's committed units (`unit.UnitCommitted`)."""
     publish_chunk(event.trial)
+    publish_note(event.trial)
+
+
+NOTE_END = "*rfopt writes the part above after each chunk; write your own notes below this line.*"
+_NOTE_SAMPLES = 8
+_NOTE_CELL = 160
+
+
+def trial_note(record: TrialRecord, objective: str = "reward", kept: str = "") -> str:
+    """The trial's note as optuna-dashboard renders it (markdown): its value per chunk with the eval metrics, then the
+    latest chunk's sample completions with their total and each reward function's score; `kept` (a person's notes)
+    follows rfopt's part.
+
+        >>> print(trial_note(TrialRecord(study.trials[3])))                        # doctest: +SKIP
+        ### rfopt: trial 3, 2 of 4 chunks
+        | chunk | reward | rewards/correctness/mean | ...
+    """
+    units = record.unit_metrics()
+    values = record.trial.intermediate_values
+    total = f" of {record.num_units}" if record.num_units else ""
+    lines = [f"### rfopt: trial {record.number}, {record.committed}{total} chunks"]
+    reason = record.end_reason
+    if reason:
+        lines.append(f"\n**{record.state.name}**: {_cell(reason)}")
+    if units:
+        keys = sorted({k for m in units for k in m.eval})
+        lines += ["", "| step | chunk | " + f"{objective} (value) | " + " | ".join(keys) + " |",
+                  "|---" * (len(keys) + 3) + "|"]
+        for m in units:
+            value = values.get(m.unit)
+            cells = [str(m.unit), str(m.chunk), _number(value)] + [_number(m.eval.get(k)) for k in keys]
+            lines.append("| " + " | ".join(cells) + " |")
+    samples = record.samples()
+    if samples:
+        unit = max(samples)
+        shown = samples[unit][:_NOTE_SAMPLES]
+        scores = [k for k in (shown[0] if shown else {}) if k not in ("prompt", "completion", "reward")]
+        lines += ["", f"**Samples after step {unit}** (eval set; `reward` is the weighted total)", "",
+                  "| prompt | completion | reward | " + " | ".join(scores) + " |", "|---" * (len(scores) + 3) + "|"]
+        for sample in shown:
+            cells = [_cell(sample.get("prompt")), _cell(sample.get("completion")), _number(sample.get("reward"))]
+            lines.append("| " + " | ".join(cells + [_number(sample.get(k)) for k in scores]) + " |")
+    lines += ["", "---", NOTE_END]
+    return "\n".join(lines) + ("\n" + kept if kept else "\n")
+
+
+def _persons_part(note: str) -> str:
+    """What a person wrote below rfopt's part of a note (all of it, if rfopt never wrote one)."""
+    if NOTE_END in note:
+        return note.split(NOTE_END, 1)[1].lstrip("\n")
+    return note
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.4g}"
+
+
+def _cell(text: Any) -> str:
+    """Text in one markdown table cell: one line, pipes escaped, cut short."""
+    text = " ".join(str(text if text is not None else "").split())
+    if len(text) > _NOTE_CELL:
+        text = text[: _NOTE_CELL - 1] + "…"
+    return text.replace("|", "\\|") or " "
 
 
 def samples_jsonl(record: TrialRecord) -> str:

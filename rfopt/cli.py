@@ -4,7 +4,9 @@
     rfopt status [--study NAME]                     studies in a storage, and a study's leaderboard
     rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
-    rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's controls and per-chunk charts
+    rfopt cancel TRIAL --study NAME                 cancel a WAITING clone before it starts
+    rfopt withdraw pause|resume|stop TRIAL --study NAME   take back a pending request before it applies
+    rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's trial comparison and controls
     rfopt worker my_study.py --storage URL          join a study as workers (one per device), here or on any host
     rfopt --version                                 rfopt's version and those of the libraries it drives
 
@@ -165,6 +167,23 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("trial", type=int, help="trial number")
         p.set_defaults(handler=_cmd_op, op=op)
 
+    cancel = _command(sub, "cancel", help="cancel a WAITING clone before any process starts it",
+                      description="Cancel a WAITING clone before any process starts it: it leaves the queue and ends "
+                      "FAIL, 'cancelled by ... at ...'. A clone that a process started is refused: stop it instead.")
+    _storage_argument(cancel)
+    _study_argument(cancel, help="the study's name", required=True)
+    cancel.add_argument("trial", type=int, help="the clone's trial number")
+    cancel.set_defaults(handler=_cmd_cancel)
+
+    withdraw = _command(sub, "withdraw", help="take back a pending pause, resume or stop before it applies",
+                        description="Take back a pending pause, resume or stop request on a running trial before it "
+                        "applies at the trial's next chunk boundary. Refused if none is pending or it applied already.")
+    _storage_argument(withdraw)
+    _study_argument(withdraw, help="the study's name", required=True)
+    withdraw.add_argument("op", choices=("pause", "resume", "stop"), help="the request to take back")
+    withdraw.add_argument("trial", type=int, help="trial number")
+    withdraw.set_defaults(handler=_cmd_withdraw)
+
     clone = _command(
         sub,
         "clone",
@@ -194,9 +213,10 @@ def _parser() -> argparse.ArgumentParser:
     dashboard = _command(
         sub,
         "dashboard",
-        help="optuna-dashboard plus rfopt's controls and per-chunk charts",
-        description="Serve optuna-dashboard with rfopt's page at /rfopt: per-chunk charts of each trial and "
-        "pause / resume / stop / clone buttons (applied at the trial's next chunk boundary). Bound to a non-local "
+        help="optuna-dashboard plus rfopt's trial comparison and controls",
+        description="Serve optuna-dashboard with rfopt's page at /rfopt: a leaderboard and charts comparing every "
+        "trial, whether a process runs the study, each trial's samples, and pause / resume / stop / clone / cancel / "
+        "withdraw buttons (pause, resume, stop apply at the trial's next chunk boundary). Bound to a non-local "
         "address, every request needs a token.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=textwrap.dedent(
@@ -247,6 +267,10 @@ def _plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, sta
                         "into, 1 or more (default: the study file's)")
     parser.add_argument("--max-concurrent", type=_positive_int, metavar="N",
                         help=f"{max_concurrent}, 1 or more (default: the study file's)")
+    parser.add_argument("--report-to", action="append", metavar="TRACKER",
+                        help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "
+                        "mlflow, trackio, all, none); repeat for several. One run per trial, <study>-trial-<n>, "
+                        "grouped by study; stored on the study (default: the study's, none for a new one)")
 
 
 def _study_argument(parser: argparse.ArgumentParser, *, help: str, required: bool = False) -> None:
@@ -400,6 +424,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         device=args.device,
         precision=args.precision,
         show_progress_bar=not args.no_progress,
+        report_to=args.report_to,
     )
     _print_summary(study, args.storage)
     return 0
@@ -424,6 +449,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                             ("--checkpoint-dir", args.checkpoint_dir)):
             if value is not None:
                 base += [flag, str(value)]
+        for tracker in args.report_to or ():
+            base += ["--report-to", tracker]
         print(f"rfopt: {len(devices)} workers on {', '.join(devices)}", file=sys.stderr)
         processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d]) for d in devices]
         codes = [p.wait() for p in processes]
@@ -443,6 +470,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         device=devices[0],
         precision=args.precision,
         lease_seconds=args.lease_seconds,
+        report_to=args.report_to,
     )
     print(study.leaderboard_text())
     return 0
@@ -484,6 +512,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 0
     study = rfopt.load_study(args.study_name, storage)
     print(study.leaderboard_text())
+    print(study.liveness().message)
     return 0
 
 
@@ -494,6 +523,26 @@ def _cmd_op(args: argparse.Namespace) -> int:
     study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
     getattr(study, f"{args.op}_trial")(args.trial)
     print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    import rfopt
+    from rfopt.storage import open_storage
+
+    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study.cancel_clone(args.trial)
+    print(f"trial {args.trial}: cancelled; it left the queue and will not start")
+    return 0
+
+
+def _cmd_withdraw(args: argparse.Namespace) -> int:
+    import rfopt
+    from rfopt.storage import open_storage
+
+    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study.withdraw_request(args.trial, args.op)
+    print(f"trial {args.trial}: its pending {args.op} was withdrawn; it will not apply")
     return 0
 
 
@@ -545,7 +594,7 @@ def _print_summary(study: Any, storage: str) -> None:
     print()
     print("open the dashboard:")
     print(f"  optuna-dashboard {_absolute_sqlite(storage)}")
-    print("or, with rfopt's per-chunk charts and trial controls:")
+    print("or, with rfopt's trial comparison and controls:")
     print(f"  rfopt dashboard --storage {_absolute_sqlite(storage)}")
 
 

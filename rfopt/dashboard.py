@@ -1,4 +1,4 @@
-"""optuna-dashboard with rfopt's controls and per-chunk charts, in one server: ``rfopt dashboard``.
+"""optuna-dashboard with rfopt's study page and controls, in one server: ``rfopt dashboard``.
 
     rfopt dashboard --storage sqlite:///rfopt.db        # then open http://127.0.0.1:8080/rfopt
 
@@ -6,16 +6,27 @@ The server is optuna-dashboard's own Bottle app (studies, plots, artifacts, its 
 button, which the engine honours at the trial's next chunk boundary) with rfopt's routes added
 under ``/rfopt``:
 
-- ``GET /rfopt``: the storage's studies. ``GET /rfopt/studies/<study_id>``: one study's trials,
-  each with its per-chunk charts (eval and train reward per reward function, KL, entropy,
-  completion length; inline SVG, nothing fetched from outside) and its controls: pause, resume,
-  stop, and clone with ``FIELD=VALUE`` overrides and an optional warm start.
-- ``POST /rfopt/api/studies/<study_id>/trials/<number>/pause`` (``resume``, ``stop``) and
-  ``.../clone`` with a JSON body ``{"set": ["learning_rate=2e-6"], "warm_start": true}`` (or
-  ``{"overrides": {"learning_rate": 2e-6}}``). They call `rfopt.ops`, as the Python API and the
-  command line do: an op is a request stored on the trial, applied by the process running the
-  study at the trial's next chunk boundary. An op that cannot apply answers 400 with the reason
-  and writes nothing. ``GET /rfopt/api/studies/<study_id>/trials`` gives the page's data as JSON.
+- ``GET /rfopt``: the storage's studies. ``GET /rfopt/studies/<study_id>``: one study, comparison first:
+  whether a process is running it (`rfopt.ops.liveness`; a warning when WAITING trials have nobody to
+  start them), a leaderboard of every trial (best first, sortable by any column), one chart per metric
+  with every trial overlaid (`rfopt.charts`: the objective per chunk, TRL's per-step logs on the global
+  step), then each trial with its controls (pause, resume, stop; cancel a WAITING clone; withdraw a
+  pending request; clone with ``FIELD=VALUE`` overrides and an optional warm start), the answer to an
+  op shown next to it, and its eval samples with each reward function's score
+  (``GET /rfopt/studies/<study_id>/trials/<number>/samples``, loaded when opened). The page refreshes
+  its data every 5 s; an open clone form and what is typed in it stay as they are.
+- The charts are drawn by the plotly.js that the ``plotly`` package bundles, served from
+  ``/rfopt/static/plotly-<version>.min.js`` (cached for good, gzip when asked): nothing is fetched
+  from outside. The page's own script and style are ``/rfopt/static/rfopt.js`` and ``rfopt.css``
+  (files in ``rfopt/static``).
+- ``POST /rfopt/api/studies/<study_id>/trials/<number>/pause`` (``resume``, ``stop``, ``cancel``),
+  ``.../withdraw`` with a JSON body ``{"op": "stop"}``, and ``.../clone`` with a JSON body
+  ``{"set": ["learning_rate=2e-6"], "warm_start": true}`` (or ``{"overrides": {"learning_rate": 2e-6}}``).
+  They call `rfopt.ops`, as the Python API and the command line do: pause, resume and stop are
+  requests stored on the trial, applied by the process running the study at the trial's next chunk
+  boundary; cancel and withdraw take effect at once, or are refused when the engine got there first.
+  An op that cannot apply answers 400 with the reason and writes nothing.
+  ``GET /rfopt/api/studies/<study_id>/trials`` gives the trials as the page shows them, as JSON.
 
 Security: optuna-dashboard has no authentication, and its API can delete a study. Bound to a
 loopback address (the default), the server answers only requests addressed to a loopback name
@@ -29,19 +40,22 @@ Clones are checked here before anything is written (`rfopt.ops.clone`). Where th
 (its reward functions) cannot be imported in this process, the clone is still checked in every other
 way and made, and the reply says so: the process running the study imports that code.
 
-Artifacts: a running study keeps two artifacts per trial up to date after each chunk
-(`rfopt.artifacts`), in ``<checkpoint dir>/artifacts``: ``rfopt-metrics.svg`` (the charts) and
-``rfopt-samples.jsonl`` (every chunk's sample completions, a table in optuna-dashboard). The
-dashboard finds each study's artifacts there by itself (`rfopt.artifacts.StudyArtifacts`).
+Artifacts: a running study keeps its trials' artifacts up to date after each chunk (`rfopt.artifacts`),
+in ``<checkpoint dir>/artifacts``; the dashboard finds each study's artifacts there by itself
+(`rfopt.artifacts.StudyArtifacts`).
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import hmac
 import html
+import importlib.resources
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -57,12 +71,13 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from wsgiref.simple_server import make_server as _wsgiref_server
 
 import optuna
+from optuna.trial import TrialState
 
 from . import ops
 from .artifacts import StudyArtifacts
-from .charts import chart_svg, charts
+from .charts import colour, comparison
 from .compat import study_id_of
-from .schema import TrialRecord, UnitMetrics, json_safe, study_record
+from .schema import TrialRecord, json_safe, study_record
 
 logger = logging.getLogger("rfopt")
 
@@ -77,45 +92,63 @@ class TrialView:
 
     number: int
     state: str
+    """Optuna's state name, or ``CANCELLED`` for a clone cancelled before it started."""
     paused: bool
-    pending: str | None
-    """An op requested and not applied yet."""
+    pending: list[str]
+    """Ops requested and not applied (nor withdrawn) yet, oldest first."""
     steps_done: int
+    """Chunks trained, a warm clone's inherited ones included."""
     num_steps: int | None
     value: float | None
     """The last reported value (the final value once COMPLETE)."""
+    value_step: int | None
+    """The chunk of `value`."""
     params: dict[str, Any]
     clone_of: dict[str, Any] | None
     reason: str | None
     can_clone: bool
-    chunks: list[UnitMetrics] = field(default_factory=list)
+    can_cancel: bool
+    """A WAITING clone no process has started (`rfopt.ops.cancel`)."""
+    colour: str
+    eval: dict[str, float] = field(default_factory=dict)
+    """The eval metrics of its latest chunk."""
+    sample_units: list[int] = field(default_factory=list)
+    """The units whose eval samples are stored."""
 
     @classmethod
     def of(cls, trial: optuna.trial.FrozenTrial) -> TrialView:
         record = TrialRecord(trial)
-        pending = record.pending
+        cancelled = record.cancelled
+        units = record.unit_metrics()
+        values = trial.intermediate_values
         return cls(
             number=trial.number,
-            state=trial.state.name,
+            state="CANCELLED" if cancelled is not None else trial.state.name,
             paused=record.paused,
-            pending=pending[-1].op if pending else None,
-            steps_done=len(trial.intermediate_values),
+            pending=[r.op for r in record.pending],
+            steps_done=record.committed,
             num_steps=record.num_units,
             value=record.value,
+            value_step=max(values) if values else None,
             params=dict(trial.params),
             clone_of=None if record.lineage is None else record.lineage.to_attr(),
-            reason=record.end_reason,
+            reason=cancelled.reason if cancelled is not None else record.end_reason,
             can_clone=record.config_json is not None,
-            chunks=record.unit_metrics(),
+            can_cancel=trial.state == TrialState.WAITING and record.lineage is not None,
+            colour=colour(trial.number),
+            eval=units[-1].eval if units else {},
+            sample_units=sorted(record.samples()),
         )
 
     @property
     def controls(self) -> list[str]:
         """The control buttons shown for this trial (the server checks each request again)."""
         shown = []
-        if self.state == "RUNNING" and self.pending != "stop":
-            shown.append("resume" if self.paused or self.pending == "pause" else "pause")
+        if self.state == "RUNNING" and "stop" not in self.pending:
+            shown.append("resume" if self.paused or self.pending[-1:] == ["pause"] else "pause")
             shown.append("stop")
+        if self.can_cancel:
+            shown.append("cancel")
         return shown + (["clone"] if self.can_clone else [])
 
     def to_json(self) -> dict[str, Any]:
@@ -124,9 +157,9 @@ class TrialView:
         return data
 
 
-def trial_views(storage: optuna.storages.BaseStorage, study_id: int) -> list[TrialView]:
-    """Every trial of the study: running first, then waiting, finished; by number within each."""
-    views = [TrialView.of(t) for t in storage.get_all_trials(study_id, deepcopy=False)]
+def trial_views(trials: Iterable[optuna.trial.FrozenTrial]) -> list[TrialView]:
+    """Every trial: running first, then waiting, finished; by number within each."""
+    views = [TrialView.of(t) for t in trials]
     return sorted(views, key=lambda v: (_STATE_ORDER.get(v.state, 5), v.number))
 
 
@@ -195,16 +228,37 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
             study = next(s for s in storage.get_all_studies() if study_id_of(s) == study_id)
         except StopIteration:
             return _html(_page("no such study", f"<p>No study with id {study_id}. <a href='/rfopt'>All studies</a></p>"), 404)
-        return _html(_render_study(study, trial_views(storage, study_id)))
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+        return _html(_render_study(study, trials, ops.liveness(study_or_404(study_id))))
 
-    @app.get("/rfopt/static/rfopt.js")
-    def script() -> Any:
-        return HTTPResponse(_SCRIPT, headers={"Content-Type": "text/javascript; charset=utf-8", "Cache-Control": "no-cache"})
+    @app.get("/rfopt/studies/<study_id:int>/trials/<number:int>/samples")
+    def samples_part(study_id: int, number: int) -> Any:
+        study = study_or_404(study_id)
+        trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+        if trial is None:
+            return _html(f"<p>study {_e(study.study_name)} has no trial {number}</p>", 404)
+        return _html(_render_samples(TrialRecord(trial)))
+
+    @app.get("/rfopt/static/<name:re:rfopt\\.(?:js|css)>")
+    def static_file(name: str) -> Any:
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
+        return HTTPResponse(_static(name), headers={"Content-Type": f"{kind}; charset=utf-8", "Cache-Control": "no-cache"})
+
+    @app.get("/rfopt/static/plotly-<version>.min.js")
+    def plotly_js(version: str) -> Any:
+        # The plotly package's bundled plotly.js, under a versioned name: cached for good, sent compressed.
+        if version != _plotly_version():
+            return HTTPResponse("no such plotly.js version", status=404)
+        headers = {"Content-Type": "text/javascript; charset=utf-8", "Cache-Control": "public, max-age=31536000, immutable",
+                   "Vary": "Accept-Encoding"}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            return HTTPResponse(_plotly_gzip(), headers={**headers, "Content-Encoding": "gzip"})
+        return HTTPResponse(_plotly_js(), headers=headers)
 
     @app.get("/rfopt/api/studies/<study_id:int>/trials")
     def trials_api(study_id: int) -> Any:
-        study_or_404(study_id)
-        return {"trials": [json_safe(v.to_json()) for v in trial_views(storage, study_id)]}
+        study = study_or_404(study_id)
+        return {"trials": [json_safe(v.to_json()) for v in trial_views(study.get_trials(deepcopy=False))]}
 
     @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/<op:re:pause|resume|stop>")
     def control(study_id: int, number: int, op: str) -> Any:
@@ -215,6 +269,29 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
         except ops.OpError as exc:
             return fail(400, str(exc))
         return {"trial": number, "op": op, "message": f"trial {number}: {op} requested; it applies at the trial's next chunk boundary"}
+
+    @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/cancel")
+    def cancel(study_id: int, number: int) -> Any:
+        json_body()
+        study = study_or_404(study_id)
+        try:
+            cancelled = ops.cancel(study, number, by=by())
+        except ops.OpError as exc:
+            return fail(400, str(exc))
+        return {"trial": number, "op": "cancel", "message": f"trial {number}: {cancelled.reason}; it left the queue"}
+
+    @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/withdraw")
+    def withdraw(study_id: int, number: int) -> Any:
+        body = json_body()
+        study = study_or_404(study_id)
+        op = body.get("op")
+        if set(body) != {"op"} or not isinstance(op, str):
+            return fail(400, "send {\"op\": \"pause\"} (or resume, stop): the pending request to withdraw")
+        try:
+            ops.withdraw(study, number, op, by=by())
+        except ops.OpError as exc:
+            return fail(400, str(exc))
+        return {"trial": number, "op": "withdraw", "message": f"trial {number}: {op} request withdrawn; it will not apply"}
 
     @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/clone")
     def clone(study_id: int, number: int) -> Any:
@@ -363,7 +440,7 @@ class DashboardServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -424,11 +501,14 @@ def serve(
 
 
 # ---------------------------------------------------------------------- HTML
-def _page(title: str, body: str, refresh: bool = False) -> str:
-    script = '<script src="/rfopt/static/rfopt.js" defer></script>' if refresh else ""
+def _page(title: str, body: str, scripts: bool = False) -> str:
+    head = "<link rel='stylesheet' href='/rfopt/static/rfopt.css'>"
+    if scripts:
+        head += (f"<script src='/rfopt/static/plotly-{_plotly_version()}.min.js' defer></script>"
+                 "<script src='/rfopt/static/rfopt.js' defer></script>")
     return (
-        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"
-        f"<style>{_CSS}</style>{script}</head><body>{body}</body></html>"
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>{head}</head>"
+        f"<body>{body}</body></html>"
     )
 
 
@@ -444,29 +524,91 @@ def _render_index(studies: list[Any]) -> str:
     return _page("rfopt studies", f"<h1>rfopt studies</h1>{table}<p><a href='/dashboard'>optuna-dashboard</a></p>")
 
 
-def _render_study(study: Any, views: list[TrialView]) -> str:
+def _render_study(study: Any, trials: list[optuna.trial.FrozenTrial], live: ops.Liveness) -> str:
+    """The study page: who runs it, the leaderboard, the comparison charts, then each trial with its controls."""
     sid = study_id_of(study)
     record = study_record(study)
-    direction = study.directions[0].name.lower() if len(study.directions) == 1 else "multi-objective"
+    single = len(study.directions) == 1
+    direction = study.directions[0] if single else None
+    objective = record.settings.get("objective", "objective")
     plan = record.plan
+    views = trial_views(trials)
+    compared = comparison(trials, direction, objective)
     counts: dict[str, int] = {}
     for v in views:
         counts[v.state] = counts.get(v.state, 0) + 1
     facts = [
-        f"objective: {_e(record.settings.get('objective', '?'))} ({direction})",
+        f"objective: {_e(objective)} ({direction.name.lower() if direction else 'multi-objective'})",
         f"{plan.num_chunks} chunks of {plan.num_rows} rows" if plan else "not an rfopt study: no controls",
     ]
     tally = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items(), key=lambda kv: _STATE_ORDER.get(kv[0], 5)))
     header = (
-        f"<h1>{_e(study.study_name)}</h1><p class='facts'>{' · '.join(facts)} · "
+        f"<h1>{_e(study.study_name)}</h1><p class='facts'>{' · '.join(facts)} · trials: {tally or 'none yet'} · "
         f"<a href='/dashboard/studies/{sid}'>open in optuna-dashboard</a> · <a href='/rfopt'>all studies</a></p>"
         "<p class='bar'><label><input type='checkbox' id='autorefresh' checked> refresh every 5 s</label> "
-        "<span id='status' role='status'></span></p>"
-        "<p class='hint'>Ops apply at the trial's next chunk boundary, in the process running the study.</p>"
+        "<span id='refreshed'></span><span id='status' role='status'></span></p>"
+    )
+    notice_class = "running" if live.running else "idle warn" if live.waiting_unattended else "idle"
+    notice = f"<p id='liveness' class='notice {notice_class}' data-running='{str(live.running).lower()}'>{_e(live.message)}</p>"
+    board = _render_leaderboard(views, compared.best, compared.best_label, direction)
+    charts_html = "".join(
+        f"<div class='chart' id='chart-{_slug(f.key)}' data-key='{_e(f.key)}'></div>" for f in compared.figures
+    )
+    figures = json.dumps([json_safe(f.to_json()) for f in compared.figures]).replace("</", "<\\/")
+    charts_part = (
+        "<section id='comparison'><h2>Trials compared</h2>"
+        "<p class='hint'>One colour per trial in every chart; ★ marks the best trial, × where a trial was pruned, "
+        "stopped or failed (hover: why). Per-step charts: TRL's logs on the global optimizer step, dotted lines at "
+        "chunk boundaries, hollow circles the evaluation after each chunk. Click a legend entry to hide a trial.</p>"
+        f"<div class='charts'>{charts_html or '<p>No trial has trained a chunk yet.</p>'}</div>"
+        f"<script type='application/json' id='rfopt-figures'>{figures}</script></section>"
     )
     cards = "".join(_render_trial(sid, v, steerable=plan is not None) for v in views) or "<p>No trials yet.</p>"
-    body = f"{header}<main id='trials' data-study='{sid}'><p class='facts'>trials: {tally or 'none yet'}</p>{cards}</main>"
-    return _page(f"{study.study_name} · rfopt", body, refresh=True)
+    body = (
+        f"{header}<div id='live' data-study='{sid}'>{notice}{board}{charts_part}"
+        "<h2>Trials</h2><p class='hint'>Ops apply at the trial's next chunk boundary, in the process running the study.</p>"
+        f"<main id='trials'>{cards}</main></div>"
+    )
+    return _page(f"{study.study_name} · rfopt", body, scripts=True)
+
+
+def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any) -> str:
+    """Every trial in a table, best first; the page sorts it by any column (click a header)."""
+    maximize = direction is not None and direction.name == "MAXIMIZE"
+    params = list(dict.fromkeys(k for v in views for k in v.params))
+    rewards = sorted({k for v in views for k in v.eval if k.startswith("rewards/") and k.endswith("/mean")})
+
+    def rank(v: TrialView) -> tuple:
+        value = v.value if v.value is not None else None
+        key = (-value if maximize else value) if value is not None else float("inf")
+        return (v.number != best, value is None, key, v.number)
+
+    heads = [("trial", "num", "asc"), ("state", "text", "asc"), ("value", "num", "desc" if maximize else "asc"),
+             ("at chunk", "num", "desc"), ("chunks trained", "num", "desc")]
+    heads += [(p, "auto", "asc") for p in params]
+    heads += [(f"eval {k[len('rewards/'):-len('/mean')]}", "num", "desc") for k in rewards]
+    heads += [("why it ended", "text", "asc")]
+    head = "".join(f"<th data-kind='{kind}' data-first='{first}' title='sort by {_e(name)}'>{_e(name)}</th>"
+                   for name, kind, first in heads)
+    rows = []
+    for v in sorted(views, key=rank):
+        star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
+        cells = [
+            (v.number, f"<span class='swatch' style='background:{v.colour}'></span>trial {v.number}{star}"),
+            (v.state, _e(v.state.lower())),
+            (v.value, _num(v.value)),
+            (v.value_step, _num(v.value_step)),
+            (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
+        ]
+        cells += [(v.params.get(p), _e(_num(v.params[p])) if p in v.params else "") for p in params]
+        cells += [(v.eval.get(k), _num(v.eval.get(k))) for k in rewards]
+        cells += [(v.reason or "", _e(v.reason or ""))]
+        tds = "".join(f"<td data-sort='{_e('' if key is None else key)}'>{text}</td>" for key, text in cells)
+        rows.append(f"<tr data-trial='{v.number}'>{tds}</tr>")
+    return (
+        "<section id='leaderboard'><h2>Leaderboard</h2>"
+        f"<table class='leaderboard'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
 
 
 def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
@@ -476,15 +618,20 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
     value = f"value {_num(v.value)}" if v.value is not None else "no value yet"
     notes = []
     if v.params:
-        notes.append(", ".join(f"{_e(k)}={_e(_num(p) if isinstance(p, float) else p)}" for k, p in v.params.items()))
+        notes.append(", ".join(f"{_e(k)}={_e(_num(p))}" for k, p in v.params.items()))
     if v.clone_of:
         lineage = v.clone_of
-        warm = f", warm from step {_e(lineage.get('start_unit', 0))}" if lineage.get("warm_start") else ""
+        warm = f", warm from chunk {_e(lineage.get('start_unit', 0))}" if lineage.get("warm_start") else ""
         notes.append(f"clone of trial {_e(lineage.get('parent'))} with {_e(json.dumps(lineage.get('overrides', {})))}{warm}")
-    if v.pending:
-        notes.append(f"<b>{_e(v.pending)} requested</b>")
     if v.reason:
         notes.append(_e(v.reason))
+    pending = "".join(
+        f"<li><b>{_e(op)} requested</b>, applies at the next chunk boundary "
+        + (f"<button type='button' class='op withdraw' data-op='withdraw' data-what='{_e(op)}' data-url='{api}/withdraw'>"
+           f"Withdraw {_e(op)}</button>" if steerable else "")
+        + "</li>"
+        for op in v.pending
+    )
     buttons = ""
     if steerable:
         for op in (o for o in v.controls if o != "clone"):
@@ -492,97 +639,75 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
         if "clone" in v.controls:
             buttons += (
                 "<details class='clone'><summary>Clone…</summary><form>"
-                f"<textarea name='set' rows='3' cols='34' placeholder='one FIELD=VALUE per line, e.g.&#10;learning_rate=2e-6&#10;lora_r=8'></textarea>"
+                "<textarea name='set' rows='3' cols='34' placeholder='one FIELD=VALUE per line, e.g.&#10;learning_rate=2e-6&#10;lora_r=8'></textarea>"
                 "<label><input type='checkbox' name='warm_start'> warm start from its latest checkpoint</label>"
                 f"<button type='button' class='op clone' data-op='clone' data-url='{api}/clone'>Clone</button>"
                 "</form></details>"
             )
-    chart_html = "".join(chart_svg(c) for c in charts(v.chunks)) if v.chunks else "<p class='hint'>no chunk trained yet</p>"
+    samples = ""
+    if v.sample_units:
+        n = len(v.sample_units)
+        samples = (
+            f"<details class='samples' data-url='/rfopt/studies/{study_id}/trials/{v.number}/samples' "
+            f"data-version='{v.sample_units[-1]}'><summary>Samples: eval completions and each reward function's score "
+            f"({n} chunk{'s' if n > 1 else ''})</summary><div class='samples-body'>loading…</div></details>"
+        )
     return (
         f"<section class='trial {v.state.lower()}' data-trial='{v.number}' data-state='{v.state}'>"
-        f"<header><h2>Trial {v.number}</h2><span class='state'>{state}</span><span>{steps}</span><span>{value}</span>"
+        f"<header><span class='swatch' style='background:{v.colour}'></span><h3>Trial {v.number}</h3>"
+        f"<span class='state'>{_e(state)}</span><span class='progress'>{steps}</span><span>{value}</span>"
         f"<a href='/dashboard/studies/{study_id}/trials?numbers={v.number}'>details</a></header>"
-        f"<p class='notes'>{' · '.join(notes)}</p><div class='controls'>{buttons}</div>"
-        f"<div class='charts'>{chart_html}</div></section>"
+        f"<p class='notes'>{' · '.join(notes)}</p>" + (f"<ul class='pending'>{pending}</ul>" if pending else "")
+        + f"<div class='controls'>{buttons}</div><p class='feedback' role='status'></p>{samples}</section>"
     )
 
 
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:1.2em 2em;color:#222}
-h1{margin:.2em 0} .facts,.hint{color:#555} .hint{font-size:.9em}
-.bar{display:flex;gap:1.5em;align-items:center} #status{font-weight:bold} #status.error{color:#b00020}
-table{border-collapse:collapse} td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:left}
-.trial{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;margin:.8em 0}
-.trial.running{border-left:5px solid #1f77b4} .trial.complete{border-left:5px solid #2ca02c}
-.trial.pruned,.trial.fail{border-left:5px solid #999} .trial.waiting{border-left:5px solid #ff7f0e}
-.trial header{display:flex;gap:1.2em;align-items:baseline} .trial h2{font-size:1.1em;margin:0}
-.state{font-weight:bold} .notes{color:#444;margin:.3em 0}
-.controls{display:flex;gap:.6em;align-items:flex-start;flex-wrap:wrap}
-.controls form{display:flex;flex-direction:column;gap:.3em;margin:.3em 0}
-button.op{padding:.25em .9em;cursor:pointer} button.stop{color:#b00020}
-.charts{display:flex;flex-wrap:wrap;gap:.5em;margin-top:.4em}
-"""
+def _render_samples(record: TrialRecord) -> str:
+    """A trial's eval samples: a table per chunk, latest first, with the total and each reward function's score."""
+    chunks = {m.unit: m for m in record.unit_metrics()}
+    parts = []
+    for i, (unit, samples) in enumerate(sorted(record.samples().items(), reverse=True)):
+        scores = list(dict.fromkeys(k for s in samples for k in s if k not in ("prompt", "completion", "reward")))
+        head = "".join(f"<th>{_e(k)}</th>" for k in ["#", "prompt", "completion", "reward (total)", *scores])
+        rows = "".join(
+            f"<tr><td>{j}</td><td><pre>{_e(s.get('prompt', ''))}</pre></td><td><pre>{_e(s.get('completion', ''))}</pre></td>"
+            + "".join(f"<td class='score'>{_score(s.get(k))}</td>" for k in ["reward", *scores]) + "</tr>"
+            for j, s in enumerate(samples)
+        )
+        metrics = chunks.get(unit)
+        mean = f" · eval reward {_num(metrics.eval['reward'])}" if metrics and "reward" in metrics.eval else ""
+        data_chunk = f" (data chunk {metrics.chunk})" if metrics and metrics.chunk != unit else ""
+        parts.append(
+            f"<details class='unit' data-unit='{unit}'{' open' if i == 0 else ''}><summary>after chunk {unit}"
+            f"{data_chunk}{mean}</summary><table class='samples'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table></details>"
+        )
+    return "".join(parts) or "<p class='hint'>no samples stored yet</p>"
 
-_SCRIPT = r"""
-// rfopt control page: buttons post JSON to /rfopt/api/...; the trial list refreshes every 5 s
-// unless a clone form is open or being typed in.
-const status = (text, error) => {
-  const el = document.getElementById("status");
-  el.textContent = text;
-  el.className = error ? "error" : "";
-};
 
-async function refresh() {
-  const response = await fetch(location.href, {credentials: "same-origin"});
-  if (!response.ok) return;
-  const page = new DOMParser().parseFromString(await response.text(), "text/html");
-  const fresh = page.getElementById("trials");
-  if (fresh) document.getElementById("trials").replaceWith(fresh);
-}
+# ---------------------------------------------------------------------- static files
+@functools.cache
+def _static(name: str) -> bytes:
+    return importlib.resources.files("rfopt").joinpath("static", name).read_bytes()
 
-document.addEventListener("click", async (event) => {
-  const button = event.target.closest("button[data-op]");
-  if (!button) return;
-  const op = button.dataset.op;
-  const trial = button.closest("[data-trial]").dataset.trial;
-  let body = {};
-  if (op === "clone") {
-    const form = button.closest("form");
-    body = {
-      set: form.elements.set.value.split("\n").map((s) => s.trim()).filter(Boolean),
-      warm_start: form.elements.warm_start.checked,
-    };
-  } else if (op === "stop" && !confirm(`Stop trial ${trial}? It ends PRUNED at its next chunk boundary.`)) {
-    return;
-  }
-  button.disabled = true;
-  try {
-    const response = await fetch(button.dataset.url, {
-      method: "POST",
-      credentials: "same-origin",
-      headers: {"Content-Type": "application/json"},
-      body: JSON.stringify(body),
-    });
-    const data = await response.json().catch(() => ({error: `HTTP ${response.status}`}));
-    if (response.ok) {
-      status(data.message, false);
-      if (op === "clone") button.closest("details").open = false;
-      await refresh();
-    } else {
-      status(`trial ${trial}: ${data.error}`, true);
-    }
-  } catch (error) {
-    status(`trial ${trial}: ${error}`, true);
-  } finally {
-    button.disabled = false;
-  }
-});
 
-setInterval(() => {
-  const busy = document.querySelector("details[open]") || document.activeElement.matches("textarea, input[type=text]");
-  if (document.getElementById("autorefresh").checked && !busy) refresh();
-}, 5000);
-"""
+@functools.cache
+def _plotly_version() -> str:
+    import plotly
+
+    return plotly.__version__
+
+
+@functools.cache
+def _plotly_js() -> bytes:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().encode()
+
+
+@functools.cache
+def _plotly_gzip() -> bytes:
+    return gzip.compress(_plotly_js(), compresslevel=6, mtime=0)
 
 
 # ---------------------------------------------------------------------- small helpers
@@ -590,9 +715,17 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _num(value: float | None) -> str:
+def _num(value: Any) -> str:
     if value is None:
         return "-"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _score(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "<span class='hint' title='the reward function gave None for it: skipped'>not scored</span>"
+    return _e(_num(value))
+
+
+def _slug(key: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in key)

@@ -1,4 +1,5 @@
-"""Leases: how workers that share a study agree on who trains which trial, kept in the study's database.
+"""Leases: how workers that share a study agree on who trains which trial, kept in the study's database; and
+presence: which processes are running a study now.
 
 A worker trains a trial's next unit only while it holds that trial's lease. Leases live in a table
 ``rfopt_leases`` in the same database as the Optuna storage (SQLite for one host, PostgreSQL for
@@ -14,6 +15,9 @@ compare-and-set in any SQL database:
   goes to Optuna. A worker whose lease expired or was taken over cannot commit (`LeaseLost`).
 - `release`: give the lease up at once when the unit is done.
 
+Every process running a study (`Study.optimize` and each worker) also stamps a row of ``rfopt_presence`` every few
+seconds (`Presence`), so that anyone can tell whether somebody is running the study (`rfopt.ops.liveness`).
+
 Expiry times come from each worker's clock: hosts must keep their clocks in sync (NTP) to well
 within the lease's duration.
 
@@ -26,19 +30,24 @@ within the lease's duration.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Self
 
 import optuna
 import sqlalchemy as sa
 
 from .compat import storage_of
 from .storage import engine_of, is_schema_race, is_unreachable, retry
+
+logger = logging.getLogger("rfopt")
 
 _metadata = sa.MetaData()
 LEASES = sa.Table(
@@ -59,6 +68,19 @@ UNITS = sa.Table(
     sa.Column("holder", sa.String(256), nullable=False),
     sa.Column("token", sa.BigInteger, nullable=False),
     sa.Column("at", sa.Float, nullable=False),
+)
+
+
+PRESENCE = sa.Table(
+    "rfopt_presence",
+    _metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("holder", sa.String(256), primary_key=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("started", sa.Float, nullable=False),
+    sa.Column("seen", sa.Float, nullable=False),
+    sa.Column("interval", sa.Float, nullable=False),
+    sa.Column("ended", sa.Float, nullable=True),
 )
 
 
@@ -93,8 +115,7 @@ class Leases:
         self.study = study.study_name
         self.holder = holder or worker_id()
         self.retry_seconds = getattr(storage, "retry_seconds", 300.0) if retry_seconds is None else retry_seconds
-        retry(lambda: _metadata.create_all(self.engine, checkfirst=True), self.retry_seconds, self._where(),
-              "create lease tables", retry_if=lambda exc: is_unreachable(exc) or is_schema_race(exc))
+        _create_tables(self.engine, self.retry_seconds)
 
     # ------------------------------------------------------------------ leases
     def acquire(self, name: str, seconds: float) -> Lease | None:
@@ -218,6 +239,128 @@ class Leases:
 
     def _where(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
+
+
+REQUESTS_LOCK_SECONDS = 30.0
+"""How long a requests lock holds if its holder dies holding it (it is held for a few writes)."""
+
+
+@contextmanager
+def requests_lock(study: optuna.Study, trial: int) -> Iterator[None]:
+    """Hold the lock on a trial's op requests: the process applying them and a withdrawal (`rfopt.ops`) take it, so
+    a request is either withdrawn or applied, never both. A lease of its own per call (a thread of the process running
+    the study and its API call exclude each other too). A storage without SQL (in memory) is one process's: no lock.
+    """
+    if engine_of(storage_of(study)) is None:
+        yield
+        return
+    leases = Leases(study, holder=f"{worker_id()}:{uuid.uuid4().hex[:8]}")
+    with leases.holding(f"requests-{trial}", REQUESTS_LOCK_SECONDS, poll_seconds=0.05):
+        yield
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One process's presence on a study (a row of ``rfopt_presence``): alive while it beats."""
+
+    holder: str
+    kind: str
+    """``run`` (`Study.optimize`) or ``worker`` (`Study.work`)."""
+    started: float
+    seen: float
+    interval: float
+    ended: float | None
+    """When it exited cleanly; None while it runs, or if it died."""
+
+    def alive(self, now: float) -> bool:
+        """Beating: not ended, and seen within two intervals (a process that died is seen so within 2x the interval)."""
+        return self.ended is None and now - self.seen <= 2 * self.interval
+
+
+class Presence:
+    """A process running a study says so: its row in ``rfopt_presence`` (study, host:pid) is stamped every `interval`
+    seconds from a thread while the block runs, and marked ended on the way out (even on an exception; a killed
+    process just stops beating). `seen_on` reads the rows back (`rfopt.ops.liveness`).
+
+    Only timestamps are written, from a thread: no training state, RNG or Optuna record is touched, so results are
+    the same with it. A beat that fails (the database busy) is retried at the next one.
+
+        >>> with Presence(study, "run"):                                       # doctest: +SKIP
+        ...     drive(...)
+    """
+
+    def __init__(self, study: optuna.Study, kind: str, interval: float = 5.0, holder: str | None = None) -> None:
+        engine = engine_of(storage_of(study))
+        if engine is None:
+            raise ValueError(f"study {study.study_name!r}: presence needs an SQL storage")
+        self.engine: sa.Engine = engine
+        self.study = study.study_name
+        self.kind = kind
+        self.interval = interval
+        self.holder = holder or worker_id()
+        self.retry_seconds = getattr(storage_of(study), "retry_seconds", 300.0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="rfopt-presence", daemon=True)
+
+    def __enter__(self) -> Self:
+        _create_tables(self.engine, self.retry_seconds)
+        now = time.time()
+
+        def start() -> None:
+            with self.engine.begin() as db:
+                key = (PRESENCE.c.study == self.study, PRESENCE.c.holder == self.holder)
+                values = {"kind": self.kind, "started": now, "seen": now, "interval": self.interval, "ended": None}
+                if not db.execute(PRESENCE.update().where(*key).values(**values)).rowcount:
+                    db.execute(PRESENCE.insert().values(study=self.study, holder=self.holder, **values))
+
+        retry(start, self.retry_seconds, self._where(), "record this process's presence")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            self._stamp(ended=time.time())
+        except Exception as error:  # noqa: BLE001 - unrecorded, the row stops beating and reads as gone in 2 intervals
+            logger.debug("study %s: could not record this process's exit: %s", self.study, error)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._stamp()
+            except Exception as exc:  # noqa: BLE001 - a missed beat; the next one tries again
+                logger.debug("study %s: a presence beat failed: %s", self.study, exc)
+
+    def _stamp(self, ended: float | None = None) -> None:
+        values: dict[str, float] = {"seen": time.time()}
+        if ended is not None:
+            values["ended"] = ended
+        with self.engine.begin() as db:
+            db.execute(PRESENCE.update().where(PRESENCE.c.study == self.study, PRESENCE.c.holder == self.holder)
+                       .values(**values))
+
+    def _where(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+
+def seen_on(study: optuna.Study) -> list[Seen] | None:
+    """Every process that ran `study` and said so (`Presence`), latest first; None for a storage without SQL."""
+    engine = engine_of(storage_of(study))
+    if engine is None:
+        return None
+    if not sa.inspect(engine).has_table(PRESENCE.name):
+        return []
+    with engine.begin() as db:
+        rows = db.execute(sa.select(PRESENCE).where(PRESENCE.c.study == study.study_name)
+                          .order_by(PRESENCE.c.seen.desc()))
+        return [Seen(r.holder, r.kind, r.started, r.seen, r.interval, r.ended) for r in rows]
+
+
+def _create_tables(engine: sa.Engine, retry_seconds: float) -> None:
+    retry(lambda: _metadata.create_all(engine, checkfirst=True), retry_seconds,
+          engine.url.render_as_string(hide_password=True), "create lease tables",
+          retry_if=lambda exc: is_unreachable(exc) or is_schema_race(exc))
 
 
 class Heartbeat:

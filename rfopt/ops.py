@@ -12,19 +12,32 @@ running (the Python API, the ``rfopt`` command line, the dashboard):
   pause: the trial stays RUNNING in Optuna but is not scheduled; its device memory is freed (it
   continues from its checkpoint on resume, exactly). resume: it is scheduled again. stop: it ends
   PRUNED with its last value, reason ``stopped by user``.
+- withdraw: take back a pending pause, resume or stop before it applies (`withdraw`). The process applying a trial's
+  requests and a withdrawal take the same short lock on the trial's requests (a lease in the study's SQL database,
+  `rfopt.leases`), so a withdrawal either comes first (the request never applies) or finds the request applied and
+  is refused: never both.
+- cancel: end a WAITING clone before any process starts it (`cancel`). Optuna cannot delete a trial; the clone is
+  claimed from the queue exactly as a process starting it would claim it (WAITING -> RUNNING, a compare-and-set in
+  the storage), then ends FAIL with its reason ``cancelled by ... at ...``. If a process started it first, the
+  cancel is refused and nothing is written.
 - clone: a new trial with the parent's config changed by overrides (validated before anything is
   written), optionally warm-started from the parent's latest checkpoint (its weights; a fresh LR
   schedule over the remaining steps; it reports at the parent's step numbers onward). Lineage is
   stored on the clone.
 
     >>> study.pause_trial(3); study.resume_trial(3); study.stop_trial(4)      # doctest: +SKIP
+    >>> study.withdraw_request(4, "stop"); study.cancel_clone(7)              # doctest: +SKIP
     >>> study.clone_trial(3, {"learning_rate": 2e-6}, warm_start=True)        # doctest: +SKIP
     7
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
+import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +50,17 @@ from .checkpoints import CheckpointStore
 from .chunks import ChunkPlan, trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import ConfigError, TrialConfig, check_model, override_dict
-from .schema import AppliedOp, Lineage, Request, Stop, TrialRecord, TrialRef
+from .leases import requests_lock, seen_on
+from .schema import (
+    AppliedOp,
+    Cancel,
+    Lineage,
+    Request,
+    Stop,
+    TrialRecord,
+    TrialRef,
+    Withdrawal,
+)
 
 logger = logging.getLogger("rfopt")
 
@@ -47,6 +70,61 @@ _WARM_SAFE_PEFT_FIELDS = {"lora_alpha", "lora_dropout"}
 
 class OpError(ValueError):
     """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides."""
+
+
+# ---------------------------------------------------------------------- who is running the study
+@dataclass(frozen=True)
+class Liveness:
+    """Whether any process is running a study now (from the heartbeats of `rfopt.leases.Presence`), and what waits for
+    one.
+
+        >>> rfopt.ops.liveness(study.optuna).message                          # doctest: +SKIP
+        'nobody is running this study (last seen 12:03:05); 2 WAITING trials (clones 7, 8) will start when you run
+        `rfopt run ...` or `rfopt worker ...`'
+    """
+
+    running: bool
+    holders: list[str]
+    """The processes running it now: ``host:pid (run)`` or ``host:pid (worker)``."""
+    last_seen: datetime.datetime | None
+    """The last beat of any process that ran it (UTC); None if none ever did (or the storage keeps no heartbeats)."""
+    waiting_unattended: list[int]
+    """WAITING trials (clones, a list's configs) that nobody will start because nobody is running the study."""
+    message: str
+    """One line for a person."""
+
+
+def liveness(study: optuna.Study) -> Liveness:
+    """Whether a process (`Study.optimize`, or workers) is running `study`: one whose heartbeat is younger than two
+    intervals (a process that died reads as gone within that; one that exited cleanly at once)."""
+    seen = seen_on(study)
+    waiting = [t.number for t in study.get_trials(deepcopy=False, states=[TrialState.WAITING])]
+    if seen is None:
+        return Liveness(False, [], None, [], "this storage keeps no heartbeats (no SQL database): whether a process "
+                        "runs the study cannot be told")
+    now = time.time()
+    alive = [s for s in seen if s.alive(now)]
+    last = max((s.ended or s.seen for s in seen), default=None)
+    last_seen = None if last is None else datetime.datetime.fromtimestamp(last, datetime.UTC)
+    if alive:
+        holders = [f"{s.holder} ({s.kind})" for s in alive]
+        return Liveness(True, holders, last_seen, [], f"running: {', '.join(holders)}")
+    when = "it never ran under this rfopt" if last_seen is None else f"last seen {_local_time(last_seen)}"
+    message = f"nobody is running this study ({when})"
+    if waiting:
+        trials = study.get_trials(deepcopy=False)
+        clones = [n for n in waiting if TrialRecord(trials[n]).lineage is not None]
+        what = f"{len(waiting)} WAITING trial{'s' if len(waiting) > 1 else ''}"
+        if clones:
+            what += f" (clone{'s' if len(clones) > 1 else ''} {', '.join(map(str, clones))})"
+        message += f"; {what} will start when you run `rfopt run ...` or `rfopt worker ...` (or study.optimize)"
+    return Liveness(False, [], last_seen, waiting, message)
+
+
+def _local_time(when: datetime.datetime) -> str:
+    local = when.astimezone()
+    today = datetime.datetime.now().astimezone().date()
+    return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M:%S")
 
 
 # ---------------------------------------------------------------------- requests
@@ -87,15 +165,80 @@ def outcome(paused: bool, pending: list[Request]) -> Outcome:
     return Outcome(paused, None, applied)
 
 
-def apply_requests(ref: TrialRef, record: TrialRecord, after_chunk: int) -> Outcome:
+def withdraw(study: optuna.Study, trial_number: int, op: str, by: str | None = None) -> Withdrawal:
+    """Take back the latest pending `op` request (pause, resume, stop) on a running trial before it applies.
+
+    Refused (`OpError`) when the trial has no such request pending: none was made, or it has applied already (the
+    message says when). Under the trial's requests lock, so it never races the process applying them.
+    """
+    if op not in schema.CONTROL_OPS:
+        raise OpError(f"unknown op {op!r}; a pending {' or '.join(schema.CONTROL_OPS)} request can be withdrawn")
+    frozen = _trial(study, trial_number)
+    ref = TrialRef(storage_of(study), trial_id_of(frozen), trial_number)
+    with requests_lock(study, trial_number):
+        record = ref.read()
+        pending = [r for r in record.pending if r.op == op]
+        if not pending:
+            applied = [a for a in record.applied if a.op == op]
+            if applied:
+                last = applied[-1]
+                raise OpError(f"trial {trial_number}: its {op} (asked by {last.by} at {last.requested_at}) was already "
+                              f"applied at {last.applied_at}; nothing to withdraw")
+            state = "" if record.state == TrialState.RUNNING else f" (it is {record.state.name})"
+            raise OpError(f"trial {trial_number} has no pending {op} request to withdraw{state}")
+        if record.state != TrialState.RUNNING:
+            raise OpError(f"trial {trial_number} is {record.state.name}; its requests no longer apply")
+        withdrawal = Withdrawal(pending[-1], by=by or schema.who(), at=schema.now())
+        schema.write_withdrawal(ref, withdrawal)
+    return withdrawal
+
+
+def cancel(study: optuna.Study, trial_number: int, by: str | None = None) -> Cancel:
+    """Cancel a WAITING clone that no process has started: it leaves the queue and ends FAIL, its reason
+    ``cancelled by <who> at <time> before it started`` (`TrialRecord.cancelled`).
+
+    Refused (`OpError`) for a trial that is not a WAITING clone, and when a process starts the clone first: the clone
+    is taken from the queue by the compare-and-set Optuna's ``ask`` takes it by (WAITING -> RUNNING), so exactly one
+    of the two wins.
+    """
+    frozen = _trial(study, trial_number)
+    record = TrialRecord(frozen)
+    if frozen.state != TrialState.WAITING or record.lineage is None:
+        what = "a clone" if record.lineage is not None else "not a clone"
+        hint = "; stop it instead (it ends PRUNED at its next chunk boundary)" if frozen.state == TrialState.RUNNING else ""
+        raise OpError(f"trial {trial_number} is {frozen.state.name} and {what}; only a WAITING clone that has not "
+                      f"started can be cancelled{hint}")
+    storage = storage_of(study)
+    trial_id = trial_id_of(frozen)
+    if not storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+        raise OpError(f"trial {trial_number} was started by a process running the study just now; it was not "
+                      "cancelled: stop it instead")
+    # Ours now: no process asks a RUNNING trial. One that adopts it before the reason is written (a few ms) finds it
+    # FAIL at its next write and drops it; a crash here leaves the reason, which the next reconcile carries out.
+    cancelled = Cancel(by=by or schema.who(), at=schema.now())
+    schema.write_cancel(TrialRef(storage, trial_id, trial_number), cancelled)
+    storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    logger.info("trial %d: %s", trial_number, cancelled.reason)
+    return cancelled
+
+
+def apply_requests(ref: TrialRef, record: TrialRecord, after_chunk: int, study: optuna.Study | None = None) -> Outcome:
     """Apply the trial's pending requests at this chunk boundary and record them; the caller then stops the trial if
     `Outcome.stop` (tell PRUNED) and frees a paused one's memory.
 
     Only the process that holds the trial calls this (under its lease when workers share the study): it is the one
     writer of ``rfopt:paused``, ``rfopt:stopped`` and ``rfopt:ops``. Every write comes before any ``tell``, because a
     finished trial's attrs are final; a crash in between leaves requests pending that are applied again, to the
-    same effect.
+    same effect. With `study`, the requests are read again and applied under the trial's requests lock, which
+    `withdraw` takes too.
     """
+    if study is None:
+        return _apply(ref, record, after_chunk)
+    with requests_lock(study, ref.number):
+        return _apply(ref, ref.read(), after_chunk)
+
+
+def _apply(ref: TrialRef, record: TrialRecord, after_chunk: int) -> Outcome:
     result = outcome(record.paused, record.pending)
     if not result.applied:
         return result
@@ -167,13 +310,14 @@ def clone(
             )
     lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
                       by=by or schema.who(), at=schema.now())
-    params, distributions = _clone_params(parent.trial, overrides)
+    params, distributions = _clone_params(study, parent.trial, overrides)
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.WAITING,
             params=params,
             distributions=distributions,
             user_attrs=schema.new_trial_attrs(config_json, lineage=lineage),
+            system_attrs=schema.inherited_steps(parent.trial, start_unit) if warm_start else None,
         )
     )
     number = next(
@@ -241,15 +385,75 @@ def _check_warm_compatible(parent: dict[str, Any], child: dict[str, Any], parent
             )
 
 
-def _clone_params(parent: optuna.trial.FrozenTrial, overrides: Mapping[str, Any]):
-    """The parent's params with the overridden values, where the parent's distributions admit them."""
-    params, distributions = {}, {}
-    for name, value in parent.params.items():
-        new = overrides.get(name, value)
-        dist = parent.distributions[name]
-        if _admits(dist, new):
-            params[name], distributions[name] = new, dist
+def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrides: Mapping[str, Any]):
+    """The clone's Optuna params: the parent's, with every overridden value recorded, so that Optuna's parameter views
+    (optuna-dashboard's, `trials_dataframe`, importance) describe the clone and not its parent.
+
+    An overridden value keeps its param's distribution where that holds it; a number outside it widens the range (the
+    same kind and log scale: Optuna refuses another under one name in a study). A field the study has no param for
+    becomes one: a number as a range of that one value (later clones widen it), anything else a categorical of that
+    one value. What Optuna cannot record (a categorical param, a value outside its choices: Optuna cannot add a choice
+    once trials have it) keeps the parent's value out of the clone's params; the clone's config, lineage and
+    ``rfopt:clone`` overrides still say what it trains.
+    """
+    params = dict(parent.params)
+    distributions = dict(parent.distributions)
+    known: dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, dist in trial.distributions.items():
+            known.setdefault(name, dist)
+    for given, value in overrides.items():
+        name = _param_name(given)
+        value = _param_value(value)
+        dist = _holding(distributions.get(name) or known.get(name), value)
+        if dist is None:
+            params.pop(name, None)
+            distributions.pop(name, None)
+            logger.info("clone of trial %d: %s=%r cannot be an Optuna param of the study (%s); it is in the clone's "
+                        "config", parent.number, name, value, known.get(name))
+            continue
+        params[name], distributions[name] = value, dist
     return params, distributions
+
+
+def _param_name(override: str) -> str:
+    """The param name of an override, as list and grid studies name their params (`learning_rate`, `lora_r`)."""
+    name = override.removeprefix("args.").removeprefix("grpo.")
+    name = name.removeprefix("peft_config.").removeprefix("peft.")
+    return {"r": "lora_r", "reward_funcs": "rewards"}.get(name, name)
+
+
+def _param_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+def _holding(dist: Any, value: Any) -> Any:
+    """A distribution that holds `value` and that Optuna accepts beside `dist` (the study's own for the param, or
+    None for a new param); None if there is none."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if dist is None:
+        if not number:
+            return CategoricalDistribution([value])
+        return IntDistribution(value, value) if isinstance(value, int) else FloatDistribution(value, value)
+    if _admits(dist, value):
+        return dist
+    if isinstance(dist, CategoricalDistribution) or not number or (dist.log and value <= 0):
+        return None
+    low, high = min(dist.low, value), max(dist.high, value)
+    if isinstance(dist, IntDistribution):
+        if not isinstance(value, int):
+            return None
+        on_grid = (value - dist.low) % dist.step == 0
+        return IntDistribution(low, high, log=dist.log, step=dist.step if on_grid else 1)
+    return FloatDistribution(float(low), float(high), log=dist.log)  # no step: a widened range need not keep its grid
 
 
 def _admits(dist: Any, value: Any) -> bool:

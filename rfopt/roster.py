@@ -198,7 +198,7 @@ class Roster:
     # ------------------------------------------------------------------ ops
     def apply_requests(self, live: Live, record: TrialRecord) -> None:
         """Apply the trial's pending pause/resume/stop requests (the caller holds the trial's claim)."""
-        result = ops.apply_requests(live.ref, record, after_chunk=live.committed - 1)
+        result = ops.apply_requests(live.ref, record, after_chunk=live.committed - 1, study=self.study)
         if result.stop is not None:
             self._tell_pruned(live.number, f"{schema.STOP_REASON} ({result.stop.by})")
         elif result.paused != live.paused:

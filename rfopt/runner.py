@@ -31,6 +31,7 @@ lost its lease); the runner's state is then no longer any unit's, and it raises 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -46,6 +47,7 @@ from .config import TrialConfig
 from .evaluation import EvalResult, EvalSettings, checked_reward, evaluate
 from .models import ModelPool, adapter_name
 from .state import RngState, TrialState
+from .trackers import Tracking
 
 
 _NO_STATE = -1
@@ -62,13 +64,17 @@ class ChunkAborted(RuntimeError):
 
 @dataclass
 class ChunkMetrics:
-    """Training metrics of one chunk, averaged over its steps from TRL's logs (plus the last loss)."""
+    """Training metrics of one chunk, averaged over its steps from TRL's logs (plus the last loss), and TRL's logs of
+    each optimizer step as they were."""
 
     values: dict[str, float]
     seconds: float
     swap_seconds: float
     """From the call to `train_chunk` to the chunk's first step: activating the trial's adapter, building its
     trainer and restoring its state (what time-slicing costs over training straight through)."""
+    steps: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    """TRL's logged metrics of each optimizer step of the chunk, by TRL's names, with ``step``: the trainer's global
+    step (continuing across chunks). Finite numbers only."""
 
 
 def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
@@ -105,7 +111,9 @@ def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs and "train_runtime" not in logs:
-                self.logs.append({k: float(v) for k, v in logs.items() if isinstance(v, (int, float))})
+                # TRL's logs carry no step (the Trainer adds it to log_history only); `_aggregate` skips it.
+                self.logs.append({k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+                                 | {"step": float(state.global_step)})
 
     return ChunkBoundary()
 
@@ -131,9 +139,11 @@ class TrialRunner:
         pool: ModelPool,
         workdir: str | Path,
         start_unit: int = 0,
+        tracking: Tracking | None = None,
     ) -> None:
         """`start_unit` > 0 starts a warm-started clone at its parent's progress: it trains the remaining units
-        with a fresh optimizer and LR schedule over the remaining steps."""
+        with a fresh optimizer and LR schedule over the remaining steps. `tracking`: the trackers every chunk's trainer
+        reports to (`rfopt.trackers`); none by default."""
         self.number = number
         self.config = config
         self.plan = plan
@@ -142,6 +152,7 @@ class TrialRunner:
         self.pool = pool
         self.workdir = Path(workdir)
         self.start_unit = start_unit
+        self.tracking = tracking
         self.units_done = start_unit
         self.global_step = 0
         self.tokens_seen = 0
@@ -197,7 +208,8 @@ class TrialRunner:
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
         boundary = _boundary_callback(stop_at, self._rng, new_epoch, should_stop)
         args = self.chunk_args()
-        with compat.restore_shared_model(model, args):
+        tracked = self.tracking.chunk(self.number) if self.tracking is not None else contextlib.nullcontext()
+        with tracked, compat.restore_shared_model(model, args):
             trainer = compat.chunk_trainer_class()(
                 model=model,
                 reward_funcs=self.reward_funcs,
@@ -235,6 +247,7 @@ class TrialRunner:
             values=values,
             seconds=time.perf_counter() - started,
             swap_seconds=(boundary.first_step_at or started) - started,
+            steps=[{k: v for k, v in log.items() if k != "epoch" and math.isfinite(v)} for log in boundary.logs],
         )
 
     @property
@@ -314,7 +327,7 @@ class TrialRunner:
 
     def _fresh_optimizer(self) -> tuple[Any, Any]:
         """An optimizer and LR scheduler over the trial's total steps, made by TRL's trainer as it would make them."""
-        args = self.chunk_args()
+        args = self.chunk_args(report=False)  # a trainer that never trains reports nothing
         with compat.restore_shared_model(self.model, args):
             trainer = compat.chunk_trainer_class()(
                 model=self.model,
@@ -331,7 +344,7 @@ class TrialRunner:
             scheduler = trainer.create_scheduler(self.total_steps, optimizer)
         return optimizer, scheduler
 
-    def chunk_args(self) -> Any:
+    def chunk_args(self, report: bool = True) -> Any:
         """The trial's GRPOConfig as a chunk trains it: rfopt's plumbing, and placement from the pool's device. The
         model is the pool's, loaded with ``model_init_kwargs`` already (TRL would warn that they are ignored)."""
         return dataclasses.replace(
@@ -341,7 +354,7 @@ class TrialRunner:
             max_steps=self.total_steps,
             shuffle_dataset=False,
             save_strategy="no",
-            report_to=[],
+            **(self._tracker_args() if report else {"report_to": []}),
             logging_steps=1,
             disable_tqdm=True,
             eval_strategy="no",
@@ -350,6 +363,19 @@ class TrialRunner:
             model_init_kwargs=None,
         )
 
+
+    def _tracker_args(self) -> dict[str, Any]:
+        """``report_to`` and the run's name (and trackio's project) for the trial's trackers (`rfopt.trackers`)."""
+        if self.tracking is None or not self.tracking.report_to:
+            return {"report_to": []}
+        args = {"report_to": list(self.tracking.report_to), "run_name": self.tracking.run_name(self.number)}
+        if self.tracking.uses("trackio") and self.config.args.project == _DEFAULT_PROJECT:
+            args["project"] = self.tracking.study
+        return args
+
+
+_DEFAULT_PROJECT = "huggingface"
+"""`TrainingArguments.project`'s default: a trial config that keeps it reports to trackio under the study's name."""
 
 _SELECTED: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = weakref.WeakKeyDictionary()
 

@@ -7,14 +7,16 @@ spells those keys: the engine, ops, the command line and the dashboard read a `S
 
 On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries), ``rfopt:checkpoint_dir``,
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),
-``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``.
+``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
 ``rfopt:samples:<unit>`` (per chunk unit), ``rfopt:pruning:<step>`` (rung decisions),
-``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten) and ``rfopt:ops`` (the ops
-applied, with the id of each request), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``.
+``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
+request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
+``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
+``rfopt:adapter``; and as a trial *system* attr, ``rfopt:steps:<unit>`` (TRL's logs of each optimizer step of
+the unit, by column: see `StepColumns`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
 reported (`TrialRecord.committed`). Nothing else counts progress.
@@ -47,17 +49,20 @@ _CHECKPOINT_DIR = "rfopt:checkpoint_dir"
 _PLAN = "rfopt:plan"
 _SETTINGS = {"objective": "rfopt:objective", "eval_settings": "rfopt:eval", "train_fingerprint": "rfopt:train_fingerprint",
              "eval_fingerprint": "rfopt:eval_fingerprint", "num_chunks": "rfopt:num_chunks",
-             "chunk_seed": "rfopt:chunk_seed"}
+             "chunk_seed": "rfopt:chunk_seed", "report_to": "rfopt:report_to"}
 
 _CONFIG = "rfopt:config"
 _LIST_INDEX = "rfopt:list_index"
 _SCHEDULE = "rfopt:schedule"
 _CLONE = "rfopt:clone"
 _METRICS = "rfopt:metrics:"
+_STEPS = "rfopt:steps:"
 _SAMPLES = "rfopt:samples:"
 _DECISION = "rfopt:pruning:"
 _REQUEST = "rfopt:request:"
+_WITHDRAWN = "rfopt:withdrawn:"
 _OPS = "rfopt:ops"
+_CANCELLED = "rfopt:cancelled"
 _PAUSED = "rfopt:paused"
 _STOPPED = "rfopt:stopped"
 _FAIL_REASON = "rfopt:fail_reason"
@@ -79,6 +84,52 @@ def metrics_key(unit: int) -> str:
 
 def samples_key(unit: int) -> str:
     return unit_key(_SAMPLES, unit)
+
+
+def steps_key(unit: int) -> str:
+    """``rfopt:steps:0002``: the trial system attr that holds TRL's per-step logs of its unit 2."""
+    return unit_key(_STEPS, unit)
+
+
+class StepColumns:
+    """TRL's logs of one unit's optimizer steps as they are stored: one trial *system* attr per unit, by column.
+
+    ``{"step": [5, 6], "reward": [0.4, 0.5], "kl": [null, 0.01], ...}``: one list per metric, aligned with ``step``
+    (the trainer's global step), ``null`` where a step did not log that metric. Why this layout:
+
+    - per unit, not per step: a trial gets one attr per chunk it trains (as its ``rfopt:metrics:<unit>``), not
+      hundreds; the unit's steps are written once, in the write that commits its metrics, and never rewritten;
+    - by column: each metric name is spelled once per unit, not once per step (a third of the size of a list of
+      dicts for 4 steps of ~25 metrics, less for longer chunks);
+    - a system attr, not a user attr: optuna-dashboard lists every user attr of a trial in its table (as a string cut
+      at 1024 characters, which makes the page scroll sideways) but shows no trial system attrs; Optuna, its
+      samplers and `trials_dataframe` leave ``rfopt:*`` system attrs alone. `get_trials` still loads them: some
+      20 numbers a step, which is small next to a chunk's samples;
+    - not the artifact store: `TrialRecord` reads a trial from storage alone (the dashboard, ``rfopt status`` and
+      another host may not reach the study's checkpoint location), and artifacts can only be added while the trial
+      runs.
+    """
+
+    @staticmethod
+    def encode(steps: list[Mapping[str, float]]) -> dict[str, list[float | None]]:
+        keys = sorted({k for log in steps for k in log if k != "step"})
+        columns: dict[str, list[float | None]] = {"step": [int(log["step"]) for log in steps]}
+        for key in keys:
+            columns[key] = [_finite(log.get(key)) for log in steps]
+        return columns
+
+    @staticmethod
+    def decode(columns: Any) -> list[dict[str, float]]:
+        if not isinstance(columns, Mapping) or not isinstance(columns.get("step"), list):
+            return []
+        rows: list[dict[str, float]] = [{"step": int(step)} for step in columns["step"]]
+        for key, values in columns.items():
+            if key == "step" or not isinstance(values, list):
+                continue
+            for row, value in zip(rows, values):
+                if (number := _finite(value)) is not None:
+                    row[str(key)] = number
+        return rows
 
 
 def decision_key(step: int) -> str:
@@ -210,6 +261,30 @@ class Request:
     @classmethod
     def new(cls, op: str, by: str | None = None) -> Request:
         return cls(op=op, by=by or who(), at=now(), id=uuid.uuid4().hex[:12])
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """A pending request taken back before it applied (``rfopt:withdrawn:<request id>``)."""
+
+    request: Request
+    by: str
+    at: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Who cancelled a WAITING clone before it started, and when (``rfopt:cancelled``); it ends FAIL with `reason`."""
+
+    by: str
+    at: str
+
+    @property
+    def reason(self) -> str:
+        return f"cancelled by {self.by} at {self.at} before it started"
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"by": self.by, "at": self.at}
 
 
 @dataclass(frozen=True)
@@ -365,9 +440,41 @@ class TrialRecord:
         return out
 
     def samples(self) -> dict[int, list[dict[str, Any]]]:
-        """Each unit's sample completions, by unit."""
-        return {int(k[len(_SAMPLES):]): list(self.attrs[k] or []) for k in sorted(self.attrs)
-                if k.startswith(_SAMPLES)}
+        """Each unit's sample completions, by unit: ``{unit: [{"prompt", "completion", "reward", <reward function
+        name>: score, ...}]}`` (``reward`` is the weighted total; a score a reward function gave as None is NaN: stored
+        as the text ``"nan"``, read back as a float)."""
+        return {int(k[len(_SAMPLES):]): [_sample(x) for x in self.attrs[k] or [] if isinstance(x, Mapping)]
+                for k in sorted(self.attrs) if k.startswith(_SAMPLES)}
+
+    def step_metrics(self) -> list[dict[str, float]]:
+        """TRL's logged metrics of each optimizer step, in step order: dicts with ``step`` (the trainer's global step,
+        continuing across chunks), ``unit``, ``chunk`` and TRL's own keys as TRL names them (``reward``,
+        ``reward_std``, ``rewards/<func>/mean``, ``kl`` when logged, ``entropy``, ``completions/mean_length``,
+        ``loss``, ``clip_ratio/...``, ``learning_rate``, ...); finite numbers only.
+
+        A warm clone's first units are its parent's (copied onto the clone when it is made, `StepColumns`), so its
+        curve starts where the parent's was; its own trainer counts steps from 0 again (a fresh optimizer and LR
+        schedule), so its own steps are shifted by the last inherited step to continue the parent's axis.
+
+            >>> TrialRecord(study.trials[3]).step_metrics()[0]                 # doctest: +SKIP
+            {'step': 1, 'unit': 0, 'chunk': 2, 'reward': 0.41, 'loss': 0.0, 'learning_rate': 1e-05, ...}
+        """
+        system = self.trial.system_attrs
+        chunks = {m.unit: m.chunk for m in self.unit_metrics()}
+        start = self.start_unit
+        rows: list[dict[str, float]] = []
+        offset = 0
+        for key in sorted(k for k in system if k.startswith(_STEPS)):
+            unit = int(key[len(_STEPS):])
+            shift = offset if unit >= start else 0
+            for row in StepColumns.decode(system[key]):
+                row["step"] += shift
+                row["unit"], row["chunk"] = unit, chunks.get(unit, unit)
+                rows.append(row)
+                if unit < start:
+                    offset = max(offset, int(row["step"]))
+        rows.sort(key=lambda r: (r["step"], r["unit"]))
+        return rows
 
     def decision(self, step: int) -> PruneDecision | None:
         return load_decision(self.trial, step)
@@ -394,11 +501,31 @@ class TrialRecord:
                           applied_at=e.get("applied_at", ""), id=e.get("id", ""))
                 for e in self.attrs.get(_OPS, [])]
 
+    @cached_property
+    def withdrawn(self) -> list[Withdrawal]:
+        """Requests taken back before they applied (`ops.withdraw`)."""
+        requests = {r.id: r for r in self.requests}
+        found = []
+        for key in sorted(k for k in self.attrs if k.startswith(_WITHDRAWN)):
+            value = self.attrs[key]
+            request = requests.get(key[len(_WITHDRAWN):])
+            if request is not None and isinstance(value, Mapping):
+                found.append(Withdrawal(request, by=str(value.get("by", "unknown")), at=str(value.get("at", ""))))
+        return found
+
     @property
     def pending(self) -> list[Request]:
-        """Requests not applied yet, oldest first."""
-        done = {op.id for op in self.applied}
+        """Requests neither applied nor withdrawn yet, oldest first."""
+        done = {op.id for op in self.applied} | {w.request.id for w in self.withdrawn}
         return [r for r in self.requests if r.id not in done]
+
+    @property
+    def cancelled(self) -> Cancel | None:
+        """Set on a WAITING clone cancelled before it started (it ends FAIL, and never trains)."""
+        data = self.attrs.get(_CANCELLED)
+        if not isinstance(data, Mapping):
+            return None
+        return Cancel(by=str(data.get("by", "unknown")), at=str(data.get("at", "")))
 
     @property
     def paused(self) -> bool:
@@ -443,6 +570,21 @@ class TrialRecord:
         return decision.reason if decision is not None else None
 
 
+_NOT_FINITE = {"nan", "inf", "-inf"}
+
+
+def _sample(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored sample with its scores as numbers again (`json_safe` stored NaN and infinities as text)."""
+    return {k: float(v) if k not in ("prompt", "completion") and isinstance(v, str) and v in _NOT_FINITE else v
+            for k, v in sample.items()}
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
 def _numbers(data: Any) -> dict[str, float]:
     if not isinstance(data, Mapping):
         return {}
@@ -462,6 +604,9 @@ class TrialRef:
 
     def set(self, key: str, value: Any) -> None:
         self.storage.set_trial_user_attr(self.trial_id, key, value)
+
+    def set_system(self, key: str, value: Any) -> None:
+        self.storage.set_trial_system_attr(self.trial_id, key, value)
 
     def read(self) -> TrialRecord:
         return TrialRecord(self.storage.get_trial(self.trial_id))
@@ -486,10 +631,23 @@ def write_schedule(ref: TrialRef, schedule: TrialSchedule) -> None:
     ref.set(_SCHEDULE, schedule.to_dict())
 
 
-def write_unit(ref: TrialRef, unit: int, metrics: Mapping[str, Any], samples: list[Any]) -> None:
-    """A unit's metrics and samples (its report, ``trial.report(value, step=unit)``, follows)."""
+def write_unit(ref: TrialRef, unit: int, metrics: Mapping[str, Any], samples: list[Any],
+               steps: list[Mapping[str, float]] = ()) -> None:
+    """A unit's metrics, samples and per-step logs (its report, ``trial.report(value, step=unit)``, follows)."""
+    if steps:
+        ref.set_system(steps_key(unit), StepColumns.encode(list(steps)))
     ref.set(metrics_key(unit), json_safe(metrics))
     ref.set(samples_key(unit), json_safe(samples))
+
+
+def inherited_steps(parent: FrozenTrial, units: int) -> dict[str, Any]:
+    """The system attrs that give a warm clone its parent's per-step logs of the first `units` units, on the parent's
+    step axis (a clone of a warm clone gets the steps as its parent shows them)."""
+    by_unit: dict[int, list[dict[str, float]]] = {}
+    for row in TrialRecord(parent).step_metrics():
+        if row["unit"] < units:
+            by_unit.setdefault(int(row["unit"]), []).append({k: v for k, v in row.items() if k not in ("unit", "chunk")})
+    return {steps_key(unit): StepColumns.encode(rows) for unit, rows in by_unit.items()}
 
 
 def write_decision(ref: TrialRef, decision: PruneDecision) -> None:
@@ -499,6 +657,16 @@ def write_decision(ref: TrialRef, decision: PruneDecision) -> None:
 def write_request(ref: TrialRef, request: Request) -> None:
     """A new request under a key of its own: a request never overwrites another, so none is lost."""
     ref.set(request.key, {"op": request.op, "by": request.by, "at": request.at, "id": request.id})
+
+
+def write_withdrawal(ref: TrialRef, withdrawal: Withdrawal) -> None:
+    ref.set(f"{_WITHDRAWN}{withdrawal.request.id}", {"by": withdrawal.by, "at": withdrawal.at})
+
+
+def write_cancel(ref: TrialRef, cancel: Cancel) -> None:
+    """Mark a cancelled clone (with its fail reason: a process that finds it RUNNING fails it, `roster`)."""
+    ref.set(_CANCELLED, cancel.to_attr())
+    write_fail_reason(ref, cancel.reason)
 
 
 def write_applied(ref: TrialRef, applied: list[AppliedOp]) -> None:

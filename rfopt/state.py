@@ -66,3 +66,6 @@ class UnitReport:
     value: float
     metrics: dict[str, Any]
     samples: list[Any]
+    steps: list[dict[str, float]] = field(default_factory=list)
+    """TRL's logs of each optimizer step of the unit (`ChunkMetrics.steps`); empty for a unit evaluated again after a
+    crash without its training logs, and in reports written before rfopt kept them."""

@@ -61,6 +61,8 @@ from .roster import Roster
 from .schema import TrialRecord, study_record
 from .spaces import ListSpace, as_space
 from .storage import describe, engine_of, open_storage
+from .trackers import Tracking
+from .trackers import normalize as trackers_of
 from .unit import Context, UnitCommitted
 
 logger = logging.getLogger("rfopt")
@@ -95,10 +97,17 @@ class _Plan:
     catch: tuple[type[Exception], ...]
     configs: list[TrialConfig]
     """The configs checked: a list's, or one sampled from a function space."""
+    report_to: list[str]
+    """The trackers the trials report to (`rfopt.trackers`): the one given, else the study's stored one."""
+    report_to_given: bool
 
     def timed_out(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
+
+PRESENCE_SECONDS = 5.0
+"""How often a process running a study stamps its presence (`rfopt.leases.Presence`): a process that died reads as
+gone within twice this."""
 
 OPTUNA_ATTRIBUTES = frozenset({
     "best_trial", "best_trials", "best_value", "best_params", "trials", "get_trials", "trials_dataframe",
@@ -183,6 +192,7 @@ class Study:
         device: str = "cpu",
         precision: str = "auto",
         on_unit: Callable[[int, int, float], None] | None = None,
+        report_to: str | Sequence[str] | None = None,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -218,11 +228,15 @@ class Study:
                 configs say (their ``use_cpu``, ``bf16`` and ``fp16`` are not used).
             precision: ``"auto"`` (fp32 on the CPU, bf16 on a GPU that has it), ``"fp32"``, ``"bf16"`` or ``"fp16"``.
             on_unit: called after each committed unit with ``(trial_number, step, value)``.
+            report_to: the experiment trackers each trial's TRL logs go to, as TRL's ``report_to`` (``"tensorboard"``,
+                ``"wandb"``, ``"mlflow"``, ``"trackio"``, a list, ``"none"``): one run per trial, named
+                ``<study>-trial-<n>``, grouped by study (`rfopt.trackers`). Stored on the study: None takes the stored
+                value (none for a new study); a value given replaces it for this and later runs.
         """
         pool = ModelPool(device, precision)  # checks the device before anything is written
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
-                                               "eval_settings": eval_settings, "chunk_seed": chunk_seed})
+                                               "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
         store = self._claim()
         space, n_trials = self._record(checked)
@@ -254,6 +268,7 @@ class Study:
         lease_seconds: float = 30.0,
         poll_seconds: float = 1.0,
         on_unit: Callable[[int, int, float], None] | None = None,
+        report_to: str | Sequence[str] | None = None,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
@@ -275,7 +290,7 @@ class Study:
             max_concurrent = max(1, min(len(as_space(space).configs), 8))
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
-                                               "eval_settings": eval_settings, "chunk_seed": chunk_seed})
+                                               "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
         leases = Leases(self.optuna)
         with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity and plan
@@ -312,15 +327,17 @@ class Study:
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         ctx = Context(study=self.optuna, store=store, plan=checked.plan, train_dataset=train_dataset,
                       eval_dataset=eval_dataset, objective=checked.objective, settings=checked.settings, pool=pool,
-                      workdir=workdir, subscribers=[publish_unit])
+                      workdir=workdir, tracking=Tracking(checked.report_to, self.study_name) if checked.report_to
+                      else None, subscribers=[publish_unit])
         if on_unit is not None:
             ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
         committed = []
         ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)
         try:
-            drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-                  poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
+            with self._presence("worker" if coordinator.shared else "run"):
+                drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
+                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
             if checked.timed_out() and roster.live:
                 logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                                "the study runs again", self.study_name, sorted(roster.live))
@@ -334,6 +351,17 @@ class Study:
             pool.close()
             shutil.rmtree(workdir, ignore_errors=True)
         return len(committed)
+
+    def _presence(self, kind: str) -> Any:
+        """This process's heartbeat on the study while it runs it (`rfopt.leases.Presence`; `rfopt.ops.liveness` reads
+        it): in an SQL storage, where other processes can look."""
+        from contextlib import nullcontext
+
+        from .leases import Presence
+
+        if engine_of(storage_of(self.optuna)) is None:
+            return nullcontext()
+        return Presence(self.optuna, kind, interval=PRESENCE_SECONDS)
 
     def _nothing_done(self, space: Any) -> str:
         counts: dict[str, int] = {}
@@ -352,7 +380,7 @@ class Study:
 
     # ------------------------------------------------------------------ checking and planning the study
     def _check(self, space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
-               max_concurrent, given: dict[str, Any]) -> _Plan:
+               max_concurrent, given: dict[str, Any], report_to: Any = None) -> _Plan:
         """Check the arguments of `optimize`/`work` against each other and the study; nothing is written."""
         started = time.monotonic()
         script = importing_user_file()
@@ -427,8 +455,9 @@ class Study:
             except (ConfigError, PlanError, ValueError) as exc:
                 raise type(exc)(f"{label}: {exc}") from exc
         deadline = None if timeout is None else started + timeout
+        trackers = trackers_of(report_to) if report_to is not None else list(record.settings.get("report_to", []))
         return _Plan(space, plan, objective, settings, wanted, n_trials, n_trials_total, max_concurrent, deadline,
-                     callbacks, catch, [config for _, config in configs])
+                     callbacks, catch, [config for _, config in configs], trackers, report_to is not None)
 
     def _claim(self) -> CheckpointStore:
         """Give the study its identity and checkpoint location if it has none, and make the location this study's
@@ -449,6 +478,8 @@ class Study:
         if record.plan is None:
             schema.write_plan(self.optuna, checked.plan)
         schema.write_settings(self.optuna, {k: v for k, v in checked.settings_record.items() if k not in record.settings})
+        if checked.report_to_given and record.settings.get("report_to") != checked.report_to:
+            schema.write_settings(self.optuna, {"report_to": checked.report_to})
         n_trials = checked.n_trials
         if isinstance(checked.space, ListSpace):
             checked.space.enqueue_missing(self.optuna)
@@ -469,6 +500,20 @@ class Study:
         """Stop a running trial at its next chunk boundary: it ends PRUNED with its last value. (`stop()` is Optuna's:
         it stops the optimization loop.)"""
         ops.request(self.optuna, trial_number, "stop")
+
+    def liveness(self) -> ops.Liveness:
+        """Whether a process is running the study now, and which WAITING trials wait for one (`rfopt.ops.liveness`)."""
+        return ops.liveness(self.optuna)
+
+    def withdraw_request(self, trial_number: int, op: str) -> None:
+        """Take back a pending ``"pause"``, ``"resume"`` or ``"stop"`` on a running trial before it applies; refused
+        (`rfopt.ops.OpError`) if none is pending or it applied already."""
+        ops.withdraw(self.optuna, trial_number, op)
+
+    def cancel_clone(self, trial_number: int) -> None:
+        """Cancel a WAITING clone before any process starts it: it leaves the queue and ends FAIL, ``cancelled by ...``.
+        Refused (`rfopt.ops.OpError`) for any other trial, or if a process started it first (stop it instead)."""
+        ops.cancel(self.optuna, trial_number)
 
     def clone_trial(self, trial_number: int, overrides: dict[str, Any] | None = None, *,
                     warm_start: bool = False) -> int:
@@ -495,9 +540,9 @@ class Study:
             rows.append(
                 LeaderboardRow(
                     number=t.number,
-                    state=t.state.name,
+                    state="CANCELLED" if record.cancelled is not None else t.state.name,
                     value=record.value,
-                    chunks_done=len(t.intermediate_values),
+                    chunks_done=record.committed,  # a warm clone's count includes the units it inherited
                     params=dict(t.params),
                     adapter=record.adapter,
                     reason=record.end_reason,
@@ -564,8 +609,12 @@ def create_study(
     objective: str | None = None,
     eval_settings: EvalSettings | None = None,
     chunk_seed: int | None = None,
+    report_to: str | Sequence[str] | None = None,
 ) -> Study:
     """Create (or, with `load_if_exists`, load) a study, exactly as `optuna.create_study` would.
+
+    `report_to` stores the trackers the study's trials report to (as `Study.optimize`'s `report_to`: one run per
+    trial, ``<study>-trial-<n>``, grouped by study); None leaves the stored value.
 
     `num_chunks`, `objective`, `eval_settings` and `chunk_seed` fix the study's settings now (`Study.optimize` says
     what they mean); those left out are fixed by the first `optimize`. Loading a study that has them stored, a
@@ -579,6 +628,7 @@ def create_study(
     _check_pruner(pruner)
     given = {"num_chunks": num_chunks, "objective": objective, "eval_settings": eval_settings, "chunk_seed": chunk_seed}
     _check_settings(given)
+    trackers = None if report_to is None else trackers_of(report_to)
     storage = open_storage(storage or "sqlite:///rfopt.db")
     study = optuna.create_study(
         study_name=study_name,
@@ -593,6 +643,8 @@ def create_study(
     stored = study_record(study).settings
     schema.write_settings(study, {name: value for name, value in _settings_record(fixed).items()
                                   if given[name] is not None and name not in stored})
+    if trackers is not None and stored.get("report_to") != trackers:
+        schema.write_settings(study, {"report_to": trackers})
     return made
 
 

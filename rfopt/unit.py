@@ -43,6 +43,7 @@ from .runner import TrialRunner
 from .scheduler import LiveTrial
 from .schema import TrialRef
 from .state import UnitReport
+from .trackers import Tracking
 
 logger = logging.getLogger("rfopt")
 
@@ -90,6 +91,8 @@ class Context:
     settings: EvalSettings
     pool: ModelPool
     workdir: Path
+    tracking: Tracking | None = None
+    """The trackers each chunk's trainer reports to (`rfopt.trackers`); None: none."""
     subscribers: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
     """rfopt's own listeners of committed units: one that raises is logged, and the run goes on."""
     callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
@@ -133,7 +136,8 @@ class Live:
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
                  ) -> TrialRunner:
-    return TrialRunner(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit)
+    return TrialRunner(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
+                       tracking=ctx.tracking)
 
 
 # ---------------------------------------------------------------------- 1. load
@@ -184,14 +188,15 @@ def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
     chunk = live.runner.train_chunk(should_stop=claim.lost)
     reach("chunk-trained", trial=number, unit=unit)
     train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
-    report = _report(ctx, live, unit, train)
+    report = _report(ctx, live, unit, train, steps=chunk.steps)
     claim.fence_checkpoint(number)
     ctx.store.save(number, live.runner.state(), report)
     reach("checkpoint-saved", trial=number, unit=unit)
     commit(ctx, live, report, claim)
 
 
-def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None) -> UnitReport:
+def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
+            steps: list[dict[str, float]] | None = None) -> UnitReport:
     result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
     value = result.objective(ctx.objective)
     if not math.isfinite(value):
@@ -202,14 +207,15 @@ def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None)
     metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics}
     if train is not None:
         metrics["train"] = train
-    return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples))
+    return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples),
+                      steps=list(steps or []))
 
 
 def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
     """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
     number = live.number
     claim.fence_commit(number, report.unit)
-    schema.write_unit(live.ref, report.unit, report.metrics, report.samples)
+    schema.write_unit(live.ref, report.unit, report.metrics, report.samples, report.steps)
     reach("metrics-stored", trial=number, unit=report.unit)
     live.trial.report(report.value, step=report.unit)
     reach("unit-committed", trial=number, unit=report.unit)

@@ -154,3 +154,25 @@ def reward_len_hooked(completions, **kwargs):
         REWARD_HOOK()
     return reward_len(completions, **kwargs)
 
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def chromium(profile_dir, width: int = 1400, height: int = 1000):
+    """A headless Chromium driven by selenium (Debian's chromium and chromium-driver), with its profile in
+    `profile_dir`; None when either is missing. Quit it when done."""
+    import shutil
+
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        return None
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", f"--window-size={width},{height}", f"--user-data-dir={profile_dir}"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

@@ -1,11 +1,13 @@
 """rfopt dashboard: control routes over real HTTP, access checks, artifacts, and the page in headless Chromium.
 
-The study is built synthetically (optuna plus the attrs the engine writes), so no model trains here.
+The study is built synthetically (optuna plus the attrs the engine writes), so no model trains here; a live study
+on the tiny model is tests/test_dashboard_live.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import urllib.error
@@ -15,17 +17,16 @@ from contextlib import contextmanager
 import optuna
 import pytest
 from optuna.trial import TrialState
+from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
-from rfopt.chunks import ChunkPlan
-from rfopt.cli import main as cli
 from rfopt import schema
 from rfopt.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
+from rfopt.charts import best_trial, colour, comparison
+from rfopt.chunks import ChunkPlan
+from rfopt.cli import main as cli
 from rfopt.dashboard import make_server, resolve_token
-from rfopt.schema import TrialRecord, metrics_key, samples_key
-from rfopt_testkit import trial_config
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+from rfopt.schema import StepColumns, TrialRecord, metrics_key, samples_key, steps_key
 
 
 # ---------------------------------------------------------------------- a study as the engine leaves it
@@ -79,6 +80,11 @@ def _commit_chunk(trial, unit, reward):
         for i in range(2)
     ])
     trial.set_user_attr(f"rfopt:pruning:{unit}", {"prune": False, "reason": "kept", "peers": [0], "pruner": "MedianPruner"})
+    # TRL's per-step logs: 4 optimizer steps a chunk, on the trial's global step.
+    steps = [{"step": 4 * unit + i + 1, "reward": reward + 0.01 * i, "rewards/reward_len/mean": reward,
+              "rewards/reward_vowels/mean": 0.05, "reward_std": 0.1, "entropy": 4.6 - 0.01 * i, "loss": 0.0,
+              "completions/mean_length": 7.5} for i in range(4)]
+    trial.storage.set_trial_system_attr(trial._trial_id, steps_key(unit), StepColumns.encode(steps))
     trial.report(reward, step=unit)
 
 
@@ -302,8 +308,9 @@ def test_publish_chunk_never_fails_the_trial(study, caplog):
 
 
 def test_plain_optuna_dashboard_shows_an_rfopt_study(study):
-    import optuna_dashboard
     from wsgiref.simple_server import make_server as wsgiref_server
+
+    import optuna_dashboard
 
     with running(wsgiref_server("127.0.0.1", 0, optuna_dashboard.wsgi(study.optuna._storage))) as server:
         status, detail, _ = call(server, "GET", f"/api/studies/{study.optuna._study_id}")
@@ -313,21 +320,176 @@ def test_plain_optuna_dashboard_shows_an_rfopt_study(study):
     assert {"rfopt:config", "rfopt:metrics:0001", "rfopt:samples:0000", "rfopt:pruning:1"} <= keys
 
 
+# ---------------------------------------------------------------------- the comparison charts
+def _figures(trials, direction=optuna.study.StudyDirection.MAXIMIZE):
+    return {f.key: f for f in comparison(trials, direction, "reward").figures}
+
+
+def _by_role(figure, role):
+    return [t for t in figure.data if t["meta"]["role"] == role]
+
+
+def test_every_metric_gets_one_chart_overlaying_every_trial_in_one_colour_each(study):
+    trials = _trials(study)
+    figures = _figures(trials)
+    assert list(figures) == ["objective", "reward", "rewards/reward_len/mean", "rewards/reward_vowels/mean",
+                             "reward_std", "entropy", "completions/mean_length", "loss"]  # no KL: none logged
+    for figure in figures.values():
+        assert [t["meta"]["trial"] for t in _by_role(figure, "series")] == [0, 1, 2]
+        assert {t["meta"]["trial"]: t["line"]["color"] for t in _by_role(figure, "series")} == {
+            n: colour(n) for n in range(3)}
+    assert len({colour(n) for n in range(3)}) == 3
+    objective = figures["objective"]
+    assert [t["x"] for t in _by_role(objective, "series")] == [[0, 1], [0], [0]]  # x: the chunk
+    # Per-step charts: TRL's global step, a boundary between chunk 0 (steps 1-4) and chunk 1 (5-8), and each chunk's
+    # evaluation at its last step.
+    reward = figures["reward"]
+    assert _by_role(reward, "series")[0]["x"] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [shape["x0"] for shape in reward.layout["shapes"]] == [4.5]
+    assert [a["text"] for a in reward.layout["annotations"]] == ["chunk 1"]
+    assert [(t["meta"]["trial"], t["x"]) for t in _by_role(reward, "eval")] == [(0, [4, 8]), (1, [4]), (2, [4])]
+    # Hover: the trial, its params and the value.
+    hover = _by_role(reward, "series")[1]["hovertemplate"]
+    params = _trials(study)[1].params
+    assert hover.startswith(f"<b>trial 1</b> · RUNNING<br>learning_rate={params['learning_rate']:.4g}<br>step %{{x}}")
+
+
+def test_the_best_trial_is_marked_in_every_chart_and_a_leader_while_none_is_complete(study):
+    trials = _trials(study)
+    assert best_trial(trials, optuna.study.StudyDirection.MAXIMIZE) == (0, "best")  # the only COMPLETE one
+    running = [t for t in trials if t.state == TrialState.RUNNING]
+    assert best_trial(running, optuna.study.StudyDirection.MAXIMIZE) == (2, "leading")  # 0.6 beats 0.4
+    assert best_trial(running, optuna.study.StudyDirection.MINIMIZE) == (1, "leading")
+    assert best_trial(trials, None) == (None, "")  # multi-objective: no single best
+    for figure in _figures(trials).values():
+        [star] = _by_role(figure, "best")
+        assert star["meta"]["trial"] == 0 and star["x"] == _by_role(figure, "series")[0]["x"][-1:]
+        assert _by_role(figure, "series")[0]["line"]["width"] > _by_role(figure, "series")[1]["line"]["width"]
+
+
+def test_a_pruned_trials_lines_end_where_it_ended_with_the_reason_on_hover(study):
+    storage = study.optuna._storage
+    frozen = _trials(study)[2]
+    reason = "best value 0.6 up to chunk 0 is below the median 0.7 of 2 peers at chunk 0 <b>"
+    storage.set_trial_user_attr(frozen._trial_id, "rfopt:pruning:0", {"prune": True, "reason": reason, "peers": [0, 1],
+                                                                      "pruner": "MedianPruner"})
+    storage.set_trial_state_values(frozen._trial_id, TrialState.PRUNED)
+    for figure in _figures(_trials(study)).values():
+        [end] = _by_role(figure, "end")
+        line = next(t for t in _by_role(figure, "series") if t["meta"]["trial"] == 2)
+        assert end["meta"]["trial"] == 2 and end["x"] == line["x"][-1:] and end["y"] == line["y"][-1:]
+        assert "ended here: best value 0.6 up to chunk 0 is below the median 0.7 of 2 peers at chunk 0 &lt;b&gt;" in (
+            end["hovertemplate"])  # escaped: Plotly renders tags in hover text
+
+
+def test_kl_gets_a_chart_only_when_some_trial_logged_it(study):
+    frozen = _trials(study)[1]
+    storage = study.optuna._storage
+    steps = [{"step": 1, "reward": 0.1, "kl": 0.02}, {"step": 2, "reward": 0.2, "kl": 0.03}]
+    storage.set_trial_system_attr(frozen._trial_id, steps_key(0), StepColumns.encode(steps))
+    kl = _figures(_trials(study))["kl"]
+    assert [(t["meta"]["trial"], t["y"]) for t in _by_role(kl, "series")] == [(1, [0.02, 0.03])]
+
+
+# ---------------------------------------------------------------------- the study page over HTTP
+def test_leaderboard_lists_the_best_trial_first_with_its_params_and_eval_rewards(study):
+    with serving(study.optuna._storage) as server:
+        status, page, headers = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")
+    assert status == 200 and "script-src 'self'" in headers["Content-Security-Policy"]
+    board = page[page.index("<table class='leaderboard'>"):page.index("</table>", page.index("leaderboard"))]
+    assert re.findall(r"<tr data-trial='(\d+)'>", board) == ["0", "2", "1"]  # best, then by value
+    for head in ("value", "learning_rate", "eval reward_len", "eval reward_vowels", "why it ended"):
+        assert f">{head}</th>" in board
+    assert "★ best" in board
+
+
+def test_plotly_js_and_the_pages_files_are_served_locally_with_caching_headers(study):
+    import gzip
+
+    import plotly
+    from plotly.offline import get_plotlyjs
+
+    with serving(study.optuna._storage) as server:
+        page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
+        path = f"/rfopt/static/plotly-{plotly.__version__}.min.js"
+        assert f"src='{path}'" in page and "https://" not in page
+        request = urllib.request.Request(f"http://127.0.0.1:{server.server_port}{path}",
+                                         headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body, headers = response.read(), response.headers
+        assert headers["Content-Encoding"] == "gzip" and "immutable" in headers["Cache-Control"]
+        assert gzip.decompress(body).decode() == get_plotlyjs()
+        assert call(server, "GET", "/rfopt/static/plotly-0.0.1.min.js")[0] == 404
+        for name in ("rfopt.js", "rfopt.css"):
+            status, text, headers = call(server, "GET", f"/rfopt/static/{name}")
+            assert status == 200 and text and headers["Cache-Control"] == "no-cache"
+
+
+def test_samples_show_each_reward_functions_score_escaped(study):
+    frozen = _trials(study)[2]
+    study.optuna._storage.set_trial_user_attr(frozen._trial_id, samples_key(0), [
+        {"prompt": "E0: <script>alert(1)</script>", "completion": "aei", "reward": 0.75, "reward_len": 0.375,
+         "reward_vowels": float("nan")}])
+    with serving(study.optuna._storage) as server:
+        page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
+        status, part, _ = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}/trials/2/samples")
+        assert call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}/trials/9/samples")[0] == 404
+    assert "/trials/2/samples" in page and "(1 chunk)" in page
+    assert status == 200
+    assert re.findall(r"<th>([^<]+)</th>", part) == ["#", "prompt", "completion", "reward (total)", "reward_len",
+                                                     "reward_vowels"]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in part and "<script>" not in part
+    assert "<td class='score'>0.75</td><td class='score'>0.375</td>" in part and "not scored" in part
+
+
+def test_cancel_route_takes_a_waiting_clone_out_of_the_queue_and_refuses_anything_else(study):
+    with serving(study.optuna._storage) as server:
+        assert call(server, "POST", api(study, 1, "clone"), {"set": ["learning_rate=0.004"]})[0] == 200
+        before = _snapshot(study)
+        status, body, _ = call(server, "POST", api(study, 2, "cancel"), {})
+        assert status == 400 and "only a WAITING clone that has not started can be cancelled" in body["error"]
+        assert _snapshot(study) == before
+        page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
+        assert "data-op='cancel' data-url='" + api(study, 3, "cancel") + "'" in page
+        status, body, _ = call(server, "POST", api(study, 3, "cancel"), {})
+        assert status == 200 and body["message"].startswith("trial 3: cancelled by dashboard (127.0.0.1)")
+        assert call(server, "POST", api(study, 3, "cancel"), {})[0] == 400
+        page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
+    clone = _trials(study)[3]
+    assert clone.state == TrialState.FAIL and TrialRecord(clone).cancelled.by == "dashboard (127.0.0.1)"
+    assert "data-trial='3' data-state='CANCELLED'" in page and api(study, 3, "cancel") not in page
+
+
+def test_withdraw_route_takes_back_a_pending_request_once(study):
+    with serving(study.optuna._storage) as server:
+        assert call(server, "POST", api(study, 2, "stop"), {})[0] == 200
+        page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
+        assert "data-op='withdraw' data-what='stop'" in page
+        trials = call(server, "GET", f"/rfopt/api/studies/{study.optuna._study_id}/trials")[1]["trials"]
+        assert [(t["number"], t["pending"], t["controls"]) for t in trials if t["number"] == 2] == [(2, ["stop"], ["clone"])]
+        status, body, _ = call(server, "POST", api(study, 2, "withdraw"), {"op": "stop"})
+        assert status == 200 and body["message"] == "trial 2: stop request withdrawn; it will not apply"
+        status, body, _ = call(server, "POST", api(study, 2, "withdraw"), {"op": "stop"})
+        assert status == 400 and "has no pending stop request" in body["error"]
+        assert call(server, "POST", api(study, 2, "withdraw"), {"what": "stop"})[0] == 400
+    record = TrialRecord(_trials(study)[2])
+    assert record.pending == [] and [(w.request.op, w.by) for w in record.withdrawn] == [("stop", "dashboard (127.0.0.1)")]
+
+
+def test_page_says_nobody_runs_a_study_that_never_ran_here(study):
+    with serving(study.optuna._storage) as server:
+        page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
+    assert "id='liveness' class='notice idle' data-running='false'>nobody is running this study" in page
+
+
 # ---------------------------------------------------------------------- the page in a browser
 @pytest.fixture
 def browser(tmp_path):
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install chromium chromium-driver")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    driver = chromium(tmp_path / "chromium")
+    if driver is None:
+        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "
+                    "apt-get install chromium chromium-driver")
     driver.implicitly_wait(5)
     try:
         yield driver
@@ -335,48 +497,62 @@ def browser(tmp_path):
         driver.quit()
 
 
-def test_page_shows_running_trials_charts_and_its_buttons_clone_and_stop(study, browser, tmp_path):
+def test_page_draws_overlaid_charts_and_answers_each_op_next_to_its_trial(study, browser, tmp_path):
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     # The page redraws its trial list when it refreshes: an element found just before a redraw is gone by the time
     # its text is read, and the wait looks again.
-    wait = WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,))
+    wait = WebDriverWait(browser, 15, ignored_exceptions=(StaleElementReferenceException,))
+
+    def card(number):
+        return browser.find_element(By.CSS_SELECTOR, f"section[data-trial='{number}']")
+
     with serving(study.optuna._storage) as server:
         browser.get(server.url(f"/rfopt/studies/{study.optuna._study_id}"))
-        card = browser.find_element(By.CSS_SELECTOR, "section[data-trial='2'][data-state='RUNNING']")
-        chart = card.find_element(By.CSS_SELECTOR, "svg.rfopt-chart[data-title='eval reward']")
-        assert int(chart.get_attribute("data-points")) == 3  # one chunk: total and two reward functions
-        assert len(chart.find_elements(By.CSS_SELECTOR, "circle")) == 3
-        kl = card.find_element(By.CSS_SELECTOR, "svg.rfopt-chart[data-title='KL']")
-        assert kl.find_element(By.CSS_SELECTOR, "polyline").get_attribute("data-series") == "kl"
-        paused = browser.find_element(By.CSS_SELECTOR, "section[data-trial='1']")
-        assert [b.get_attribute("data-op") for b in paused.find_elements(By.CSS_SELECTOR, "button.op")] == [
+        # Plotly drew the overlaid charts from the plotly.js the server sends: one series per trial.
+        series = wait.until(lambda d: d.execute_script(
+            "const el = document.getElementById('chart-rewards-reward-len-mean');"
+            "return el && el.data && el.data.filter(t => t.meta.role === 'series').map(t => t.meta.trial)"))
+        assert sorted(series) == [0, 1, 2]
+        assert browser.find_element(By.CSS_SELECTOR, "#chart-objective .main-svg")  # drawn, not only data
+        assert browser.find_elements(By.ID, "chart-kl") == []  # no trial logged KL: no empty box
+        assert [b.get_attribute("data-op") for b in card(1).find_elements(By.CSS_SELECTOR, "button.op")] == [
             "resume", "stop", "clone"]
         browser.save_screenshot(str(tmp_path / "rfopt-dashboard.png"))
 
-        # Clone trial 1: a bad field first (the reason is shown, nothing written), then a good one.
-        paused.find_element(By.CSS_SELECTOR, "details.clone summary").click()
-        box = paused.find_element(By.CSS_SELECTOR, "textarea[name='set']")
-        box.send_keys("nope=1")
-        paused.find_element(By.CSS_SELECTOR, "button.clone").click()
-        wait.until(lambda d: "unknown field" in d.find_element(By.ID, "status").text)
-        assert "error" in browser.find_element(By.ID, "status").get_attribute("class")
+        # A clone form stays open with what is typed in it while the page keeps refreshing its data.
+        card(1).find_element(By.CSS_SELECTOR, "details.clone summary").click()
+        card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']").send_keys("nope=1")
+        first = wait.until(lambda d: d.find_element(By.ID, "refreshed").text)
+        wait.until(lambda d: d.find_element(By.ID, "refreshed").text not in ("", first))
+        assert card(1).find_element(By.CSS_SELECTOR, "details.clone").get_attribute("open") is not None
+        assert card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']").get_attribute("value") == "nope=1"
+
+        # A bad field: the reason is shown on trial 1's card, nothing written; then a good clone.
+        card(1).find_element(By.CSS_SELECTOR, "button.clone").click()
+        wait.until(lambda d: "unknown field" in card(1).find_element(By.CSS_SELECTOR, ".feedback").text)
+        assert "error" in card(1).find_element(By.CSS_SELECTOR, ".feedback").get_attribute("class")
+        box = card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']")
         box.clear()
         box.send_keys("learning_rate=0.004\nlora_alpha=16")
-        paused.find_element(By.CSS_SELECTOR, "button.clone").click()
-        wait.until(lambda d: "trial 3: clone of trial 1" in d.find_element(By.ID, "status").text)
+        card(1).find_element(By.CSS_SELECTOR, "button.clone").click()
+        wait.until(lambda d: "trial 3: clone of trial 1" in card(1).find_element(By.CSS_SELECTOR, ".feedback").text)
+        assert "clone of trial 1" in card(3).find_element(By.CSS_SELECTOR, ".feedback").text
+        assert card(3).get_attribute("data-state") == "WAITING"
 
-        # Stop trial 2 (the page asks first).
-        browser.find_element(By.CSS_SELECTOR, "section[data-trial='2'] button.stop").click()
+        # Stop trial 2 (the page asks first), then withdraw the request from its card.
+        card(2).find_element(By.CSS_SELECTOR, "button.stop").click()
         wait.until(lambda d: _alert(d)).accept()
-        wait.until(lambda d: "trial 2: stop requested" in d.find_element(By.ID, "status").text)
-        # The list refreshed: trial 2 now says so and offers no more pause or stop.
-        wait.until(lambda d: "stop requested" in d.find_element(By.CSS_SELECTOR, "section[data-trial='2'] .notes").text)
+        wait.until(lambda d: "trial 2: stop requested" in card(2).find_element(By.CSS_SELECTOR, ".feedback").text)
+        wait.until(lambda d: card(2).find_elements(By.CSS_SELECTOR, "button.withdraw"))
         browser.implicitly_wait(0)
-        assert browser.find_elements(By.CSS_SELECTOR, "section[data-trial='2'] button.stop") == []
-        assert browser.find_element(By.CSS_SELECTOR, "section[data-trial='3'][data-state='WAITING']")
+        assert card(2).find_elements(By.CSS_SELECTOR, "button.stop") == []
+        assert TrialRecord(_trials(study)[2]).pending[-1].op == "stop"
+        card(2).find_element(By.CSS_SELECTOR, "button.withdraw").click()
+        wait.until(lambda d: "stop request withdrawn" in card(2).find_element(By.CSS_SELECTOR, ".feedback").text)
+        wait.until(lambda d: card(2).find_elements(By.CSS_SELECTOR, "button.stop"))
         browser.save_screenshot(str(tmp_path / "rfopt-dashboard-after-ops.png"))
 
     trials = _trials(study)
@@ -384,7 +560,8 @@ def test_page_shows_running_trials_charts_and_its_buttons_clone_and_stop(study, 
     clone = trials[3]
     assert clone.user_attrs["rfopt:clone"]["overrides"] == {"learning_rate": 0.004, "lora_alpha": 16}
     assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).peft_config.lora_alpha == 16
-    assert TrialRecord(trials[2]).pending[-1].op == "stop"
+    assert TrialRecord(trials[2]).pending == []
+    assert [w.request.op for w in TrialRecord(trials[2]).withdrawn] == ["stop"]
 
 
 def _alert(driver):

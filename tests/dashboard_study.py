@@ -1,0 +1,42 @@
+"""A live study for the dashboard's browser tests and screenshots (`rfopt run tests/dashboard_study.py`): 4 trials of
+the tiny model (its directory from ``RFOPT_TEST_TINY_MODEL``), 2 chunks, two reward functions, and a MedianPruner that
+stops the two trials that cannot learn (learning rate 0) after their first chunk, as in tests/test_pruning_e2e.py."""
+
+import os
+
+import optuna
+from rfopt_testkit import grpo_config, prompts_dataset, reward_len
+
+import rfopt
+
+LEARNING_RATES = (0.0, 0.05, 0.0, 0.02)
+CHUNKS = int(os.environ.get("RFOPT_TEST_CHUNKS", "2"))
+
+
+def reward_lowercase(completions, **kwargs):
+    """Fraction of lowercase letters in the completion: what the learners learn within a chunk."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch.islower() for ch in t) / max(1, len(t)) for t in texts]
+
+
+def configs():
+    return [
+        rfopt.TrialConfig(
+            model=os.environ["RFOPT_TEST_TINY_MODEL"],
+            reward_funcs=[reward_lowercase, reward_len],
+            args=grpo_config(learning_rate=lr, lr_scheduler_type="constant", per_device_train_batch_size=16),
+            peft_config=None,
+        )
+        for lr in LEARNING_RATES
+    ]
+
+
+STUDY = rfopt.StudySpec(
+    name="live",
+    configs=configs,
+    datasets=lambda: (prompts_dataset(16 * CHUNKS), prompts_dataset(8, "E")),
+    num_chunks=CHUNKS,
+    max_concurrent=len(LEARNING_RATES),
+    pruner=lambda: optuna.pruners.MedianPruner(n_startup_trials=3),
+    eval_settings=rfopt.EvalSettings(temperature=1.0),
+)

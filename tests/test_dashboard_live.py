@@ -1,0 +1,240 @@
+"""The dashboard page in headless Chromium on a live study: `rfopt run tests/dashboard_study.py` (4 trials of the tiny
+model, 2 chunks, two of them pruned after chunk 0) in a subprocess, the page open while it trains and after it exits.
+
+One study, server and browser for the whole module (the study runs once, ~15 s); each test then looks at the page.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+import pytest
+from crashkit import env, rfopt_command, start
+from optuna.trial import TrialState
+from rfopt_testkit import chromium
+
+from rfopt.dashboard import make_server
+from rfopt.schema import TrialRecord
+
+STUDY_FILE = Path(__file__).resolve().parent / "dashboard_study.py"
+
+
+@dataclass
+class Live:
+    storage: str
+    study_id: int
+    server: object
+    browser: object
+    log: Path
+    running_notice: str = ""
+    """The liveness notice the page showed while the study trained."""
+    states_seen: set[str] = field(default_factory=set)
+    """Trial states the page's cards showed while the study trained."""
+
+    @property
+    def page(self) -> str:
+        return self.server.url(f"/rfopt/studies/{self.study_id}")
+
+    def study(self) -> optuna.Study:
+        return optuna.load_study(study_name="live", storage=self.storage)
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model, tmp_path_factory):
+    pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    where = tmp_path_factory.mktemp("live")
+    browser = chromium(where / "chromium")
+    if browser is None:
+        pytest.skip("needs Debian's chromium and chromium-driver: apt-get install chromium chromium-driver")
+    storage = f"sqlite:///{where / 'live.db'}"
+    log = where / "run.log"
+    process = start(rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--no-progress", "--checkpoint-dir",
+                                  str(where / "ck")), where, env(tiny_model), log)
+    server = None
+    try:
+        study_id = _wait_for_study(where / "live.db", process, log)
+        server = make_server(storage, port=0)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        state = Live(storage, study_id, server, browser, log)
+        # While it trains: load the page until it says who runs the study (the study's process beats every 5 s).
+        from selenium.webdriver.common.by import By
+
+        while process.poll() is None and not state.running_notice:
+            browser.get(state.page)
+            notice = browser.find_element(By.ID, "liveness")
+            state.states_seen |= {c.get_attribute("data-state") for c in browser.find_elements(By.CSS_SELECTOR, "section.trial")}
+            if notice.get_attribute("data-running") == "true":
+                state.running_notice = notice.text
+            time.sleep(0.3)
+        assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
+        browser.implicitly_wait(5)
+        yield state
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        browser.quit()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _wait_for_study(path: Path, process, log: Path) -> int:
+    """The study's id once the running process has created it (read without writing: opening the storage here would
+    create Optuna's tables, racing the process that does)."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert process.poll() is None or process.returncode == 0, log.read_text()[-3000:]
+        try:
+            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                row = db.execute("SELECT study_id FROM studies WHERE study_name = 'live'").fetchone()
+        except sqlite3.Error:  # no database or no tables yet
+            row = None
+        if row is not None:
+            return row[0]
+        time.sleep(0.2)
+    raise AssertionError(f"the study never appeared: {log.read_text()[-3000:]}")
+
+
+def _wait(live: Live, condition, timeout: float = 20):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(live.browser, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(condition)
+
+
+def _chart(live: Live, key_id: str) -> list[dict]:
+    """The Plotly figure data the page drew in ``#chart-<key_id>`` (read back from the browser)."""
+    return _wait(live, lambda d: d.execute_script(
+        f"const el = document.getElementById('chart-{key_id}');"
+        "return el && el.data && el.data.map(t => ({x: t.x, y: t.y, meta: t.meta, name: t.name}))"))
+
+
+def _open(live: Live) -> None:
+    if live.browser.current_url != live.page:
+        live.browser.get(live.page)
+
+
+# ---------------------------------------------------------------------- the tests
+def test_page_says_who_runs_the_study_while_it_trains_and_that_nobody_does_after_it_exits(live):
+    from selenium.webdriver.common.by import By
+
+    assert live.running_notice.startswith("running: ") and "(run)" in live.running_notice
+    assert "RUNNING" in live.states_seen
+    _open(live)
+    _wait(live, lambda d: d.find_element(By.ID, "liveness").text.startswith("nobody is running this study"))
+    assert live.browser.find_element(By.ID, "liveness").get_attribute("data-running") == "false"
+
+
+def test_objective_chart_has_one_series_per_trial_and_stars_the_best(live):
+    study = live.study()
+    _open(live)
+    data = _chart(live, "objective")
+    series = [t for t in data if t["meta"]["role"] == "series"]
+    assert sorted(t["meta"]["trial"] for t in series) == [0, 1, 2, 3]
+    for trace in series:
+        assert trace["y"] == list(study.trials[trace["meta"]["trial"]].intermediate_values.values())
+    [star] = [t for t in data if t["meta"]["role"] == "best"]
+    assert star["meta"]["trial"] == study.best_trial.number and star["y"] == [study.best_value]
+    assert star["name"] == f"★ best: trial {study.best_trial.number}"
+
+
+def test_sorting_the_leaderboard_by_value_puts_the_best_first(live):
+    from selenium.webdriver.common.by import By
+
+    best = live.study().best_trial.number
+    _open(live)
+    heads = {th.text: th for th in live.browser.find_elements(By.CSS_SELECTOR, "table.leaderboard th")}
+    heads["trial"].click()  # by number first, so that the next sort has something to undo
+    heads["trial"].click()  # descending: the highest number on top
+    assert live.browser.find_element(By.CSS_SELECTOR, "table.leaderboard tbody tr").get_attribute("data-trial") == "3"
+    live.browser.find_element(By.XPATH, "//table[@class='leaderboard']//th[text()='value']").click()
+    rows = live.browser.find_elements(By.CSS_SELECTOR, "table.leaderboard tbody tr")
+    assert rows[0].get_attribute("data-trial") == str(best)
+    values = [float(r.find_elements(By.TAG_NAME, "td")[2].get_attribute("data-sort")) for r in rows]
+    assert values == sorted(values, reverse=True)  # maximize: the best value first
+
+
+def test_a_pruned_trials_series_ends_at_its_last_step_with_its_reason_on_hover(live):
+    from selenium.webdriver.common.by import By
+
+    study = live.study()
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert pruned, "precondition: the MedianPruner pruned the trials that cannot learn"
+    trial = pruned[0]
+    record = TrialRecord(trial)
+    reason = record.decision(max(trial.intermediate_values)).reason
+    last_step = max(row["step"] for row in record.step_metrics())
+    _open(live)
+    data = _chart(live, "reward")
+    [line] = [t for t in data if t["meta"] == {"trial": trial.number, "role": "series", "state": "PRUNED"}]
+    [end] = [i for i, t in enumerate(data) if t["meta"]["role"] == "end" and t["meta"]["trial"] == trial.number]
+    assert line["x"][-1] == last_step < max(max(t["x"]) for t in data if t["meta"]["role"] == "series")
+    assert data[end]["x"] == [last_step]
+    # Hover the cross as a person would (Plotly's hover on that point): the box gives the reason.
+    live.browser.execute_script(
+        f"Plotly.Fx.hover(document.getElementById('chart-reward'), [{{curveNumber: {end}, pointNumber: 0}}])")
+    hover = _wait(live, lambda d: d.find_element(By.CSS_SELECTOR, "#chart-reward .hoverlayer").text)
+    assert f"trial {trial.number}" in hover and "PRUNED" in hover
+    assert f"ended here: {reason}" in " ".join(hover.split())
+
+
+def test_samples_with_each_reward_functions_score_are_visible(live):
+    from selenium.webdriver.common.by import By
+
+    best = live.study().best_trial
+    samples = TrialRecord(best).samples()
+    _open(live)
+    card = live.browser.find_element(By.CSS_SELECTOR, f"section[data-trial='{best.number}']")
+    card.find_element(By.CSS_SELECTOR, "details.samples summary").click()
+    table = _wait(live, lambda d: card.find_element(By.CSS_SELECTOR, "details.unit[open] table.samples"))
+    heads = [th.text for th in table.find_elements(By.TAG_NAME, "th")]
+    assert heads == ["#", "prompt", "completion", "reward (total)", "reward_lowercase", "reward_len"]
+    first = samples[max(samples)][0]
+    cells = [td.text for td in table.find_elements(By.CSS_SELECTOR, "tbody tr")[0].find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == first["prompt"]
+    assert [float(c) for c in cells[3:]] == pytest.approx(
+        [first["reward"], first["reward_lowercase"], first["reward_len"]], abs=5e-4)
+    assert table.is_displayed()
+
+
+def test_cancelling_a_waiting_clone_from_the_page_takes_it_out_of_the_queue(live):
+    from selenium.webdriver.common.by import By
+
+    def card(number):
+        return live.browser.find_element(By.CSS_SELECTOR, f"section[data-trial='{number}']")
+
+    _open(live)
+    # Nobody runs the study any more: a clone made now waits, and the page says so.
+    card(1).find_element(By.CSS_SELECTOR, "details.clone summary").click()
+    card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']").send_keys("learning_rate=0.03")
+    card(1).find_element(By.CSS_SELECTOR, "button.clone").click()
+    _wait(live, lambda d: "trial 4: clone of trial 1" in card(1).find_element(By.CSS_SELECTOR, ".feedback").text)
+    notice = _wait(live, lambda d: "1 WAITING trial (clone 4)" in d.find_element(By.ID, "liveness").text
+                   and d.find_element(By.ID, "liveness"))
+    assert notice.text.startswith("nobody is running this study") and "warn" in notice.get_attribute("class")
+    assert live.study().trials[4].state == TrialState.WAITING
+
+    card(4).find_element(By.CSS_SELECTOR, "button.cancel").click()
+    _wait(live, lambda d: _alert(d)).accept()
+    _wait(live, lambda d: "trial 4: cancelled by dashboard" in card(4).find_element(By.CSS_SELECTOR, ".feedback").text)
+    _wait(live, lambda d: card(4).get_attribute("data-state") == "CANCELLED")
+    _wait(live, lambda d: "WAITING" not in d.find_element(By.ID, "liveness").text)
+    clone = live.study().trials[4]
+    assert clone.state == TrialState.FAIL and TrialRecord(clone).cancelled is not None
+    assert live.study().get_trials(states=[TrialState.WAITING]) == []
+
+
+def _alert(driver):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        return driver.switch_to.alert
+    except NoAlertPresentException:
+        return False

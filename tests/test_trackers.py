@@ -1,0 +1,74 @@
+"""Trials' TRL logs in the user's tracker through TRL's own ``report_to``: one run per trial, per-step scalars on the
+trial's global step, a resumed trial continuing its run, and results bit-identical with the tracker on."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from rfopt_testkit import prompts_dataset, trial_config
+from safetensors.torch import load_file
+
+import rfopt
+from rfopt.cli import _parser
+from rfopt.schema import TrialRecord
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                                        reason="tensorboard is not installed: pip install -e '.[test]'")
+
+TRAIN, EVAL = prompts_dataset(4), prompts_dataset(2, "E")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _adapter(study, number):
+    return load_file(TrialRecord(study.optuna.trials[number]).adapter + "/adapter_model.safetensors")
+
+
+def test_tensorboard_gets_one_run_per_trial_with_per_step_scalars_and_the_same_results(
+        tiny_model, tmp_path, monkeypatch):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
+    plain = rfopt.create_study(study_name="plain", storage=f"sqlite:///{tmp_path / 'plain.db'}", num_chunks=2)
+    plain.optimize(configs, TRAIN, EVAL, show_progress_bar=False)
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    tracked = rfopt.create_study(study_name="tracked", storage=f"sqlite:///{tmp_path / 'tracked.db'}", num_chunks=2,
+                                 report_to="tensorboard")
+
+    def interrupt(number, step, value):
+        if (number, step) == (0, 0):
+            raise Interrupted  # the run ends after trial 0's first chunk; trial 0 stays resumable
+
+    with pytest.raises(Interrupted):
+        tracked.optimize(configs, TRAIN, EVAL, show_progress_bar=False, on_unit=interrupt)
+    tracked.optimize(configs, TRAIN, EVAL, show_progress_bar=False)  # continues trial 0, runs trial 1
+
+    runs = sorted(p.name for p in (tmp_path / "tb" / "tracked").iterdir())
+    assert runs == ["trial-0", "trial-1"]  # one run per trial, grouped under the study
+    for number in (0, 1):
+        run = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "tracked" / f"trial-{number}"))
+        run.Reload()
+        tags = run.Tags()["scalars"]
+        assert {"train/reward", "train/loss", "train/learning_rate", "train/rewards/reward_len/mean"} <= set(tags)
+        rewards = run.Scalars("train/reward")
+        assert [e.step for e in rewards] == [1, 2, 3, 4]  # both chunks, one global step axis
+        stored = TrialRecord(tracked.optuna.trials[number]).step_metrics()
+        assert [e.value for e in rewards] == pytest.approx([row["reward"] for row in stored])
+    resumed = Path(tmp_path / "tb" / "tracked" / "trial-0")
+    assert len(list(resumed.glob("events.out.tfevents.*"))) == 2  # each chunk's trainer appended to the trial's run
+
+    for number in (0, 1):
+        a, b = plain.optuna.trials[number], tracked.optuna.trials[number]
+        assert a.intermediate_values == b.intermediate_values and a.value == b.value
+        weights_a, weights_b = _adapter(plain, number), _adapter(tracked, number)
+        assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    assert tracked.optuna.user_attrs["rfopt:report_to"] == ["tensorboard"]
+
+
+def test_report_to_is_checked_before_anything_runs_and_the_cli_takes_it(tmp_path):
+    with pytest.raises(ValueError, match=r"report_to: unknown tracker \['tensorbord'\]"):
+        rfopt.create_study(study_name="x", storage=f"sqlite:///{tmp_path / 'x.db'}", report_to="tensorbord")
+    for command in ("run", "worker"):
+        args = _parser().parse_args([command, "arithmetic", "--report-to", "tensorboard", "--report-to", "mlflow"])
+        assert args.report_to == ["tensorboard", "mlflow"]
