@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from . import ops, schema, unit
+from . import crashpoints, ops, schema, unit
 from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
 from .leases import LeaseLost
@@ -272,7 +272,9 @@ class Roster:
         if plan is None:
             plan = self._plan_exploit(pbt, step, n_steps)
             schema.write_pbt_step(self.study, plan)
+            crashpoints.reach("pbt-planned", trial=-1, unit=step)
         clones: dict[int, int | str] = {r.trial: self._replacement(r) for r in plan.replacements}
+        crashpoints.reach("pbt-cloned", trial=-1, unit=step)
         for live in pending:
             number = live.number
             prune, reason = False, plan.reasons.get(number)
