@@ -19,8 +19,9 @@ PBT settings (the same for every seed; ``seed=`` the seed):
 - ``collapse``: ``PopulationBasedTraining(interval=2, quantile=0.25, seed=s)``: every 2 chunks the bottom 3 of 12
   are replaced by warm clones of the top 3 with learning_rate x0.8 / x1.25 (or resampled with p=0.25 within the
   list's range) and lr_scheduler_type resampled with p=0.25. Compute: 96, the same as (a) by construction.
-- ``steady``: the same with ``max_units=48`` (half of (a)): the bottom 3 are stopped without a replacement while
-  finishing the population would exceed 48 units; once it fits, replaced as above.
+- ``steady``: the same with ``max_units=48`` (half of (a)): at the first exploit step (after chunk 2; 24 units
+  spent) the bottom 8 are stopped without a replacement (24 + 4 x 6 = 48); the 4 left are a population that
+  replaces its bottom 1 by a clone of its top 1 after chunks 4 and 6.
 
     python bench/pbt.py --sweep collapse --threads 1          # 10 seeds, tens of minutes on a busy 2-core machine
     python bench/pbt.py --sweep steady --threads 1
@@ -45,9 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-import pruning as sweeps  # noqa: E402  (bench/pruning.py: sweeps, configs, reward, SHA replay; sets up paths)
-
-import optuna  # noqa: E402
+import optuna
+import pruning as sweeps
 
 
 @dataclass
@@ -98,8 +98,9 @@ def lineage_of(study: Any, number: int, order: list[str]) -> str:
 
 def train_pbt(model_path: Path, seed: int, order: list[str], args: argparse.Namespace, workdir: Path,
               explore: str) -> PbtRun:
-    import rfopt
     from rfopt_testkit import prompts_dataset
+
+    import rfopt
 
     name = f"pbt-{explore}"
     sampler = optuna.samplers.TPESampler(seed=seed) if explore == "sampler" else None

@@ -30,8 +30,8 @@ from optuna.trial import FrozenTrial, TrialState
 from . import crashpoints, ops, schema, unit
 from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
-from .leases import LeaseLost
 from .config import ConfigError, TrialConfig, override_dict
+from .leases import LeaseLost
 from .pruning import Member, PopulationBasedTraining, decide, plan_step
 from .runner import ChunkAborted
 from .scheduler import completed_rungs

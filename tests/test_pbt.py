@@ -9,15 +9,19 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from crashkit import assert_same_study, env, rfopt_command, run, trials
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.trial import TrialState
+from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
-from crashkit import assert_same_study, env, rfopt_command, run, trials
 from rfopt.checkpoints import CheckpointStore
 from rfopt.pruning import Member, load_decision, perturb, plan_step
 from rfopt.schema import TrialRecord, load_pbt_step, study_record
-from rfopt_testkit import prompts_dataset, trial_config
 
 TRAIN, EVAL = prompts_dataset(12), prompts_dataset(2, "E")
 PBT_STUDY = Path(__file__).resolve().parent / "tiny_pbt_study.py"
@@ -135,13 +139,18 @@ def test_the_plan_is_the_same_whichever_order_the_members_reported_in():
 def test_a_unit_budget_stops_the_bottom_without_a_replacement():
     study = _reported(list(range(8)), [0.3, 0.9, 0.5, 0.8, 0.1, 0.7, 0.2, 0.6])
     members = [Member(t, t.intermediate_values[0], 3) for t in study.get_trials()]
-    pbt = rfopt.PopulationBasedTraining(max_units=16, seed=0)
+    pbt = rfopt.PopulationBasedTraining(max_units=26, seed=0)
     plan = plan_step(pbt, study, 0, 4, members, 8, {m.number: ["learning_rate"] for m in members})
-    assert plan.replacements == () and plan.stopped == (6, 4)  # 8 + 8 x 3 = 32 units > 16
-    assert "over max_units=16" in plan.reasons[4]
-    # At the last exploit step, as many as the budget needs: 12 spent + 8 x 1 left = 20, so 4 stop.
-    plan = plan_step(pbt, study, 2, 4, [Member(m.trial, m.value, 1) for m in members], 12, {})
+    # 8 spent + 8 x 3 left = 32 units > 26: the quantile (2) stopped is enough (8 + 6 x 3 = 26).
+    assert plan.replacements == () and plan.stopped == (6, 4)
+    assert "over max_units=26" in plan.reasons[4]
+    # More than the quantile where the budget needs it: 12 spent + 8 x 1 left = 20 > 16, so 4 stop.
+    plan = plan_step(rfopt.PopulationBasedTraining(max_units=16), study, 2, 4,
+                     [Member(m.trial, m.value, 1) for m in members], 12, {})
     assert plan.stopped == (2, 0, 6, 4)
+    # Within the budget: replacements as usual.
+    plan = plan_step(rfopt.PopulationBasedTraining(max_units=32), study, 0, 4, members, 8, {})
+    assert plan.stopped == () and [r.trial for r in plan.replacements] == [6, 4]
 
 
 # ---------------------------------------------------------------------- a real study

@@ -80,13 +80,13 @@ Example::
 """
 
 from rfopt.pruning._decide import decide
-from rfopt.pruning._pbt import Member, PopulationBasedTraining, perturb, plan_step
 from rfopt.pruning._decision import (
     DECISION_ATTR_PREFIX,
     PruneDecision,
     decision_key,
     load_decision,
 )
+from rfopt.pruning._pbt import Member, PopulationBasedTraining, perturb, plan_step
 
 __all__ = [
     "DECISION_ATTR_PREFIX",

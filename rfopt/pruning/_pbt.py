@@ -10,8 +10,8 @@ and
   seeded random generator), warm-started from that parent's checkpoint at the step, with the explored params
   perturbed by one of ``factors`` or resampled with ``resample_probability``, within the parent's Optuna
   distributions (or asked of the study's sampler, ``explore="sampler"``);
-- or, while the population would train more than ``max_units`` chunk units to the end, stops them without a
-  replacement.
+- or, where the population would train more than ``max_units`` chunk units to the end, stops as many of the
+  bottom as the budget needs (at least the quantile) without a replacement.
 
 A replacement continues from its parent's step, so the population trains at most ``population x chunks`` units,
 the compute of training every initial member to the end (``max_units`` lowers it).
@@ -31,7 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
@@ -59,9 +64,10 @@ class PopulationBasedTraining(BasePruner):
         explore: ``"perturb"`` (factors and resampling) or ``"sampler"``: ask the study's Optuna sampler (a copy
             of it, so the study's own is not advanced) for the explored params, given every trial's value at the
             step (members as COMPLETE trials with that value, trials stopped earlier as PRUNED).
-        max_units: a compute budget in chunk units for the whole study. While finishing every member would exceed
-            it, the bottom quantile is stopped without a replacement (at the last exploit step, as many as the
-            budget needs). None: no budget beyond ``population x chunks``.
+        max_units: a compute budget in chunk units for the whole study. At an exploit step where finishing every
+            member would exceed it, the bottom members are stopped without a replacement: as many as the budget
+            needs, at least the quantile (one member is always kept). None: no budget beyond
+            ``population x chunks``.
         seed: seeds the choices (parents, factors, resampling); None draws a fresh seed for each step. Either way
             each step's plan is stored before it is carried out, so a resumed study carries out the same plan.
 
@@ -182,10 +188,10 @@ def plan_step(
 
     projected = spent_units + sum(m.units_left for m in ranking)
     if pbt.max_units is not None and projected > pbt.max_units and n >= 2:
-        last = not any(pbt.is_exploit_step(s, n_steps) for s in range(step + 1, n_steps))
+        # Each member stopped now saves the units it has left: stop as many as the budget needs (at least the
+        # quantile), so that the population trains within it from here on (replacements keep its size).
         saves = max(1, n_steps - 1 - step)
-        if last:
-            count = max(count, math.ceil((projected - pbt.max_units) / saves))
+        count = max(count, math.ceil((projected - pbt.max_units) / saves))
         stopped = ranking[max(1, n - count):]
         for m in stopped:
             rank = numbers.index(m.number) + 1
@@ -243,7 +249,7 @@ def _within(value: float, dist: FloatDistribution | IntDistribution) -> Any:
         value = dist.low + round((value - dist.low) / dist.step) * dist.step
         value = min(value, dist.high)
     if isinstance(dist, IntDistribution):
-        return int(round(value))
+        return round(value)
     return float(value)
 
 
