@@ -16,6 +16,7 @@ from .chunks import ChunkPlan, PlanError, TrialSchedule, trial_schedule
 from .config import ConfigError, TrialConfig
 from .evaluation import EvalResult, EvalSettings, RewardFunctionError
 from .models import ModelUnavailableError
+from .pruning import PopulationBasedTraining
 from .runner import TrialRunner
 from .spaces import grid
 from .storage import StorageLocationError, StorageUnavailableError
@@ -32,6 +33,7 @@ __all__ = [
     "LeaderboardRow",
     "ModelUnavailableError",
     "PlanError",
+    "PopulationBasedTraining",
     "RewardFunctionError",
     "StorageLocationError",
     "StorageUnavailableError",

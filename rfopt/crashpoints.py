@@ -26,6 +26,8 @@ POINTS = (
     "metrics-stored",      # the unit's metrics are in storage, its report is not
     "unit-committed",      # the unit's report is in storage: the unit is committed
     "trial-finishing",     # the finished trial's adapter is saved, the trial not yet told COMPLETE
+    "pbt-planned",         # population-based training's plan for a step is stored; no clone made yet
+    "pbt-cloned",          # the step's clones are made; no member's decision is stored yet
 )
 
 _counts: dict[str, int] = {}

@@ -5,10 +5,12 @@ Each round:
 1. reconcile every RUNNING trial with storage (`Roster.reconcile_all`): trials other processes asked,
    moved on or ended; ends a crash left untold;
 2. apply pending pause/resume/stop requests, under each trial's claim;
-3. decide every complete rung (`rfopt.pruning`);
+3. decide every complete rung (`rfopt.pruning`; population-based training's steps under the asking lock, since
+   they make clones);
 4. ask new trials while slots are free, one asker at a time (`Coordinator.asking`);
 5. pick the next trial, least progress first among those no other process holds (`rfopt.scheduler`),
-   and under its claim run one unit of it (`Roster.work_on` -> `rfopt.unit`).
+   and under its claim run one unit of it (`Roster.work_on` -> `rfopt.unit`); a trial at an exploit step of
+   population-based training waits until that step is decided.
 
 It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
 resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`), before it starts
@@ -53,7 +55,12 @@ def drive(
                     with coordinator.claim(live.number) as claim:
                         if claim is not None:
                             roster.apply_requests(live, live.ref.read())
-            roster.decide_rungs()
+            if roster.pbt is None:
+                roster.decide_rungs()
+            elif roster.rungs_to_decide():  # population-based training makes clones: one process at a time
+                with coordinator.asking() as allowed:
+                    if allowed:
+                        roster.decide_rungs()
             asking = lambda: more_to_ask() and not compat.stop_requested(study)  # noqa: E731
             if roster.wants_to_ask(records, max_concurrent, asking):
                 with coordinator.asking() as allowed:
@@ -66,7 +73,8 @@ def drive(
                         roster.work_on(live, claim)
             if on_progress is not None:
                 on_progress(roster.progress())
-            free = [live.candidate() for live in roster.live.values() if live.number not in busy]
+            held = roster.held_at_exploit()  # waiting for population-based training's decision at their step
+            free = [live.candidate() for live in roster.live.values() if live.number not in busy | held]
             pick = next_trial(free, roster.resident_models())
             if pick is None:
                 if roster.active() == 0 and not asking():

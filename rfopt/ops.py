@@ -273,6 +273,8 @@ def clone(
     plan: ChunkPlan,
     checkpoints: Any,
     by: str | None = None,
+    token: str | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> Clone:
     """Enqueue a clone of trial `parent_number`. Nothing is written if anything is invalid.
 
@@ -281,6 +283,10 @@ def clone(
     a warm start the parent's checkpoint and an unchanged adapter shape. The parent's own reward functions are
     imported if they can be; where they cannot (a dashboard that does not have the study's code), the clone is
     still made, checked in every other way, and `Clone.notes` says so: the process running the study imports them.
+
+    `token` names the clone's lineage (default: a new one), so that a caller can find it again (`clone_with_token`);
+    `params` gives the clone's Optuna params where the caller knows them (population-based training explores params
+    and derives the overrides from them).
     """
     parent = TrialRecord(_trial(study, parent_number))
     if parent.config_json is None:
@@ -309,8 +315,11 @@ def clone(
                 "nothing left to train"
             )
     lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
-                      by=by or schema.who(), at=schema.now())
+                      by=by or schema.who(), at=schema.now(), **({"token": token} if token else {}))
+    explored = dict(params or {})
     params, distributions = _clone_params(study, parent.trial, overrides)
+    params.update({name: value for name, value in explored.items()
+                   if name in distributions and _admits(distributions[name], value)})
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.WAITING,
@@ -328,6 +337,24 @@ def clone(
     if state is not None:
         checkpoints.save_warm_start(number, state.weights, parent_number, start_unit)
     return Clone(number, tuple(notes))
+
+
+def clone_with_token(study: optuna.Study, token: str) -> int | None:
+    """The number of the clone whose lineage has `token`, or None if no such clone was made."""
+    for t in study.get_trials(deepcopy=False):
+        lineage = TrialRecord(t).lineage
+        if lineage is not None and lineage.token == token:
+            return t.number
+    return None
+
+
+def warm_start_refusal(parent: Mapping[str, Any], child: Mapping[str, Any]) -> str | None:
+    """Why a warm start from config dict `parent` to `child` is refused (a model or adapter shape change), or None."""
+    try:
+        _check_warm_compatible(dict(parent), dict(child), -1)
+    except OpError as exc:
+        return str(exc).split(": ", 1)[-1]
+    return None
 
 
 def clone_in_study(study: optuna.Study, parent_number: int, overrides: Mapping[str, Any], *, warm_start: bool,

@@ -27,15 +27,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from . import ops, schema, unit
+from . import crashpoints, ops, schema, unit
 from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
-from .config import TrialConfig
+from .config import ConfigError, TrialConfig, override_dict
 from .leases import LeaseLost
-from .pruning import decide
+from .pruning import Member, PopulationBasedTraining, decide, plan_step
 from .runner import ChunkAborted
 from .scheduler import completed_rungs
-from .schema import TrialRecord, TrialRef
+from .schema import PruneDecision, TrialRecord, TrialRef
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
@@ -208,17 +208,46 @@ class Roster:
                 live.loaded = False
 
     # ------------------------------------------------------------------ rungs
+    @property
+    def pbt(self) -> PopulationBasedTraining | None:
+        """The study's population-based training, if its pruner is one."""
+        pruner = self.study.pruner
+        return pruner if isinstance(pruner, PopulationBasedTraining) else None
+
+    def _pending(self, step: int) -> list[Live]:
+        # A trial that trained all its units is finished, not judged (another worker may be telling it so).
+        return [live for live in self.live.values()
+                if step not in live.decided and live.committed > step and not live.finished]
+
+    def rungs_to_decide(self) -> bool:
+        """Whether `decide_rungs` has anything to decide now."""
+        complete = completed_rungs([live.candidate() for live in self.live.values()])
+        return any(self._pending(step) for step in range(complete))
+
+    def held_at_exploit(self) -> set[int]:
+        """Live trials that reported an exploit step of population-based training whose decision is not stored yet:
+        they train on only after it (so a parent's latest checkpoint is the one its clones start from)."""
+        pbt = self.pbt
+        if pbt is None:
+            return set()
+        n_steps = self._n_steps()
+        return {live.number for live in self.live.values()
+                if not live.finished and live.committed - 1 not in live.decided
+                and pbt.is_exploit_step(live.committed - 1, n_steps)}
+
     def decide_rungs(self) -> None:
-        """Decide every rung that every live trial has reached (`rfopt.pruning`); prune the trials it drops."""
+        """Decide every rung that every live trial has reached (`rfopt.pruning`); prune the trials it drops. Under
+        population-based training, call it while asking is allowed (it makes clones)."""
         complete = completed_rungs([live.candidate() for live in self.live.values()])
         if not complete:
             return
         n_steps = self._n_steps()
         for step in range(complete):
-            # A trial that trained all its units is finished, not judged (another worker may be telling it so).
-            pending = [live for live in self.live.values()
-                       if step not in live.decided and live.committed > step and not live.finished]
+            pending = self._pending(step)
             if not pending:
+                continue
+            if self.pbt is not None:
+                self._exploit(self.pbt, step, pending, n_steps)
                 continue
             try:
                 decisions = decide(self.study, [live.number for live in pending], step, self.study.pruner,
@@ -233,6 +262,100 @@ class Roster:
                 live.decided.add(step)
                 if decision.prune:
                     self._tell_pruned(live.number, decision.reason)
+
+    # ------------------------------------------------------------------ population-based training
+    def _exploit(self, pbt: PopulationBasedTraining, step: int, pending: list[Live], n_steps: int) -> None:
+        """Carry out population-based training's plan for `step`: stored first (so a crash is finished from it, not
+        decided again), then the clones made (each once: found again by its token), then every pending member's
+        decision stored, then the replaced and stopped members told PRUNED."""
+        plan = schema.load_pbt_step(self.study, step)
+        if plan is None:
+            plan = self._plan_exploit(pbt, step, n_steps)
+            schema.write_pbt_step(self.study, plan)
+            crashpoints.reach("pbt-planned", trial=-1, unit=step)
+        clones: dict[int, int | str] = {r.trial: self._replacement(r) for r in plan.replacements}
+        crashpoints.reach("pbt-cloned", trial=-1, unit=step)
+        for live in pending:
+            number = live.number
+            prune, reason = False, plan.reasons.get(number)
+            if reason is None:
+                reason = f"kept: not in the population at chunk {step} (it was paused, or joined later)"
+            elif number in clones:
+                made = clones[number]
+                if isinstance(made, int):
+                    prune, reason = True, f"{reason} (trial {made})"
+                else:
+                    reason = f"kept: its replacement could not be made ({made})"
+            elif number in plan.stopped:
+                prune = True
+            decision = PruneDecision(trial_number=number, step=step, prune=prune, reason=reason,
+                                     peers=tuple(n for n in plan.ranking if n != number),
+                                     pruner=type(pbt).__name__)
+            schema.write_decision(live.ref, decision)
+            live.decided.add(step)
+            if prune:
+                self._tell_pruned(number, reason)
+
+    def _plan_exploit(self, pbt: PopulationBasedTraining, step: int, n_steps: int) -> schema.PbtStep:
+        trials = self.study.get_trials(deepcopy=False)
+        members = []
+        for t in trials:
+            record = TrialRecord(t)
+            if t.state == TrialState.RUNNING and step in t.intermediate_values and not record.paused:
+                units = record.num_units or n_steps
+                members.append(Member(t, t.intermediate_values[step], max(0, units - step - 1)))
+        spent = sum(len(t.intermediate_values) for t in trials)
+        explorable = {m.number: self._explorable(pbt, m.trial) for m in members}
+        return plan_step(pbt, self.study, step, n_steps, members, spent, explorable)
+
+    def _explorable(self, pbt: PopulationBasedTraining, parent: FrozenTrial) -> list[str]:
+        """The params a clone of `parent` may change: those named (or all searched ones) that a warm start allows:
+        changing the model, or the adapter's shape, would not load the parent's weights."""
+        names = pbt.params if pbt.params is not None else tuple(parent.params)
+        stored = TrialRecord(parent).config_json
+        if stored is None:
+            return []
+        data = TrialConfig.config_dict(stored)
+        found = []
+        for name in names:
+            dist = parent.distributions.get(name)
+            if dist is None:
+                continue
+            other = _another_value(dist, parent.params[name])
+            if other is None:
+                continue
+            try:
+                overrides = self.space.overrides_for(parent, {**parent.params, name: other})
+                child, _ = override_dict(data, overrides)
+            except (ConfigError, ValueError, TypeError):
+                continue
+            if ops.warm_start_refusal(data, child) is None:
+                found.append(name)
+        return found
+
+    def _replacement(self, replacement: schema.Replacement) -> int | str:
+        """The clone that replaces a member (made now, or found made before a crash), or why it cannot be made."""
+        number = ops.clone_with_token(self.study, replacement.token)
+        if number is not None:
+            try:  # a crash may have come between the clone and its warm-start weights
+                self.ctx.store.load_warm_start(number)
+            except Exception:  # noqa: BLE001 - absent or unreadable: copy them again from the parent
+                state = self.ctx.store.load(replacement.parent)
+                self.ctx.store.save_warm_start(number, state.weights, replacement.parent, state.units_done)
+            return number
+        parent = self.study.get_trials(deepcopy=False)[replacement.parent]
+        try:
+            overrides = self.space.overrides_for(parent, replacement.params)
+            made = ops.clone(self.study, replacement.parent, overrides, warm_start=True, plan=self.ctx.plan,
+                             checkpoints=self.ctx.store, by=type(self.pbt).__name__, token=replacement.token,
+                             params=replacement.params)
+        except (ops.OpError, ConfigError, ValueError) as exc:
+            logger.warning("trial %d: its replacement by a clone of trial %d could not be made: %s",
+                           replacement.trial, replacement.parent, exc)
+            return str(exc)
+        logger.info("trial %d replaced by trial %d, a clone of trial %d", replacement.trial, made.number,
+                    replacement.parent)
+        return made.number
 
     def _n_steps(self) -> int:
         """Chunk units of the study's longest trial: the budget "auto" pruner settings are derived from."""
@@ -347,3 +470,12 @@ class Roster:
     def _ref_by_number(self, number: int) -> TrialRef:
         frozen = self.study.get_trials(deepcopy=False)[number]
         return TrialRef(storage_of(self.study), trial_id_of(frozen), number)
+
+
+def _another_value(dist: Any, value: Any) -> Any:
+    """A value of `dist` other than `value` (to ask what changing the param would change), or None if it has one."""
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return next((c for c in dist.choices if c != value), None)
+    if dist.low == dist.high:
+        return None
+    return dist.high if value != dist.high else dist.low

@@ -7,7 +7,8 @@ spells those keys: the engine, ops, the command line and the dashboard read a `S
 
 On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries), ``rfopt:checkpoint_dir``,
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),
-``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to).
+``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to),
+``rfopt:pbt:<step>`` (a population-based training step: who is replaced by a clone of whom, with what values).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
@@ -67,6 +68,7 @@ _PAUSED = "rfopt:paused"
 _STOPPED = "rfopt:stopped"
 _FAIL_REASON = "rfopt:fail_reason"
 _ADAPTER = "rfopt:adapter"
+_PBT_STEP = "rfopt:pbt:"
 
 STOP_REASON = "stopped by user"
 CONTROL_OPS = ("pause", "resume", "stop")
@@ -217,6 +219,64 @@ def write_settings(study: Any, settings: Mapping[str, Any]) -> None:
     """Store study settings (`StudyRecord.settings` names) that the study does not have yet."""
     for name, value in settings.items():
         study.set_user_attr(_SETTINGS[name], value)
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One member of a population replaced at a PBT step: by a warm clone of `parent` with `params` explored."""
+
+    trial: int
+    parent: int
+    params: dict[str, Any]
+    """The clone's Optuna params (the parent's, with the explored ones changed)."""
+    changed: dict[str, list[Any]]
+    """Explored params that changed: name -> [parent's value, clone's value]."""
+    token: str
+    """The clone's lineage token: finds the clone again after a crash, so it is made once."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"trial": self.trial, "parent": self.parent, "params": dict(self.params),
+                "changed": {k: list(v) for k, v in self.changed.items()}, "token": self.token}
+
+    @classmethod
+    def from_attr(cls, value: Mapping[str, Any]) -> Replacement:
+        return cls(trial=int(value["trial"]), parent=int(value["parent"]), params=dict(value["params"]),
+                   changed={k: list(v) for k, v in value.get("changed", {}).items()}, token=str(value["token"]))
+
+
+@dataclass(frozen=True)
+class PbtStep:
+    """What population-based training decided at one step (``rfopt:pbt:<step>`` on the study), stored once, before
+    any clone is made or any member stopped: a crash in between is finished from it, never decided again."""
+
+    step: int
+    ranking: tuple[int, ...]
+    """The population at the step (every trial with a value there, FAIL excepted), best first."""
+    replacements: tuple[Replacement, ...]
+    stopped: tuple[int, ...] = ()
+    """Members stopped without a replacement: the unit budget left no room."""
+    reasons: dict[int, str] = field(default_factory=dict)
+    """Why each member was kept, replaced or stopped, by trial number."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"ranking": list(self.ranking), "replacements": [r.to_attr() for r in self.replacements],
+                "stopped": list(self.stopped), "reasons": {str(k): v for k, v in self.reasons.items()}}
+
+    @classmethod
+    def from_attr(cls, step: int, value: Mapping[str, Any]) -> PbtStep:
+        return cls(step=step, ranking=tuple(int(n) for n in value["ranking"]),
+                   replacements=tuple(Replacement.from_attr(r) for r in value["replacements"]),
+                   stopped=tuple(int(n) for n in value.get("stopped", [])),
+                   reasons={int(k): str(v) for k, v in value.get("reasons", {}).items()})
+
+
+def load_pbt_step(study: Any, step: int) -> PbtStep | None:
+    value = study.user_attrs.get(f"{_PBT_STEP}{step}")
+    return None if value is None else PbtStep.from_attr(step, value)
+
+
+def write_pbt_step(study: Any, decided: PbtStep) -> None:
+    study.set_user_attr(f"{_PBT_STEP}{decided.step}", decided.to_attr())
 
 
 # ---------------------------------------------------------------------- trial records

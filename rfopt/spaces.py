@@ -115,6 +115,11 @@ class ListSpace:
                 _suggest(trial, name, dist)
         return TrialConfig.from_json(record.config_json)
 
+    def overrides_for(self, parent: optuna.trial.FrozenTrial, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The clone overrides that give trial `parent`'s config the Optuna `params` (a list's params are named
+        after the config fields they vary)."""
+        return {name: value for name, value in params.items() if parent.params.get(name) != value}
+
 
 class FunctionSpace:
     """A define-by-run space: the function suggests params and returns the trial's config."""
@@ -132,6 +137,21 @@ class FunctionSpace:
                 f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
             )
         return config
+
+    def overrides_for(self, parent: optuna.trial.FrozenTrial, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The clone overrides that give trial `parent`'s config the Optuna `params`: the fields in which the
+        function's config for `params` (called on an `optuna.trial.FixedTrial`) differs from the parent's."""
+        stored = TrialRecord(parent).config_json
+        if stored is None:
+            raise ConfigError(f"trial {parent.number} has no rfopt config")
+        config = self.function(optuna.trial.FixedTrial(dict(params), number=parent.number))
+        if not isinstance(config, TrialConfig):
+            raise ConfigError(
+                f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
+            )
+        before = _flatten(TrialConfig.config_dict(stored))
+        after = _flatten(TrialConfig.config_dict(config.to_json()))
+        return {name: after.get(name) for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)}
 
 
 def as_space(space: Any) -> ListSpace | FunctionSpace:

@@ -57,6 +57,7 @@ from .display import Progress
 from .driver import drive
 from .evaluation import EvalSettings, reward_columns, reward_name
 from .models import ModelPool
+from .pruning import PopulationBasedTraining
 from .roster import Roster
 from .schema import TrialRecord, study_record
 from .spaces import ListSpace, as_space
@@ -432,6 +433,7 @@ class Study:
         if isinstance(space, ListSpace):
             configs = list(enumerate(space.configs))
             left = space.check_study(self.optuna)
+            _check_population(self.optuna.pruner, space)
             if n_trials is not None and n_trials > left:
                 raise ValueError(
                     f"n_trials={n_trials}, but {left} of the list's {len(space)} configs are left to run; a study "
@@ -742,6 +744,23 @@ def _check_pruner(pruner: Any) -> None:
     if isinstance(pruner, optuna.pruners.WilcoxonPruner) and importlib.util.find_spec("scipy") is None:
         raise ImportError("WilcoxonPruner needs scipy, which is not installed: pip install scipy (or choose "
                           "another pruner)")
+
+
+def _check_population(pruner: Any, space: ListSpace) -> None:
+    """Refuse population-based training over a list of configs that gives it nothing to explore."""
+    if not isinstance(pruner, PopulationBasedTraining):
+        return
+    searched = sorted(space.distributions)
+    if not searched:
+        raise ValueError("PopulationBasedTraining explores the trials' searched params (their Optuna params), and "
+                         "this list of configs varies none: its clones would copy their parents unchanged. List "
+                         "configs that differ in what to explore (e.g. learning_rate), or search with a function "
+                         "space")
+    missing = sorted(set(pruner.params or ()) - set(searched))
+    if missing:
+        raise ValueError(f"PopulationBasedTraining(params={list(pruner.params)}): the list of configs does not vary "
+                         f"{missing}, so they are not searched params and have no range to explore in; its "
+                         f"searched params are {searched}")
 
 
 def _sample_config(space: Any, direction: Any) -> TrialConfig | None:

@@ -58,6 +58,10 @@ What each pruner compares against under rfopt (a "chunk" is a step; chunk 0 is s
     values at the same chunks. Needs scipy once a trial has ``n_startup_steps`` values.
 ``NopPruner``
     Never prunes (a decision "kept" is still stored).
+``rfopt.PopulationBasedTraining``
+    Not judged by :func:`decide`: the roster carries out its plan at each step (``rfopt.pruning._pbt``): at
+    exploit steps the bottom quantile is replaced by warm clones of the top (decision reason "replaced by a
+    clone of trial N"), or stopped while a unit budget is exceeded; other members are kept.
 Any other ``BasePruner`` subclass
     Its ``prune(study, trial)`` is called with the step-k view above: peers COMPLETE with their
     value at k, the judged trial RUNNING, ``trial.number`` the real number. The view is
@@ -82,5 +86,16 @@ from rfopt.pruning._decision import (
     decision_key,
     load_decision,
 )
+from rfopt.pruning._pbt import Member, PopulationBasedTraining, perturb, plan_step
 
-__all__ = ["DECISION_ATTR_PREFIX", "PruneDecision", "decide", "decision_key", "load_decision"]
+__all__ = [
+    "DECISION_ATTR_PREFIX",
+    "Member",
+    "PopulationBasedTraining",
+    "PruneDecision",
+    "decide",
+    "decision_key",
+    "load_decision",
+    "perturb",
+    "plan_step",
+]

@@ -1,0 +1,235 @@
+"""Population-based training (rfopt.PopulationBasedTraining): at exploit steps the bottom of the population is
+replaced by warm clones of the top, whose explored values stay within the study's distributions; the plan depends
+on the stored values and the seed only (not on the order trials reported in); a study SIGKILLed in the middle of
+an exploit step, and one run by two workers, end exactly as one uninterrupted process ends."""
+
+import math
+import random
+from pathlib import Path
+
+import optuna
+import pytest
+from crashkit import assert_same_study, env, rfopt_command, run, trials
+from optuna.distributions import (
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState
+from rfopt_testkit import prompts_dataset, trial_config
+
+import rfopt
+from rfopt.checkpoints import CheckpointStore
+from rfopt.pruning import Member, load_decision, perturb, plan_step
+from rfopt.schema import TrialRecord, load_pbt_step, study_record
+
+TRAIN, EVAL = prompts_dataset(12), prompts_dataset(2, "E")
+PBT_STUDY = Path(__file__).resolve().parent / "tiny_pbt_study.py"
+
+
+# ---------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs, says", [
+    ({"quantile": 0.0}, "quantile=0.0"),
+    ({"quantile": 0.6}, "(0, 0.5]"),
+    ({"interval": 0}, "interval=0"),
+    ({"factors": (0.8, 0.0)}, "factors=(0.8, 0.0)"),
+    ({"factors": ()}, "one or more finite numbers > 0"),
+    ({"resample_probability": 1.5}, "resample_probability=1.5"),
+    ({"explore": "random"}, "explore='random'"),
+    ({"max_units": 0}, "max_units=0"),
+    ({"params": "learning_rate"}, "a list of Optuna param names"),
+])
+def test_bad_settings_are_refused_naming_the_setting(kwargs, says):
+    with pytest.raises(ValueError, match="PopulationBasedTraining") as info:
+        rfopt.PopulationBasedTraining(**kwargs)
+    assert says in str(info.value)
+
+
+def test_every_bad_setting_is_named_at_once():
+    with pytest.raises(ValueError) as info:
+        rfopt.PopulationBasedTraining(interval=0, quantile=2)
+    assert "interval=0" in str(info.value) and "quantile=2" in str(info.value)
+
+
+def test_a_plain_optuna_study_cannot_use_it():
+    study = optuna.create_study(pruner=rfopt.PopulationBasedTraining())
+    trial = study.ask()
+    trial.report(1.0, 0)
+    with pytest.raises(RuntimeError, match="rfopt.create_study"):
+        trial.should_prune()
+
+
+def test_a_list_study_with_nothing_to_explore_is_refused_before_training(tiny_model, storage):
+    study = rfopt.create_study(study_name="same", storage=storage, pruner=rfopt.PopulationBasedTraining())
+    same = [trial_config(tiny_model), trial_config(tiny_model)]
+    with pytest.raises(ValueError, match="varies none"):
+        study.optimize(same, TRAIN, EVAL, num_chunks=3, show_progress_bar=False)
+    assert study.optuna.trials == []
+
+    study = rfopt.create_study(study_name="beta", storage=storage,
+                               pruner=rfopt.PopulationBasedTraining(params=["beta"]))
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
+    with pytest.raises(ValueError, match=r"does not vary \['beta'\].*searched params are \['learning_rate'\]"):
+        study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False)
+    assert study.optuna.trials == []
+
+
+# ---------------------------------------------------------------------- exploring within the distributions
+@pytest.mark.parametrize("dist, value", [
+    (FloatDistribution(0.001, 0.01), 0.009),
+    (FloatDistribution(1e-5, 1e-2, log=True), 1e-5),
+    (FloatDistribution(0.0, 1.0, step=0.1), 0.3),
+    (IntDistribution(1, 10), 9),
+    (IntDistribution(2, 64, log=True), 2),
+    (CategoricalDistribution(["constant", "linear", "cosine"]), "linear"),
+])
+def test_explored_values_stay_within_the_distribution(dist, value):
+    pbt = rfopt.PopulationBasedTraining(resample_probability=0.3)
+    rng = random.Random(0)
+    seen = {perturb(value, dist, pbt, rng) for _ in range(300)}
+    for new in seen:
+        if isinstance(dist, CategoricalDistribution):
+            assert new in dist.choices
+        else:
+            assert dist.low <= new <= dist.high and isinstance(new, type(value))
+            if dist.step:
+                assert math.isclose(round((new - dist.low) / dist.step) * dist.step + dist.low, new)
+    assert len(seen) > 1
+
+
+def test_a_perturbed_number_is_the_value_times_a_factor_clipped_to_the_range():
+    pbt = rfopt.PopulationBasedTraining(factors=(0.8, 1.25), resample_probability=0.0)
+    rng = random.Random(1)
+    dist = FloatDistribution(0.001, 0.01)
+    assert {perturb(0.004, dist, pbt, rng) for _ in range(50)} == {0.004 * 0.8, 0.004 * 1.25}
+    assert {perturb(0.01, dist, pbt, rng) for _ in range(50)} == {0.008, 0.01}
+    assert {perturb("linear", CategoricalDistribution(["constant", "linear"]), pbt, rng) for _ in range(20)} == {
+        "linear"}
+
+
+# ---------------------------------------------------------------------- order independence
+def _reported(order: list[int], values: list[float]) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    dist = {"learning_rate": FloatDistribution(1e-3, 1e-1, log=True)}
+    made = [study.ask(dist) for _ in values]
+    for number in order:
+        made[number].report(values[number], 0)
+    return study
+
+
+def _plan(study: optuna.Study, pbt) -> tuple:
+    members = [Member(t, t.intermediate_values[0], 3) for t in study.get_trials()]
+    plan = plan_step(pbt, study, 0, 4, members, len(members), {m.number: ["learning_rate"] for m in members})
+    return plan.ranking, [(r.trial, r.parent, r.params) for r in plan.replacements], plan.reasons
+
+
+def test_the_plan_is_the_same_whichever_order_the_members_reported_in():
+    values = [0.3, 0.9, 0.5, 0.9, 0.1, 0.7, 0.2, 0.6]  # a tie (trials 1 and 3): the lower number ranks first
+    pbt = rfopt.PopulationBasedTraining(seed=7)
+    first = _plan(_reported(list(range(8)), values), pbt)
+    shuffled = list(range(8))
+    random.Random(3).shuffle(shuffled)
+    assert _plan(_reported(shuffled, values), pbt) == first
+    ranking, replacements, reasons = first
+    assert ranking == (1, 3, 5, 7, 2, 0, 6, 4)
+    assert [r[0] for r in replacements] == [6, 4] and {r[1] for r in replacements} <= {1, 3}
+    assert reasons[4].startswith("replaced by a clone of trial ") and reasons[1].startswith("kept: rank 1 of 8")
+
+
+def test_a_unit_budget_stops_the_bottom_without_a_replacement():
+    study = _reported(list(range(8)), [0.3, 0.9, 0.5, 0.8, 0.1, 0.7, 0.2, 0.6])
+    members = [Member(t, t.intermediate_values[0], 3) for t in study.get_trials()]
+    pbt = rfopt.PopulationBasedTraining(max_units=26, seed=0)
+    plan = plan_step(pbt, study, 0, 4, members, 8, {m.number: ["learning_rate"] for m in members})
+    # 8 spent + 8 x 3 left = 32 units > 26: the quantile (2) stopped is enough (8 + 6 x 3 = 26).
+    assert plan.replacements == () and plan.stopped == (6, 4)
+    assert "over max_units=26" in plan.reasons[4]
+    # More than the quantile where the budget needs it: 12 spent + 8 x 1 left = 20 > 16, so 4 stop.
+    plan = plan_step(rfopt.PopulationBasedTraining(max_units=16), study, 2, 4,
+                     [Member(m.trial, m.value, 1) for m in members], 12, {})
+    assert plan.stopped == (2, 0, 6, 4)
+    # Within the budget: replacements as usual.
+    plan = plan_step(rfopt.PopulationBasedTraining(max_units=32), study, 0, 4, members, 8, {})
+    assert plan.stopped == () and [r.trial for r in plan.replacements] == [6, 4]
+
+
+# ---------------------------------------------------------------------- a real study
+def test_the_bottom_member_is_replaced_by_a_warm_clone_of_the_top_starting_from_its_weights(tiny_model, storage):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[2e-3, 5e-3, 1e-2, 3e-3])
+    pbt = rfopt.PopulationBasedTraining(interval=1, quantile=0.25, resample_probability=0.0, seed=0)
+    study = rfopt.create_study(study_name="pbt", storage=storage, pruner=pbt)
+    at_step_0 = {}
+
+    def keep_weights(number, step, value):  # each trial's weights after chunk 0, before anything trains further
+        if step == 0:
+            store = CheckpointStore(study_record(study.optuna).checkpoint_dir)
+            at_step_0[number] = {k: v.clone() for k, v in store.load(number).weights.items()}
+
+    study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False, on_unit=keep_weights)
+
+    all_trials = study.optuna.trials
+    plan = load_pbt_step(study.optuna, 0)
+    (replacement,) = plan.replacements
+    replaced, parent = all_trials[replacement.trial], all_trials[replacement.parent]
+    assert replacement.trial == plan.ranking[-1] and replacement.parent == plan.ranking[0]
+    assert replaced.state == TrialState.PRUNED and list(replaced.intermediate_values) == [0]
+    decision = load_decision(replaced, 0)
+    assert decision.prune and decision.reason.startswith(f"replaced by a clone of trial {parent.number}")
+    assert decision.pruner == "PopulationBasedTraining"
+    assert load_decision(parent, 0).reason.startswith("kept: rank 1 of 4")
+
+    clone = next(t for t in all_trials if TrialRecord(t).lineage and TrialRecord(t).lineage.parent == parent.number
+                 and TrialRecord(t).lineage.start_unit == 1)
+    lineage = TrialRecord(clone).lineage
+    assert lineage.warm_start and lineage.by == "PopulationBasedTraining"
+    assert min(clone.intermediate_values) == 1  # it reports at the parent's step numbers onward
+    dist = parent.distributions["learning_rate"]
+    new = clone.params["learning_rate"]
+    assert dist.low <= new <= dist.high and clone.distributions["learning_rate"] == dist
+    assert new in {max(dist.low, min(dist.high, parent.params["learning_rate"] * f)) for f in (0.8, 1.25)}
+    assert study.trial_config(clone.number).args.learning_rate == new
+    # Its first chunk starts from the parent's weights after chunk 0.
+    store = CheckpointStore(study_record(study.optuna).checkpoint_dir)
+    warm = store.load_warm_start(clone.number)
+    assert warm.keys() == at_step_0[parent.number].keys()
+    assert all(warm[k].equal(at_step_0[parent.number][k]) for k in warm)
+    assert not all(warm[k].equal(at_step_0[replaced.number][k]) for k in warm)
+
+    # The population stays 4 live trials; every member ends COMPLETE or replaced; the leaderboard says why.
+    assert sum(t.state == TrialState.COMPLETE for t in all_trials) == 4
+    assert f"replaced by a clone of trial {parent.number}" in study.leaderboard_text()
+
+
+# ---------------------------------------------------------------------- crash and workers
+@pytest.fixture(scope="module")
+def pbt_reference(tiny_model, tmp_path_factory):
+    where = tmp_path_factory.mktemp("pbt-reference")
+    storage = f"sqlite:///{where / 'ref.db'}"
+    command = rfopt_command("run", str(PBT_STUDY), "--storage", storage, "--no-progress", "--checkpoint-dir",
+                            str(where / "ck"))
+    assert run(command, where, env(tiny_model, RFOPT_TEST_TRIALS=4), where / "log") == 0, (where / "log").read_text()
+    assert sum(t.number >= 4 for t in trials(storage)) == 2  # a clone after each of the first two chunks
+    return storage, where / "ck"
+
+
+def test_sigkill_in_an_exploit_step_then_rerun_reproduces_the_uninterrupted_study(pbt_reference, tiny_model,
+                                                                                 tmp_path):
+    storage = f"sqlite:///{tmp_path / 'crash.db'}"
+    command = rfopt_command("run", str(PBT_STUDY), "--storage", storage, "--no-progress", "--checkpoint-dir",
+                            str(tmp_path / "ck"))
+    # Dies once the first step's plan is stored, then once the second step's clone is made before any decision.
+    for point in ("pbt-planned:1", "pbt-cloned:1"):
+        code = run(command, tmp_path, env(tiny_model, RFOPT_TEST_TRIALS=4, RFOPT_CRASH_AT=point), tmp_path / "log")
+        assert code == -9, (tmp_path / "log").read_text()[-3000:]
+    assert run(command, tmp_path, env(tiny_model, RFOPT_TEST_TRIALS=4), tmp_path / "log") == 0
+    assert all(t.state != TrialState.RUNNING for t in trials(storage))
+    assert_same_study(*pbt_reference, storage, tmp_path / "ck")
+
+
+def test_two_workers_run_a_pbt_study_as_one_process_does(pbt_reference, tiny_model, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'workers.db'}"
+    command = rfopt_command("worker", str(PBT_STUDY), "--storage", storage, "--checkpoint-dir", str(tmp_path / "ck"),
+                            "--devices", "cpu,cpu")
+    assert run(command, tmp_path, env(tiny_model, RFOPT_TEST_TRIALS=4), tmp_path / "log") == 0, (
+        (tmp_path / "log").read_text()[-3000:])
+    assert_same_study(*pbt_reference, storage, tmp_path / "ck")
