@@ -187,6 +187,27 @@ def _mean(values: Any) -> float:
     return sum(values) / len(values)
 
 
+def load_results(data: dict[str, Any]) -> list[SeedResult]:
+    return [SeedResult(**{**r, "pbt": PbtRun(**r["pbt"]), "sampler": PbtRun(**r["sampler"]) if r["sampler"] else None})
+            for r in data["results"]]
+
+
+SETTINGS = ("sweep", "no_sampler", "chunks", "rows_per_chunk", "eval_prompts", "min_resource", "reduction_factor")
+
+
+def resumed(out: Path, args: argparse.Namespace) -> list[SeedResult]:
+    """The seeds 0..k-1 already in ``out``, if they were run with the same settings; a clear error otherwise."""
+    if not out.exists():
+        return []
+    data = json.loads(out.read_text())
+    differ = [k for k in SETTINGS if data["args"].get(k) != getattr(args, k)]
+    if differ:
+        sys.exit(f"--resume: {out} was run with other settings ({', '.join(differ)}); pass another --out")
+    results = load_results(data)[: args.seeds]
+    print(f"resuming: seeds {[r.seed for r in results]} from {out}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", choices=sorted(sweeps.SWEEPS), default="collapse")
@@ -194,6 +215,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-sampler", action="store_true", help="skip PBT with explore='sampler'")
     parser.add_argument("--table-only", action="store_true", help="print the table of the results in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the seeds already in --out (run with the same settings) and run only the rest")
     parser.add_argument("--out", help="default: /tmp/rfopt-bench/pbt-<sweep>.json")
     args = parser.parse_args()
     # bench/pruning.py's fixed settings: 8 chunks of 8 prompts, 32 eval prompts, SHA(min_resource=1, eta=2).
@@ -201,10 +224,7 @@ def main() -> None:
     out = Path(args.out or f"/tmp/rfopt-bench/pbt-{args.sweep}.json")
     if args.table_only:
         data = json.loads(out.read_text())
-        results = [SeedResult(**{**r, "pbt": PbtRun(**r["pbt"]),
-                                 "sampler": PbtRun(**r["sampler"]) if r["sampler"] else None})
-                   for r in data["results"]]
-        print_table(results, data["args"]["sweep"])
+        print_table(load_results(data), data["args"]["sweep"])
         return
     import torch
 
@@ -212,9 +232,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model_path = build_tiny_model(Path(tempfile.gettempdir()) / "rfopt-bench-tiny")
-    results = []
+    results = resumed(out, args) if args.resume else []
     out.parent.mkdir(parents=True, exist_ok=True)
-    for seed in range(args.seeds):
+    for seed in range(len(results), args.seeds):
         started = time.perf_counter()
         results.append(run_seed(seed, args, model_path))
         print(f"seed {seed} done in {time.perf_counter() - started:.0f} s", flush=True)

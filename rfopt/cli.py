@@ -548,14 +548,14 @@ def _cmd_withdraw(args: argparse.Namespace) -> int:
 
 def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
+    from rfopt import ops
     from rfopt.config import parse_assignments
     from rfopt.storage import open_storage
 
     overrides = parse_assignments(args.set)
     study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
-    number = study.clone_trial(args.trial, overrides, warm_start=args.warm_start)
-    start = " from its parent's latest checkpoint" if args.warm_start else ""
-    print(f"trial {number}: clone of trial {args.trial} with {overrides or 'no changes'} enqueued{start}")
+    made = ops.clone_in_study(study.optuna, args.trial, overrides, warm_start=args.warm_start)
+    print(made.describe(args.trial, args.warm_start))
     return 0
 
 

@@ -316,16 +316,13 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
             made = ops.clone_in_study(study, number, overrides, warm_start=warm_start, by=by())
         except ValueError as exc:  # OpError, ConfigError, a bad FIELD=VALUE: nothing was written
             return fail(400, str(exc))
-        start = " from its parent's latest checkpoint" if warm_start else ""
-        notes = "".join(f"; note: {note}" for note in made.notes)
         return {
             "trial": made.number,
             "parent": number,
-            "overrides": overrides,
+            "overrides": dict(made.overrides),
             "warm_start": warm_start,
             "notes": list(made.notes),
-            "message": f"trial {made.number}: clone of trial {number} with {overrides or 'no changes'} "
-                       f"enqueued{start}{notes}",
+            "message": made.describe(number, warm_start),
         }
 
 

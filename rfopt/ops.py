@@ -258,10 +258,19 @@ def _apply(ref: TrialRef, record: TrialRecord, after_chunk: int) -> Outcome:
 # ---------------------------------------------------------------------- clones
 @dataclass(frozen=True)
 class Clone:
-    """A clone that was enqueued: its number, and what could not be checked where it was made."""
+    """A clone that was enqueued: its number, what could not be checked where it was made, and the overrides as
+    the clone's config holds them (typed: ``{"learning_rate": 2e-06}`` for the text ``"2e-6"``)."""
 
     number: int
     notes: tuple[str, ...] = ()
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self, parent: int, warm_start: bool) -> str:
+        """``trial 7: clone of trial 3 with learning_rate=2e-06 enqueued from its parent's latest checkpoint``."""
+        changes = ", ".join(f"{name}={value!r}" for name, value in self.overrides.items()) or "no changes"
+        start = " from its parent's latest checkpoint" if warm_start else ""
+        notes = "".join(f"; note: {note}" for note in self.notes)
+        return f"trial {self.number}: clone of trial {parent} with {changes} enqueued{start}{notes}"
 
 
 def clone(
@@ -336,7 +345,7 @@ def clone(
     )
     if state is not None:
         checkpoints.save_warm_start(number, state.weights, parent_number, start_unit)
-    return Clone(number, tuple(notes))
+    return Clone(number, tuple(notes), dict(overrides))
 
 
 def clone_with_token(study: optuna.Study, token: str) -> int | None:

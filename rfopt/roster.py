@@ -74,6 +74,7 @@ class Roster:
         self._best: float | None = None
         self._last: tuple[int, int, float] | None = None
         self._maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
+        self._warned_params: set[str] = set()
         ctx.subscribers.insert(0, self._on_commit)
 
     # ------------------------------------------------------------------ reconcile with storage
@@ -306,7 +307,28 @@ class Roster:
                 members.append(Member(t, t.intermediate_values[step], max(0, units - step - 1)))
         spent = sum(len(t.intermediate_values) for t in trials)
         explorable = {m.number: self._explorable(pbt, m.trial) for m in members}
+        self._warn_unexplorable(pbt, members, explorable)
         return plan_step(pbt, self.study, step, n_steps, members, spent, explorable)
+
+    def _warn_unexplorable(self, pbt: PopulationBasedTraining, members: list[Member],
+                           explorable: dict[int, list[str]]) -> None:
+        """A param named in `PopulationBasedTraining(params=...)` that no clone can change is said once, not skipped
+        in silence: a typo, or a param a warm start cannot change (the model, the adapter's shape)."""
+        if pbt.params is None or not members:
+            return
+        searched = {name for m in members for name in m.trial.distributions}
+        changeable = {name for names in explorable.values() for name in names}
+        for name in pbt.params:
+            if name in changeable or name in self._warned_params:
+                continue
+            self._warned_params.add(name)
+            if name not in searched:
+                logger.warning("PopulationBasedTraining(params=...): %r is not a param of this study (its params: "
+                               "%s); clones will not change it", name, ", ".join(sorted(searched)) or "none")
+            else:
+                logger.warning("PopulationBasedTraining(params=...): %r cannot change in a warm-started clone (the "
+                               "parent's weights would not load, or it has one value); clones keep the parent's",
+                               name)
 
     def _explorable(self, pbt: PopulationBasedTraining, parent: FrozenTrial) -> list[str]:
         """The params a clone of `parent` may change: those named (or all searched ones) that a warm start allows:

@@ -148,6 +148,8 @@ def test_pause_resume_stop_and_clone_routes_store_requests_the_engine_applies(st
         assert call(server, "POST", api(study, 1, "resume"), {})[0] == 200
         status, body, _ = call(server, "POST", api(study, 1, "clone"), {"set": ["learning_rate=0.004"]})
         assert status == 200 and body["trial"] == 3, body
+        assert body["message"] == "trial 3: clone of trial 1 with learning_rate=0.004 enqueued"
+        assert body["overrides"] == {"learning_rate": 0.004}
         assert call(server, "POST", api(study, 2, "stop"), {})[0] == 200
 
     trials = _trials(study)

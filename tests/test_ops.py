@@ -245,13 +245,16 @@ def test_a_clone_override_training_would_refuse_is_refused_before_anything_is_wr
     assert len(study.optuna.trials) == 1
 
 
-def test_clone_overrides_from_the_command_line_are_read_as_their_fields_types(finished, tmp_path):
+def test_clone_overrides_from_the_command_line_are_read_as_their_fields_types(finished, tmp_path, capsys):
     import shutil
 
     shutil.copy(finished, tmp_path / "f.db")
     storage = f"sqlite:///{tmp_path / 'f.db'}"
     assert cli(["clone", "0", "--study", "f", "--storage", storage, "--set", "learning_rate=2e-6",
                 "--set", "lora_r=8", "--set", "use_liger_kernel=false", "--set", "reward_weights=[1.0, 0.5]"]) == 0
+    # The reply quotes the values as the clone holds them, not the texts typed.
+    assert capsys.readouterr().out.strip() == ("trial 1: clone of trial 0 with learning_rate=2e-06, lora_r=8, "
+                                               "use_liger_kernel=False, reward_weights=[1.0, 0.5] enqueued")
     clone = rfopt.load_study("f", storage).optuna.trials[1]
     assert clone.user_attrs["rfopt:clone"]["overrides"] == {
         "learning_rate": 2e-6, "lora_r": 8, "use_liger_kernel": False, "reward_weights": [1.0, 0.5]}

@@ -74,6 +74,24 @@ def test_a_list_study_with_nothing_to_explore_is_refused_before_training(tiny_mo
     assert study.optuna.trials == []
 
 
+def test_a_function_space_param_no_clone_can_change_is_said_once_not_skipped_in_silence(tiny_model, storage,
+                                                                                          caplog):
+    def space(trial):
+        return trial_config(tiny_model, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True))
+
+    pbt = rfopt.PopulationBasedTraining(interval=1, params=["learning_rate", "learnin_rate"], seed=0)
+    study = rfopt.create_study(study_name="typo", storage=storage, pruner=pbt,
+                               sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(space, prompts_dataset(8), EVAL, num_chunks=2, n_trials=4, max_concurrent=4,
+                   show_progress_bar=False)
+    said = [r.getMessage() for r in caplog.records if "learnin_rate" in r.getMessage()]
+    assert said == ["PopulationBasedTraining(params=...): 'learnin_rate' is not a param of this study (its params: "
+                    "learning_rate); clones will not change it"]
+    # The param it names that exists is still explored.
+    (replacement,) = load_pbt_step(study.optuna, 0).replacements
+    assert list(replacement.changed) == ["learning_rate"]
+
+
 # ---------------------------------------------------------------------- exploring within the distributions
 @pytest.mark.parametrize("dist, value", [
     (FloatDistribution(0.001, 0.01), 0.009),
