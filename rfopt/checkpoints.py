@@ -270,8 +270,11 @@ class CheckpointStore:
                                   f"{exc}") from exc
 
     # ------------------------------------------------------------------ warm starts
-    def save_warm_start(self, trial_number: int, weights: dict[str, Any], parent: int, from_unit: int) -> Location:
-        """The weights a warm-started clone starts from, copied from its parent when the clone is made."""
+    # A clone's starting weights are named by its lineage token, not its trial number, so that they are written
+    # before the clone exists: a process that starts the clone the moment it is enqueued finds them, and a crash
+    # between the two leaves at worst weights that no trial names (`discard_warm_start`), never a clone without them.
+    def save_warm_start(self, token: str, weights: dict[str, Any], parent: int, from_unit: int) -> Location:
+        """The weights the clone with lineage `token` starts from, copied from trial `parent` after `from_unit` chunks."""
         from safetensors.torch import save_file
 
         def write(staging: Path) -> Path:
@@ -279,13 +282,25 @@ class CheckpointStore:
             (staging / "origin.json").write_bytes(json.dumps({"parent": parent, "from_unit": from_unit}).encode())
             return staging
 
-        return self._save_dir(trial_number, "warm-start", write)
+        return self._save_dir(_warm_key(token), write)
 
-    def load_warm_start(self, trial_number: int) -> dict[str, Any]:
+    def load_warm_start(self, trial_number: int, token: str) -> dict[str, Any]:
+        """The starting weights of clone `trial_number`, whose lineage has `token` (a clone made before tokens named
+        them has its weights in its own trial directory)."""
         from safetensors.torch import load
 
-        key = f"{_trial_key(trial_number)}/warm-start/weights.safetensors"
+        key = f"{_warm_key(token)}/weights.safetensors"
+        if not token or not self._files.exists(key):
+            key = f"{_trial_key(trial_number)}/warm-start/weights.safetensors"
         return self._read(trial_number, key, load, what="warm-start weights")
+
+    def has_warm_start(self, token: str) -> bool:
+        return bool(token) and self._files.exists(f"{_warm_key(token)}/weights.safetensors")
+
+    def discard_warm_start(self, token: str) -> None:
+        """Remove the starting weights of a clone that will never start (cancelled), or that was never made."""
+        if token:
+            self._files.remove(_warm_key(token))
 
     # ------------------------------------------------------------------ final adapters
     def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Location:
@@ -299,7 +314,7 @@ class CheckpointStore:
                 tokenizer.save_pretrained(str(saved))
             return saved
 
-        return self._save_dir(trial_number, "adapter", write)
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter", write)
 
     def save_model(self, trial_number: int, model: Any, tokenizer: Any = None) -> Location:
         """Save a fully fine-tuned model (no adapter) where the adapter would go."""
@@ -310,13 +325,13 @@ class CheckpointStore:
                 tokenizer.save_pretrained(str(staging))
             return staging
 
-        return self._save_dir(trial_number, "adapter", write)
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter", write)
 
-    def _save_dir(self, trial_number: int, name: str, write: Callable[[Path], Path]) -> Location:
+    def _save_dir(self, key: str, write: Callable[[Path], Path]) -> Location:
         """Write a directory with `write` (into a staging directory; it returns what to publish), then publish it
-        as the trial's `name`, replacing what was there."""
-        key = f"{_trial_key(trial_number)}/{name}"
-        staging = self._files.staging(_trial_key(trial_number), name)
+        at `key`, replacing what was there."""
+        parent, _, name = key.rpartition("/")
+        staging = self._files.staging(parent, name)
         try:
             self._files.publish(write(staging), key)
         finally:
@@ -326,6 +341,10 @@ class CheckpointStore:
 
 def _trial_key(trial_number: int) -> str:
     return f"trial-{trial_number:05d}"
+
+
+def _warm_key(token: str) -> str:
+    return f"warm-starts/{token}"
 
 
 # ---------------------------------------------------------------------- where the files go

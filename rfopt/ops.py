@@ -219,7 +219,21 @@ def cancel(study: optuna.Study, trial_number: int, by: str | None = None) -> Can
     schema.write_cancel(TrialRef(storage, trial_id, trial_number), cancelled)
     storage.set_trial_state_values(trial_id, TrialState.FAIL)
     logger.info("trial %d: %s", trial_number, cancelled.reason)
+    if record.lineage.warm_start:
+        _discard_warm_start(study, trial_number, record.lineage.token)
     return cancelled
+
+
+def _discard_warm_start(study: optuna.Study, trial_number: int, token: str) -> None:
+    """Remove a cancelled clone's starting weights, where this process reaches the study's checkpoint store (a
+    dashboard on another host may not: they stay, named by no trial, and cost only disk)."""
+    where = schema.study_record(study).checkpoint_dir
+    try:
+        if where is not None:
+            CheckpointStore(where).discard_warm_start(token)
+    except Exception as exc:  # noqa: BLE001 - the cancel is done; the weights are only disk
+        logger.warning("trial %d: cancelled, but its warm-start weights at %s were not removed: %s", trial_number,
+                       where, exc)
 
 
 def apply_requests(ref: TrialRef, record: TrialRecord, after_chunk: int, study: optuna.Study | None = None) -> Outcome:
@@ -329,22 +343,27 @@ def clone(
     params, distributions = _clone_params(study, parent.trial, overrides)
     params.update({name: value for name, value in explored.items()
                    if name in distributions and _admits(distributions[name], value)})
-    study.add_trial(
-        optuna.trial.create_trial(
-            state=TrialState.WAITING,
-            params=params,
-            distributions=distributions,
-            user_attrs=schema.new_trial_attrs(config_json, lineage=lineage),
-            system_attrs=schema.inherited_steps(parent.trial, start_unit) if warm_start else None,
+    if state is not None:  # before the clone exists: whoever starts it, the moment it is enqueued, finds them
+        checkpoints.save_warm_start(lineage.token, state.weights, parent_number, start_unit)
+    try:
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.WAITING,
+                params=params,
+                distributions=distributions,
+                user_attrs=schema.new_trial_attrs(config_json, lineage=lineage),
+                system_attrs=schema.inherited_steps(parent.trial, start_unit) if warm_start else None,
+            )
         )
-    )
+    except BaseException:
+        if state is not None and clone_with_token(study, lineage.token) is None:
+            checkpoints.discard_warm_start(lineage.token)
+        raise
     number = next(
         t.number
         for t in reversed(study.get_trials(deepcopy=False, states=[TrialState.WAITING]))
         if TrialRecord(t).lineage is not None and TrialRecord(t).lineage.token == lineage.token
     )
-    if state is not None:
-        checkpoints.save_warm_start(number, state.weights, parent_number, start_unit)
     return Clone(number, tuple(notes), dict(overrides))
 
 

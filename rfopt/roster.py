@@ -183,7 +183,8 @@ class Roster:
         live = Live(
             trial=trial, ref=ref, config=config, schedule=schedule,
             runner=unit.fresh_runner(self.ctx, trial.number, config, schedule, start_unit),
-            start_unit=start_unit, warm_start=warm, committed=record.committed,
+            start_unit=start_unit, warm_start=warm, warm_token=lineage.token if warm else "",
+            committed=record.committed,
             # A new trial's fresh runner is its state; a resumed one, or a warm clone, is loaded before training.
             loaded=fresh and not warm,
             paused=record.paused, last_value=record.last_value,
@@ -358,12 +359,7 @@ class Roster:
     def _replacement(self, replacement: schema.Replacement) -> int | str:
         """The clone that replaces a member (made now, or found made before a crash), or why it cannot be made."""
         number = ops.clone_with_token(self.study, replacement.token)
-        if number is not None:
-            try:  # a crash may have come between the clone and its warm-start weights
-                self.ctx.store.load_warm_start(number)
-            except Exception:  # noqa: BLE001 - absent or unreadable: copy them again from the parent
-                state = self.ctx.store.load(replacement.parent)
-                self.ctx.store.save_warm_start(number, state.weights, replacement.parent, state.units_done)
+        if number is not None:  # made before a crash, its warm-start weights first
             return number
         parent = self.study.get_trials(deepcopy=False)[replacement.parent]
         try:

@@ -112,6 +112,8 @@ class Live:
     start_unit: int
     """0, or for a warm-started clone its parent's progress when it was made (it reports from there on)."""
     warm_start: bool
+    warm_token: str
+    """A warm-started clone's lineage token, which names its starting weights in the checkpoint store."""
     committed: int
     """Units committed in storage, as last read or written by this process (`rfopt.roster` refreshes it)."""
     loaded: bool
@@ -161,7 +163,7 @@ def prepare(ctx: Context, live: Live, claim: Claim) -> None:
             live.runner.cleanup()
             live.runner = fresh_runner(ctx, number, live.config, live.schedule, live.start_unit)
         if live.warm_start:
-            live.runner.load_weights(ctx.store.load_warm_start(number))
+            live.runner.load_weights(ctx.store.load_warm_start(number, live.warm_token))
         live.loaded = True
         return
     if state.units_done > live.committed + 1:

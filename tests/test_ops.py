@@ -82,6 +82,33 @@ def test_paused_trial_resumes_exactly_where_it_was(tiny_model, tmp_path):
     assert [op["op"] for op in paused.user_attrs[OPS_LOG_ATTR]] == ["pause", "resume"]
 
 
+def test_a_warm_clones_weights_are_stored_before_it_is_enqueued_and_removed_if_it_is_cancelled(tiny_model, storage,
+                                                                                                 monkeypatch):
+    """A process running the study may start a clone the moment it is WAITING: its starting weights must already
+    be there (they are named by the clone's lineage token, not by its number). A cancelled one's are removed."""
+    study = rfopt.create_study(study_name="w", storage=storage)
+    seen = []
+    add_trial = optuna.Study.add_trial
+
+    def checked_add_trial(self, trial):
+        token = trial.user_attrs["rfopt:clone"]["token"]
+        seen.append(study.checkpoints.has_warm_start(token))
+        return add_trial(self, trial)
+
+    def on_unit(number, step, count):
+        if (number, step) == (0, 0):
+            with monkeypatch.context() as patch:
+                patch.setattr(optuna.Study, "add_trial", checked_add_trial)
+                made = study.clone_trial(0, {"learning_rate": 2e-3}, warm_start=True)
+            token = study.optuna.trials[made].user_attrs["rfopt:clone"]["token"]
+            assert seen == [True] and study.checkpoints.has_warm_start(token)
+            study.cancel_clone(made)  # before anybody starts it: one trial runs at a time here
+            assert not study.checkpoints.has_warm_start(token)
+
+    _optimize(study, _configs(tiny_model)[:1], on_unit, num_chunks=2)
+    assert [t.state for t in study.optuna.trials] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
+
+
 def test_warm_clone_starts_from_the_parents_weights_and_cold_clone_from_the_base(tiny_model, storage):
     study = rfopt.create_study(study_name="c", storage=storage)
     parent_weights = {}

@@ -208,7 +208,7 @@ def test_the_bottom_member_is_replaced_by_a_warm_clone_of_the_top_starting_from_
     assert study.trial_config(clone.number).args.learning_rate == new
     # Its first chunk starts from the parent's weights after chunk 0.
     store = CheckpointStore(study_record(study.optuna).checkpoint_dir)
-    warm = store.load_warm_start(clone.number)
+    warm = store.load_warm_start(clone.number, lineage.token)
     assert warm.keys() == at_step_0[parent.number].keys()
     assert all(warm[k].equal(at_step_0[parent.number][k]) for k in warm)
     assert not all(warm[k].equal(at_step_0[replaced.number][k]) for k in warm)
