@@ -19,9 +19,9 @@ PBT settings (the same for every seed; ``seed=`` the seed):
 - ``collapse``: ``PopulationBasedTraining(interval=2, quantile=0.25, seed=s)``: every 2 chunks the bottom 3 of 12
   are replaced by warm clones of the top 3 with learning_rate x0.8 / x1.25 (or resampled with p=0.25 within the
   list's range) and lr_scheduler_type resampled with p=0.25. Compute: 96, the same as (a) by construction.
-- ``steady``: the same with ``max_units=48`` (half of (a)): at the first exploit step (after chunk 2; 24 units
-  spent) the bottom 8 are stopped without a replacement (24 + 4 x 6 = 48); the 4 left are a population that
-  replaces its bottom 1 by a clone of its top 1 after chunks 4 and 6.
+- ``steady``: the same with ``max_units=48`` (half of (a)): the budget stops the bottom without a replacement
+  after chunks 2, 4 and 6, leaving 6, then 4, then 2 (24 + 6 x 2 + 4 x 2 + 2 x 2 = 48); at each of these steps the
+  bottom 1 of those left is replaced by a clone of their top 1.
 
     python bench/pbt.py --sweep collapse --threads 1          # 10 seeds, tens of minutes on a busy 2-core machine
     python bench/pbt.py --sweep steady --threads 1

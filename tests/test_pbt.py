@@ -154,21 +154,42 @@ def test_the_plan_is_the_same_whichever_order_the_members_reported_in():
     assert reasons[4].startswith("replaced by a clone of trial ") and reasons[1].startswith("kept: rank 1 of 8")
 
 
-def test_a_unit_budget_stops_the_bottom_without_a_replacement():
-    study = _reported(list(range(8)), [0.3, 0.9, 0.5, 0.8, 0.1, 0.7, 0.2, 0.6])
-    members = [Member(t, t.intermediate_values[0], 3) for t in study.get_trials()]
-    pbt = rfopt.PopulationBasedTraining(max_units=26, seed=0)
-    plan = plan_step(pbt, study, 0, 4, members, 8, {m.number: ["learning_rate"] for m in members})
-    # 8 spent + 8 x 3 left = 32 units > 26: the quantile (2) stopped is enough (8 + 6 x 3 = 26).
-    assert plan.replacements == () and plan.stopped == (6, 4)
-    assert "over max_units=26" in plan.reasons[4]
-    # More than the quantile where the budget needs it: 12 spent + 8 x 1 left = 20 > 16, so 4 stop.
-    plan = plan_step(rfopt.PopulationBasedTraining(max_units=16), study, 2, 4,
-                     [Member(m.trial, m.value, 1) for m in members], 12, {})
-    assert plan.stopped == (2, 0, 6, 4)
-    # Within the budget: replacements as usual.
-    plan = plan_step(rfopt.PopulationBasedTraining(max_units=32), study, 0, 4, members, 8, {})
+def test_a_unit_budget_stops_the_bottom_gently_first_then_replaces_within_those_left():
+    study = _reported(list(range(8)), [0.3, 0.9, 0.5, 0.8, 0.1, 0.7, 0.2, 0.6])  # ranking 1, 3, 5, 7, 2, 0, 6, 4
+    members = [Member(t, t.intermediate_values[0], 4) for t in study.get_trials()]
+    explorable = {m.number: ["learning_rate"] for m in members}
+    # 6 chunks, exploit steps after chunks 1 and 3; at chunk 1, 8 x 2 spent + 8 x 4 left = 48 > 36. The 20 units
+    # left must cover those that go on through chunks 2-3, and (halved) 4-5: 6 members cost 2 x 6 + 2 x 3 = 18,
+    # 7 cost 2 x 7 + 2 x 4 = 22 > 20: 6 go on, 2 stop (not the 4 that finishing all of them within 36 would stop).
+    pbt = rfopt.PopulationBasedTraining(interval=2, max_units=36, seed=0)
+    plan = plan_step(pbt, study, 1, 6, members, 16, explorable)
+    assert plan.stopped == (6, 4) and "over max_units=36, so 6 go on" in plan.reasons[4]
+    # Of the 6 that go on, the bottom quantile (1) is replaced by a clone of the top one.
+    assert [(r.trial, r.parent) for r in plan.replacements] == [(0, 1)]
+    assert plan.reasons[1].startswith("kept: rank 1 of 8")
+    # A budget that finishing the population meets: no stop, the quantile of all 8 replaced.
+    plan = plan_step(rfopt.PopulationBasedTraining(interval=2, max_units=48, seed=0), study, 1, 6, members, 16, {})
     assert plan.stopped == () and [r.trial for r in plan.replacements] == [6, 4]
+    # A budget that even one member cannot meet: one goes on (and is not replaced).
+    plan = plan_step(rfopt.PopulationBasedTraining(interval=2, max_units=17, seed=0), study, 1, 6, members, 16, {})
+    assert plan.stopped == (3, 5, 7, 2, 0, 6, 4) and plan.replacements == ()
+
+
+def test_a_unit_budget_is_met_exactly_when_every_step_cuts_by_it():
+    """The sweep shape of bench/pbt.py's `steady`: 12 members, 8 chunks, interval 2, max_units=48 (half of 96)."""
+    pbt = rfopt.PopulationBasedTraining(interval=2, max_units=48, seed=0)
+    study = _reported(list(range(12)), [i / 12 for i in range(12)])
+    population, spent, sizes = list(study.get_trials()), 0, []
+    for step in range(8):
+        spent += len(population)
+        if not pbt.is_exploit_step(step, 8):
+            continue
+        members = [Member(t, 0.5 + (t.number % 5) / 10, 8 - step - 1) for t in population]
+        plan = plan_step(pbt, study, step, 8, members, spent, {})
+        population = [t for t in population if t.number not in plan.stopped]  # a replacement keeps the slot
+        sizes.append((len(population), len(plan.replacements)))
+    assert sizes == [(6, 1), (4, 1), (2, 1)]  # after chunks 2, 4, 6: 6 go on, then 4, then 2; one clone each time
+    assert spent == 12 * 2 + 6 * 2 + 4 * 2 + 2 * 2 == 48
 
 
 # ---------------------------------------------------------------------- a real study

@@ -10,8 +10,9 @@ and
   seeded random generator), warm-started from that parent's checkpoint at the step, with the explored params
   perturbed by one of ``factors`` or resampled with ``resample_probability``, within the parent's Optuna
   distributions (or asked of the study's sampler, ``explore="sampler"``);
-- or, where the population would train more than ``max_units`` chunk units to the end, stops as many of the
-  bottom as the budget needs (at least the quantile) without a replacement.
+- and, first, where the population would train more than ``max_units`` chunk units to the end, stops as many of
+  the bottom as the budget needs without a replacement (those that go on would finish within the budget even if
+  the population halved at each later exploit step).
 
 A replacement continues from its parent's step, so the population trains at most ``population x chunks`` units,
 the compute of training every initial member to the end (``max_units`` lowers it).
@@ -65,9 +66,10 @@ class PopulationBasedTraining(BasePruner):
             of it, so the study's own is not advanced) for the explored params, given every trial's value at the
             step (members as COMPLETE trials with that value, trials stopped earlier as PRUNED).
         max_units: a compute budget in chunk units for the whole study. At an exploit step where finishing every
-            member would exceed it, the bottom members are stopped without a replacement: as many as the budget
-            needs, at least the quantile (one member is always kept). None: no budget beyond
-            ``population x chunks``.
+            member would exceed it, the bottom members are stopped without a replacement, as many as the budget
+            needs: those that go on would finish within it even if the population halved at each later exploit
+            step, so the first cuts are the gentlest (one member is always kept). The bottom quantile of those
+            that go on is then replaced as at any exploit step. None: no budget beyond ``population x chunks``.
         seed: seeds the choices (parents, factors, resampling); None draws a fresh seed for each step. Either way
             each step's plan is stored before it is carried out, so a resumed study carries out the same plan.
 
@@ -178,31 +180,30 @@ def plan_step(
         every = f"every {pbt.interval} chunks" if pbt.interval > 1 else "after every chunk"
         return PbtStep(step, numbers, (), (), {m.number: f"kept: chunk {step} is not an exploit step ({every})"
                                                for m in ranking})
-    count = max(1, math.floor(pbt.quantile * n)) if n >= 2 else 0
-    top, bottom = ranking[:count], ranking[n - count:] if count else []
     reasons = {}
-    for rank, m in enumerate(ranking, 1):
+    stopped: Sequence[Member] = ()
+    projected = spent_units + sum(m.units_left for m in ranking)
+    if pbt.max_units is not None and projected > pbt.max_units and n >= 2:
+        # The bottom stop without a replacement, as many as the budget needs: those that go on would train within
+        # it even if the population then halved at each later exploit step.
+        keep = _population_within(pbt, step, n_steps, n, pbt.max_units - spent_units)
+        stopped = ranking[keep:]
+        for rank, m in enumerate(stopped, keep + 1):
+            reasons[m.number] = (f"stopped: rank {rank} of {n} at chunk {step}; finishing the population would "
+                                 f"train {projected} chunk units, over max_units={pbt.max_units}, so {keep} go on")
+    live = ranking[:n - len(stopped)]
+    count = max(1, math.floor(pbt.quantile * len(live))) if len(live) >= 2 else 0
+    top, bottom = live[:count], live[len(live) - count:] if count else []
+    for rank, m in enumerate(live, 1):
         where = "top" if m in top else "middle"
         reasons[m.number] = f"kept: rank {rank} of {n} at chunk {step} ({where} of the population)"
     rng = random.Random(f"{pbt.seed}:{step}") if pbt.seed is not None else random.Random(uuid.uuid4().int)
-
-    projected = spent_units + sum(m.units_left for m in ranking)
-    if pbt.max_units is not None and projected > pbt.max_units and n >= 2:
-        # Each member stopped now saves the units it has left: stop as many as the budget needs (at least the
-        # quantile), so that the population trains within it from here on (replacements keep its size).
-        saves = max(1, n_steps - 1 - step)
-        count = max(count, math.ceil((projected - pbt.max_units) / saves))
-        stopped = ranking[max(1, n - count):]
-        for m in stopped:
-            rank = numbers.index(m.number) + 1
-            reasons[m.number] = (f"stopped: rank {rank} of {n} at chunk {step}; finishing the population would "
-                                 f"train {projected} chunk units, over max_units={pbt.max_units}")
-        return PbtStep(step, numbers, (), tuple(m.number for m in stopped), reasons)
+    stopped_numbers = tuple(m.number for m in stopped)
 
     parents = [m for m in top if not math.isnan(m.value)]
     if not parents:
-        return PbtStep(step, numbers, (), (), {number: f"kept: no member has a value at chunk {step} to clone"
-                                               for number in numbers})
+        reasons.update({m.number: f"kept: no member has a value at chunk {step} to clone" for m in live})
+        return PbtStep(step, numbers, (), stopped_numbers, reasons)
     asked = _SamplerAsk(study, step) if pbt.explore == "sampler" else None
     replacements = []
     for m in bottom:
@@ -222,7 +223,20 @@ def plan_step(
         shown = ", ".join(f"{k} {_shown(a)} -> {_shown(b)}" for k, (a, b) in changed.items()) or "no value changed"
         reasons[m.number] = (f"replaced by a clone of trial {parent.number}: rank {rank} of {n} at chunk {step} "
                              f"(bottom of the population); the clone has {shown}")
-    return PbtStep(step, numbers, tuple(replacements), (), reasons)
+    return PbtStep(step, numbers, tuple(replacements), stopped_numbers, reasons)
+
+
+def _population_within(pbt: PopulationBasedTraining, step: int, n_steps: int, n: int, units: int) -> int:
+    """How many of `n` members may go on from `step` within `units` chunk units: the most whose training to the end
+    fits if the population then halved at each later exploit step (as successive halving with ``eta=2`` does), so
+    that the first cuts, made on the least evidence, are the gentlest. At least one goes on."""
+    ends = [s for s in range(step + 1, n_steps - 1) if pbt.is_exploit_step(s, n_steps)] + [n_steps - 1]
+    segments = [end - start for start, end in zip([step, *ends], ends)]
+
+    def cost(size: int) -> int:
+        return sum(chunks * math.ceil(size / 2**j) for j, chunks in enumerate(segments))
+
+    return max([1, *(size for size in range(1, n + 1) if cost(size) <= units)])
 
 
 def perturb(value: Any, dist: BaseDistribution, pbt: PopulationBasedTraining, rng: random.Random) -> Any:
