@@ -72,3 +72,25 @@ def test_report_to_is_checked_before_anything_runs_and_the_cli_takes_it(tmp_path
     for command in ("run", "worker"):
         args = _parser().parse_args([command, "arithmetic", "--report-to", "tensorboard", "--report-to", "mlflow"])
         assert args.report_to == ["tensorboard", "mlflow"]
+
+
+def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_runs(tiny_model, tmp_path):
+    """`rfopt run STUDY --report-to tensorboard && tensorboard --logdir runs`: the runs land in ./runs/<study>/."""
+    from crashkit import env, run, run_command
+
+    storage = f"sqlite:///{tmp_path / 'cli.db'}"
+    environ = env(tiny_model, RFOPT_TEST_TRIALS=2, RFOPT_TEST_CHUNKS=2)
+    environ.pop("TENSORBOARD_LOGGING_DIR", None)
+    command = run_command(storage, "--report-to", "tensorboard", "--checkpoint-dir", str(tmp_path / "ck"))
+    assert run(command, tmp_path, environ, tmp_path / "log") == 0, (tmp_path / "log").read_text()
+    runs = tmp_path / "runs" / "tiny"
+    assert sorted(p.name for p in runs.iterdir()) == ["trial-0", "trial-1"]
+    study = rfopt.load_study("tiny", storage)
+    for number in (0, 1):
+        events = event_accumulator.EventAccumulator(str(runs / f"trial-{number}"))
+        events.Reload()
+        stored = TrialRecord(study.optuna.trials[number]).step_metrics()
+        rewards = events.Scalars("train/reward")
+        assert [e.step for e in rewards] == list(range(1, len(stored) + 1)) and len(stored) == 4  # 2 chunks, one axis
+        assert [e.value for e in rewards] == pytest.approx([row["reward"] for row in stored])
+    assert study.optuna.user_attrs["rfopt:report_to"] == ["tensorboard"]
