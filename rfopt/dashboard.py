@@ -585,13 +585,16 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     heads += [(p, "auto", "asc") for p in params]
     heads += [(f"eval {k[len('rewards/'):-len('/mean')]}", "num", "desc") for k in rewards]
     heads += [("why it ended", "text", "asc")]
-    head = "".join(f"<th data-kind='{kind}' data-first='{first}' title='sort by {_e(name)}'>{_e(name)}</th>"
-                   for name, kind, first in heads)
+    # A header may break after an underscore (soft_<wbr>format_<wbr>reward_<wbr>func), so that long reward names
+    # do not widen the table past the window.
+    head = "".join(f"<th data-kind='{kind}' data-first='{first}' title='sort by {_e(name)}'>"
+                   f"{_e(name).replace('_', '_<wbr>')}</th>" for name, kind, first in heads)
     rows = []
     for v in sorted(views, key=rank):
         star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
         cells = [
-            (v.number, f"<span class='swatch' style='background:{v.colour}'></span>trial {v.number}{star}"),
+            (v.number, f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial "
+                       f"{v.number}</span>{star}"),
             (v.state, _e(v.state.lower())),
             (v.value, _num(v.value)),
             (v.value_step, _num(v.value_step)),
@@ -604,7 +607,8 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
         rows.append(f"<tr data-trial='{v.number}'>{tds}</tr>")
     return (
         "<section id='leaderboard'><h2>Leaderboard</h2>"
-        f"<table class='leaderboard'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+        f"<div class='table-scroll'><table class='leaderboard'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
     )
 
 

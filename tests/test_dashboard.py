@@ -401,7 +401,7 @@ def test_leaderboard_lists_the_best_trial_first_with_its_params_and_eval_rewards
     board = page[page.index("<table class='leaderboard'>"):page.index("</table>", page.index("leaderboard"))]
     assert re.findall(r"<tr data-trial='(\d+)'>", board) == ["0", "2", "1"]  # best, then by value
     for head in ("value", "learning_rate", "eval reward_len", "eval reward_vowels", "why it ended"):
-        assert f">{head}</th>" in board
+        assert f">{head.replace('_', '_<wbr>')}</th>" in board  # a long name may break after an underscore
     assert "★ best" in board
 
 
@@ -573,3 +573,43 @@ def _alert(driver):
         return driver.switch_to.alert
     except NoAlertPresentException:
         return False
+
+
+def test_a_wide_leaderboard_fits_a_1400_pixel_page(tmp_path, browser):
+    """The demo study's leaderboard (5 reward functions with long names, 4 params, a long reason) wraps its headers
+    instead of widening the page past the window."""
+    from selenium.webdriver.common.by import By
+
+    opt = optuna.create_study(study_name="wide", storage=f"sqlite:///{tmp_path / 'wide.db'}", direction="maximize",
+                              sampler=optuna.samplers.RandomSampler(seed=0))
+    schema.write_plan(opt, ChunkPlan.build(16, 2, 0))
+    names = ["correctness_reward_func", "int_reward_func", "soft_format_reward_func", "strict_format_reward_func",
+             "xmlcount_reward_func"]
+    for number in range(3):
+        trial = opt.ask()
+        trial.suggest_float("learning_rate", 1e-6, 1e-3, log=True)
+        trial.suggest_categorical("lora_r", [4, 8, 16])
+        trial.suggest_float("beta", 0.0, 0.1)
+        trial.suggest_float("temperature", 0.5, 1.2)
+        trial.set_user_attr("rfopt:config", trial_config("tiny-model-not-loaded-here").to_json())
+        evaluation = {"reward": 1.0 + number, **{f"rewards/{n}/mean": 0.123456 * number for n in names}}
+        trial.set_user_attr(metrics_key(0), {"chunk": 0, "train": {"reward": 1.0}, "eval": evaluation})
+        trial.report(1.0 + number, step=0)
+        if number == 0:
+            trial.set_user_attr("rfopt:pruning:0", {"prune": True, "peers": [1, 2], "pruner": "SuccessiveHalvingPruner",
+                                                    "reason": "value 1.0 at chunk 0 is not in the top 1 of 3 trials "
+                                                              "that reached rung 0 (1.0 < 3.0); 2 trials above it"})
+            opt.tell(trial, state=TrialState.PRUNED)
+    with serving(opt._storage) as server:
+        browser.get(server.url(f"/rfopt/studies/{opt._study_id}"))
+        browser.find_element(By.CSS_SELECTOR, "table.leaderboard")
+        width, page = browser.execute_script(
+            "return [window.innerWidth, Math.max(document.documentElement.scrollWidth, "
+            "document.querySelector('table.leaderboard').getBoundingClientRect().right)]")
+        wide = browser.execute_script(
+            "return [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > "
+            "window.innerWidth + 1).slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' + "
+            "Math.round(e.getBoundingClientRect().right))")
+        assert width <= 1400 and page <= width, f"the page is {page} px wide in a {width} px window: {wide}"
+        headers = [th.text.replace("\n", "") for th in browser.find_elements(By.CSS_SELECTOR, "table.leaderboard th")]
+        assert "eval soft_format_reward_func" in headers  # wrapped, not shortened
