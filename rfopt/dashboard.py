@@ -592,9 +592,9 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     rows = []
     for v in sorted(views, key=rank):
         star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
+        name = f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial {v.number}</span>"
         cells = [
-            (v.number, f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial "
-                       f"{v.number}</span>{star}"),
+            (v.number, f"{name}{star}"),
             (v.state, _e(v.state.lower())),
             (v.value, _num(v.value)),
             (v.value_step, _num(v.value_step)),

@@ -85,8 +85,8 @@ def test_a_function_space_param_no_clone_can_change_is_said_once_not_skipped_in_
     study.optimize(space, prompts_dataset(8), EVAL, num_chunks=2, n_trials=4, max_concurrent=4,
                    show_progress_bar=False)
     said = [r.getMessage() for r in caplog.records if "learnin_rate" in r.getMessage()]
-    assert said == ["PopulationBasedTraining(params=...): 'learnin_rate' is not a param of this study (its params: "
-                    "learning_rate); clones will not change it"]
+    assert said == [("PopulationBasedTraining(params=...): 'learnin_rate' is not a param of this study (its params: "
+                     "learning_rate); clones will not change it")]
     # The param it names that exists is still explored.
     (replacement,) = load_pbt_step(study.optuna, 0).replacements
     assert list(replacement.changed) == ["learning_rate"]
