@@ -45,7 +45,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from . import schema
+from . import crashpoints, schema
 from .checkpoints import CheckpointStore
 from .chunks import ChunkPlan, trial_schedule
 from .compat import storage_of, trial_id_of
@@ -345,6 +345,7 @@ def clone(
                    if name in distributions and _admits(distributions[name], value)})
     if state is not None:  # before the clone exists: whoever starts it, the moment it is enqueued, finds them
         checkpoints.save_warm_start(lineage.token, state.weights, parent_number, start_unit)
+        crashpoints.reach("clone-weights-saved", trial=parent_number, unit=start_unit)
     try:
         study.add_trial(
             optuna.trial.create_trial(

@@ -256,8 +256,9 @@ def test_sigkill_in_an_exploit_step_then_rerun_reproduces_the_uninterrupted_stud
     storage = f"sqlite:///{tmp_path / 'crash.db'}"
     command = rfopt_command("run", str(PBT_STUDY), "--storage", storage, "--no-progress", "--checkpoint-dir",
                             str(tmp_path / "ck"))
-    # Dies once the first step's plan is stored, then once the second step's clone is made before any decision.
-    for point in ("pbt-planned:1", "pbt-cloned:1"):
+    # Dies once the first step's plan is stored, then once a clone's warm-start weights are written but the clone is
+    # not yet in storage, then once the clones are made before any decision.
+    for point in ("pbt-planned:1", "clone-weights-saved:1", "pbt-cloned:1"):
         code = run(command, tmp_path, env(tiny_model, RFOPT_TEST_TRIALS=4, RFOPT_CRASH_AT=point), tmp_path / "log")
         assert code == -9, (tmp_path / "log").read_text()[-3000:]
     assert run(command, tmp_path, env(tiny_model, RFOPT_TEST_TRIALS=4), tmp_path / "log") == 0
