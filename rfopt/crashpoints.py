@@ -27,6 +27,7 @@ POINTS = (
     "unit-committed",      # the unit's report is in storage: the unit is committed
     "trial-finishing",     # the finished trial's adapter is saved, the trial not yet told COMPLETE
     "pbt-planned",         # population-based training's plan for a step is stored; no clone made yet
+    "clone-weights-saved", # a warm clone's starting weights are written; the clone is not in storage yet
     "pbt-cloned",          # the step's clones are made; no member's decision is stored yet
 )
 
