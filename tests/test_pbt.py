@@ -239,6 +239,39 @@ def test_the_bottom_member_is_replaced_by_a_warm_clone_of_the_top_starting_from_
     assert f"replaced by a clone of trial {parent.number}" in study.leaderboard_text()
 
 
+class Interrupted(Exception):
+    pass
+
+
+def test_explore_sampler_in_a_list_study_plans_the_same_values_after_an_interruption(tiny_model, tmp_path):
+    """A list study's sampler draws nothing but PBT's values, so a study resumed by a new process (a new, seeded
+    sampler) before a step is planned plans it as the uninterrupted study did."""
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[2e-3, 5e-3, 1e-2, 3e-3])
+
+    def study(name):
+        pbt = rfopt.PopulationBasedTraining(interval=1, explore="sampler", seed=0)
+        return rfopt.create_study(study_name=name, storage=f"sqlite:///{tmp_path / name}.db", pruner=pbt,
+                                  sampler=optuna.samplers.TPESampler(seed=0), load_if_exists=True)
+
+    def run(study, on_unit=None):
+        study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False, on_unit=on_unit)
+
+    def interrupt(number, step, value):
+        if step == 1:  # the step-0 plan is carried out; nobody has planned step 1
+            raise Interrupted
+
+    run(study("whole"))
+    with pytest.raises(Interrupted):
+        run(study("resumed"), interrupt)
+    assert load_pbt_step(study("resumed").optuna, 1) is None
+    run(study("resumed"))
+    whole, resumed = study("whole").optuna.trials, study("resumed").optuna.trials
+    assert [(t.state, t.params, t.intermediate_values) for t in resumed] == [
+        (t.state, t.params, t.intermediate_values) for t in whole]
+    assert load_pbt_step(study("resumed").optuna, 1).replacements  # a step-1 clone was planned, by the sampler
+    assert all(r.changed for r in load_pbt_step(study("whole").optuna, 1).replacements)
+
+
 # ---------------------------------------------------------------------- crash and workers
 @pytest.fixture(scope="module")
 def pbt_reference(tiny_model, tmp_path_factory):
