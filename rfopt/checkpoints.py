@@ -290,8 +290,9 @@ class CheckpointStore:
         from safetensors.torch import load
 
         key = f"{_warm_key(token)}/weights.safetensors"
-        if not token or not self._files.exists(key):
-            key = f"{_trial_key(trial_number)}/warm-start/weights.safetensors"
+        legacy = f"{_trial_key(trial_number)}/warm-start/weights.safetensors"
+        if not token or (not self._files.exists(key) and self._files.exists(legacy)):
+            key = legacy
         return self._read(trial_number, key, load, what="warm-start weights")
 
     def has_warm_start(self, token: str) -> bool:
