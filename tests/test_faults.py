@@ -228,3 +228,22 @@ def test_workers_starting_together_all_pass_the_checkpoint_store_write_check(tmp
         thread.join()
     assert errors == []
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == []  # no probe left behind
+
+
+def test_warm_start_weights_are_found_by_token_or_where_older_studies_put_them(checkpoint_root):
+    import torch
+    from safetensors.torch import save as save_bytes
+
+    store = rfopt.CheckpointStore(checkpoint_root)
+    store.save_warm_start("t1", {"w": torch.ones(2)}, parent=0, from_unit=1)
+    assert store.has_warm_start("t1") and torch.equal(store.load_warm_start(5, "t1")["w"], torch.ones(2))
+    # A clone made before tokens named the weights: they are in its own trial directory.
+    fs, root = fsspec.core.url_to_fs(str(checkpoint_root))
+    fs.makedirs(f"{root}/trial-00006/warm-start", exist_ok=True)
+    fs.pipe_file(f"{root}/trial-00006/warm-start/weights.safetensors", save_bytes({"w": torch.zeros(2)}))
+    assert torch.equal(store.load_warm_start(6, "t-older")["w"], torch.zeros(2))
+    # Missing: the error says where the clone's weights should be.
+    with pytest.raises(rfopt.CheckpointError, match="warm-starts/t2/weights.safetensors"):
+        store.load_warm_start(7, "t2")
+    store.discard_warm_start("t1")
+    assert not store.has_warm_start("t1")
