@@ -330,7 +330,9 @@ def clone(
         state = checkpoints.load(parent_number)
         if state is None:
             raise OpError(f"trial {parent_number} has no checkpoint yet; clone it without warm start, or after its first chunk")
-        _check_warm_compatible(data, child_data, parent_number)
+        refusal = warm_start_refusal(data, child_data)
+        if refusal is not None:
+            raise OpError(f"clone of trial {parent_number}: {refusal}")
         start_unit = state.units_done
         if start_unit >= schedule.num_units:
             raise OpError(
@@ -360,11 +362,8 @@ def clone(
         if state is not None and clone_with_token(study, lineage.token) is None:
             checkpoints.discard_warm_start(lineage.token)
         raise
-    number = next(
-        t.number
-        for t in reversed(study.get_trials(deepcopy=False, states=[TrialState.WAITING]))
-        if TrialRecord(t).lineage is not None and TrialRecord(t).lineage.token == lineage.token
-    )
+    # Found by its token in any state: a process running the study may have started it already.
+    number = clone_with_token(study, lineage.token)
     return Clone(number, tuple(notes), dict(overrides))
 
 
@@ -379,10 +378,17 @@ def clone_with_token(study: optuna.Study, token: str) -> int | None:
 
 def warm_start_refusal(parent: Mapping[str, Any], child: Mapping[str, Any]) -> str | None:
     """Why a warm start from config dict `parent` to `child` is refused (a model or adapter shape change), or None."""
-    try:
-        _check_warm_compatible(dict(parent), dict(child), -1)
-    except OpError as exc:
-        return str(exc).split(": ", 1)[-1]
+    if TrialConfig.base_model_of(parent) != TrialConfig.base_model_of(child):
+        return "a warm start needs the parent's base model; the overrides change it"
+    if (parent["peft_config"] is None) != (child["peft_config"] is None):
+        return "a warm start cannot switch between an adapter and full fine-tuning"
+    if parent["peft_config"] is not None:
+        before, after = parent["peft_config"], child["peft_config"]
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        shape_changes = [k for k in changed if k not in _WARM_SAFE_PEFT_FIELDS]
+        if shape_changes:
+            return (f"a warm start loads the parent's adapter weights, so the adapter's shape must stay; the "
+                    f"overrides change {shape_changes}. Clone without warm start to change them")
     return None
 
 
@@ -425,20 +431,6 @@ def _check_model_if_changed(config: TrialConfig, child_data: dict[str, Any], par
         check_model(config)
 
 
-def _check_warm_compatible(parent: dict[str, Any], child: dict[str, Any], parent_number: int) -> None:
-    if TrialConfig.base_model_of(parent) != TrialConfig.base_model_of(child):
-        raise OpError(f"clone of trial {parent_number}: a warm start needs the parent's base model; the overrides change it")
-    if (parent["peft_config"] is None) != (child["peft_config"] is None):
-        raise OpError(f"clone of trial {parent_number}: a warm start cannot switch between an adapter and full fine-tuning")
-    if parent["peft_config"] is not None:
-        before, after = parent["peft_config"], child["peft_config"]
-        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        shape_changes = [k for k in changed if k not in _WARM_SAFE_PEFT_FIELDS]
-        if shape_changes:
-            raise OpError(
-                f"clone of trial {parent_number}: a warm start loads the parent's adapter weights, so the adapter's "
-                f"shape must stay; the overrides change {shape_changes}. Clone without warm start to change them"
-            )
 
 
 def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrides: Mapping[str, Any]):

@@ -287,3 +287,25 @@ def test_clone_overrides_from_the_command_line_are_read_as_their_fields_types(fi
         "learning_rate": 2e-6, "lora_r": 8, "use_liger_kernel": False, "reward_weights": [1.0, 0.5]}
     config = rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"])
     assert (config.args.learning_rate, config.peft_config.r, config.args.reward_weights) == (2e-6, 8, [1.0, 0.5])
+
+
+def test_a_clone_started_by_a_running_process_the_moment_it_is_enqueued_is_still_reported(finished, tmp_path,
+                                                                                          monkeypatch):
+    """`clone` finds the trial it made by its lineage token in any state: a process running the study may ask it
+    (WAITING -> RUNNING) before `clone` reads it back."""
+    import shutil
+
+    from rfopt.compat import storage_of, trial_id_of
+
+    shutil.copy(finished, tmp_path / "f.db")
+    study = rfopt.load_study("f", f"sqlite:///{tmp_path / 'f.db'}")
+    add_trial = optuna.Study.add_trial
+
+    def add_then_start(self, trial):
+        add_trial(self, trial)
+        made = self.get_trials(deepcopy=False)[-1]
+        assert storage_of(self).set_trial_state_values(trial_id_of(made), optuna.trial.TrialState.RUNNING)
+
+    monkeypatch.setattr(optuna.Study, "add_trial", add_then_start)
+    assert study.clone_trial(0, {"learning_rate": 2e-3}) == 1
+    assert study.optuna.trials[1].state == optuna.trial.TrialState.RUNNING
