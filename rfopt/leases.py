@@ -235,10 +235,7 @@ class Leases:
         return (self._key(lease.name), LEASES.c.holder == lease.holder, LEASES.c.token == lease.token)
 
     def _retry(self, call, what: str):
-        return retry(call, self.retry_seconds, self._where(), what)
-
-    def _where(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
+        return retry(call, self.retry_seconds, _where(self.engine), what)
 
 
 REQUESTS_LOCK_SECONDS = 30.0
@@ -313,7 +310,7 @@ class Presence:
                 if not db.execute(PRESENCE.update().where(*key).values(**values)).rowcount:
                     db.execute(PRESENCE.insert().values(study=self.study, holder=self.holder, **values))
 
-        retry(start, self.retry_seconds, self._where(), "record this process's presence")
+        retry(start, self.retry_seconds, _where(self.engine), "record this process's presence")
         self._thread.start()
         return self
 
@@ -340,9 +337,6 @@ class Presence:
             db.execute(PRESENCE.update().where(PRESENCE.c.study == self.study, PRESENCE.c.holder == self.holder)
                        .values(**values))
 
-    def _where(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
-
 
 def seen_on(study: optuna.Study) -> list[Seen] | None:
     """Every process that ran `study` and said so (`Presence`), latest first; None for a storage without SQL."""
@@ -358,9 +352,13 @@ def seen_on(study: optuna.Study) -> list[Seen] | None:
 
 
 def _create_tables(engine: sa.Engine, retry_seconds: float) -> None:
-    retry(lambda: _metadata.create_all(engine, checkfirst=True), retry_seconds,
-          engine.url.render_as_string(hide_password=True), "create lease tables",
+    retry(lambda: _metadata.create_all(engine, checkfirst=True), retry_seconds, _where(engine), "create lease tables",
           retry_if=lambda exc: is_unreachable(exc) or is_schema_race(exc))
+
+
+def _where(engine: sa.Engine) -> str:
+    """The database as a person knows it, for retry messages: its URL without the password."""
+    return engine.url.render_as_string(hide_password=True)
 
 
 class Heartbeat:

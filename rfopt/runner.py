@@ -363,7 +363,6 @@ class TrialRunner:
             model_init_kwargs=None,
         )
 
-
     def _tracker_args(self) -> dict[str, Any]:
         """``report_to`` and the run's name (and trackio's project) for the trial's trackers (`rfopt.trackers`)."""
         if self.tracking is None or not self.tracking.report_to:

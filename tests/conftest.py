@@ -84,16 +84,12 @@ def s3():
     host, port = server.get_host_and_port()
     variables = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "rfopt-test",
                  "AWS_SECRET_ACCESS_KEY": "rfopt-test", "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
     try:
-        yield _S3Buckets()
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in variables.items():
+                patch.setenv(name, value)
+            yield _S3Buckets()
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         server.stop()
 
 
