@@ -229,7 +229,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
         except StopIteration:
             return _html(_page("no such study", f"<p>No study with id {study_id}. <a href='/rfopt'>All studies</a></p>"), 404)
         trials = storage.get_all_trials(study_id, deepcopy=False)
-        return _html(_render_study(study, trials, ops.liveness(study_or_404(study_id))))
+        return _html(_render_study(study, trials, ops.liveness(study_or_404(study_id), trials)))
 
     @app.get("/rfopt/studies/<study_id:int>/trials/<number:int>/samples")
     def samples_part(study_id: int, number: int) -> Any:
@@ -576,9 +576,8 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     rewards = sorted({k for v in views for k in v.eval if k.startswith("rewards/") and k.endswith("/mean")})
 
     def rank(v: TrialView) -> tuple:
-        value = v.value if v.value is not None else None
-        key = (-value if maximize else value) if value is not None else float("inf")
-        return (v.number != best, value is None, key, v.number)
+        key = (-v.value if maximize else v.value) if v.value is not None else float("inf")
+        return (v.number != best, v.value is None, key, v.number)
 
     heads = [("trial", "num", "asc"), ("state", "text", "asc"), ("value", "num", "desc" if maximize else "asc"),
              ("at chunk", "num", "desc"), ("chunks trained", "num", "desc")]

@@ -94,11 +94,13 @@ class Liveness:
     """One line for a person."""
 
 
-def liveness(study: optuna.Study) -> Liveness:
+def liveness(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> Liveness:
     """Whether a process (`Study.optimize`, or workers) is running `study`: one whose heartbeat is younger than two
-    intervals (a process that died reads as gone within that; one that exited cleanly at once)."""
+    intervals (a process that died reads as gone within that; one that exited cleanly at once). `trials`: the
+    study's trials where the caller has read them already (the dashboard's page)."""
     seen = seen_on(study)
-    waiting = [t.number for t in study.get_trials(deepcopy=False, states=[TrialState.WAITING])]
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    waiting = [t.number for t in trials if t.state == TrialState.WAITING]
     if seen is None:
         return Liveness(False, [], None, [], "this storage keeps no heartbeats (no SQL database): whether a process "
                         "runs the study cannot be told")
@@ -112,8 +114,8 @@ def liveness(study: optuna.Study) -> Liveness:
     when = "it never ran under this rfopt" if last_seen is None else f"last seen {_local_time(last_seen)}"
     message = f"nobody is running this study ({when})"
     if waiting:
-        trials = study.get_trials(deepcopy=False)
-        clones = [n for n in waiting if TrialRecord(trials[n]).lineage is not None]
+        by_number = {t.number: t for t in trials}
+        clones = [n for n in waiting if TrialRecord(by_number[n]).lineage is not None]
         what = f"{len(waiting)} WAITING trial{'s' if len(waiting) > 1 else ''}"
         if clones:
             what += f" (clone{'s' if len(clones) > 1 else ''} {', '.join(map(str, clones))})"
