@@ -130,7 +130,7 @@ class _Trial:
     @classmethod
     def of(cls, trial: FrozenTrial) -> _Trial:
         record = TrialRecord(trial)
-        state = "CANCELLED" if record.cancelled is not None else trial.state.name
+        state = record.shown_state
         params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         hover = f"<b>trial {trial.number}</b> · {state}" + (f"<br>{_e(params)}" if params else "")
         ended = None

@@ -118,12 +118,11 @@ class TrialView:
     @classmethod
     def of(cls, trial: optuna.trial.FrozenTrial) -> TrialView:
         record = TrialRecord(trial)
-        cancelled = record.cancelled
         units = record.unit_metrics()
         values = trial.intermediate_values
         return cls(
             number=trial.number,
-            state="CANCELLED" if cancelled is not None else trial.state.name,
+            state=record.shown_state,
             paused=record.paused,
             pending=[r.op for r in record.pending],
             steps_done=record.committed,
@@ -132,7 +131,7 @@ class TrialView:
             value_step=max(values) if values else None,
             params=dict(trial.params),
             clone_of=None if record.lineage is None else record.lineage.to_attr(),
-            reason=cancelled.reason if cancelled is not None else record.end_reason,
+            reason=record.end_reason,  # a cancelled clone's too: cancelling stores it as the fail reason
             can_clone=record.config_json is not None,
             can_cancel=trial.state == TrialState.WAITING and record.lineage is not None,
             colour=colour(trial.number),

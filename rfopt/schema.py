@@ -588,6 +588,12 @@ class TrialRecord:
         return Cancel(by=str(data.get("by", "unknown")), at=str(data.get("at", "")))
 
     @property
+    def shown_state(self) -> str:
+        """The state a person is shown: Optuna's state name, or ``CANCELLED`` for a clone cancelled before it
+        started (Optuna keeps it FAIL)."""
+        return "CANCELLED" if self.cancelled is not None else self.state.name
+
+    @property
     def paused(self) -> bool:
         return bool(self.attrs.get(_PAUSED))
 

@@ -542,7 +542,7 @@ class Study:
             rows.append(
                 LeaderboardRow(
                     number=t.number,
-                    state="CANCELLED" if record.cancelled is not None else t.state.name,
+                    state=record.shown_state,
                     value=record.value,
                     chunks_done=record.committed,  # a warm clone's count includes the units it inherited
                     params=dict(t.params),

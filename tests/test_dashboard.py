@@ -460,6 +460,8 @@ def test_cancel_route_takes_a_waiting_clone_out_of_the_queue_and_refuses_anythin
     clone = _trials(study)[3]
     assert clone.state == TrialState.FAIL and TrialRecord(clone).cancelled.by == "dashboard (127.0.0.1)"
     assert "data-trial='3' data-state='CANCELLED'" in page and api(study, 3, "cancel") not in page
+    board = page[page.index("<table class='leaderboard'>"):page.index("</table>", page.index("leaderboard"))]
+    assert f"{TrialRecord(clone).cancelled.reason}</td>" in board  # why it ended: who cancelled it, and when
 
 
 def test_withdraw_route_takes_back_a_pending_request_once(study):
