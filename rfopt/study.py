@@ -194,6 +194,7 @@ class Study:
         precision: str = "auto",
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
+        gang_size: int = 1,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -233,7 +234,10 @@ class Study:
                 ``"wandb"``, ``"mlflow"``, ``"trackio"``, a list, ``"none"``): one run per trial, named
                 ``<study>-trial-<n>``, grouped by study (`rfopt.trackers`). Stored on the study: None takes the stored
                 value (none for a new study); a value given replaces it for this and later runs.
+            gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
+                batch (`rfopt.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL.
         """
+        _check_gang_size(gang_size)
         pool = ModelPool(device, precision)  # checks the device before anything is written
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
@@ -244,7 +248,8 @@ class Study:
         max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
         with Progress(self.study_name, enabled=show_progress_bar) as progress:
             trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit, LocalCoordinator(),
-                                max_concurrent, progress=progress, more_to_ask=self._more_to_ask(space, checked, n_trials))
+                                max_concurrent, progress=progress, more_to_ask=self._more_to_ask(space, checked, n_trials),
+                                gang_size=gang_size)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -270,6 +275,7 @@ class Study:
         poll_seconds: float = 1.0,
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
+        gang_size: int = 1,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
@@ -286,6 +292,7 @@ class Study:
 
         if lease_seconds <= 0 or poll_seconds <= 0:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
+        _check_gang_size(gang_size)
         pool = ModelPool(device, precision)  # checks the device before anything is written
         if max_concurrent is None and isinstance(as_space(space), ListSpace):  # the same for every worker
             max_concurrent = max(1, min(len(as_space(space).configs), 8))
@@ -300,7 +307,8 @@ class Study:
         max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
         trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
                             LeasedCoordinator(leases, lease_seconds), max_concurrent,
-                            more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds)
+                            more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,
+                            gang_size=gang_size)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -323,7 +331,7 @@ class Study:
         return more
 
     def _run(self, space, checked, store, pool, train_dataset, eval_dataset, on_unit, coordinator, max_concurrent, *,
-             more_to_ask, progress=None, poll_seconds: float = 1.0) -> int:
+             more_to_ask, progress=None, poll_seconds: float = 1.0, gang_size: int = 1) -> int:
         """Drive the study until nothing is left to do here; return how many units this call committed."""
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         ctx = Context(study=self.optuna, store=store, plan=checked.plan, train_dataset=train_dataset,
@@ -338,7 +346,7 @@ class Study:
         try:
             with self._presence("worker" if coordinator.shared else "run"):
                 drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
+                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline, gang_size=gang_size)
             if checked.timed_out() and roster.live:
                 logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                                "the study runs again", self.study_name, sorted(roster.live))
@@ -851,3 +859,8 @@ def _waiting_listed(study: optuna.Study) -> int:
 
 
 __all__ = ["LeaderboardRow", "Study", "UnitCommitted", "create_study", "load_study"]
+
+
+def _check_gang_size(gang_size: Any) -> None:
+    if not isinstance(gang_size, int) or isinstance(gang_size, bool) or gang_size < 1:
+        raise ValueError(f"gang_size={gang_size!r}: give a whole number >= 1 (1 trains one trial at a time)")
