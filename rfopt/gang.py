@@ -33,6 +33,10 @@ from .runner import ChunkMetrics, TrialRunner
 from .state import RngState
 
 
+DEFAULT_GANG_SIZE = 1
+"""``gang_size`` when a run gives none (`Study.optimize`, ``rfopt run``): chosen from the benchmarks (BENCHMARKS.md)."""
+
+
 @dataclass
 class GangMember:
     """One trial of a gang: its runner, what stops its chunk early, and what its chunk came to."""

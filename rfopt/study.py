@@ -56,6 +56,7 @@ from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .display import Progress
 from .driver import drive
 from .evaluation import EvalSettings, reward_columns, reward_name
+from .gang import DEFAULT_GANG_SIZE
 from .models import ModelPool
 from .pruning import PopulationBasedTraining
 from .roster import Roster
@@ -194,7 +195,7 @@ class Study:
         precision: str = "auto",
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
-        gang_size: int = 1,
+        gang_size: int = DEFAULT_GANG_SIZE,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -275,7 +276,7 @@ class Study:
         poll_seconds: float = 1.0,
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
-        gang_size: int = 1,
+        gang_size: int = DEFAULT_GANG_SIZE,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
