@@ -12,7 +12,11 @@ tokenizer; the prompts are rfopt's synthetic arithmetic set. One run measures, o
   base + N x (adapter + AdamW states) + 10%;
 - how busy the GPU was during (b) (``torch.cuda.utilization()`` sampled in a thread; needs pynvml, else "n/a");
 - exactness: one trial trained in chunks vs straight through, ``torch.use_deterministic_algorithms(True)``;
-- the same sweep as a study on SQLite run by 1, 2 and 4 ``rfopt worker`` processes sharing the GPU.
+- the same sweep as a study on SQLite run by 1, 2 and 4 ``rfopt worker`` processes sharing the GPU;
+- gangs (issue 23): the same configs as a full study (evaluation after every chunk, adapters saved) by plain TRL one
+  after another against ``optimize(..., gang_size=G)`` for G in 1, 2, 4 (bench/gang.py's functions), with each gang
+  run's time by part and peak GPU memory against `rfopt.models.gang_memory`'s estimate, and the rollout engine's
+  generation throughput (one batched call for G trials against G calls).
 
     python bench/gpu.py                    # on the GPU machine: see bench/gpu.md
     python bench/gpu.py --dry-run          # the same code path on the CPU, tiny model, well under two minutes
@@ -51,6 +55,7 @@ import throughput  # noqa: E402  (bench/throughput.py: its comparison functions;
 
 QWEN_CONFIG = BENCH / "qwen2.5-0.5b-config.json"
 WORKER_COUNTS = (1, 2, 4)
+GANG_SIZES = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -314,6 +319,29 @@ def measure_workers(sizes: Sizes, source: Path, workdir: Path, counts: list[int]
 
 
 # ---------------------------------------------------------------------- report
+def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int]) -> dict[str, Any]:
+    """The full study by plain TRL against rfopt in gangs of each size (one run each), and generation throughput."""
+    import gang as gang_bench  # bench/gang.py
+
+    from rfopt.evaluation import EvalPrompts
+    from rfopt.models import ModelPool
+
+    if not gangs:
+        return {}
+    tokenizer = ModelPool(setup.device, setup.precision).tokenizer(setup.configs[0])
+    prompt_tokens = max(map(len, EvalPrompts.of(setup.train, tokenizer).token_ids(tokenizer)))
+    plain = gang_bench.run_plain_side(setup, workdir / "plain")
+    runs = {}
+    for size in gangs:
+        throughput._settle()
+        run = gang_bench.run_gang_study(setup, workdir / f"gang-{size}", size, prompt_tokens)
+        run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
+        runs[str(size)] = run
+    new_tokens = setup.configs[0].args.max_completion_length
+    generation = gang_bench.generation_throughput(setup, sorted(set(gangs) | {8}), rows=4, new_tokens=new_tokens)
+    return {"plain_wall_s": plain["wall_s"], "runs": runs, "generation": generation}
+
+
 def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
@@ -351,6 +379,24 @@ def print_table(record: dict[str, Any]) -> None:
         entry = w.get(str(count))
         rows.append((f"sweep with {count} worker(s) sharing the device, wall",
                      f"{entry['wall_s']:.1f} s" if entry else "not run"))
+    gangs = record.get("gangs") or {}
+    if gangs:
+        rows.append(("full study, plain TRL one after another, wall", f"{gangs['plain_wall_s']:.1f} s"))
+    for size in GANG_SIZES:
+        entry = (gangs.get("runs") or {}).get(str(size))
+        if entry is None:
+            rows.append((f"full study in gangs of {size}, wall ratio to plain TRL", "not run"))
+            continue
+        rows.append((f"full study in gangs of {size}, wall ratio to plain TRL",
+                     f"{entry['ratio_wall']:.3f} ({entry['wall_s']:.1f} s)"))
+        rows.append((f"  gangs of {size}: peak memory / estimate",
+                     f"{_gib(entry['peak_bytes'])} / {_gib(entry['estimate_bytes'])}"))
+        rows.append((f"  gangs of {size}: time by part",
+                     ", ".join(f"{k} {v:.1f} s" for k, v in entry["parts_s"].items())))
+    for entry in gangs.get("generation", []):
+        rows.append((f"generation, {entry['gang_size']} trial(s): batched / separate / model.generate",
+                     f"{entry['batched_tok_s']:.0f} / {entry['separate_tok_s']:.0f} / "
+                     f"{entry['hf_generate_tok_s']:.0f} tok/s"))
     print()
     print(f"rfopt GPU benchmark - {record['model']} on {record['device_name']} ({record['precision']}), "
           f"{record['configs']} configs (lr {', '.join(f'{x:g}' for x in record['learning_rates'])}, LoRA r{LORA_RANK}), "
@@ -369,6 +415,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON result path (default: %(default)s)")
     parser.add_argument("--workers", default=",".join(map(str, WORKER_COUNTS)),
                         help="worker counts for the sweep, comma-separated, or 'none' (default: %(default)s)")
+    parser.add_argument("--gangs", default=",".join(map(str, GANG_SIZES)),
+                        help="gang sizes of the full-study comparison, comma-separated, or 'none' (default: "
+                        "%(default)s)")
     args = parser.parse_args(argv)
     try:
         args.workers = [] if args.workers == "none" else [int(x) for x in args.workers.split(",")]
@@ -376,6 +425,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--workers {args.workers!r}: give counts such as 1,2,4, or none")
     if any(count < 1 for count in args.workers):
         parser.error("--workers: every count must be >= 1")
+    try:
+        args.gangs = [] if args.gangs == "none" else [int(x) for x in args.gangs.split(",")]
+    except ValueError:
+        parser.error(f"--gangs {args.gangs!r}: give gang sizes such as 1,2,4, or none")
+    if any(size < 1 for size in args.gangs):
+        parser.error("--gangs: every size must be >= 1")
     return args
 
 
@@ -403,6 +458,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         exactness = measure_exactness(setup, workdir / "exactness")
         print("workers sweep:", "skipped (--workers none)" if not args.workers else "", flush=True)
         workers = measure_workers(sizes, source, workdir, args.workers)
+        print("gangs:", "skipped (--gangs none)" if not args.gangs else "", flush=True)
+        gangs = measure_gangs(setup, workdir / "gangs", args.gangs)
         record = {
             **dataclasses.asdict(sizes),
             "dry_run": args.dry_run,
@@ -411,6 +468,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "round_robin": round_robin,
             "exactness": exactness,
             "workers": workers,
+            "gangs": gangs,
             "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                         "cuda": torch.version.cuda, "transformers": transformers.__version__, "trl": trl.__version__,
                         "peft": peft.__version__},

@@ -99,6 +99,7 @@ def drive(
                     if claim is not None:
                         roster.work_on(roster.live[picks[0].number], claim)
             else:
+                picks = roster.fit_gang(picks)  # memory is planned, not discovered
                 with contextlib.ExitStack() as claims:
                     held_here = [(roster.live[pick.number], claim) for pick in picks
                                  if (claim := claims.enter_context(coordinator.claim(pick.number))) is not None]

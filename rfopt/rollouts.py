@@ -179,7 +179,7 @@ class RolloutEngine:
             was_training = self.model.training
             self.model.eval()
             try:
-                with torch.no_grad(), self._row_adapters([requests[i] for i in live]):
+                with torch.no_grad(), self.model.disable_adapter():
                     decoded = self._decode([requests[i] for i in live], device, should_stop)
             finally:
                 self.model.train(was_training)
@@ -190,60 +190,84 @@ class RolloutEngine:
     # ------------------------------------------------------------------ decoding
     def _decode(self, requests: list[Request], device: Any, should_stop: Callable[[], bool] | None
                 ) -> list[list[list[int]] | Exception]:
+        """Prefill each request's distinct prompts once (GRPO repeats every prompt ``num_generations`` times), copy
+        their cache to every row, then decode all rows one token at a time."""
         import torch
         from transformers import DynamicCache
 
-        rows = [ids for r in requests for ids in r.prompt_ids]
-        spans = _spans(requests)
-        width = max(len(ids) for ids in rows)
+        # The distinct prompts of each request, and for every row the prefilled row it starts from.
+        unique: list[list[list[int]]] = []
+        source: list[int] = []
+        for r in requests:
+            seen: dict[tuple[int, ...], int] = {}
+            distinct: list[list[int]] = []
+            for ids in r.prompt_ids:
+                key = tuple(ids)
+                if key not in seen:
+                    seen[key] = sum(map(len, unique)) + len(distinct)
+                    distinct.append(ids)
+                source.append(seen[key])
+            unique.append(distinct)
         pad = requests[0].sampling.pad_token_id
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, ids in enumerate(rows):
-            if ids:
-                input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-                mask[i, width - len(ids):] = 1
-        input_ids, mask = input_ids.to(device), mask.to(device)
+        prompts = [ids for distinct in unique for ids in distinct]
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            prompt_mask[i, width - len(ids):] = 1
+        input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
+        cache = DynamicCache()
+        with self._row_adapters([r.adapter for r in requests], [len(d) for d in unique]):
+            out = self.model(input_ids=input_ids, attention_mask=prompt_mask,
+                             position_ids=(prompt_mask.cumsum(dim=1) - 1).clamp(min=0), past_key_values=cache,
+                             use_cache=True, logits_to_keep=1)
+        index = torch.tensor(source, device=device)
+        cache = out.past_key_values
+        cache.reorder_cache(index)  # every row gets its prompt's cache (an index_select on the batch)
+        logits = out.logits[:, -1, :].float().index_select(0, index)
+        mask = prompt_mask.index_select(0, index)
+        history = input_ids.index_select(0, index)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -1:]
+        rows = len(source)
+        spans = _spans(requests)
         padding = (width - mask.sum(dim=1)).cpu()
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         generators = [torch.Generator(device=device).manual_seed(r.seed) for r in requests]
         processors = [r.sampling.processors(padding[a:b]) for r, (a, b) in zip(requests, spans)]
         limits = torch.tensor([r.sampling.max_new_tokens for r in requests for _ in r.prompt_ids], device=device)
         eos = [torch.tensor(r.sampling.eos_token_ids or [-1], device=device) for r in requests]
         failed: dict[int, Exception] = {}
-        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-        history = input_ids
+        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        repeats = any(r.sampling.repetition_penalty != 1.0 for r in requests)
         generated: list[Any] = []
-        cache = DynamicCache()
-        step_ids, step_positions = input_ids, positions
-        for step in range(int(limits.max().item())):
-            if should_stop is not None and should_stop():
-                raise Aborted("decoding stopped")
-            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-            tokens = torch.full((len(rows),), pad, dtype=torch.long, device=device)
-            for g, (request, (a, b)) in enumerate(zip(requests, spans)):
-                if g in failed or bool(done[a:b].all()):
-                    continue
-                try:
-                    tokens[a:b] = _pick(logits[a:b], history[a:b], processors[g], request.sampling, generators[g])
-                except RuntimeError as exc:  # e.g. "probability tensor contains either inf, nan or element < 0"
-                    failed[g] = exc
-                    done[a:b] = True
-                    continue
-                tokens[a:b] = torch.where(done[a:b], torch.full_like(tokens[a:b], request.sampling.pad_token_id),
-                                          tokens[a:b])
-                done[a:b] |= torch.isin(tokens[a:b], eos[g]) | (limits[a:b] <= step + 1)
-            generated.append(tokens)
-            history = torch.cat([history, tokens[:, None]], dim=1)
-            if bool(done.all()):
-                break
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=1)
-            step_ids = tokens[:, None]
-            step_positions = step_positions[:, -1:] + 1
-        new = torch.stack(generated, dim=1).tolist() if generated else [[] for _ in rows]
+        with self._row_adapters([r.adapter for r in requests], [len(r.prompt_ids) for r in requests]):
+            for step in range(int(limits.max().item())):
+                if should_stop is not None and should_stop():
+                    raise Aborted("decoding stopped")
+                tokens = torch.full((rows,), pad, dtype=torch.long, device=device)
+                for g, (request, (a, b)) in enumerate(zip(requests, spans)):
+                    if g in failed or bool(done[a:b].all()):
+                        continue
+                    try:
+                        picked = _pick(logits[a:b], history[a:b], processors[g], request.sampling, generators[g])
+                    except RuntimeError as exc:  # e.g. "probability tensor contains either inf, nan or element < 0"
+                        failed[g] = exc
+                        done[a:b] = True
+                        continue
+                    tokens[a:b] = torch.where(done[a:b], request.sampling.pad_token_id, picked)
+                    done[a:b] |= torch.isin(tokens[a:b], eos[g]) | (limits[a:b] <= step + 1)
+                generated.append(tokens)
+                if bool(done.all()):
+                    break
+                if repeats:
+                    history = torch.cat([history, tokens[:, None]], dim=1)
+                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=device)], dim=1)
+                positions = positions + 1
+                out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+        new = torch.stack(generated, dim=1).tolist() if generated else [[] for _ in range(rows)]
         results: list[list[list[int]] | Exception] = []
         for g, (request, (a, b)) in enumerate(zip(requests, spans)):
             if g in failed:
@@ -256,12 +280,44 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ per-row adapters
     @contextlib.contextmanager
-    def _row_adapters(self, requests: list[Request]) -> Iterator[None]:
-        """Within this block the shared model computes each request's rows through the request's own adapter."""
-        spans = [(r.adapter, a, b) for r, (a, b) in zip(requests, _spans(requests))]
+    def _row_adapters(self, adapters: list[str], counts: list[int]) -> Iterator[None]:
+        """Within this block (adapters disabled), each LoRA layer adds to each group of rows the delta of its own
+        adapter: the batch is ``counts[i]`` rows of ``adapters[i]``, in that order.
+
+        Where every group has the same number of rows and its adapter on a layer with the same rank (a gang of
+        GRPO trials: ``per_device_train_batch_size`` rows each), the layer's deltas are two batched matrix products
+        for the whole gang; elsewhere, one ``lora_B(lora_A(x))`` per group, on its slice of the batch."""
+        import torch
+
+        spans, start = [], 0
+        for adapter, count in zip(adapters, counts):
+            spans.append((adapter, start, start + count))
+            start += count
+        even = len(set(counts)) == 1 and len(adapters) > 1
+        stacked: dict[Any, tuple[Any, Any, Any]] = {}
+        layers = lora_layers(self.model)
+        if even:
+            for layer in layers:
+                if not all(a in layer.lora_A for a in adapters):
+                    continue
+                a_weights = [layer.lora_A[a].weight for a in adapters]
+                if len({w.shape for w in a_weights}) != 1 or any(layer.lora_B[a].bias is not None for a in adapters):
+                    continue
+                stacked[layer] = (torch.stack([w.t() for w in a_weights]),
+                                  torch.stack([layer.lora_B[a].weight.t() for a in adapters]),
+                                  torch.tensor([float(layer.scaling[a]) for a in adapters],
+                                               dtype=a_weights[0].dtype, device=a_weights[0].device)[:, None, None])
+        groups = len(adapters)
 
         def add_deltas(module: Any, args: tuple[Any, ...], output: Any) -> Any:
             x = args[0]
+            weights = stacked.get(module)
+            if weights is not None:
+                a_stack, b_stack, scaling = weights
+                grouped = x.to(a_stack.dtype).reshape(groups, -1, x.shape[-1])
+                delta = torch.bmm(torch.bmm(grouped, a_stack), b_stack) * scaling
+                output += delta.reshape(output.shape).to(output.dtype)
+                return output
             for adapter, a, b in spans:
                 if adapter in module.lora_A:
                     lora_a, lora_b = module.lora_A[adapter], module.lora_B[adapter]
@@ -269,10 +325,9 @@ class RolloutEngine:
                     output[a:b] += delta.to(output.dtype)
             return output
 
-        handles = [layer.register_forward_hook(add_deltas) for layer in lora_layers(self.model)]
+        handles = [layer.register_forward_hook(add_deltas) for layer in layers]
         try:
-            with self.model.disable_adapter():
-                yield
+            yield
         finally:
             for handle in handles:
                 handle.remove()

@@ -34,7 +34,8 @@ from .config import ConfigError, TrialConfig, override_dict
 from .leases import LeaseLost
 from .pruning import Member, PopulationBasedTraining, decide, plan_step
 from .runner import ChunkAborted
-from .scheduler import completed_rungs
+from .evaluation import EvalPrompts
+from .scheduler import LiveTrial, completed_rungs
 from .schema import PruneDecision, TrialRecord, TrialRef
 from .unit import Claim, Context, Live
 
@@ -75,6 +76,9 @@ class Roster:
         self._last: tuple[int, int, float] | None = None
         self._maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
         self._warned_params: set[str] = set()
+        self._prompt_tokens: int | None = None
+        self._cloned = False
+        self._said: set[str] = set()
         ctx.subscribers.insert(0, self._on_commit)
 
     # ------------------------------------------------------------------ reconcile with storage
@@ -141,6 +145,8 @@ class Roster:
             return True
         if self.active() >= max_concurrent:
             return False
+        if self._cloned:  # population-based training enqueued clones after `records` were read: start them now
+            return True
         return more_to_ask() or any(r.state == TrialState.WAITING and r.lineage is not None for r in records)
 
     def configure(self) -> None:
@@ -153,6 +159,7 @@ class Roster:
     def top_up(self, max_concurrent: int, more_to_ask: Callable[[], bool]) -> None:
         """Ask new trials while fewer than `max_concurrent` are active (call while asking is allowed). A waiting clone
         is always asked; new trials from the space while `more_to_ask()`."""
+        self._cloned = False
         while self.active() < max_concurrent and (more_to_ask() or self._waiting_clone()):
             trial = self.study.ask()
             if TrialRecord(trial).lineage is None:
@@ -374,6 +381,7 @@ class Roster:
             return str(exc)
         logger.info("trial %d replaced by trial %d, a clone of trial %d", replacement.trial, made.number,
                     replacement.parent)
+        self._cloned = True
         return made.number
 
     def _n_steps(self) -> int:
@@ -494,6 +502,22 @@ class Roster:
     def active(self) -> int:
         """Live trials that hold a slot: paused ones free theirs."""
         return sum(not live.paused for live in self.live.values())
+
+    def fit_gang(self, picks: list[LiveTrial]) -> list[LiveTrial]:
+        """The first of `picks` (a gang) that fit in the device's memory (`ModelPool.gang_room`); says once when a gang
+        is made smaller."""
+        if len(picks) <= 1:
+            return picks
+        configs = [self.live[p.number].config for p in picks]
+        if self._prompt_tokens is None:
+            tokenizer = self.ctx.pool.tokenizer(configs[0])
+            sample = self.ctx.train_dataset.select(range(min(256, len(self.ctx.train_dataset))))
+            self._prompt_tokens = max(map(len, EvalPrompts.of(sample, tokenizer).token_ids(tokenizer)), default=0)
+        n, why = self.ctx.pool.gang_room(configs, self._prompt_tokens)
+        if why is not None and why not in self._said:
+            self._said.add(why)
+            logger.warning("%s", why)
+        return picks[:n]
 
     def resident_models(self) -> set[str]:
         return {live.config.model_key for live in self.live.values() if self.ctx.pool.has_base(live.config)}

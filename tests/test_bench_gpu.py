@@ -12,7 +12,8 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
     out = tmp_path / "gpu.json"
     # One worker count (2) keeps it short; the full sweep is the same code with more counts.
     run = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--workers", "2", "--out", str(out)],
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--workers", "2", "--gangs", "2",
+         "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -32,3 +33,9 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
     assert record["exactness"]["max_abs_diff"] == 0.0
     assert rr["max_abs_weight_diff_a_vs_b"] == 0.0
     assert set(record["workers"]) == {"2"} and record["workers"]["2"]["wall_s"] > 0
+    # Gangs: the full study in gangs of 2 against plain TRL, by part, and the engine's generation throughput.
+    assert "full study in gangs of 2, wall ratio to plain TRL" in table and "generation, 2 trial(s)" in table
+    gangs = record["gangs"]
+    assert gangs["plain_wall_s"] > 0 and gangs["runs"]["2"]["ratio_wall"] > 0
+    assert gangs["runs"]["2"]["parts_s"]["rollout_decode"] > 0 and gangs["runs"]["2"]["estimate_bytes"] > 0
+    assert {g["gang_size"] for g in gangs["generation"]} == {2, 8}

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import rfopt
 from rfopt import schema
 from rfopt.chunks import ChunkPlan, trial_schedule
+from rfopt.evaluation import EvalPrompts
 from rfopt.gang import Gang, GangMember, refusal
 from rfopt.models import ModelPool
 from rfopt.rollouts import Request, RolloutEngine, Sampling
@@ -228,9 +229,9 @@ def test_gangs_are_trials_at_the_same_progress_on_one_base_model_split_evenly():
 
 
 # ---------------------------------------------------------------------- studies in gangs
-def _study(tmp_path, name="gang"):
+def _study(tmp_path, name="gang", num_chunks=2):
     tmp_path.mkdir(parents=True, exist_ok=True)
-    return rfopt.create_study(study_name=name, storage=f"sqlite:///{tmp_path / 'gang.db'}", num_chunks=2,
+    return rfopt.create_study(study_name=name, storage=f"sqlite:///{tmp_path / 'gang.db'}", num_chunks=num_chunks,
                               checkpoint_dir=tmp_path / "ck")
 
 
@@ -286,3 +287,85 @@ def test_gang_size_must_be_a_whole_number(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="gang_size=0"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), gang_size=0)
 
+
+
+# ---------------------------------------------------------------------- memory is planned
+def test_the_memory_estimate_counts_each_adapter_and_the_base_model_as_built(tiny_model):
+    from rfopt.models import gang_memory, model_bytes
+
+    configs = [trial_config(tiny_model), trial_config(tiny_model, peft=lora_config(r=8, target_modules="all-linear"))]
+    estimate = gang_memory(configs, prompt_tokens=20)
+    built = [get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), c.peft_config) for c in configs]
+    lora = [sum(p.numel() for n, p in m.named_parameters() if "lora_" in n) for m in built]
+    assert estimate.members == tuple(16 * n for n in lora)  # fp32 weight, gradient and two AdamW moments
+    assert estimate.base == model_bytes(configs[0])
+    assert estimate.step > 0 and len(estimate.decode) == 2 and estimate.total > estimate.base
+
+
+def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(tiny_model, tmp_path, monkeypatch, caplog):
+    from rfopt import models
+
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
+    train = prompts_dataset(8)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    longest = max(map(len, EvalPrompts.of(train, tokenizer).token_ids(tokenizer)))
+    estimate = models.gang_memory(configs, longest)
+    # Room for two members beside the (resident) base model, not three.
+    room = (sum(estimate.members[:2]) + estimate.step + sum(estimate.decode[:2])) * 1.21
+    monkeypatch.setattr(models, "free_bytes", lambda device: int(room))
+    study = _study(tmp_path)
+    with caplog.at_level("WARNING", logger="rfopt"):
+        study.optimize(configs, train, prompts_dataset(2, "E"), gang_size=3, show_progress_bar=False)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    sizes = {len(schema.gang_plan(t, 0).numbers) for t in study.trials}
+    assert max(sizes) < 3
+    assert "a gang of" in caplog.text and "training" in caplog.text and "at once instead" in caplog.text
+
+
+# ---------------------------------------------------------------------- ops and population-based training mid-gang
+def _gang_optimize(study, configs, on_unit=None, num_chunks=3, **kwargs):
+    study.optimize(configs, prompts_dataset(12), prompts_dataset(2, "E"), num_chunks=num_chunks, gang_size=3,
+                   show_progress_bar=False, on_unit=on_unit, **kwargs)
+
+
+def test_a_trial_paused_out_of_its_gang_resumes_where_it_was_and_its_partners_go_on(tiny_model, tmp_path):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
+    reference = _study(tmp_path / "ref", num_chunks=3)
+    _gang_optimize(reference, configs)
+    study = _study(tmp_path / "paused", num_chunks=3)
+
+    def on_unit(number, step, value):
+        if (number, step) == (1, 0):
+            study.pause_trial(1)
+        if (number, step) == (0, 1):
+            study.resume_trial(1)
+        if (number, step) == (2, 1):
+            study.stop_trial(2)
+
+    _gang_optimize(study, configs, on_unit)
+    trials = study.trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    assert schema.gang_plan(trials[0], 1).numbers == (0, 2)  # trial 1 sat out chunk 1 (paused)
+    assert schema.gang_plan(trials[1], 1).numbers == (1,)  # and caught up alone
+    assert schema.gang_plan(trials[0], 2).numbers == (0, 1)  # then rejoined; trial 2 was stopped
+    for number in (0, 1):  # on the tiny model a trial's numerics do not depend on its partners
+        assert trials[number].intermediate_values == reference.trials[number].intermediate_values
+        assert _same(_adapter(study, number), _adapter(reference, number))
+
+
+def test_population_based_training_replaces_members_of_a_gang_with_warm_clones(tiny_model, tmp_path):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[2e-3, 5e-3, 1e-2, 3e-3])
+    pbt = rfopt.PopulationBasedTraining(interval=1, quantile=0.25, resample_probability=0.0, seed=0)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    study = rfopt.create_study(study_name="pbt", storage=f"sqlite:///{tmp_path / 'pbt.db'}", pruner=pbt,
+                               checkpoint_dir=tmp_path / "ck")
+    study.optimize(configs, prompts_dataset(12), prompts_dataset(2, "E"), num_chunks=3, gang_size=4,
+                   show_progress_bar=False)
+    trials = study.trials
+    clones = [t for t in trials if schema.TrialRecord(t).lineage is not None]
+    assert clones and all(schema.TrialRecord(c).lineage.warm_start for c in clones)
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 4
+    # A clone trains in a gang with the members it joins at its parent's progress.
+    first_clone = clones[0]
+    start = schema.TrialRecord(first_clone).start_unit
+    assert len(schema.gang_plan(first_clone, start).numbers) > 1

@@ -200,3 +200,18 @@ def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_no
     assert [op["op"] for op in paused.user_attrs["rfopt:ops"]] == ["pause", "resume"]
     assert paused.intermediate_values == ref.intermediate_values
     assert same_tensors(adapter(paused), adapter(ref))
+
+
+def test_two_workers_train_their_own_gangs_and_finish_every_unit_once(tiny_model, tmp_path):
+    """Each worker forms gangs of the trials it holds leases on (a gang lives in one process); together they finish
+    the study, no unit trained twice or committed by two."""
+    storage = f"sqlite:///{tmp_path / 'workers.db'}"
+    log = tmp_path / "events.log"
+    code = run(worker_command(storage, tmp_path / "ck", "--devices", "cpu,cpu", "--gang-size", "2"), tmp_path,
+               env(tiny_model, RFOPT_EVENT_LOG=log, RFOPT_TEST_TRIALS=4), tmp_path / "workers.log")
+    assert code == 0, (tmp_path / "workers.log").read_text()[-3000:]
+    _check_finished_once(storage, log)
+    assert {t.state for t in trials(storage)} == {optuna.trial.TrialState.COMPLETE}
+    gangs = {tuple(t.system_attrs[k]["members"][0]) for t in trials(storage) for k in t.system_attrs
+             if k.startswith("rfopt:gang:")}
+    assert gangs  # the units were trained in gangs

@@ -1,0 +1,359 @@
+"""Gangs (issue 23): rfopt training G trials at once, their rollouts decoded together, against plain TRL.
+
+Measured in one process:
+
+1. **Full study, side by side.** The same N configs (LoRA adapters with different learning rates and ranks on one
+   base model) over the same rows and chunks, with the same evaluation after every chunk and the final adapter
+   saved: (a) plain TRL, one ``GRPOTrainer`` after another (`bench/throughput.py`'s `run_plain`, evaluating at every
+   chunk boundary from a callback), against (b) ``rfopt.create_study(...).optimize(configs, ..., gang_size=G)`` for
+   each G in ``--gangs``. Each repeat runs every side once, the order reversed on every other repeat; the figure
+   for each G is the median of the per-repeat wall-time ratios b/a, printed with the load average before and after.
+   Model loading is left out of both sides (a loads the base model N times, b once). The sides do not train the same
+   numbers: a gang samples from each trial's own random stream, in eval mode (`rfopt.rollouts`), so completions
+   differ, and so does the work (their lengths): the mean completion length of each side is printed beside the ratio.
+2. **Where a gang's time goes**, per G: the batched decodes of rollouts; the rest of the members' training steps
+   (rewards, loss, backward, optimizer); the hand-overs between members (random states, gradient state, model
+   patches, adapter switch); the evaluation (its decodes apart); checkpoints; the rest (storage, rungs, adapters).
+3. **Generation throughput**: completion tokens per second of one `RolloutEngine.generate` call decoding G trials'
+   rows together, of G calls decoding one trial's rows each, and of ``model.generate`` on one adapter G times.
+4. **Peak memory** of each gang run (the process's peak resident set, reset before the run; on a GPU
+   ``torch.cuda.max_memory_allocated``) against `rfopt.models.gang_memory`'s estimate.
+
+    python bench/gang.py --model smollm2 --configs 4 --chunks 4 --gangs 1,2,4 --repeats 3
+    python bench/gang.py --model smollm2 --configs 8 --chunks 4 --gangs 8 --repeats 2
+    python bench/gang.py --model tiny --repeats 1            # a quick check of the script
+
+The result is also written as JSON (default ``/tmp/rfopt-bench/<model>-gang.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import throughput  # noqa: E402 - bench/throughput.py: the plain TRL side, the configs, the timing helpers
+
+
+# ---------------------------------------------------------------------- memory
+def _reset_peak_rss() -> None:
+    """Start the process's peak resident set (VmHWM) from its current size (Linux: ``clear_refs`` 5)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------- timing by part
+class Parts:
+    """Wall seconds spent in a few functions during a gang study, by part; decodes told apart by where they ran."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._in_gang = 0
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def wrapped(self, owner: Any, name: str, part: str) -> Iterator[None]:
+        original = getattr(owner, name)
+        parts = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            if part == "gang":
+                parts._in_gang += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if part == "gang":
+                    parts._in_gang -= 1
+                where = "rollout_decode" if part == "decode" and parts._in_gang else (
+                    "eval_decode" if part == "decode" else part)
+                parts.add(where, time.perf_counter() - started)
+
+        setattr(owner, name, wrapper)
+        try:
+            yield
+        finally:
+            setattr(owner, name, original)
+
+
+def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, prompt_tokens: int) -> dict[str, Any]:
+    """(b): ``optimize(configs, ..., gang_size=G)`` with evaluation, checkpoints and SQLite, timed by part."""
+    import optuna
+    import torch
+
+    import rfopt
+    import rfopt.models
+    from rfopt import gang, rollouts, schema, unit
+    from rfopt.checkpoints import CheckpointStore
+    from rfopt.runner import TrialRunner
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cuda = setup.device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    gc.collect()
+    _reset_peak_rss()
+    parts = Parts()
+    with contextlib.ExitStack() as stack:
+        for owner, name, part in (
+            (rfopt.models, "load_model", "load"), (gang.Gang, "train", "gang"),
+            (rollouts.RolloutEngine, "generate", "decode"), (gang._Context, "restore", "switching"),
+            (gang._Context, "capture", "switching"), (rfopt.models.ModelPool, "activate", "switching"),
+            (unit, "evaluate_members", "evaluation"), (TrialRunner, "evaluate", "evaluation"),
+            (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
+            (CheckpointStore, "save", "checkpoints"),
+        ):
+            stack.enter_context(parts.wrapped(owner, name, part))
+        clock = throughput.Clock()
+        with clock.measure():
+            study = rfopt.create_study(study_name="gang", storage=f"sqlite:///{out_dir / 'study.db'}",
+                                       pruner=optuna.pruners.NopPruner(), checkpoint_dir=out_dir / "checkpoints")
+            study.optimize(setup.configs, setup.train, setup.test, num_chunks=setup.plan.num_chunks,
+                           eval_settings=setup.settings, show_progress_bar=False, device=setup.device,
+                           precision=setup.precision, gang_size=gang_size)
+    states = {t.number: t.state.name for t in study.optuna.trials}
+    if any(state != "COMPLETE" for state in states.values()):
+        raise RuntimeError(f"gang study trials did not all complete: {states}")
+    s = parts.seconds
+    load = s.get("load", 0.0)
+    wall = clock.wall - load
+    if gang_size > 1:
+        training = s.get("gang", 0.0)
+        rest_of_steps = training - s.get("rollout_decode", 0.0) - s.get("switching", 0.0)
+    else:  # one trial at a time: its generation is inside train_chunk, not told apart here
+        training = s.get("train_chunk", 0.0)
+        rest_of_steps = training
+    breakdown = {
+        "rollout_decode": s.get("rollout_decode", 0.0),
+        "train_steps_rest": rest_of_steps,
+        "switching": s.get("switching", 0.0),
+        "evaluation": s.get("evaluation", 0.0),
+        "evaluation_decode": s.get("eval_decode", 0.0),
+        "checkpoints": s.get("checkpoints", 0.0),
+    }
+    breakdown["storage_rungs_adapters"] = wall - training - breakdown["evaluation"] - breakdown["checkpoints"]
+    lengths = [m.train.get("completions/mean_length") for t in study.optuna.trials
+               for m in schema.TrialRecord(t).unit_metrics()]
+    estimate = rfopt.models.gang_memory(setup.configs[:gang_size], prompt_tokens)
+    return {
+        "gang_size": gang_size,
+        "wall_s": wall,
+        "cpu_s": clock.cpu - load,
+        "load_s": load,
+        "parts_s": breakdown,
+        "mean_completion_length": _mean(lengths),
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else _peak_rss(),
+        "estimate_bytes": None if estimate is None else estimate.total,
+        "estimate_parts": None if estimate is None else {
+            "base": estimate.base, "members": sum(estimate.members), "step": estimate.step,
+            "decode": sum(estimate.decode)},
+    }
+
+
+def run_plain_side(setup: throughput.Setup, out_dir: Path) -> dict[str, Any]:
+    """(a): plain TRL with the same evaluation and saving (`throughput.run_plain`)."""
+    gc.collect()
+    _reset_peak_rss()
+    result = throughput.run_plain(setup, with_eval=True, out_dir=out_dir)
+    return {"wall_s": result.train.wall, "cpu_s": result.train.cpu, "load_s": result.load.wall,
+            "evaluation_s": result.eval_seconds, "peak_bytes": _peak_rss(),
+            "mean_completion_length": None}
+
+
+def _mean(values: list[Any]) -> float | None:
+    kept = [v for v in values if isinstance(v, (int, float))]
+    return statistics.mean(kept) if kept else None
+
+
+# ---------------------------------------------------------------------- generation throughput
+def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, new_tokens: int,
+                          repeats: int = 2) -> list[dict[str, Any]]:
+    """Completion tokens per second of one batched engine call for G trials against G one-trial calls and G
+    ``model.generate`` calls, all decoding exactly `new_tokens` tokens per row (no EOS), on fresh adapters."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from rfopt.evaluation import EvalPrompts
+    from rfopt.models import load_model
+    from rfopt.rollouts import Request, RolloutEngine, Sampling
+
+    model, tokenizer = load_model(setup.configs[0], setup.device)
+    top = max(gangs)
+    peft = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                            init_lora_weights=False), adapter_name="g0")
+    for i in range(1, top):
+        peft.add_adapter(f"g{i}", LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                              init_lora_weights=False))
+    prompt = EvalPrompts.of(setup.train.select([0]), tokenizer).token_ids(tokenizer)[0]
+    sampling = Sampling(max_new_tokens=new_tokens, eos_token_ids=(-1,), pad_token_id=tokenizer.pad_token_id,
+                        temperature=0.7)
+    engine = RolloutEngine(peft)
+
+    def plain(adapter: str) -> None:
+        peft.set_adapter(adapter)
+        ids = torch.tensor([prompt] * rows, device=peft.device)
+        with torch.no_grad():
+            peft.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=True, temperature=0.7, top_k=0,
+                          pad_token_id=tokenizer.pad_token_id)
+
+    def best(run: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    engine.generate([Request("g0", [prompt], sampling)])  # warm-up
+    plain("g0")
+    results = []
+    for g in gangs:
+        tokens = g * rows * new_tokens
+        batched = best(lambda: engine.generate([Request(f"g{i}", [prompt] * rows, sampling, seed=i)
+                                                 for i in range(g)]))
+        separate = best(lambda: [engine.generate([Request(f"g{i}", [prompt] * rows, sampling, seed=i)])
+                                 for i in range(g)])
+        generate = best(lambda: [plain(f"g{i}") for i in range(g)])
+        results.append({"gang_size": g, "rows_per_trial": rows, "new_tokens": new_tokens,
+                        "batched_tok_s": tokens / batched, "separate_tok_s": tokens / separate,
+                        "hf_generate_tok_s": tokens / generate, "speedup_vs_hf_generate": generate / batched})
+        print(f"  G={g}: one batched call {tokens / batched:7.1f} tok/s; {g} engine calls {tokens / separate:7.1f} "
+              f"tok/s; {g} x model.generate {tokens / generate:7.1f} tok/s; batched/generate speedup "
+              f"{generate / batched:.2f}x", flush=True)
+    del engine, peft, model
+    gc.collect()
+    return results
+
+
+# ---------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(throughput.MODELS), default="tiny")
+    parser.add_argument("--configs", type=int, default=4, help="GRPO configs (trials)")
+    parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--steps-per-chunk", type=int, default=1)
+    parser.add_argument("--eval-prompts", type=int, default=8)
+    parser.add_argument("--max-completion-length", type=int, help="default 16 (tiny), 64 (smollm2)")
+    parser.add_argument("--gangs", default="1,2,4", help="gang sizes of rfopt's side, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of every side, the order alternating")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--skip-study", action="store_true", help="only the generation throughput")
+    parser.add_argument("--skip-generation", action="store_true", help="only the full study")
+    parser.add_argument("--out", type=Path, help="JSON result; default /tmp/rfopt-bench/<model>-gang.json")
+    args = parser.parse_args(argv)
+    args.gangs = [int(g) for g in args.gangs.split(",")]
+    args.out = args.out or Path(tempfile.gettempdir()) / "rfopt-bench" / f"{args.model}-gang.json"
+    return args
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1024**3:.2f}"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import torch
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.loadavg_start = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="rfopt-gang-bench-"))
+    setup = throughput.build_setup(args, work)
+    from transformers import AutoTokenizer
+
+    from rfopt.evaluation import EvalPrompts
+    from rfopt.smollm2 import SMOLLM2, smollm2_path
+
+    source = str(smollm2_path()) if setup.source == SMOLLM2 else setup.source
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    prompt_tokens = max(map(len, EvalPrompts.of(setup.train, tokenizer).token_ids(tokenizer)))
+    print(f"rfopt gangs - model {args.model}, {args.configs} configs x {args.chunks} chunks x {args.steps_per_chunk} "
+          f"steps, max_completion_length {setup.configs[0].args.max_completion_length}, {len(setup.test)} eval "
+          f"prompts, prompts up to {prompt_tokens} tokens; gangs {args.gangs}; {args.repeats} repeats; "
+          f"{torch.get_num_threads()} threads; load average {args.loadavg_start[0]:.2f}", flush=True)
+    record: dict[str, Any] = {"model": args.model, "configs": args.configs, "chunks": args.chunks,
+                              "steps_per_chunk": args.steps_per_chunk, "eval_prompts": len(setup.test),
+                              "max_completion_length": setup.configs[0].args.max_completion_length,
+                              "loadavg_start": args.loadavg_start, "repeats": []}
+    if not args.skip_study:
+        throughput.warm_up(setup, work / "warm")
+        sides = ["plain"] + [f"G{g}" for g in args.gangs]
+        for repeat in range(args.repeats):
+            order = sides if repeat % 2 == 0 else list(reversed(sides))
+            runs: dict[str, Any] = {}
+            for side in order:
+                throughput._settle()
+                out = work / f"r{repeat}-{side}"
+                load = os.getloadavg()[0]
+                if side == "plain":
+                    runs[side] = run_plain_side(setup, out)
+                else:
+                    runs[side] = run_gang_study(setup, out, int(side[1:]), prompt_tokens)
+                runs[side]["loadavg_1min_before"] = load
+                print(f"  repeat {repeat} {side:>5}: {runs[side]['wall_s']:8.1f} s wall (load {load:.2f})", flush=True)
+            for g in args.gangs:
+                runs[f"G{g}"]["ratio_wall"] = runs[f"G{g}"]["wall_s"] / runs["plain"]["wall_s"]
+            record["repeats"].append(runs)
+        record["median_ratio_wall"] = {
+            f"G{g}": statistics.median(r[f"G{g}"]["ratio_wall"] for r in record["repeats"]) for g in args.gangs}
+        print()
+        print(f"{'side':>6} {'wall s (median)':>16} {'ratio per repeat':>28} {'median ratio':>13} "
+              f"{'peak GiB':>9} {'estimate GiB':>13} {'completion len':>15}")
+        plain_wall = statistics.median(r["plain"]["wall_s"] for r in record["repeats"])
+        print(f"{'plain':>6} {plain_wall:16.1f} {'':>28} {'':>13} "
+              f"{_gib(record['repeats'][-1]['plain']['peak_bytes']):>9}")
+        for g in args.gangs:
+            key = f"G{g}"
+            runs = [r[key] for r in record["repeats"]]
+            ratios = ", ".join(f"{r['ratio_wall']:.3f}" for r in runs)
+            length = runs[-1]["mean_completion_length"]
+            print(f"{key:>6} {statistics.median(r['wall_s'] for r in runs):16.1f} {ratios:>28} "
+                  f"{record['median_ratio_wall'][key]:13.3f} {_gib(runs[-1]['peak_bytes']):>9} "
+                  f"{_gib(runs[-1]['estimate_bytes']):>13} {length if length is None else round(length, 1)!s:>15}")
+        print()
+        print("where a gang run's time goes (last repeat, seconds):")
+        for g in args.gangs:
+            parts = record["repeats"][-1][f"G{g}"]["parts_s"]
+            print(f"  G{g}: " + ", ".join(f"{name} {value:.1f}" for name, value in parts.items()))
+    if not args.skip_generation:
+        print()
+        print("generation throughput (completion tokens per second):")
+        rows = 4
+        new = setup.configs[0].args.max_completion_length
+        record["generation"] = generation_throughput(setup, sorted(set(args.gangs) | {1, 2, 4, 8}), rows, new)
+    record["loadavg_end"] = os.getloadavg()
+    print(f"\nload average {record['loadavg_start'][0]:.2f} -> {record['loadavg_end'][0]:.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1, default=str))
+    print(f"written: {args.out}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
