@@ -216,7 +216,8 @@ class Study:
             catch: exceptions that fail a trial alone. Another exception fails its trial (with the reason stored)
                 and then ends the run, the other trials staying resumable. Optuna's default is ``()``: every error
                 ends the run; rfopt's is ``(Exception,)``, since a study time-slices many trials and one trial's
-                failure must not stop the others. KeyboardInterrupt and SystemExit never fail a trial.
+                failure must not stop the others. KeyboardInterrupt never fails a trial, nor does SystemExit from
+                `on_unit`; a reward function calling ``sys.exit()`` fails its trial alone, as any error in it does.
             n_trials_total: the study's total: no new trial is started once the study has this many (clones not
                 counted), whichever process started them (a study file's ``n_trials_total``).
             max_concurrent: live trials time-sliced at once (default: ``min(n_trials, 8)``).
@@ -342,7 +343,7 @@ class Study:
             if checked.timed_out() and roster.live:
                 logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                                "the study runs again", self.study_name, sorted(roster.live))
-        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or user code (a reward function) calling sys.exit
+        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or the caller's on_unit calling sys.exit
             logger.warning("study %r: stopped by %s; no trial failed, and each continues from its last committed "
                            "chunk when the study runs again", self.study_name, type(exc).__name__)
             raise

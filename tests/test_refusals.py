@@ -321,26 +321,38 @@ def test_a_reward_reading_trainer_state_gets_the_trials_step_in_training_and_in_
     assert trial.intermediate_values == {0: 4.0, 1: 8.0}  # evaluated after 4 and after 8 steps
 
 
-def test_sys_exit_in_a_reward_ends_the_call_and_every_trial_resumes_to_the_uninterrupted_result(tiny_model,
-                                                                                                 tmp_path):
-    configs = rfopt.grid(trial_config(tiny_model, rewards=[rfopt_testkit.reward_len_hooked]), learning_rate=[1e-3, 5e-3])
+def test_sys_exit_in_a_reward_fails_its_trial_alone_and_the_others_finish(tiny_model, tmp_path, caplog):
+    configs = [trial_config(tiny_model), trial_config(tiny_model, rewards=[reward_len, rfopt_testkit.reward_exits]),
+               trial_config(tiny_model, learning_rate=1e-3)]
+    study = _study(tmp_path)
+    _optimize(study, configs)  # returns: the call is not ended by one config's bug
+    good, bad, other = study.optuna.get_trials()
+    assert (good.state.name, bad.state.name, other.state.name) == ("COMPLETE", "FAIL", "COMPLETE")
+    assert sorted(good.intermediate_values) == sorted(other.intermediate_values) == [0, 1]
+    reason = bad.user_attrs["rfopt:fail_reason"]
+    assert "reward function 'reward_exits' called sys.exit(3) (raised SystemExit)" in reason
+    assert "raise an exception" in reason
+    assert "trial 1 failed: RewardFunctionError: reward function 'reward_exits' called sys.exit(3)" in caplog.text
+    _optimize(study, configs)  # a rerun has nothing to do: it does not exit again
+    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE", "FAIL", "COMPLETE"]
+
+
+def test_sys_exit_in_an_on_unit_callback_ends_the_call_and_every_trial_resumes_to_the_uninterrupted_result(
+        tiny_model, tmp_path):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
     (tmp_path / "ref").mkdir()
     reference = _study(tmp_path / "ref")
     _optimize(reference, configs)
     calls = []
 
-    def exit_once():
+    def exit_once(number, step, value):
         calls.append(1)
         if len(calls) == 3:
             sys.exit(3)
 
     study = _study(tmp_path, name="exit")
-    rfopt_testkit.REWARD_HOOK = exit_once
-    try:
-        with pytest.raises(SystemExit):
-            _optimize(study, configs)
-    finally:
-        rfopt_testkit.REWARD_HOOK = None
+    with pytest.raises(SystemExit):
+        _optimize(study, configs, on_unit=exit_once)
     assert all(t.state.name in ("RUNNING", "WAITING") for t in study.optuna.get_trials())
     _optimize(study, configs)
     assert ([(t.state, t.intermediate_values) for t in study.optuna.get_trials()]
