@@ -20,7 +20,7 @@ from .pruning import PopulationBasedTraining
 from .runner import TrialRunner
 from .spaces import grid
 from .storage import StorageLocationError, StorageUnavailableError
-from .study import LeaderboardRow, Study, create_study, load_study
+from .study import LeaderboardRow, Study, StudyNameError, create_study, load_study
 from .studyfile import StudySpec
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "StorageLocationError",
     "StorageUnavailableError",
     "Study",
+    "StudyNameError",
     "StudySpec",
     "TrialConfig",
     "TrialRunner",

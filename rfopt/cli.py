@@ -386,8 +386,10 @@ def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, A
     """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
     from rfopt.storage import check_url, redact
+    from rfopt.study import check_study_name
 
     check_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
+    check_study_name(args.study_name)  # so does a --study that would choose where files go
     spec = _load_spec(args.study_file)
     if args.fast:
         spec = spec.with_fast()
@@ -436,8 +438,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         import subprocess
 
         from rfopt.storage import check_url
+        from rfopt.study import check_study_name
 
         check_url(args.storage)  # bad input fails here once, not in every worker
+        check_study_name(args.study_name)
         _load_spec(args.study_file)
 
         base = ["-v"] * args.verbose + ["worker", args.study_file, "--storage", args.storage,

@@ -388,6 +388,7 @@ class Study:
         script = importing_user_file()
         if script is not None:  # what the check of the file's top level (`config.study_on_import`) could not see
             raise study_on_import(script, "a study run reached while importing it")
+        check_study_name(self.study_name)  # a study made by Optuna itself, with any name, becomes folders here
         space = as_space(space)
         _check_dataset(train_dataset, "train_dataset")
         _check_dataset(eval_dataset, "eval_dataset")
@@ -628,6 +629,7 @@ def create_study(
     (default: ``rfopt-checkpoints/<study name>-<study id>`` beside a SQLite file; a study in a server database
     such as PostgreSQL needs one that every host can reach).
     """
+    check_study_name(study_name)
     _check_pruner(pruner)
     given = {"num_chunks": num_chunks, "objective": objective, "eval_settings": eval_settings, "chunk_seed": chunk_seed}
     _check_settings(given)
@@ -667,6 +669,49 @@ def load_study(
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise LookupError(f"no study named {study_name!r} in this storage; it holds {names or 'no studies'}") from exc
     return Study(study, checkpoint_dir)
+
+
+class StudyNameError(ValueError):
+    """A study name that cannot be a folder's name as it is (it would choose where files go)."""
+
+
+STUDY_NAME_MAX = 128
+"""The longest study name, in characters (also at most `STUDY_NAME_MAX_BYTES` in UTF-8): the checkpoint folder
+``<name>-<id>`` must fit a file system's 255-byte name."""
+STUDY_NAME_MAX_BYTES = 200
+STUDY_NAME_PUNCTUATION = "._-+=@ "
+"""What a study name may hold besides letters and digits."""
+STUDY_NAME_RULE = (f"a study name is also a folder name (rfopt-checkpoints/<name>-<id>, a tracker's run): use "
+                   f"letters, digits, spaces and {' '.join(STUDY_NAME_PUNCTUATION.strip())}, at most {STUDY_NAME_MAX} "
+                   "characters, not starting with '.', '-' or a space")
+
+
+def check_study_name(name: Any) -> None:
+    """Refuse a study name that would choose a location: a path separator, a leading ``.``, ``~`` or ``-``, a
+    control character, or more than `STUDY_NAME_MAX` characters (`STUDY_NAME_RULE` says what is allowed). None is
+    Optuna's generated name.
+
+        >>> check_study_name("../../x")                                       # doctest: +SKIP
+        StudyNameError: study name '../../x': '/' is not allowed; a study name is also a folder name ...
+    """
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise TypeError(f"study_name must be text, got {type(name).__name__} {name!r}")
+    shown = repr(name if len(name) <= 60 else name[:60] + "...")
+    problem = None
+    if not name.strip():
+        problem = "it is empty"
+    elif len(name) > STUDY_NAME_MAX or len(name.encode()) > STUDY_NAME_MAX_BYTES:
+        problem = f"it is {len(name)} characters long"
+    elif bad := sorted({c for c in name if not (c.isalnum() or c in STUDY_NAME_PUNCTUATION)}):
+        problem = f"{', '.join(repr(c) for c in bad)} {'is' if len(bad) == 1 else 'are'} not allowed"
+    elif name[0] in ".- ":
+        problem = f"it starts with {name[0]!r}"
+    elif name[-1] == " ":
+        problem = "it ends with a space"
+    if problem is not None:
+        raise StudyNameError(f"study name {shown}: {problem}; {STUDY_NAME_RULE}. Nothing was stored")
 
 
 def _default_location(study: optuna.Study, uid: str) -> Path:
@@ -851,4 +896,5 @@ def _waiting_listed(study: optuna.Study) -> int:
                for t in study.get_trials(deepcopy=False))
 
 
-__all__ = ["LeaderboardRow", "Study", "UnitCommitted", "create_study", "load_study"]
+__all__ = ["LeaderboardRow", "Study", "StudyNameError", "UnitCommitted", "check_study_name", "create_study",
+           "load_study"]

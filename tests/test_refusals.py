@@ -373,3 +373,69 @@ def test_an_async_reward_function_is_awaited_in_evaluation_as_in_training(tiny_m
     trial = study.optuna.get_trials()[0]
     assert trial.state.name == "COMPLETE"
     assert trial.value == study.chunk_metrics(0)[0]["eval"]["rewards/reward_len_async/mean"]
+
+
+# ---------------------------------------------------------------------- a name never chooses a location
+_BAD_NAMES = [
+    ("../../x", "'/' is not allowed"),
+    ("{tmp}/absolute", "'/' is not allowed"),
+    ("a/b", "'/' is not allowed"),
+    ("~/x", "'/', '~' are not allowed"),
+    ("a\\b", r"'\\\\' is not allowed"),
+    ("x\ny", r"'\\n' is not allowed"),
+    (".hidden", "it starts with '.'"),
+    ("x" * 240, "it is 240 characters long"),
+]
+
+
+def _files_under(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(("name", "problem"), _BAD_NAMES)
+def test_a_study_name_that_would_choose_a_location_is_refused_before_anything_is_stored(tiny_model, tmp_path,
+                                                                                        monkeypatch, name, problem):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    name = name.format(tmp=tmp_path)
+    before = _files_under(tmp_path)
+    rule = (r"; a study name is also a folder name \(rfopt-checkpoints/<name>-<id>, a tracker's run\): use letters, "
+            r"digits, spaces and \. _ - \+ = @, at most 128 characters")
+    with pytest.raises(rfopt.StudyNameError, match=f"study name .*: {problem}{rule}"):
+        rfopt.create_study(study_name=name, storage=f"sqlite:///{work / 'study.db'}")
+    assert _files_under(tmp_path) == before  # not even the database file
+
+    # A study Optuna itself made under such a name is refused by rfopt before it writes anything.
+    url = f"sqlite:///{work / 'optuna.db'}"
+    optuna.create_study(study_name=name, storage=url)
+    study = rfopt.load_study(name, url)
+    before = _files_under(tmp_path)
+    with pytest.raises(rfopt.StudyNameError, match=f"{problem}{rule}"):
+        _optimize(study, [trial_config(tiny_model)])
+    _untouched(study, work)
+    assert _files_under(tmp_path) == before
+
+
+def test_a_study_name_of_letters_digits_and_allowed_signs_makes_its_folder_inside_the_checkpoint_root(tiny_model,
+                                                                                                      tmp_path):
+    study = _study(tmp_path, name="gsm8k v2_lr=1e-3+lora@8.b-1")
+    _optimize(study, [trial_config(tiny_model)], num_chunks=1)
+    assert study.checkpoints.root.parent == tmp_path / "rfopt-checkpoints"
+    assert study.checkpoints.root.name.startswith("gsm8k v2_lr=1e-3+lora@8.b-1-")
+
+
+def test_the_command_line_refuses_such_a_study_name_in_one_line_before_it_loads_the_data(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from rfopt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    study_file = tmp_path / "study.py"
+    study_file.write_text("raise SystemExit('the study file must not even be imported')\n")
+    for command in ("run", "worker"):
+        assert main([command, str(study_file), "--study", "../../x", "--storage", "sqlite:///s.db"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("rfopt: error: study name '../../x': '/' is not allowed; a study name is also a folder")
+    assert main(["worker", str(study_file), "--devices", "cpu,cpu", "--study", "a/b"]) == 1
+    assert "rfopt: error: study name 'a/b'" in capsys.readouterr().err
+    assert _files_under(tmp_path) == ["study.py"]
