@@ -19,7 +19,7 @@ from .models import ModelUnavailableError
 from .pruning import PopulationBasedTraining
 from .runner import TrialRunner
 from .spaces import grid
-from .storage import StorageLocationError, StorageUnavailableError
+from .storage import StorageLocationError, StorageRefusedError, StorageUnavailableError
 from .study import LeaderboardRow, Study, StudyNameError, create_study, load_study
 from .studyfile import StudySpec
 
@@ -36,6 +36,7 @@ __all__ = [
     "PopulationBasedTraining",
     "RewardFunctionError",
     "StorageLocationError",
+    "StorageRefusedError",
     "StorageUnavailableError",
     "Study",
     "StudyNameError",

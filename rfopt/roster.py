@@ -36,6 +36,7 @@ from .pruning import Member, PopulationBasedTraining, decide, plan_step
 from .runner import ChunkAborted
 from .scheduler import completed_rungs
 from .schema import PruneDecision, TrialRecord, TrialRef
+from .storage import STORAGE_ERRORS
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
@@ -111,6 +112,8 @@ class Roster:
         try:
             if live is None:
                 live = self._start(self._handle(record), TrialConfig.from_json(record.config_json), record, fresh=False)
+        except STORAGE_ERRORS:  # the database failing is not the trial's failure: the run ends, the trial resumable
+            raise
         except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
             self.fail(number, f"could not resume: {type(exc).__name__}: {exc}")
             self._raise_uncaught(exc)
@@ -165,6 +168,8 @@ class Roster:
             config.validate()
             schema.write_config(self._ref(trial), config.to_json())
             self._start(trial, config, None, fresh=True)
+        except STORAGE_ERRORS:
+            raise
         except Exception as exc:  # noqa: BLE001 - a bad config fails its trial, not the study
             self.fail(trial.number, f"{type(exc).__name__}: {exc}")
             self._raise_uncaught(exc)
@@ -402,6 +407,8 @@ class Roster:
             live.loaded = False
         except unit.CallbackFailed as exc:  # the caller's problem, as in Optuna: the trial is not failed
             raise exc.__cause__ from None
+        except STORAGE_ERRORS:  # the database failing, not the trial: the run ends, every trial resumable
+            raise
         except Exception as exc:  # noqa: BLE001 - the trial fails alone, if it is still ours to fail
             try:
                 claim.fence_finish(live.number)
