@@ -31,7 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,8 @@ class LeaderboardRow:
     params: dict[str, Any]
     adapter: str | None = None
     reason: str | None = None
+    held_as: dict[str, str] = field(default_factory=dict)
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
 
 
 @dataclass(frozen=True)
@@ -550,6 +552,7 @@ class Study:
                     params=dict(t.params),
                     adapter=record.adapter,
                     reason=record.end_reason,
+                    held_as=ops.held_as(t),
                 )
             )
         order = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}
@@ -587,7 +590,20 @@ class Study:
             shutil.rmtree(target)
         return download(source, target)
 
+    @property
+    def best_config(self) -> TrialConfig:
+        """The best trial's config as it was trained (its stored ``rfopt:config``, what `export_best`'s adapter was
+        trained with). Where Optuna's params cannot say it (a clone's model, or another categorical value the study's
+        param had no choice for: `best_params` then names an alternate param, ``model#2``), this does.
+
+            >>> study.best_config.model, study.best_config.args.learning_rate           # doctest: +SKIP
+        """
+        if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
+            raise LookupError(f"study {self.study_name!r} has no finished trial yet")
+        return self.trial_config(self.optuna.best_trial.number)
+
     def trial_config(self, number: int) -> TrialConfig:
+        """Trial `number`'s config as it was trained (its stored ``rfopt:config``)."""
         stored = TrialRecord(self.optuna.trials[number]).config_json
         if stored is None:
             raise LookupError(f"trial {number} has no rfopt config")
