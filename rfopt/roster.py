@@ -312,9 +312,9 @@ class Roster:
                 units = record.num_units or n_steps
                 members.append(Member(t, t.intermediate_values[step], max(0, units - step - 1)))
         spent = sum(len(t.intermediate_values) for t in trials)
-        explorable = {m.number: self._explorable(pbt, m.trial) for m in members}
-        self._warn_unexplorable(pbt, members, explorable)
-        return plan_step(pbt, self.study, step, n_steps, members, spent, explorable)
+        changeable = {m.number: explorable(pbt, self.space, m.trial) for m in members}
+        self._warn_unexplorable(pbt, members, changeable)
+        return plan_step(pbt, self.study, step, n_steps, members, spent, changeable)
 
     def _warn_unexplorable(self, pbt: PopulationBasedTraining, members: list[Member],
                            explorable: dict[int, list[str]]) -> None:
@@ -335,31 +335,6 @@ class Roster:
                 logger.warning("PopulationBasedTraining(params=...): %r cannot change in a warm-started clone (the "
                                "parent's weights would not load, or it has one value); clones keep the parent's",
                                name)
-
-    def _explorable(self, pbt: PopulationBasedTraining, parent: FrozenTrial) -> list[str]:
-        """The params a clone of `parent` may change: those named (or all searched ones) that a warm start allows:
-        changing the model, or the adapter's shape, would not load the parent's weights."""
-        names = pbt.params if pbt.params is not None else tuple(parent.params)
-        stored = TrialRecord(parent).config_json
-        if stored is None:
-            return []
-        data = TrialConfig.config_dict(stored)
-        found = []
-        for name in names:
-            dist = parent.distributions.get(name)
-            if dist is None:
-                continue
-            other = _another_value(dist, parent.params[name])
-            if other is None:
-                continue
-            try:
-                overrides = self.space.overrides_for(parent, {**parent.params, name: other})
-                child, _ = override_dict(data, overrides)
-            except (ConfigError, ValueError, TypeError):
-                continue
-            if ops.warm_start_refusal(data, child) is None:
-                found.append(name)
-        return found
 
     def _replacement(self, replacement: schema.Replacement) -> int | str:
         """The clone that replaces a member (made now, or found made before a crash), or why it cannot be made."""
@@ -495,6 +470,33 @@ class Roster:
     def _ref_by_number(self, number: int) -> TrialRef:
         frozen = self.study.get_trials(deepcopy=False)[number]
         return TrialRef(storage_of(self.study), trial_id_of(frozen), number)
+
+
+def explorable(pbt: PopulationBasedTraining, space: Any, parent: FrozenTrial) -> list[str]:
+    """The params a clone of `parent` may change under `pbt`: those named (or all searched ones) that a warm start
+    allows: changing the model, or the adapter's shape, would not load the parent's weights; a param with one value
+    has nothing to change to."""
+    names = pbt.params if pbt.params is not None else tuple(parent.params)
+    stored = TrialRecord(parent).config_json
+    if stored is None:
+        return []
+    data = TrialConfig.config_dict(stored)
+    found = []
+    for name in names:
+        dist = parent.distributions.get(name)
+        if dist is None:
+            continue
+        other = _another_value(dist, parent.params[name])
+        if other is None:
+            continue
+        try:
+            overrides = space.overrides_for(parent, {**parent.params, name: other})
+            child, _ = override_dict(data, overrides)
+        except (ConfigError, ValueError, TypeError):
+            continue
+        if ops.warm_start_refusal(data, child) is None:
+            found.append(name)
+    return found
 
 
 def _another_value(dist: Any, value: Any) -> Any:

@@ -58,7 +58,7 @@ from .driver import drive
 from .evaluation import EvalSettings, reward_columns, reward_name
 from .models import ModelPool
 from .pruning import PopulationBasedTraining
-from .roster import Roster
+from .roster import Roster, explorable
 from .schema import TrialRecord, study_record
 from .spaces import ListSpace, as_space
 from .storage import describe, engine_of, open_storage
@@ -437,7 +437,6 @@ class Study:
         if isinstance(space, ListSpace):
             configs = list(enumerate(space.configs))
             left = space.check_study(self.optuna)
-            _check_population(self.optuna.pruner, space)
             if n_trials is not None and n_trials > left:
                 raise ValueError(
                     f"n_trials={n_trials}, but {left} of the list's {len(space)} configs are left to run; a study "
@@ -447,7 +446,7 @@ class Study:
         else:
             sample = _sample_config(space, self.optuna.direction)
             # The study's own inputs (plan, objective, datasets) are checked against one sampled config.
-            configs = [] if sample is None else [("the search space function's config", sample)]
+            configs = [] if sample is None else [("the search space function's config", sample.config)]
         for where, config in configs:  # refuse what would fail every trial before training anything
             label = f"configs[{where}]" if isinstance(where, int) else where
             try:
@@ -460,6 +459,8 @@ class Study:
                 _check_columns(config, eval_dataset, "eval_dataset")
             except (ConfigError, PlanError, ValueError) as exc:
                 raise type(exc)(f"{label}: {exc}") from exc
+        _check_population(self.optuna.pruner, space, plan, [config for _, config in configs],
+                          None if isinstance(space, ListSpace) else sample)
         deadline = None if timeout is None else started + timeout
         trackers = trackers_of(report_to) if report_to is not None else list(record.settings.get("report_to", []))
         return _Plan(space, plan, objective, settings, wanted, n_trials, n_trials_total, max_concurrent, deadline,
@@ -808,31 +809,90 @@ def _check_pruner(pruner: Any) -> None:
                           "another pruner)")
 
 
-def _check_population(pruner: Any, space: ListSpace) -> None:
-    """Refuse population-based training over a list of configs that gives it nothing to explore."""
+def _check_population(pruner: Any, space: Any, plan: ChunkPlan, configs: list[TrialConfig],
+                      sample: _Sample | None) -> None:
+    """Refuse population-based training that would never act, or whose clones would copy their parents: a list that
+    varies no param, `params` naming a param the space does not search (a typo) or one no warm-started clone can
+    change (the model, the adapter's shape), no explorable param at all, or an `interval` the trials never reach.
+    `sample`: a function space's config drawn on scratch trials (None for a list, or where the function raised)."""
     if not isinstance(pruner, PopulationBasedTraining):
         return
-    searched = sorted(space.distributions)
-    if not searched:
-        raise ValueError("PopulationBasedTraining explores the trials' searched params (their Optuna params), and "
-                         "this list of configs varies none: its clones would copy their parents unchanged. List "
-                         "configs that differ in what to explore (e.g. learning_rate), or search with a function "
-                         "space")
-    missing = sorted(set(pruner.params or ()) - set(searched))
-    if missing:
-        raise ValueError(f"PopulationBasedTraining(params={list(pruner.params)}): the list of configs does not vary "
-                         f"{missing}, so they are not searched params and have no range to explore in; its "
-                         f"searched params are {searched}")
+    named = list(pruner.params) if pruner.params is not None else None
+    if isinstance(space, ListSpace):
+        searched = sorted(space.distributions)
+        if not searched:
+            raise ValueError("PopulationBasedTraining explores the trials' searched params (their Optuna params), and "
+                             "this list of configs varies none: its clones would copy their parents unchanged. List "
+                             "configs that differ in what to explore (e.g. learning_rate), or search with a function "
+                             "space")
+        missing = sorted(set(named or ()) - set(searched))
+        if missing:
+            raise ValueError(f"PopulationBasedTraining(params={named}): the list of configs does not vary "
+                             f"{missing}, so they are not searched params and have no range to explore in; its "
+                             f"searched params are {searched}")
+        parent = _scratch_member(space.configs[0], {name: values[0] for name, values in space.params.items()},
+                                 space.distributions)
+    elif sample is None:
+        return  # the function raised on a scratch trial: each trial is checked as it runs, and the plan warns
+    else:
+        if set(named or ()) - set(sample.distributions):  # one draw may miss a param suggested only sometimes
+            searched = _searched_params(space, SAMPLE_DRAWS) | set(sample.distributions)
+            missing = sorted(set(named or ()) - searched)
+            if missing:
+                raise ValueError(f"PopulationBasedTraining(params={named}): the search space function suggests no "
+                                 f"param {missing} (in {SAMPLE_DRAWS} calls on scratch trials it suggested "
+                                 f"{sorted(searched)}); a param is named as the function suggests it "
+                                 "(trial.suggest_float('learning_rate', ...) is 'learning_rate')")
+        parent = _scratch_member(sample.config, sample.params, sample.distributions)
+    changeable = explorable(pruner, space, parent)
+    fixed = [name for name in (named or ()) if name in parent.distributions and name not in changeable]
+    if fixed:
+        raise ValueError(f"PopulationBasedTraining(params={named}): a warm-started clone cannot change {fixed} (it "
+                         "loads its parent's weights, so the model and the adapter's shape stay; a param with one "
+                         "value has nothing to change to): its clones would copy their parents in them. Leave them "
+                         "out of params")
+    if not changeable:
+        raise ValueError(f"PopulationBasedTraining: no searched param ({sorted(parent.distributions)}) can change in a "
+                         "warm-started clone (it loads its parent's weights, so the model and the adapter's shape "
+                         "stay), so every clone would copy its parent. Search a param it can explore, such as "
+                         "learning_rate or lora_alpha")
+    units = max((trial_schedule(plan, config.args).num_units for config in configs), default=None)
+    if units is not None and pruner.interval >= units:
+        raise ValueError(f"PopulationBasedTraining(interval={pruner.interval}): the trials train {units} chunks "
+                         f"({plan.num_chunks} chunks a pass over the train set), and it acts every {pruner.interval} "
+                         f"chunks but never after a trial's last, so it would never act. Give interval <= "
+                         f"{units - 1}, or more chunks (num_chunks)")
 
 
-def _sample_config(space: Any, direction: Any) -> TrialConfig | None:
-    """A config of a function space, from one call on a scratch in-memory trial (nothing is stored), to check the
-    study before it starts; None if the function raises there (a trial it fails on fails alone, with the reason)."""
+def _scratch_member(config: TrialConfig, params: dict[str, Any], distributions: dict[str, Any]) -> FrozenTrial:
+    """A trial with `config` and `params`, in no study: what a population's member looks like to its clones."""
+    return optuna.trial.create_trial(params=params, distributions=distributions, value=0.0,
+                                     user_attrs=schema.new_trial_attrs(config.to_json()))
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """A function space's config, drawn on a scratch trial of an in-memory study (nothing is stored)."""
+
+    config: TrialConfig
+    params: dict[str, Any]
+    distributions: dict[str, Any]
+
+
+SAMPLE_DRAWS = 8
+"""Scratch calls of a function space whose suggested param names are gathered (`_searched_params`)."""
+
+
+def _sample_config(space: Any, direction: Any) -> _Sample | None:
+    """A config of a function space, from one call on a scratch trial of an in-memory study (nothing is stored), to
+    check the study before it starts; None if the function raises there (a trial it fails on fails alone, with the
+    reason)."""
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         scratch = optuna.create_study(direction=direction, sampler=optuna.samplers.RandomSampler(seed=0))
-        config = space.function(scratch.ask())
+        trial = scratch.ask()
+        config = space.function(trial)
     except Exception as exc:  # noqa: BLE001 - checked again, trial by trial, when the study runs
         logger.debug("the search space function raised on a scratch trial (%s); not checked before the run", exc)
         return None
@@ -842,7 +902,27 @@ def _sample_config(space: Any, direction: Any) -> TrialConfig | None:
         raise ConfigError(
             f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
         )
-    return config
+    return _Sample(config, dict(trial.params), dict(trial.distributions))
+
+
+def _searched_params(space: Any, draws: int) -> set[str]:
+    """The names of the params a function space suggests in `draws` calls on scratch trials (a param suggested only
+    for some configs shows in some); the calls that raise are skipped."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    names: set[str] = set()
+    try:
+        scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+        for _ in range(draws):
+            trial = scratch.ask()
+            try:
+                space.function(trial)
+            except Exception:  # noqa: BLE001 - a draw the function fails on adds nothing
+                pass
+            names |= set(trial.distributions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return names
 
 
 _SETTING_CHANGED = {
