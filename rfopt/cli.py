@@ -388,8 +388,11 @@ def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, A
     from rfopt.storage import check_url, redact
     from rfopt.study import check_study_name
 
+    from rfopt.trackers import normalize as trackers_of
+
     check_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
     check_study_name(args.study_name)  # so does a --study that would choose where files go
+    trackers_of(args.report_to)  # and a --report-to tracker that is not installed
     spec = _load_spec(args.study_file)
     if args.fast:
         spec = spec.with_fast()
@@ -440,8 +443,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         from rfopt.storage import check_url
         from rfopt.study import check_study_name
 
+        from rfopt.trackers import normalize as trackers_of
+
         check_url(args.storage)  # bad input fails here once, not in every worker
         check_study_name(args.study_name)
+        trackers_of(args.report_to)
         _load_spec(args.study_file)
 
         base = ["-v"] * args.verbose + ["worker", args.study_file, "--storage", args.storage,

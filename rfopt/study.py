@@ -462,7 +462,8 @@ class Study:
         _check_population(self.optuna.pruner, space, plan, [config for _, config in configs],
                           None if isinstance(space, ListSpace) else sample)
         deadline = None if timeout is None else started + timeout
-        trackers = trackers_of(report_to) if report_to is not None else list(record.settings.get("report_to", []))
+        # The stored trackers are checked too: one uninstalled since would fail every trial.
+        trackers = trackers_of(report_to if report_to is not None else record.settings.get("report_to", []))
         return _Plan(space, plan, objective, settings, wanted, n_trials, n_trials_total, max_concurrent, deadline,
                      callbacks, catch, [config for _, config in configs], trackers, report_to is not None)
 

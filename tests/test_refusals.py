@@ -439,3 +439,33 @@ def test_the_command_line_refuses_such_a_study_name_in_one_line_before_it_loads_
     assert main(["worker", str(study_file), "--devices", "cpu,cpu", "--study", "a/b"]) == 1
     assert "rfopt: error: study name 'a/b'" in capsys.readouterr().err
     assert _files_under(tmp_path) == ["study.py"]
+
+
+# ---------------------------------------------------------------------- a tracker that is not installed
+def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_stored(tiny_model, tmp_path, monkeypatch,
+                                                                              capsys):
+    from transformers.integrations import integration_utils
+
+    from rfopt.cli import main
+
+    monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: False)  # as on a machine without wandb
+    says = (r"report_to: wandb is not installed here, so every trial would fail at its first chunk; install it \(pip "
+            r"install wandb\) or leave it out of report_to")
+    with pytest.raises(ValueError, match=says):
+        rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}", report_to="wandb")
+    assert not (tmp_path / "study.db").exists()
+    study = _study(tmp_path)
+    with pytest.raises(ValueError, match=says):
+        _optimize(study, [trial_config(tiny_model)], report_to=["tensorboard", "wandb"])
+    _untouched(study, tmp_path)
+
+    monkeypatch.chdir(tmp_path)
+    study_file = tmp_path / "study.py"
+    study_file.write_text("raise SystemExit('the study file must not even be imported')\n")
+    assert main(["run", str(study_file), "--report-to", "wandb", "--storage", "sqlite:///cli.db"]) == 1
+    assert capsys.readouterr().err.startswith("rfopt: error: report_to: wandb is not installed here")
+    assert not (tmp_path / "cli.db").exists()
+
+    # Installed, the same call runs (nothing was burned by the refusal).
+    monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: True)
+    assert rfopt.trackers.normalize("wandb") == ["wandb"]
