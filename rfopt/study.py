@@ -242,12 +242,14 @@ class Study:
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
-        store = self._claim()
-        space, n_trials = self._record(checked)
-        max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
-        with Progress(self.study_name, enabled=show_progress_bar) as progress:
-            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit, LocalCoordinator(),
-                                max_concurrent, progress=progress, more_to_ask=self._more_to_ask(space, checked, n_trials))
+        with self._presence("run"):  # refuses to start beside another process on the study: it takes no leases
+            store = self._claim()
+            space, n_trials = self._record(checked)
+            max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
+            with Progress(self.study_name, enabled=show_progress_bar) as progress:
+                trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
+                                    LocalCoordinator(), max_concurrent, progress=progress,
+                                    more_to_ask=self._more_to_ask(space, checked, n_trials))
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -297,13 +299,14 @@ class Study:
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
         leases = Leases(self.optuna)
-        with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity and plan
-            store = self._claim()
-            space, n_trials = self._record(checked)
-        max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
-        trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
-                            LeasedCoordinator(leases, lease_seconds), max_concurrent,
-                            more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds)
+        with self._presence("worker"):  # refuses to start beside an `optimize` (rfopt run), which takes no leases
+            with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity, plan
+                store = self._claim()
+                space, n_trials = self._record(checked)
+            max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
+            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
+                                LeasedCoordinator(leases, lease_seconds), max_concurrent,
+                                more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -339,9 +342,8 @@ class Study:
         ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)
         try:
-            with self._presence("worker" if coordinator.shared else "run"):
-                drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
+            drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
+                  poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
             if checked.timed_out() and roster.live:
                 logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                                "the study runs again", self.study_name, sorted(roster.live))
@@ -358,14 +360,16 @@ class Study:
 
     def _presence(self, kind: str) -> Any:
         """This process's heartbeat on the study while it runs it (`rfopt.leases.Presence`; `rfopt.ops.liveness` reads
-        it): in an SQL storage, where other processes can look."""
+        it): in an SQL storage, where other processes can look. Entered before anything is written, it refuses
+        (`rfopt.leases.StudyBusyError`) to run beside a process it cannot share the study with: an `optimize` beside
+        anyone, a worker beside an `optimize`."""
         from contextlib import nullcontext
 
         from .leases import Presence
 
         if engine_of(storage_of(self.optuna)) is None:
             return nullcontext()
-        return Presence(self.optuna, kind, interval=PRESENCE_SECONDS)
+        return Presence(self.optuna, kind, interval=PRESENCE_SECONDS, exclusive=True)
 
     def _nothing_done(self, space: Any) -> str:
         counts: dict[str, int] = {}
