@@ -34,7 +34,14 @@ DEFAULT_STORAGE = "sqlite:///rfopt.db"
 VERBOSE_HELP = "log each trial's progress and show tracebacks"
 
 
+WORKER_PARENT = "RFOPT_WORKER_PARENT"
+"""Set by ``rfopt worker --devices a,b`` on each worker process it starts: the parent's pid, which the worker ends
+with (`_end_with_parent`)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(WORKER_PARENT, "").isdigit():
+        _end_with_parent(int(os.environ.pop(WORKER_PARENT)))
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -462,8 +469,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         for tracker in args.report_to or ():
             base += ["--report-to", tracker]
         print(f"rfopt: {len(devices)} workers on {', '.join(devices)}", file=sys.stderr)
-        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d]) for d in devices]
-        codes = [p.wait() for p in processes]
+        child_env = dict(os.environ, **{WORKER_PARENT: str(os.getpid())})  # each ends with this process
+        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d], env=child_env)
+                     for d in devices]
+        try:
+            codes = [p.wait() for p in processes]
+        except BaseException:  # Ctrl-C or a signal to this process alone: its workers stop too, as after a Ctrl-C
+            _interrupt(processes)
+            raise
         return max(codes, key=abs)
 
     spec, study, space, train, evaluation = _open_study_file(args, f"worker on {devices[0]} for study")
@@ -484,6 +497,54 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     )
     print(study.leaderboard_text())
     return 0
+
+
+def _interrupt(processes: list[Any], seconds: float = 60.0) -> None:
+    """Interrupt the worker processes still running (SIGINT: each stops as after a Ctrl-C, every trial resumable) and
+    wait for them; kill those still running after `seconds`."""
+    import signal
+    import subprocess
+
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    for process in processes:
+        try:
+            process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _end_with_parent(parent: int) -> None:
+    """End this worker when the ``rfopt worker --devices`` process that started it ends, however it ends (SIGKILL
+    included): Linux sends SIGINT (a Ctrl-C: every trial stays resumable) when the parent dies (PR_SET_PDEATHSIG);
+    elsewhere a thread watches the parent's pid. A parent gone already ends this process at once."""
+    import signal
+    import threading
+    import time
+
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # A Ctrl-C ends the worker even where it was started with SIGINT ignored (a shell's background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGINT, 0, 0, 0)
+    if os.getppid() != parent:  # it died before this process could ask to end with it
+        raise SystemExit("rfopt: the `rfopt worker` process that started this worker has ended; so does this worker")
+    if sys.platform.startswith("linux"):
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        interrupt()
+
+    threading.Thread(target=watch, name="rfopt-parent-watch", daemon=True).start()
 
 
 def _devices(spec: str) -> list[str]:

@@ -263,3 +263,51 @@ def test_two_rfopt_runs_started_at_once_on_one_study_one_runs_it_the_other_is_re
     refusal = next(o for o in outputs if "rfopt: error:" in o)
     assert "rfopt: error: study 'tiny' is being run by " in refusal and "(rfopt run, seen " in refusal
     assert_same_study(*tiny_study_reference, storage, checkpoints)
+
+
+def _children(pid):
+    path = f"/proc/{pid}/task/{pid}/children"
+    return [int(c) for c in open(path).read().split()] if os.path.exists(path) else []
+
+
+def _running(pid):
+    """Whether `pid` is a live process (not gone, not a zombie left to a parent that does not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from /proc (Linux)")
+@pytest.mark.parametrize("signal_to_parent", [signal.SIGKILL, signal.SIGINT])
+def test_worker_processes_end_with_the_rfopt_worker_process_that_started_them(tiny_model, tmp_path, signal_to_parent):
+    import time
+
+    storage, log = f"sqlite:///{tmp_path / 'w.db'}", tmp_path / "events.log"
+    # A study long enough (8 trials x 6 chunks) that workers still running would not have finished it.
+    parent = start(worker_command(storage, tmp_path / "ck", "--devices", "cpu,cpu"), tmp_path,
+                   env(tiny_model, RFOPT_EVENT_LOG=log, RFOPT_TEST_TRIALS=8, RFOPT_TEST_CHUNKS=6),
+                   tmp_path / "parent.log")
+    children = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(p == "unit-started" for p, *_ in events(log)):
+            assert parent.poll() is None, (tmp_path / "parent.log").read_text()[-3000:]
+            time.sleep(0.1)
+        children = _children(parent.pid)
+        assert len(children) == 2 and all(map(_running, children))
+        parent.send_signal(signal_to_parent)  # to the parent alone, not to its process group
+        parent.wait(timeout=120)
+        deadline = time.monotonic() + 20
+        while any(map(_running, children)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, children)), (tmp_path / "parent.log").read_text()[-3000:]
+    finally:  # whatever the outcome, no process of this test outlives it
+        for pid in [parent.pid, *children]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    if signal_to_parent == signal.SIGINT:  # the parent says so only once its workers have stopped
+        assert "interrupted: rerun the same command" in (tmp_path / "parent.log").read_text()
+    states = [t.state.name for t in trials(storage)]
+    assert "RUNNING" in states and "FAIL" not in states  # stopped mid-study, every trial resumable
