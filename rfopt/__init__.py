@@ -20,7 +20,7 @@ from .pruning import PopulationBasedTraining
 from .runner import TrialRunner
 from .spaces import grid
 from .storage import StorageLocationError, StorageRefusedError, StorageUnavailableError
-from .study import LeaderboardRow, Study, StudyNameError, create_study, load_study
+from .study import LeaderboardRow, Study, StudyDeletedError, StudyNameError, create_study, load_study
 from .studyfile import StudySpec
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "StorageRefusedError",
     "StorageUnavailableError",
     "Study",
+    "StudyDeletedError",
     "StudyNameError",
     "StudySpec",
     "TrialConfig",

@@ -351,12 +351,30 @@ class Study:
             logger.warning("study %r: stopped by %s; no trial failed, and each continues from its last committed "
                            "chunk when the study runs again", self.study_name, type(exc).__name__)
             raise
+        except Exception as exc:
+            if self._exists():
+                raise
+            raise StudyDeletedError(
+                f"study {self.study_name!r} was deleted from its storage ({describe(storage_of(self.optuna))}) while "
+                "this process ran it (optuna-dashboard's delete button, or optuna.delete_study): its trials and "
+                f"results are gone from the database, and this run stopped. Its checkpoints are still in {store.root} "
+                "(delete them if the study is not wanted). Running the study again starts a new one, with a new "
+                "identity and new checkpoints"
+            ) from exc
         finally:
             for number in list(roster.live):
                 roster.live.pop(number).runner.cleanup()
             pool.close()
             shutil.rmtree(workdir, ignore_errors=True)
         return len(committed)
+
+    def _exists(self) -> bool:
+        """Whether the study is still in its storage (a person may delete it while it runs)."""
+        try:
+            storage_of(self.optuna).get_study_id_from_name(self.study_name)
+        except KeyError:
+            return False
+        return True
 
     def _presence(self, kind: str) -> Any:
         """This process's heartbeat on the study while it runs it (`rfopt.leases.Presence`; `rfopt.ops.liveness` reads
@@ -693,6 +711,10 @@ def load_study(
     return Study(study, checkpoint_dir)
 
 
+class StudyDeletedError(RuntimeError):
+    """The study was deleted from its storage while this process ran it."""
+
+
 class StudyNameError(ValueError):
     """A study name that cannot be a folder's name as it is (it would choose where files go)."""
 
@@ -997,5 +1019,5 @@ def _waiting_listed(study: optuna.Study) -> int:
                for t in study.get_trials(deepcopy=False))
 
 
-__all__ = ["LeaderboardRow", "Study", "StudyNameError", "UnitCommitted", "check_study_name", "create_study",
-           "load_study"]
+__all__ = ["LeaderboardRow", "Study", "StudyDeletedError", "StudyNameError", "UnitCommitted", "check_study_name",
+           "create_study", "load_study"]

@@ -469,3 +469,18 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_stored(ti
     # Installed, the same call runs (nothing was burned by the refusal).
     monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: True)
     assert rfopt.trackers.normalize("wandb") == ["wandb"]
+
+
+def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(tiny_model, tmp_path):
+    study = _study(tmp_path, name="gone")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def delete(number, step, value):  # what optuna-dashboard's delete button does to the storage
+        optuna.delete_study(study_name="gone", storage=url)
+
+    with pytest.raises(rfopt.StudyDeletedError, match=r"study 'gone' was deleted from its storage \(sqlite:///.*\) "
+                       r"while this process ran it \(optuna-dashboard's delete button, or optuna.delete_study\): its "
+                       r"trials and results are gone from the database, and this run stopped. Its checkpoints are "
+                       r"still in .*rfopt-checkpoints/gone-"):
+        _optimize(study, rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3]), on_unit=delete)
+    assert optuna.get_all_study_summaries(url) == []
