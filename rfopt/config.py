@@ -773,8 +773,15 @@ def import_path(obj: Any) -> str:
         )
     if module == "__main__" or module not in sys.modules or not _is_importable(module):
         file = getattr(sys.modules.get(module), "__file__", None)
-        if file is None:
-            raise ConfigError(f"{qualname}: defined in {module!r}, which has no file to import it from again")
+        if file is None or file.startswith("<") or not Path(file).is_file():
+            source = ("a script read from standard input (python - < script.py)" if file == "<stdin>"
+                      else f"{module!r}, which has no file" if file is None or file.startswith("<")
+                      else f"{file}, which is not a file")
+            raise ConfigError(
+                f"{qualname}: defined in {source}; rfopt stores it by import path, for the other processes that "
+                "need it (a worker, a resumed run, the dashboard's clone), and none can import it from there. Save "
+                "the script as a file and run it (python script.py), or define the function in a module"
+            )
         module = str(Path(file).resolve())
     return f"{module}:{qualname}"
 

@@ -474,7 +474,7 @@ class Study:
             try:
                 if isinstance(where, int):  # a function's configs vary: each is validated as its trial starts
                     config.validate()
-                    config.to_json()
+                config.to_json()  # what cannot be stored (a function no other process can import) fails every trial
                 trial_schedule(plan, config.args)
                 _check_objective(objective, config)
                 _check_columns(config, train_dataset, "train_dataset")

@@ -484,3 +484,23 @@ def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(tiny_model, tmp_p
                        r"still in .*rfopt-checkpoints/gone-"):
         _optimize(study, rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3]), on_unit=delete)
     assert optuna.get_all_study_summaries(url) == []
+
+
+@pytest.mark.parametrize("space", ["list", "function"])
+def test_a_reward_function_of_a_script_read_from_stdin_is_refused_before_anything_is_stored(tiny_model, tmp_path,
+                                                                                            space):
+    body = _SCRIPT.replace("print(", "pass  # print(")
+    if space == "function":
+        body = body.replace("study.optimize([trial_config({model!r}, rewards=[reward_here])]",
+                            "study.optimize(lambda trial: trial_config({model!r}, rewards=[reward_here])")
+        body = body.replace("num_chunks=2,", "num_chunks=2, n_trials=1,")
+    script = body.format(tests=str(Path(__file__).parent), model=str(tiny_model))
+    done = subprocess.run([sys.executable, "-"], input=script, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 1
+    assert ("reward_here: defined in a script read from standard input (python - < script.py); rfopt stores it by "
+            "import path, for the other processes that need it (a worker, a resumed run, the dashboard's clone), and "
+            "none can import it from there. Save the script as a file and run it (python script.py)") in done.stderr
+    study = optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}")
+    assert study.user_attrs == {} and study.trials == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["script.db"]
