@@ -49,7 +49,7 @@ from .checkpoints import (
     location_exists,
     normalize_location,
 )
-from .chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
+from .chunks import ChunkPlan, PlanError, dataset_fingerprint, rows_left_out, trial_schedule
 from .compat import storage_of
 from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
@@ -483,11 +483,24 @@ class Study:
                 raise type(exc)(f"{label}: {exc}") from exc
         _check_population(self.optuna.pruner, space, plan, [config for _, config in configs],
                           None if isinstance(space, ListSpace) else sample)
+        self._say_rows_left_out(plan, configs)
         deadline = None if timeout is None else started + timeout
         # The stored trackers are checked too: one uninstalled since would fail every trial.
         trackers = trackers_of(report_to if report_to is not None else record.settings.get("report_to", []))
         return _Plan(space, plan, objective, settings, wanted, n_trials, n_trials_total, max_concurrent, deadline,
                      callbacks, catch, [config for _, config in configs], trackers, report_to is not None)
+
+    def _say_rows_left_out(self, plan: ChunkPlan, configs: list[tuple[Any, TrialConfig]]) -> None:
+        """Warn, naming how many, when the chunk plan leaves training rows out of a config's training (a chunk holds
+        whole steps; the rows do not divide into chunks): the config that leaves the most out."""
+        notes = []
+        for where, config in configs:
+            left = rows_left_out(plan, config.args)
+            if left is not None:
+                notes.append((-left[0], f"configs[{where}]" if isinstance(where, int) else where, left[1]))
+        if notes:
+            _, label, note = min(notes)
+            logger.warning("study %r: %s: %s", self.study_name, label, note)
 
     def _claim(self) -> CheckpointStore:
         """Give the study its identity and checkpoint location if it has none, and make the location this study's

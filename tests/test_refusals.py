@@ -504,3 +504,17 @@ def test_a_reward_function_of_a_script_read_from_stdin_is_refused_before_anythin
     study = optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}")
     assert study.user_attrs == {} and study.trials == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["script.db"]
+
+
+def test_training_rows_the_chunk_plan_leaves_out_are_counted_in_a_warning(tiny_model, tmp_path, caplog):
+    study = _study(tmp_path)
+    # 10 rows in 2 chunks of 5; a step takes 2 prompts (8 completions, 4 generations): 4 of each chunk train.
+    configs = [trial_config(tiny_model), trial_config(tiny_model, per_device_train_batch_size=8)]
+    _optimize(study, configs, train=prompts_dataset(10), num_chunks=2)
+    assert ("study 's': configs[1]: it trains 8 of the 10 training rows (2 left out, the same ones every epoch): 2 "
+            "chunks of 5 rows, of which it trains 4 each, in whole blocks of 2 prompts (generation cycles that end "
+            "on an optimizer step). Every row trains with a multiple of 4 rows (num_chunks x 2), e.g. 8 or 12"
+            ) in caplog.text
+    caplog.clear()
+    _optimize(_study(tmp_path, name="even"), configs, train=prompts_dataset(8), num_chunks=2)
+    assert "left out" not in caplog.text
