@@ -242,6 +242,7 @@ class Study:
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
+        _say_placement(pool.placement, checked)
         with self._presence("run"):  # refuses to start beside another process on the study: it takes no leases
             store = self._claim()
             space, n_trials = self._record(checked)
@@ -298,6 +299,7 @@ class Study:
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
+        _say_placement(pool.placement, checked)
         leases = Leases(self.optuna)
         with self._presence("worker"):  # refuses to start beside an `optimize` (rfopt run), which takes no leases
             with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity, plan
@@ -788,6 +790,24 @@ def _default_location(study: optuna.Study, uid: str) -> Path:
         f"(--checkpoint-dir): a directory all hosts mount, or an object store such as s3://bucket/rfopt/"
         f"{study.study_name} (on one host, any local directory)"
     )
+
+
+def _say_placement(placement: Any, checked: _Plan) -> None:
+    """Warn when configs ask for a precision (``bf16``, ``fp16``) the device does not train in: placement is the
+    device's (`rfopt.models.Placement`), and a config's own fields are not used."""
+    precision = "bf16" if placement.bf16 else "fp16" if placement.fp16 else "fp32"
+    asked = {}
+    for index, config in enumerate(checked.configs):
+        fields = [f"{name}=True" for name in ("bf16", "fp16") if getattr(config.args, name) and not getattr(placement, name)]
+        if fields:
+            label = f"configs[{index}]" if isinstance(checked.space, ListSpace) else "the search space function's config"
+            asked[label] = ", ".join(fields)
+    if asked:
+        which = "; ".join(f"{label} sets {fields}" for label, fields in asked.items())
+        logger.warning("%s, which rfopt does not use: where a chunk trains, and in what precision, is the device's "
+                       "choice, and this study trains in %s on %s. Give the precision to the run instead: "
+                       "optimize(device=..., precision=...), rfopt run --device cuda --precision bf16", which,
+                       precision, placement.device)
 
 
 def _check_dataset(dataset: Any, name: str) -> None:

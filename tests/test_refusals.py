@@ -282,10 +282,15 @@ def test_a_wilcoxon_pruner_without_scipy_is_refused_when_the_study_is_created(tm
     assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'study.db'}") == []
 
 
-def test_bf16_with_use_cpu_in_a_config_trains_on_the_cpu_as_the_device_says(tiny_model, tmp_path):
+def test_bf16_with_use_cpu_in_a_config_trains_on_the_cpu_as_the_device_says_and_a_warning_says_so(tiny_model,
+                                                                                                  tmp_path, caplog):
     study = _study(tmp_path)
-    _optimize(study, [trial_config(tiny_model, bf16=True, use_cpu=True)], num_chunks=1)
-    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE"]
+    _optimize(study, [trial_config(tiny_model), trial_config(tiny_model, bf16=True, use_cpu=True)], num_chunks=1)
+    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert ("configs[1] sets bf16=True, which rfopt does not use: where a chunk trains, and in what precision, is the "
+            "device's choice, and this study trains in fp32 on cpu. Give the precision to the run instead: "
+            "optimize(device=..., precision=...), rfopt run --device cuda --precision bf16") in caplog.text
+    assert "configs[0]" not in caplog.text
 
 
 # ---------------------------------------------------------------------- one trial's input, one trial's failure
