@@ -392,12 +392,12 @@ def _is_list(space: Any) -> bool:
 def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
     """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
-    from rfopt.storage import check_url, redact
+    from rfopt.storage import check_lasting_url, redact
     from rfopt.study import check_study_name
 
     from rfopt.trackers import normalize as trackers_of
 
-    check_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
+    check_lasting_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
     check_study_name(args.study_name)  # so does a --study that would choose where files go
     trackers_of(args.report_to)  # and a --report-to tracker that is not installed
     spec = _load_spec(args.study_file)
@@ -447,12 +447,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if len(devices) > 1:  # one process per device, each this same command on its one device
         import subprocess
 
-        from rfopt.storage import check_url
+        from rfopt.storage import check_lasting_url
         from rfopt.study import check_study_name
 
         from rfopt.trackers import normalize as trackers_of
 
-        check_url(args.storage)  # bad input fails here once, not in every worker
+        check_lasting_url(args.storage)  # bad input fails here once, not in every worker
         check_study_name(args.study_name)
         trackers_of(args.report_to)
         _load_spec(args.study_file)
@@ -565,9 +565,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import optuna
 
     import rfopt
-    from rfopt.storage import open_storage
 
-    storage = open_storage(args.storage, create=False)
+    storage = _existing_storage(args.storage)
     if args.study_name is None:
         summaries = optuna.get_all_study_summaries(storage)
         if not summaries:
@@ -589,9 +588,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_op(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.storage import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     getattr(study, f"{args.op}_trial")(args.trial)
     print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
     return 0
@@ -599,9 +597,8 @@ def _cmd_op(args: argparse.Namespace) -> int:
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.storage import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     study.cancel_clone(args.trial)
     print(f"trial {args.trial}: cancelled; it left the queue and will not start")
     return 0
@@ -609,9 +606,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def _cmd_withdraw(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.storage import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     study.withdraw_request(args.trial, args.op)
     print(f"trial {args.trial}: its pending {args.op} was withdrawn; it will not apply")
     return 0
@@ -621,10 +617,9 @@ def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
     from rfopt import ops
     from rfopt.config import parse_assignments
-    from rfopt.storage import open_storage
 
     overrides = parse_assignments(args.set)
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     made = ops.clone_in_study(study.optuna, args.trial, overrides, warm_start=args.warm_start)
     print(made.describe(args.trial, args.warm_start))
     return 0
@@ -632,12 +627,20 @@ def _cmd_clone(args: argparse.Namespace) -> int:
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from rfopt.dashboard import serve
-    from rfopt.storage import check_url
+    from rfopt.storage import check_lasting_url
 
-    check_url(args.storage, create=False)  # a dashboard only shows a study: it never creates the database
+    check_lasting_url(args.storage, create=False)  # a dashboard only shows a study: it never creates the database
     serve(_absolute_sqlite(args.storage), host=args.host, port=args.port, token=args.token,
           artifact_dir=args.artifact_dir)
     return 0
+
+
+def _existing_storage(url: str) -> Any:
+    """The storage of a command that reads or steers a study: never created, never in memory (`check_lasting_url`)."""
+    from rfopt.storage import check_lasting_url, open_storage
+
+    check_lasting_url(url, create=False)
+    return open_storage(url, create=False)
 
 
 def _print_summary(study: Any, storage: str) -> None:

@@ -132,16 +132,42 @@ def check_url(storage: str, *, create: bool = True) -> URL:
         url = make_url(storage)
     except sa.ArgumentError:
         raise StorageLocationError(f"storage {storage!r} is not a database URL; give {URL_FORMS}") from None
+    except ValueError as exc:  # a port that is not a number: SQLAlchemy's int() says only "invalid literal"
+        raise StorageLocationError(f"storage {redact_text(storage)!r}: its port is not a number ({exc}); give "
+                                   f"{URL_FORMS}, with :PORT after the host (5432 by default)") from None
+    if url.port is not None and not 0 < url.port < 65536:
+        raise StorageLocationError(f"storage {redact(storage)!r}: port {url.port} is not a port (1 to 65535); give "
+                                   f"{URL_FORMS}")
     try:
-        url.get_dialect()
+        dialect = url.get_dialect()
     except sa.NoSuchModuleError:
         spelling = " (SQLAlchemy spells it postgresql://)" if url.drivername.startswith("postgres") else ""
         raise StorageLocationError(
             f"storage {redact(storage)!r}: unknown database kind {url.drivername!r}{spelling}; give {URL_FORMS}"
         ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        extra = " (pip install 'rfopt[postgres]')" if url.get_backend_name() == "postgresql" else ""
+        raise StorageLocationError(
+            f"storage {redact(storage)!r}: the Python driver for {url.drivername!r} is not installed ({exc}){extra}; "
+            f"install it, or give {URL_FORMS}"
+        ) from None
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
             and not url.query.get("uri"):  # a file: URI (mode=ro, ...) is SQLite's own business
         _check_sqlite_file(url.database, create=create)
+    return url
+
+
+def check_lasting_url(storage: str, *, create: bool = True) -> URL:
+    """`check_url`, refusing an in-memory SQLite database too: a command's study would end with the command (and one
+    that reads a study finds none there)."""
+    url = check_url(storage, create=create)
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise StorageLocationError(
+            f"storage {storage!r} is an in-memory SQLite database, which ends with this command and holds no study "
+            f"before it; give a file: {URL_FORMS}"
+        )
     return url
 
 
@@ -409,6 +435,11 @@ def describe(storage: Any) -> str:
         return storage.where
     engine = engine_of(storage)
     return engine.url.render_as_string(hide_password=True) if engine is not None else type(storage).__name__
+
+
+def redact_text(url: str) -> str:
+    """A URL that does not parse, without what looks like its password (``user:secret@`` -> ``user:***@``)."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def redact(url: str) -> str:
