@@ -19,8 +19,8 @@ from .models import ModelUnavailableError
 from .pruning import PopulationBasedTraining
 from .runner import TrialRunner
 from .spaces import grid
-from .storage import StorageLocationError, StorageUnavailableError
-from .study import LeaderboardRow, Study, create_study, load_study
+from .storage import StorageLocationError, StorageRefusedError, StorageUnavailableError
+from .study import LeaderboardRow, Study, StudyDeletedError, StudyNameError, create_study, load_study
 from .studyfile import StudySpec
 
 __all__ = [
@@ -36,8 +36,11 @@ __all__ = [
     "PopulationBasedTraining",
     "RewardFunctionError",
     "StorageLocationError",
+    "StorageRefusedError",
     "StorageUnavailableError",
     "Study",
+    "StudyDeletedError",
+    "StudyNameError",
     "StudySpec",
     "TrialConfig",
     "TrialRunner",

@@ -57,20 +57,27 @@ class ObjectArtifactStore:
         from optuna.artifacts.exceptions import ArtifactNotFound
 
         try:
-            return io.BytesIO(self._fs.cat_file(f"{self._path}/{artifact_id}"))
+            return io.BytesIO(self._fs.cat_file(self._object(artifact_id)))
         except FileNotFoundError as exc:
             raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
 
     def write(self, artifact_id: str, content_body: Any) -> None:
-        self._fs.pipe_file(f"{self._path}/{artifact_id}", content_body.read())
+        self._fs.pipe_file(self._object(artifact_id), content_body.read())
 
     def remove(self, artifact_id: str) -> None:
         from optuna.artifacts.exceptions import ArtifactNotFound
 
         try:
-            self._fs.rm_file(f"{self._path}/{artifact_id}")
+            self._fs.rm_file(self._object(artifact_id))
         except FileNotFoundError as exc:
             raise ArtifactNotFound(f"artifact {artifact_id} is not in {self.url}") from exc
+
+    def _object(self, artifact_id: str) -> str:
+        """The object of `artifact_id`, always directly under the store's prefix: an id is never a path (as Optuna's
+        `FileSystemArtifactStore` refuses one that leaves its folder)."""
+        if not artifact_id or "/" in artifact_id or "\\" in artifact_id or artifact_id.startswith("."):
+            raise ValueError(f"Invalid artifact_id: {artifact_id!r} (an artifact id is a name, not a path)")
+        return f"{self._path}/{artifact_id}"
 
 
 def publish_chunk(trial: optuna.Trial, artifact_store: Any = None) -> None:

@@ -92,8 +92,9 @@ class TrialSchedule:
         return dataclasses.asdict(self)
 
 
-def trial_schedule(plan: ChunkPlan, grpo: Any, world_size: int = 1) -> TrialSchedule:
-    """The schedule of a trial with GRPOConfig `grpo` on `plan`; raises `PlanError` saying what to change."""
+def _block(grpo: Any, world_size: int = 1) -> tuple[int, int, int]:
+    """``(prompts, cycles, micro-steps a cycle)`` of the smallest whole block a chunk is made of for a trial with
+    GRPOConfig `grpo`: whole generation cycles that end on an optimizer step."""
     G = grpo.num_generations
     generation_batch = grpo.per_device_train_batch_size * world_size * grpo.steps_per_generation
     if generation_batch % G:
@@ -105,7 +106,32 @@ def trial_schedule(plan: ChunkPlan, grpo: Any, world_size: int = 1) -> TrialSche
     micro_steps_per_cycle = grpo.steps_per_generation * grpo.num_iterations
     # A chunk must end on an optimizer step too: the smallest number of cycles whose micro-steps divide evenly.
     cycles_per_block = grpo.gradient_accumulation_steps // math.gcd(micro_steps_per_cycle, grpo.gradient_accumulation_steps)
-    prompts_per_block = prompts_per_cycle * cycles_per_block
+    return prompts_per_cycle * cycles_per_block, cycles_per_block, micro_steps_per_cycle
+
+
+def rows_left_out(plan: ChunkPlan, grpo: Any) -> tuple[int, str] | None:
+    """How many training rows a trial with GRPOConfig `grpo` leaves out on `plan`, and the same in words with how to
+    train every row; None when it trains every row. Rows that do not fill a chunk (``num_rows % num_chunks``), and in
+    each chunk those that do not fill a whole block of generation cycles (`_block`), are not trained."""
+    block = _block(grpo)[0]
+    trained = trial_schedule(plan, grpo).prompts_per_chunk * plan.num_chunks
+    if trained == plan.num_rows:
+        return None
+    whole = plan.num_chunks * block
+    more = -(-plan.num_rows // whole) * whole
+    less = plan.num_rows // whole * whole
+    left = plan.num_rows - trained
+    return left, (f"it trains {trained} of the {plan.num_rows} training rows ({left} left out, the same ones every "
+                  f"epoch): {plan.num_chunks} chunks of {plan.chunk_size} rows, of which it trains "
+                  f"{trained // plan.num_chunks} each, in whole blocks of {block} prompt{'s' if block != 1 else ''} "
+                  f"(generation cycles that end on an optimizer step). Every row trains with a multiple of {whole} rows "
+                  f"(num_chunks x {block}), e.g. {less or whole} or {more}")
+
+
+def trial_schedule(plan: ChunkPlan, grpo: Any, world_size: int = 1) -> TrialSchedule:
+    """The schedule of a trial with GRPOConfig `grpo` on `plan`; raises `PlanError` saying what to change."""
+    G = grpo.num_generations
+    prompts_per_block, cycles_per_block, micro_steps_per_cycle = _block(grpo, world_size)
     blocks = plan.chunk_size // prompts_per_block
     if blocks == 0:
         raise PlanError(

@@ -36,7 +36,14 @@ DEFAULT_STORAGE = "sqlite:///rfopt.db"
 VERBOSE_HELP = "log each trial's progress and show tracebacks"
 
 
+WORKER_PARENT = "RFOPT_WORKER_PARENT"
+"""Set by ``rfopt worker --devices a,b`` on each worker process it starts: the parent's pid, which the worker ends
+with (`_end_with_parent`)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(WORKER_PARENT, "").isdigit():
+        _end_with_parent(int(os.environ.pop(WORKER_PARENT)))
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -391,9 +398,14 @@ def _is_list(space: Any) -> bool:
 def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
     """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
-    from rfopt.storage import check_url, redact
+    from rfopt.storage import check_lasting_url, redact
+    from rfopt.study import check_study_name
 
-    check_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
+    from rfopt.trackers import normalize as trackers_of
+
+    check_lasting_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
+    check_study_name(args.study_name)  # so does a --study that would choose where files go
+    trackers_of(args.report_to)  # and a --report-to tracker that is not installed
     spec = _load_spec(args.study_file)
     if args.fast:
         spec = spec.with_fast()
@@ -442,9 +454,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if len(devices) > 1:  # one process per device, each this same command on its one device
         import subprocess
 
-        from rfopt.storage import check_url
+        from rfopt.storage import check_lasting_url
+        from rfopt.study import check_study_name
 
-        check_url(args.storage)  # bad input fails here once, not in every worker
+        from rfopt.trackers import normalize as trackers_of
+
+        check_lasting_url(args.storage)  # bad input fails here once, not in every worker
+        check_study_name(args.study_name)
+        trackers_of(args.report_to)
         _load_spec(args.study_file)
 
         base = ["-v"] * args.verbose + ["worker", args.study_file, "--storage", args.storage,
@@ -459,8 +476,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         for tracker in args.report_to or ():
             base += ["--report-to", tracker]
         print(f"rfopt: {len(devices)} workers on {', '.join(devices)}", file=sys.stderr)
-        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d]) for d in devices]
-        codes = [p.wait() for p in processes]
+        child_env = dict(os.environ, **{WORKER_PARENT: str(os.getpid())})  # each ends with this process
+        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d], env=child_env)
+                     for d in devices]
+        try:
+            codes = [p.wait() for p in processes]
+        except BaseException:  # Ctrl-C or a signal to this process alone: its workers stop too, as after a Ctrl-C
+            _interrupt(processes)
+            raise
         return max(codes, key=abs)
 
     spec, study, space, train, evaluation = _open_study_file(args, f"worker on {devices[0]} for study")
@@ -491,6 +514,54 @@ def _gang_size(args: argparse.Namespace, spec: Any) -> int:
     return spec.gang_size if spec.gang_size is not None else DEFAULT_GANG_SIZE
 
 
+def _interrupt(processes: list[Any], seconds: float = 60.0) -> None:
+    """Interrupt the worker processes still running (SIGINT: each stops as after a Ctrl-C, every trial resumable) and
+    wait for them; kill those still running after `seconds`."""
+    import signal
+    import subprocess
+
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    for process in processes:
+        try:
+            process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _end_with_parent(parent: int) -> None:
+    """End this worker when the ``rfopt worker --devices`` process that started it ends, however it ends (SIGKILL
+    included): Linux sends SIGINT (a Ctrl-C: every trial stays resumable) when the parent dies (PR_SET_PDEATHSIG);
+    elsewhere a thread watches the parent's pid. A parent gone already ends this process at once."""
+    import signal
+    import threading
+    import time
+
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # A Ctrl-C ends the worker even where it was started with SIGINT ignored (a shell's background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGINT, 0, 0, 0)
+    if os.getppid() != parent:  # it died before this process could ask to end with it
+        raise SystemExit("rfopt: the `rfopt worker` process that started this worker has ended; so does this worker")
+    if sys.platform.startswith("linux"):
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        interrupt()
+
+    threading.Thread(target=watch, name="rfopt-parent-watch", daemon=True).start()
+
+
 def _devices(spec: str) -> list[str]:
     """`--devices`: auto (every CUDA device, else the CPU), or a comma-separated list such as cuda:0,cuda:1."""
     if spec == "auto":
@@ -509,9 +580,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import optuna
 
     import rfopt
-    from rfopt.storage import open_storage
 
-    storage = open_storage(args.storage, create=False)
+    storage = _existing_storage(args.storage)
     if args.study_name is None:
         summaries = optuna.get_all_study_summaries(storage)
         if not summaries:
@@ -533,9 +603,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_op(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.storage import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     getattr(study, f"{args.op}_trial")(args.trial)
     print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
     return 0
@@ -543,9 +612,8 @@ def _cmd_op(args: argparse.Namespace) -> int:
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.storage import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     study.cancel_clone(args.trial)
     print(f"trial {args.trial}: cancelled; it left the queue and will not start")
     return 0
@@ -553,9 +621,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def _cmd_withdraw(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.storage import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     study.withdraw_request(args.trial, args.op)
     print(f"trial {args.trial}: its pending {args.op} was withdrawn; it will not apply")
     return 0
@@ -565,10 +632,9 @@ def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
     from rfopt import ops
     from rfopt.config import parse_assignments
-    from rfopt.storage import open_storage
 
     overrides = parse_assignments(args.set)
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
     made = ops.clone_in_study(study.optuna, args.trial, overrides, warm_start=args.warm_start)
     print(made.describe(args.trial, args.warm_start))
     return 0
@@ -576,12 +642,20 @@ def _cmd_clone(args: argparse.Namespace) -> int:
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from rfopt.dashboard import serve
-    from rfopt.storage import check_url
+    from rfopt.storage import check_lasting_url
 
-    check_url(args.storage, create=False)  # a dashboard only shows a study: it never creates the database
+    check_lasting_url(args.storage, create=False)  # a dashboard only shows a study: it never creates the database
     serve(_absolute_sqlite(args.storage), host=args.host, port=args.port, token=args.token,
           artifact_dir=args.artifact_dir)
     return 0
+
+
+def _existing_storage(url: str) -> Any:
+    """The storage of a command that reads or steers a study: never created, never in memory (`check_lasting_url`)."""
+    from rfopt.storage import check_lasting_url, open_storage
+
+    check_lasting_url(url, create=False)
+    return open_storage(url, create=False)
 
 
 def _print_summary(study: Any, storage: str) -> None:

@@ -236,9 +236,15 @@ class TrialConfig:
                 "for one you changed), or a top-level function returning (model, tokenizer)"
             )
         self.model = model
+        if reward_funcs is None or isinstance(reward_funcs, Mapping):
+            raise ConfigError(f"reward_funcs: got {_kind(reward_funcs)}; give a reward function, a 'module:function' "
+                              "path, or a list of them (as TRL's reward_funcs)")
         self.reward_funcs = [_reward_func(r, i) for i, r in enumerate(_as_list(reward_funcs))]
         self.args, self.quantization_config = _args_and_quantization(args, quantization_config)
         self.processing_class = _processing_class(processing_class)
+        if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+            raise ConfigError(f"callbacks: got {_kind(callbacks)}; give a list of transformers.TrainerCallback classes "
+                              "or instances (as the Trainer's callbacks), e.g. callbacks=[MyCallback]")
         self.callbacks = list(callbacks or [])
         for cb in self.callbacks:
             callback_to_json(cb)  # refused now, not when the trial is stored
@@ -475,11 +481,20 @@ def _args_and_quantization(args: Any, quantization_config: Any) -> tuple[Any, An
 
 
 def _bnb_config(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        from transformers import BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
+    if isinstance(value, Mapping):
         return BitsAndBytesConfig.from_dict(dict(value))
+    if value is not None and not isinstance(value, BitsAndBytesConfig):
+        raise ConfigError(f"quantization_config: got {_kind(value)}; give a transformers.BitsAndBytesConfig (e.g. "
+                          "BitsAndBytesConfig(load_in_4bit=True)), its dict, or None")
     return value
+
+
+def _kind(value: Any) -> str:
+    """A wrong value as a message shows it: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
 
 def _processing_class(value: Any) -> str | TokenizerSpec | None:
@@ -773,8 +788,15 @@ def import_path(obj: Any) -> str:
         )
     if module == "__main__" or module not in sys.modules or not _is_importable(module):
         file = getattr(sys.modules.get(module), "__file__", None)
-        if file is None:
-            raise ConfigError(f"{qualname}: defined in {module!r}, which has no file to import it from again")
+        if file is None or file.startswith("<") or not Path(file).is_file():
+            source = ("a script read from standard input (python - < script.py)" if file == "<stdin>"
+                      else f"{module!r}, which has no file" if file is None or file.startswith("<")
+                      else f"{file}, which is not a file")
+            raise ConfigError(
+                f"{qualname}: defined in {source}; rfopt stores it by import path, for the other processes that "
+                "need it (a worker, a resumed run, the dashboard's clone), and none can import it from there. Save "
+                "the script as a file and run it (python script.py), or define the function in a module"
+            )
         module = str(Path(file).resolve())
     return f"{module}:{qualname}"
 

@@ -104,6 +104,8 @@ class TrialView:
     value_step: int | None
     """The chunk of `value`."""
     params: dict[str, Any]
+    held_as: dict[str, str]
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
     clone_of: dict[str, Any] | None
     reason: str | None
     can_clone: bool
@@ -130,6 +132,7 @@ class TrialView:
             value=record.value,
             value_step=max(values) if values else None,
             params=dict(trial.params),
+            held_as=ops.held_as(trial),
             clone_of=None if record.lineage is None else record.lineage.to_attr(),
             reason=record.end_reason,  # a cancelled clone's too: cancelling stores it as the fail reason
             can_clone=record.config_json is not None,
@@ -598,7 +601,7 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
             (v.value_step, _num(v.value_step)),
             (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
         ]
-        cells += [(v.params.get(p), _e(_num(v.params[p])) if p in v.params else "") for p in params]
+        cells += [_param_cell(v, p) for p in params]
         cells += [(v.eval.get(k), _num(v.eval.get(k))) for k in rewards]
         cells += [(v.reason or "", _e(v.reason or ""))]
         tds = "".join(f"<td data-sort='{_e('' if key is None else key)}'>{text}</td>" for key, text in cells)
@@ -610,6 +613,18 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     )
 
 
+def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
+    """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
+    param (`rfopt.ops.held_as`), that value, marked, so that the column never reads as the parent's."""
+    holder = v.held_as.get(param)
+    if holder is not None:
+        value = v.params[holder]
+        why = (f"Optuna's param {param} cannot hold this clone's value (a categorical cannot gain a choice): it is the "
+               f"param {holder}")
+        return value, f"<span class='held' title='{_e(why)}'>{_e(_num(value))} ⚠</span>"
+    return v.params.get(param), _e(_num(v.params[param])) if param in v.params else ""
+
+
 def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
     api = f"/rfopt/api/studies/{study_id}/trials/{v.number}"
     state = v.state + (" · paused" if v.paused else "")
@@ -618,6 +633,9 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
     notes = []
     if v.params:
         notes.append(", ".join(f"{_e(k)}={_e(_num(p))}" for k, p in v.params.items()))
+    for field_param, holder in v.held_as.items():
+        notes.append(f"<span class='held'>⚠ its {_e(field_param)} ({_e(_num(v.params[holder]))}) is not a choice of "
+                     f"Optuna's param {_e(field_param)}: Optuna's params hold it as {_e(holder)}</span>")
     if v.clone_of:
         lineage = v.clone_of
         warm = f", warm from chunk {_e(lineage.get('start_unit', 0))}" if lineage.get("warm_start") else ""

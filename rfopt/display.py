@@ -56,6 +56,10 @@ def format_leaderboard(rows: list[Any], objective: str = "reward") -> str:
         value = "-" if row.value is None else f"{row.value:.4f}"
         params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(row.params.items()))
         note = row.reason or (row.adapter or "")
+        held = row.held_as
+        if held:  # said on the row itself: the Optuna param a reader would look for does not hold the trial's value
+            note = "; ".join([f"! its {k} is the param {v} (not a choice of {k})" for k, v in sorted(held.items())]
+                             + ([note] if note else []))
         lines.append([str(rank), str(row.number), row.state, value, str(row.chunks_done), params, note])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     widths[-1] = len(header[-1])

@@ -209,13 +209,19 @@ def score_completions(
 def checked_reward(func: Any) -> Callable[..., Any]:
     """`func` as TRL calls it, with what it returns checked: one finite number (or None) per completion. A reward
     function that raises, or returns anything else, raises `RewardFunctionError` naming it, what it gave and what is
-    expected. The wrapper keeps the name TRL logs the rewards under (and is async when `func` is)."""
+    expected; so does one that calls ``sys.exit()`` (a bug in one trial's reward: that trial fails alone). The
+    wrapper keeps the name TRL logs the rewards under (and is async when `func` is)."""
     name = reward_name(func)
 
     def check(values: Any, kwargs: dict[str, Any]) -> Any:
         return _checked_values(name, values, len(kwargs.get("completions") or ()))
 
-    def failed(exc: Exception, kwargs: dict[str, Any]) -> RewardFunctionError:
+    def failed(exc: BaseException, kwargs: dict[str, Any]) -> RewardFunctionError:
+        if isinstance(exc, SystemExit):  # one config's bug, not a request to end the study: its trial fails alone
+            return RewardFunctionError(
+                f"reward function {name!r} called sys.exit({exc.code!r}) (raised SystemExit); a reward function must "
+                "return its scores, not end the process: raise an exception (or return None for a completion it does "
+                "not score) instead")
         hint = ""
         if isinstance(exc, KeyError) and exc.args and exc.args[0] not in kwargs:
             columns = sorted(k for k in kwargs if k not in TRL_REWARD_ARGUMENTS)
@@ -226,14 +232,14 @@ def checked_reward(func: Any) -> Callable[..., Any]:
         async def checked(**kwargs: Any) -> Any:
             try:
                 values = await func(**kwargs)
-            except Exception as exc:  # named and re-raised
+            except (Exception, SystemExit) as exc:  # named and re-raised; KeyboardInterrupt still ends the run
                 raise failed(exc, kwargs) from exc
             return check(values, kwargs)
     else:
         def checked(**kwargs: Any) -> Any:
             try:
                 values = func(**kwargs)
-            except Exception as exc:  # named and re-raised
+            except (Exception, SystemExit) as exc:  # named and re-raised; KeyboardInterrupt still ends the run
                 raise failed(exc, kwargs) from exc
             return check(values, kwargs)
 

@@ -88,6 +88,11 @@ class LeaseLost(RuntimeError):
     """This worker's lease expired or was taken over: it must not commit the unit it worked on."""
 
 
+class StudyBusyError(RuntimeError):
+    """Another process runs the study in a way this one cannot join: `rfopt run` takes no leases, so it shares a study
+    with no other process, and workers share one only with workers."""
+
+
 @dataclass(frozen=True)
 class Lease:
     name: str
@@ -238,6 +243,9 @@ class Leases:
         return retry(call, self.retry_seconds, _where(self.engine), what)
 
 
+PRESENCE_LEASE = "presence"
+"""The lease a process holds for a moment while it checks who runs the study and records itself (`Presence`)."""
+
 REQUESTS_LOCK_SECONDS = 30.0
 """How long a requests lock holds if its holder dies holding it (it is held for a few writes)."""
 
@@ -273,6 +281,19 @@ class Seen:
         """Beating: not ended, and seen within two intervals (a process that died is seen so within 2x the interval)."""
         return self.ended is None and now - self.seen <= 2 * self.interval
 
+    def gone_here(self) -> bool:
+        """A process of this host that no longer exists (killed: its row has not lapsed yet, but it is gone)."""
+        host, _, pid = self.holder.rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # another user's process: it exists
+            return False
+        return False
+
 
 class Presence:
     """A process running a study says so: its row in ``rfopt_presence`` (study, host:pid) is stamped every `interval`
@@ -286,13 +307,19 @@ class Presence:
         ...     drive(...)
     """
 
-    def __init__(self, study: optuna.Study, kind: str, interval: float = 5.0, holder: str | None = None) -> None:
+    def __init__(self, study: optuna.Study, kind: str, interval: float = 5.0, holder: str | None = None,
+                 exclusive: bool = False) -> None:
         engine = engine_of(storage_of(study))
         if engine is None:
             raise ValueError(f"study {study.study_name!r}: presence needs an SQL storage")
         self.engine: sa.Engine = engine
+        self._optuna_study = study
         self.study = study.study_name
         self.kind = kind
+        self.exclusive = exclusive
+        """Refuse (`StudyBusyError`) to start beside a process this kind cannot share the study with: a ``run`` beside
+        anyone, a ``worker`` beside a ``run``. Checked and recorded under one lease, so two processes starting at
+        the same moment cannot both pass."""
         self.interval = interval
         self.holder = holder or worker_id()
         self.retry_seconds = getattr(storage_of(study), "retry_seconds", 300.0)
@@ -301,18 +328,44 @@ class Presence:
 
     def __enter__(self) -> Self:
         _create_tables(self.engine, self.retry_seconds)
-        now = time.time()
 
         def start() -> None:
+            now = time.time()
             with self.engine.begin() as db:
                 key = (PRESENCE.c.study == self.study, PRESENCE.c.holder == self.holder)
                 values = {"kind": self.kind, "started": now, "seen": now, "interval": self.interval, "ended": None}
                 if not db.execute(PRESENCE.update().where(*key).values(**values)).rowcount:
                     db.execute(PRESENCE.insert().values(study=self.study, holder=self.holder, **values))
 
-        retry(start, self.retry_seconds, _where(self.engine), "record this process's presence")
+        if self.exclusive:
+            with Leases(self._optuna_study, holder=self.holder).holding(PRESENCE_LEASE, 30.0, poll_seconds=0.05):
+                self._refuse_beside(seen_on(self._optuna_study) or [])
+                retry(start, self.retry_seconds, _where(self.engine), "record this process's presence")
+        else:
+            retry(start, self.retry_seconds, _where(self.engine), "record this process's presence")
         self._thread.start()
         return self
+
+    def _refuse_beside(self, seen: list[Seen]) -> None:
+        """`StudyBusyError` if a live process runs the study in a way this one cannot share."""
+        now = time.time()
+        others = [s for s in seen if s.holder != self.holder and s.alive(now) and not s.gone_here()]
+        clash = others if self.kind == "run" else [s for s in others if s.kind == "run"]
+        if not clash:
+            return
+        who = ", ".join(f"{s.holder} ({'rfopt run' if s.kind == 'run' else 'rfopt worker'}, seen "
+                        f"{max(0.0, now - s.seen):.0f} s ago)" for s in clash)
+        lapse = max(2 * s.interval for s in clash)
+        if self.kind == "run":
+            what = (f"study {self.study!r} is being run by {who}. rfopt run (study.optimize) takes no leases, so "
+                    "beside it this process would train the same trials again: wait for it to end, or run the study "
+                    "with rfopt worker (study.work) only, any number of them")
+        else:
+            what = (f"study {self.study!r} is being run by {who}, which takes no leases, so a worker beside it "
+                    "would train the same trials again: wait for it to end, then start workers (rfopt worker, "
+                    "study.work) as many as you like")
+        raise StudyBusyError(f"{what}. Nothing was written. (A process that was killed reads as gone {lapse:g} s "
+                             "after its last beat.)")
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

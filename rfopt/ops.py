@@ -274,8 +274,9 @@ def _apply(ref: TrialRef, record: TrialRecord, after_chunk: int) -> Outcome:
 # ---------------------------------------------------------------------- clones
 @dataclass(frozen=True)
 class Clone:
-    """A clone that was enqueued: its number, what could not be checked where it was made, and the overrides as
-    the clone's config holds them (typed: ``{"learning_rate": 2e-06}`` for the text ``"2e-6"``)."""
+    """A clone that was enqueued: its number, what the person cloning must know (what could not be checked where
+    it was made; a value Optuna's params hold under another name), and the overrides as the clone's config holds
+    them (typed: ``{"learning_rate": 2e-06}`` for the text ``"2e-6"``)."""
 
     number: int
     notes: tuple[str, ...] = ()
@@ -344,7 +345,7 @@ def clone(
     lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
                       by=by or schema.who(), at=schema.now(), **({"token": token} if token else {}))
     explored = dict(params or {})
-    params, distributions = _clone_params(study, parent.trial, overrides)
+    params, distributions = _clone_params(study, parent.trial, overrides, notes)
     params.update({name: value for name, value in explored.items()
                    if name in distributions and _admits(distributions[name], value)})
     if state is not None:  # before the clone exists: whoever starts it, the moment it is enqueued, finds them
@@ -435,16 +436,16 @@ def _check_model_if_changed(config: TrialConfig, child_data: dict[str, Any], par
 
 
 
-def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrides: Mapping[str, Any]):
+def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrides: Mapping[str, Any],
+                  notes: list[str] | None = None):
     """The clone's Optuna params: the parent's, with every overridden value recorded, so that Optuna's parameter views
-    (optuna-dashboard's, `trials_dataframe`, importance) describe the clone and not its parent.
+    (optuna-dashboard's, `trials_dataframe`, `best_params`, importance) describe the clone and not its parent.
 
-    An overridden value keeps its param's distribution where that holds it; a number outside it widens the range (the
-    same kind and log scale: Optuna refuses another under one name in a study). A field the study has no param for
-    becomes one: a number as a range of that one value (later clones widen it), anything else a categorical of that
-    one value. What Optuna cannot record (a categorical param, a value outside its choices: Optuna cannot add a choice
-    once trials have it) keeps the parent's value out of the clone's params; the clone's config, lineage and
-    ``rfopt:clone`` overrides still say what it trains.
+    Each overridden value goes to the param `param_holding` names: its own param where that holds it (a number
+    outside the range widens it); a new param for a field the study has none for; and for a categorical param that
+    cannot gain the value as a choice (Optuna fixes a categorical's choices once trials have it), an alternate param
+    ``<name>#2`` (``#3``, ...), said in `notes` (shown where the clone is made) and on the leaderboard and page
+    (`held_as`). The parent's value of that field never stays in the clone's params.
     """
     params = dict(parent.params)
     distributions = dict(parent.distributions)
@@ -455,15 +456,73 @@ def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrid
     for given, value in overrides.items():
         name = _param_name(given)
         value = _param_value(value)
-        dist = _holding(distributions.get(name) or known.get(name), value)
-        if dist is None:
-            params.pop(name, None)
-            distributions.pop(name, None)
-            logger.info("clone of trial %d: %s=%r cannot be an Optuna param of the study (%s); it is in the clone's "
-                        "config", parent.number, name, value, known.get(name))
+        study_dist = distributions.get(name) or known.get(name)
+        held = param_holding(name, value, {**known, **distributions})
+        params.pop(name, None)
+        distributions.pop(name, None)
+        if held is None:  # an unbounded name space makes this unreachable in practice
+            logger.warning("clone of trial %d: %s=%r cannot be an Optuna param of the study; it is in the clone's "
+                           "config", parent.number, name, value)
             continue
-        params[name], distributions[name] = value, dist
+        holder, dist = held
+        params[holder], distributions[holder] = value, dist
+        if holder != name and notes is not None:
+            notes.append(f"{name}={value!r} cannot be a value of the study's param {name!r} ({_shown(study_dist)}): "
+                         f"Optuna fixes a param's kind, and a categorical's choices, once trials have it. The clone's "
+                         f"Optuna params hold it as {holder!r}; its config, study.best_config, the leaderboard and the "
+                         "dashboard's page say what it trains")
     return params, distributions
+
+
+ALTERNATE_PARAM = "{name}#{index}"
+"""The param that holds a clone's value of field `name` which `name`'s categorical cannot hold (index 2, 3, ...)."""
+
+
+def param_holding(name: str, value: Any, distributions: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """``(param name, distribution)`` under which a trial's Optuna params hold `value` of the field whose param is
+    `name`, beside the study's `distributions` (by param name): `name` itself where its distribution holds the value
+    or widens to hold it (`_holding`), or where the study has no such param; else (a categorical that cannot gain a
+    choice) the first alternate ``name#2``, ``name#3``, ... (`ALTERNATE_PARAM`) whose distribution holds the value,
+    or that is new (a one-choice categorical). So a clone that trains another model reads ``model#2='...'`` in its
+    params, never its parent's model.
+
+        >>> param_holding("model", "m2", {"model": CategoricalDistribution(["m1"])})          # doctest: +SKIP
+        ('model#2', CategoricalDistribution(choices=('m2',)))
+    """
+    dist = _holding(distributions.get(name), value)
+    if dist is not None:
+        return name, dist
+    for index in range(2, 10_000):
+        alternate = ALTERNATE_PARAM.format(name=name, index=index)
+        dist = _holding(distributions.get(alternate), value)
+        if dist is not None:
+            return alternate, dist
+    return None
+
+
+def held_as(trial: optuna.trial.FrozenTrial) -> dict[str, str]:
+    """For a clone whose overridden values Optuna's params hold under an alternate name (`param_holding`): the field's
+    param name -> the param that holds it (``{"model": "model#2"}``); empty for any other trial."""
+    lineage = TrialRecord(trial).lineage
+    if lineage is None:
+        return {}
+    found = {}
+    for given in lineage.overrides:
+        name = _param_name(given)
+        if name in trial.params:
+            continue
+        holder = next((p for p in trial.params
+                       if p.startswith(f"{name}#") and p[len(name) + 1:].isdigit()), None)
+        if holder is not None:
+            found[name] = holder
+    return found
+
+
+def _shown(dist: Any) -> str:
+    """A distribution as a person reads it: ``choices ['a', 'b']``, ``a range 0.001..0.01 (log)``."""
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return f"choices {list(dist.choices)}"
+    return f"a range {dist.low}..{dist.high}{' (log)' if dist.log else ''}"
 
 
 def _param_name(override: str) -> str:

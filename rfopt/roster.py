@@ -31,12 +31,13 @@ from . import crashpoints, gang, ops, schema, unit
 from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import ConfigError, TrialConfig, override_dict
+from .evaluation import EvalPrompts
 from .leases import LeaseLost
 from .pruning import Member, PopulationBasedTraining, decide, plan_step
 from .runner import ChunkAborted
-from .evaluation import EvalPrompts
 from .scheduler import LiveTrial, completed_rungs
 from .schema import PruneDecision, TrialRecord, TrialRef
+from .storage import STORAGE_ERRORS
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
@@ -115,6 +116,8 @@ class Roster:
         try:
             if live is None:
                 live = self._start(self._handle(record), TrialConfig.from_json(record.config_json), record, fresh=False)
+        except STORAGE_ERRORS:  # the database failing is not the trial's failure: the run ends, the trial resumable
+            raise
         except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
             self.fail(number, f"could not resume: {type(exc).__name__}: {exc}")
             self._raise_uncaught(exc)
@@ -172,6 +175,8 @@ class Roster:
             config.validate()
             schema.write_config(self._ref(trial), config.to_json())
             self._start(trial, config, None, fresh=True)
+        except STORAGE_ERRORS:
+            raise
         except Exception as exc:  # noqa: BLE001 - a bad config fails its trial, not the study
             self.fail(trial.number, f"{type(exc).__name__}: {exc}")
             self._raise_uncaught(exc)
@@ -315,9 +320,9 @@ class Roster:
                 units = record.num_units or n_steps
                 members.append(Member(t, t.intermediate_values[step], max(0, units - step - 1)))
         spent = sum(len(t.intermediate_values) for t in trials)
-        explorable = {m.number: self._explorable(pbt, m.trial) for m in members}
-        self._warn_unexplorable(pbt, members, explorable)
-        return plan_step(pbt, self.study, step, n_steps, members, spent, explorable)
+        changeable = {m.number: explorable(pbt, self.space, m.trial) for m in members}
+        self._warn_unexplorable(pbt, members, changeable)
+        return plan_step(pbt, self.study, step, n_steps, members, spent, changeable)
 
     def _warn_unexplorable(self, pbt: PopulationBasedTraining, members: list[Member],
                            explorable: dict[int, list[str]]) -> None:
@@ -338,31 +343,6 @@ class Roster:
                 logger.warning("PopulationBasedTraining(params=...): %r cannot change in a warm-started clone (the "
                                "parent's weights would not load, or it has one value); clones keep the parent's",
                                name)
-
-    def _explorable(self, pbt: PopulationBasedTraining, parent: FrozenTrial) -> list[str]:
-        """The params a clone of `parent` may change: those named (or all searched ones) that a warm start allows:
-        changing the model, or the adapter's shape, would not load the parent's weights."""
-        names = pbt.params if pbt.params is not None else tuple(parent.params)
-        stored = TrialRecord(parent).config_json
-        if stored is None:
-            return []
-        data = TrialConfig.config_dict(stored)
-        found = []
-        for name in names:
-            dist = parent.distributions.get(name)
-            if dist is None:
-                continue
-            other = _another_value(dist, parent.params[name])
-            if other is None:
-                continue
-            try:
-                overrides = self.space.overrides_for(parent, {**parent.params, name: other})
-                child, _ = override_dict(data, overrides)
-            except (ConfigError, ValueError, TypeError):
-                continue
-            if ops.warm_start_refusal(data, child) is None:
-                found.append(name)
-        return found
 
     def _replacement(self, replacement: schema.Replacement) -> int | str:
         """The clone that replaces a member (made now, or found made before a crash), or why it cannot be made."""
@@ -398,6 +378,8 @@ class Roster:
             unit.run_unit(self.ctx, live, claim)
         except unit.CallbackFailed as exc:  # the caller's problem, as in Optuna: the trial is not failed
             raise exc.__cause__ from None
+        except STORAGE_ERRORS:  # the database failing, not the trial: the run ends, every trial resumable
+            raise
         except Exception as exc:  # noqa: BLE001 - the trial fails alone (`_after_unit`)
             self._after_unit(live, claim, exc)
         else:
@@ -430,12 +412,16 @@ class Roster:
     def _after_unit(self, live: Live, claim: Claim, error: BaseException | None) -> None:
         """After a unit: finish the trial if it trained its last one; if the unit failed, the trial is stale here
         (another process has it now) or fails alone, with the reason."""
+        if isinstance(error, STORAGE_ERRORS):  # the database failing, not the trial: the run ends, every trial resumable
+            raise error
         finished = False
         if error is None and live.finished:
             try:
                 unit.finish(self.ctx, live, claim)
                 self._drop(live.number)
                 finished = True
+            except STORAGE_ERRORS:
+                raise
             except Exception as exc:  # noqa: BLE001 - saving the adapter failed, or the claim was lost
                 error = exc
         if error is None:
@@ -544,6 +530,33 @@ class Roster:
     def _ref_by_number(self, number: int) -> TrialRef:
         frozen = self.study.get_trials(deepcopy=False)[number]
         return TrialRef(storage_of(self.study), trial_id_of(frozen), number)
+
+
+def explorable(pbt: PopulationBasedTraining, space: Any, parent: FrozenTrial) -> list[str]:
+    """The params a clone of `parent` may change under `pbt`: those named (or all searched ones) that a warm start
+    allows: changing the model, or the adapter's shape, would not load the parent's weights; a param with one value
+    has nothing to change to."""
+    names = pbt.params if pbt.params is not None else tuple(parent.params)
+    stored = TrialRecord(parent).config_json
+    if stored is None:
+        return []
+    data = TrialConfig.config_dict(stored)
+    found = []
+    for name in names:
+        dist = parent.distributions.get(name)
+        if dist is None:
+            continue
+        other = _another_value(dist, parent.params[name])
+        if other is None:
+            continue
+        try:
+            overrides = space.overrides_for(parent, {**parent.params, name: other})
+            child, _ = override_dict(data, overrides)
+        except (ConfigError, ValueError, TypeError):
+            continue
+        if ops.warm_start_refusal(data, child) is None:
+            found.append(name)
+    return found
 
 
 def _another_value(dist: Any, value: Any) -> Any:

@@ -31,7 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from .checkpoints import (
     location_exists,
     normalize_location,
 )
-from .chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
+from .chunks import ChunkPlan, PlanError, dataset_fingerprint, rows_left_out, trial_schedule
 from .compat import storage_of
 from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
@@ -59,7 +59,7 @@ from .evaluation import EvalSettings, reward_columns, reward_name
 from .gang import DEFAULT_GANG_SIZE
 from .models import ModelPool
 from .pruning import PopulationBasedTraining
-from .roster import Roster
+from .roster import Roster, explorable
 from .schema import TrialRecord, study_record
 from .spaces import ListSpace, as_space
 from .storage import describe, engine_of, open_storage
@@ -79,6 +79,8 @@ class LeaderboardRow:
     params: dict[str, Any]
     adapter: str | None = None
     reason: str | None = None
+    held_as: dict[str, str] = field(default_factory=dict)
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,8 @@ class Study:
             catch: exceptions that fail a trial alone. Another exception fails its trial (with the reason stored)
                 and then ends the run, the other trials staying resumable. Optuna's default is ``()``: every error
                 ends the run; rfopt's is ``(Exception,)``, since a study time-slices many trials and one trial's
-                failure must not stop the others. KeyboardInterrupt and SystemExit never fail a trial.
+                failure must not stop the others. KeyboardInterrupt never fails a trial, nor does SystemExit from
+                `on_unit`; a reward function calling ``sys.exit()`` fails its trial alone, as any error in it does.
             n_trials_total: the study's total: no new trial is started once the study has this many (clones not
                 counted), whichever process started them (a study file's ``n_trials_total``).
             max_concurrent: live trials time-sliced at once (default: ``min(n_trials, 8)``).
@@ -244,13 +247,16 @@ class Study:
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
-        store = self._claim()
-        space, n_trials = self._record(checked)
-        max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
-        with Progress(self.study_name, enabled=show_progress_bar) as progress:
-            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit, LocalCoordinator(),
-                                max_concurrent, progress=progress, more_to_ask=self._more_to_ask(space, checked, n_trials),
-                                gang_size=gang_size)
+        _say_placement(pool.placement, checked)
+        with self._presence("run"):  # refuses to start beside another process on the study: it takes no leases
+            store = self._claim()
+            space, n_trials = self._record(checked)
+            max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
+            with Progress(self.study_name, enabled=show_progress_bar) as progress:
+                trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
+                                    LocalCoordinator(), max_concurrent, progress=progress,
+                                    more_to_ask=self._more_to_ask(space, checked, n_trials),
+                                    gang_size=gang_size)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -301,15 +307,17 @@ class Study:
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
+        _say_placement(pool.placement, checked)
         leases = Leases(self.optuna)
-        with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity and plan
-            store = self._claim()
-            space, n_trials = self._record(checked)
-        max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
-        trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
-                            LeasedCoordinator(leases, lease_seconds), max_concurrent,
-                            more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,
-                            gang_size=gang_size)
+        with self._presence("worker"):  # refuses to start beside an `optimize` (rfopt run), which takes no leases
+            with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity, plan
+                store = self._claim()
+                space, n_trials = self._record(checked)
+            max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
+            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
+                                LeasedCoordinator(leases, lease_seconds), max_concurrent,
+                                more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,
+                                gang_size=gang_size)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -345,16 +353,26 @@ class Study:
         ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)
         try:
-            with self._presence("worker" if coordinator.shared else "run"):
-                drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline, gang_size=gang_size)
+            drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
+                  poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline,
+                  gang_size=gang_size)
             if checked.timed_out() and roster.live:
                 logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                                "the study runs again", self.study_name, sorted(roster.live))
-        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or user code (a reward function) calling sys.exit
+        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or the caller's on_unit calling sys.exit
             logger.warning("study %r: stopped by %s; no trial failed, and each continues from its last committed "
                            "chunk when the study runs again", self.study_name, type(exc).__name__)
             raise
+        except Exception as exc:
+            if self._exists():
+                raise
+            raise StudyDeletedError(
+                f"study {self.study_name!r} was deleted from its storage ({describe(storage_of(self.optuna))}) while "
+                "this process ran it (optuna-dashboard's delete button, or optuna.delete_study): its trials and "
+                f"results are gone from the database, and this run stopped. Its checkpoints are still in {store.root} "
+                "(delete them if the study is not wanted). Running the study again starts a new one, with a new "
+                "identity and new checkpoints"
+            ) from exc
         finally:
             for number in list(roster.live):
                 roster.live.pop(number).runner.cleanup()
@@ -362,16 +380,26 @@ class Study:
             shutil.rmtree(workdir, ignore_errors=True)
         return len(committed)
 
+    def _exists(self) -> bool:
+        """Whether the study is still in its storage (a person may delete it while it runs)."""
+        try:
+            storage_of(self.optuna).get_study_id_from_name(self.study_name)
+        except KeyError:
+            return False
+        return True
+
     def _presence(self, kind: str) -> Any:
         """This process's heartbeat on the study while it runs it (`rfopt.leases.Presence`; `rfopt.ops.liveness` reads
-        it): in an SQL storage, where other processes can look."""
+        it): in an SQL storage, where other processes can look. Entered before anything is written, it refuses
+        (`rfopt.leases.StudyBusyError`) to run beside a process it cannot share the study with: an `optimize` beside
+        anyone, a worker beside an `optimize`."""
         from contextlib import nullcontext
 
         from .leases import Presence
 
         if engine_of(storage_of(self.optuna)) is None:
             return nullcontext()
-        return Presence(self.optuna, kind, interval=PRESENCE_SECONDS)
+        return Presence(self.optuna, kind, interval=PRESENCE_SECONDS, exclusive=True)
 
     def _nothing_done(self, space: Any) -> str:
         counts: dict[str, int] = {}
@@ -396,6 +424,7 @@ class Study:
         script = importing_user_file()
         if script is not None:  # what the check of the file's top level (`config.study_on_import`) could not see
             raise study_on_import(script, "a study run reached while importing it")
+        check_study_name(self.study_name)  # a study made by Optuna itself, with any name, becomes folders here
         space = as_space(space)
         _check_dataset(train_dataset, "train_dataset")
         _check_dataset(eval_dataset, "eval_dataset")
@@ -442,7 +471,6 @@ class Study:
         if isinstance(space, ListSpace):
             configs = list(enumerate(space.configs))
             left = space.check_study(self.optuna)
-            _check_population(self.optuna.pruner, space)
             if n_trials is not None and n_trials > left:
                 raise ValueError(
                     f"n_trials={n_trials}, but {left} of the list's {len(space)} configs are left to run; a study "
@@ -452,23 +480,39 @@ class Study:
         else:
             sample = _sample_config(space, self.optuna.direction)
             # The study's own inputs (plan, objective, datasets) are checked against one sampled config.
-            configs = [] if sample is None else [("the search space function's config", sample)]
+            configs = [] if sample is None else [("the search space function's config", sample.config)]
         for where, config in configs:  # refuse what would fail every trial before training anything
             label = f"configs[{where}]" if isinstance(where, int) else where
             try:
                 if isinstance(where, int):  # a function's configs vary: each is validated as its trial starts
                     config.validate()
-                    config.to_json()
+                config.to_json()  # what cannot be stored (a function no other process can import) fails every trial
                 trial_schedule(plan, config.args)
                 _check_objective(objective, config)
                 _check_columns(config, train_dataset, "train_dataset")
                 _check_columns(config, eval_dataset, "eval_dataset")
             except (ConfigError, PlanError, ValueError) as exc:
                 raise type(exc)(f"{label}: {exc}") from exc
+        _check_population(self.optuna.pruner, space, plan, [config for _, config in configs],
+                          None if isinstance(space, ListSpace) else sample)
+        self._say_rows_left_out(plan, configs)
         deadline = None if timeout is None else started + timeout
-        trackers = trackers_of(report_to) if report_to is not None else list(record.settings.get("report_to", []))
+        # The stored trackers are checked too: one uninstalled since would fail every trial.
+        trackers = trackers_of(report_to if report_to is not None else record.settings.get("report_to", []))
         return _Plan(space, plan, objective, settings, wanted, n_trials, n_trials_total, max_concurrent, deadline,
                      callbacks, catch, [config for _, config in configs], trackers, report_to is not None)
+
+    def _say_rows_left_out(self, plan: ChunkPlan, configs: list[tuple[Any, TrialConfig]]) -> None:
+        """Warn, naming how many, when the chunk plan leaves training rows out of a config's training (a chunk holds
+        whole steps; the rows do not divide into chunks): the config that leaves the most out."""
+        notes = []
+        for where, config in configs:
+            left = rows_left_out(plan, config.args)
+            if left is not None:
+                notes.append((-left[0], f"configs[{where}]" if isinstance(where, int) else where, left[1]))
+        if notes:
+            _, label, note = min(notes)
+            logger.warning("study %r: %s: %s", self.study_name, label, note)
 
     def _claim(self) -> CheckpointStore:
         """Give the study its identity and checkpoint location if it has none, and make the location this study's
@@ -557,6 +601,7 @@ class Study:
                     params=dict(t.params),
                     adapter=record.adapter,
                     reason=record.end_reason,
+                    held_as=ops.held_as(t),
                 )
             )
         order = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}
@@ -594,7 +639,20 @@ class Study:
             shutil.rmtree(target)
         return download(source, target)
 
+    @property
+    def best_config(self) -> TrialConfig:
+        """The best trial's config as it was trained (its stored ``rfopt:config``, what `export_best`'s adapter was
+        trained with). Where Optuna's params cannot say it (a clone's model, or another categorical value the study's
+        param had no choice for: `best_params` then names an alternate param, ``model#2``), this does.
+
+            >>> study.best_config.model, study.best_config.args.learning_rate           # doctest: +SKIP
+        """
+        if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
+            raise LookupError(f"study {self.study_name!r} has no finished trial yet")
+        return self.trial_config(self.optuna.best_trial.number)
+
     def trial_config(self, number: int) -> TrialConfig:
+        """Trial `number`'s config as it was trained (its stored ``rfopt:config``)."""
         stored = TrialRecord(self.optuna.trials[number]).config_json
         if stored is None:
             raise LookupError(f"trial {number} has no rfopt config")
@@ -636,6 +694,7 @@ def create_study(
     (default: ``rfopt-checkpoints/<study name>-<study id>`` beside a SQLite file; a study in a server database
     such as PostgreSQL needs one that every host can reach).
     """
+    check_study_name(study_name)
     _check_pruner(pruner)
     given = {"num_chunks": num_chunks, "objective": objective, "eval_settings": eval_settings, "chunk_seed": chunk_seed}
     _check_settings(given)
@@ -677,6 +736,53 @@ def load_study(
     return Study(study, checkpoint_dir)
 
 
+class StudyDeletedError(RuntimeError):
+    """The study was deleted from its storage while this process ran it."""
+
+
+class StudyNameError(ValueError):
+    """A study name that cannot be a folder's name as it is (it would choose where files go)."""
+
+
+STUDY_NAME_MAX = 128
+"""The longest study name, in characters (also at most `STUDY_NAME_MAX_BYTES` in UTF-8): the checkpoint folder
+``<name>-<id>`` must fit a file system's 255-byte name."""
+STUDY_NAME_MAX_BYTES = 200
+STUDY_NAME_PUNCTUATION = "._-+=@ "
+"""What a study name may hold besides letters and digits."""
+STUDY_NAME_RULE = (f"a study name is also a folder name (rfopt-checkpoints/<name>-<id>, a tracker's run): use "
+                   f"letters, digits, spaces and {' '.join(STUDY_NAME_PUNCTUATION.strip())}, at most {STUDY_NAME_MAX} "
+                   "characters, not starting with '.', '-' or a space")
+
+
+def check_study_name(name: Any) -> None:
+    """Refuse a study name that would choose a location: a path separator, a leading ``.``, ``~`` or ``-``, a
+    control character, or more than `STUDY_NAME_MAX` characters (`STUDY_NAME_RULE` says what is allowed). None is
+    Optuna's generated name.
+
+        >>> check_study_name("../../x")                                       # doctest: +SKIP
+        StudyNameError: study name '../../x': '/' is not allowed; a study name is also a folder name ...
+    """
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise TypeError(f"study_name must be text, got {type(name).__name__} {name!r}")
+    shown = repr(name if len(name) <= 60 else name[:60] + "...")
+    problem = None
+    if not name.strip():
+        problem = "it is empty"
+    elif len(name) > STUDY_NAME_MAX or len(name.encode()) > STUDY_NAME_MAX_BYTES:
+        problem = f"it is {len(name)} characters long"
+    elif bad := sorted({c for c in name if not (c.isalnum() or c in STUDY_NAME_PUNCTUATION)}):
+        problem = f"{', '.join(repr(c) for c in bad)} {'is' if len(bad) == 1 else 'are'} not allowed"
+    elif name[0] in ".- ":
+        problem = f"it starts with {name[0]!r}"
+    elif name[-1] == " ":
+        problem = "it ends with a space"
+    if problem is not None:
+        raise StudyNameError(f"study name {shown}: {problem}; {STUDY_NAME_RULE}. Nothing was stored")
+
+
 def _default_location(study: optuna.Study, uid: str) -> Path:
     """``rfopt-checkpoints/<name>-<id>`` beside a SQLite file (in the working directory for other file-less
     storages); a server database has none, since hosts do not share a working directory."""
@@ -694,6 +800,24 @@ def _default_location(study: optuna.Study, uid: str) -> Path:
         f"(--checkpoint-dir): a directory all hosts mount, or an object store such as s3://bucket/rfopt/"
         f"{study.study_name} (on one host, any local directory)"
     )
+
+
+def _say_placement(placement: Any, checked: _Plan) -> None:
+    """Warn when configs ask for a precision (``bf16``, ``fp16``) the device does not train in: placement is the
+    device's (`rfopt.models.Placement`), and a config's own fields are not used."""
+    precision = "bf16" if placement.bf16 else "fp16" if placement.fp16 else "fp32"
+    asked = {}
+    for index, config in enumerate(checked.configs):
+        fields = [f"{name}=True" for name in ("bf16", "fp16") if getattr(config.args, name) and not getattr(placement, name)]
+        if fields:
+            label = f"configs[{index}]" if isinstance(checked.space, ListSpace) else "the search space function's config"
+            asked[label] = ", ".join(fields)
+    if asked:
+        which = "; ".join(f"{label} sets {fields}" for label, fields in asked.items())
+        logger.warning("%s, which rfopt does not use: where a chunk trains, and in what precision, is the device's "
+                       "choice, and this study trains in %s on %s. Give the precision to the run instead: "
+                       "optimize(device=..., precision=...), rfopt run --device cuda --precision bf16", which,
+                       precision, placement.device)
 
 
 def _check_dataset(dataset: Any, name: str) -> None:
@@ -755,31 +879,90 @@ def _check_pruner(pruner: Any) -> None:
                           "another pruner)")
 
 
-def _check_population(pruner: Any, space: ListSpace) -> None:
-    """Refuse population-based training over a list of configs that gives it nothing to explore."""
+def _check_population(pruner: Any, space: Any, plan: ChunkPlan, configs: list[TrialConfig],
+                      sample: _Sample | None) -> None:
+    """Refuse population-based training that would never act, or whose clones would copy their parents: a list that
+    varies no param, `params` naming a param the space does not search (a typo) or one no warm-started clone can
+    change (the model, the adapter's shape), no explorable param at all, or an `interval` the trials never reach.
+    `sample`: a function space's config drawn on scratch trials (None for a list, or where the function raised)."""
     if not isinstance(pruner, PopulationBasedTraining):
         return
-    searched = sorted(space.distributions)
-    if not searched:
-        raise ValueError("PopulationBasedTraining explores the trials' searched params (their Optuna params), and "
-                         "this list of configs varies none: its clones would copy their parents unchanged. List "
-                         "configs that differ in what to explore (e.g. learning_rate), or search with a function "
-                         "space")
-    missing = sorted(set(pruner.params or ()) - set(searched))
-    if missing:
-        raise ValueError(f"PopulationBasedTraining(params={list(pruner.params)}): the list of configs does not vary "
-                         f"{missing}, so they are not searched params and have no range to explore in; its "
-                         f"searched params are {searched}")
+    named = list(pruner.params) if pruner.params is not None else None
+    if isinstance(space, ListSpace):
+        searched = sorted(space.distributions)
+        if not searched:
+            raise ValueError("PopulationBasedTraining explores the trials' searched params (their Optuna params), and "
+                             "this list of configs varies none: its clones would copy their parents unchanged. List "
+                             "configs that differ in what to explore (e.g. learning_rate), or search with a function "
+                             "space")
+        missing = sorted(set(named or ()) - set(searched))
+        if missing:
+            raise ValueError(f"PopulationBasedTraining(params={named}): the list of configs does not vary "
+                             f"{missing}, so they are not searched params and have no range to explore in; its "
+                             f"searched params are {searched}")
+        parent = _scratch_member(space.configs[0], {name: values[0] for name, values in space.params.items()},
+                                 space.distributions)
+    elif sample is None:
+        return  # the function raised on a scratch trial: each trial is checked as it runs, and the plan warns
+    else:
+        if set(named or ()) - set(sample.distributions):  # one draw may miss a param suggested only sometimes
+            searched = _searched_params(space, SAMPLE_DRAWS) | set(sample.distributions)
+            missing = sorted(set(named or ()) - searched)
+            if missing:
+                raise ValueError(f"PopulationBasedTraining(params={named}): the search space function suggests no "
+                                 f"param {missing} (in {SAMPLE_DRAWS} calls on scratch trials it suggested "
+                                 f"{sorted(searched)}); a param is named as the function suggests it "
+                                 "(trial.suggest_float('learning_rate', ...) is 'learning_rate')")
+        parent = _scratch_member(sample.config, sample.params, sample.distributions)
+    changeable = explorable(pruner, space, parent)
+    fixed = [name for name in (named or ()) if name in parent.distributions and name not in changeable]
+    if fixed:
+        raise ValueError(f"PopulationBasedTraining(params={named}): a warm-started clone cannot change {fixed} (it "
+                         "loads its parent's weights, so the model and the adapter's shape stay; a param with one "
+                         "value has nothing to change to): its clones would copy their parents in them. Leave them "
+                         "out of params")
+    if not changeable:
+        raise ValueError(f"PopulationBasedTraining: no searched param ({sorted(parent.distributions)}) can change in a "
+                         "warm-started clone (it loads its parent's weights, so the model and the adapter's shape "
+                         "stay), so every clone would copy its parent. Search a param it can explore, such as "
+                         "learning_rate or lora_alpha")
+    units = max((trial_schedule(plan, config.args).num_units for config in configs), default=None)
+    if units is not None and pruner.interval >= units:
+        raise ValueError(f"PopulationBasedTraining(interval={pruner.interval}): the trials train {units} chunks "
+                         f"({plan.num_chunks} chunks a pass over the train set), and it acts every {pruner.interval} "
+                         f"chunks but never after a trial's last, so it would never act. Give interval <= "
+                         f"{units - 1}, or more chunks (num_chunks)")
 
 
-def _sample_config(space: Any, direction: Any) -> TrialConfig | None:
-    """A config of a function space, from one call on a scratch in-memory trial (nothing is stored), to check the
-    study before it starts; None if the function raises there (a trial it fails on fails alone, with the reason)."""
+def _scratch_member(config: TrialConfig, params: dict[str, Any], distributions: dict[str, Any]) -> FrozenTrial:
+    """A trial with `config` and `params`, in no study: what a population's member looks like to its clones."""
+    return optuna.trial.create_trial(params=params, distributions=distributions, value=0.0,
+                                     user_attrs=schema.new_trial_attrs(config.to_json()))
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """A function space's config, drawn on a scratch trial of an in-memory study (nothing is stored)."""
+
+    config: TrialConfig
+    params: dict[str, Any]
+    distributions: dict[str, Any]
+
+
+SAMPLE_DRAWS = 8
+"""Scratch calls of a function space whose suggested param names are gathered (`_searched_params`)."""
+
+
+def _sample_config(space: Any, direction: Any) -> _Sample | None:
+    """A config of a function space, from one call on a scratch trial of an in-memory study (nothing is stored), to
+    check the study before it starts; None if the function raises there (a trial it fails on fails alone, with the
+    reason)."""
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         scratch = optuna.create_study(direction=direction, sampler=optuna.samplers.RandomSampler(seed=0))
-        config = space.function(scratch.ask())
+        trial = scratch.ask()
+        config = space.function(trial)
     except Exception as exc:  # noqa: BLE001 - checked again, trial by trial, when the study runs
         logger.debug("the search space function raised on a scratch trial (%s); not checked before the run", exc)
         return None
@@ -789,7 +972,27 @@ def _sample_config(space: Any, direction: Any) -> TrialConfig | None:
         raise ConfigError(
             f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
         )
-    return config
+    return _Sample(config, dict(trial.params), dict(trial.distributions))
+
+
+def _searched_params(space: Any, draws: int) -> set[str]:
+    """The names of the params a function space suggests in `draws` calls on scratch trials (a param suggested only
+    for some configs shows in some); the calls that raise are skipped."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    names: set[str] = set()
+    try:
+        scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+        for _ in range(draws):
+            trial = scratch.ask()
+            try:
+                space.function(trial)
+            except Exception:  # noqa: BLE001 - a draw the function fails on adds nothing
+                pass
+            names |= set(trial.distributions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return names
 
 
 _SETTING_CHANGED = {
@@ -859,7 +1062,8 @@ def _waiting_listed(study: optuna.Study) -> int:
                for t in study.get_trials(deepcopy=False))
 
 
-__all__ = ["LeaderboardRow", "Study", "UnitCommitted", "create_study", "load_study"]
+__all__ = ["LeaderboardRow", "Study", "StudyDeletedError", "StudyNameError", "UnitCommitted", "check_study_name",
+           "create_study", "load_study"]
 
 
 def _check_gang_size(gang_size: Any) -> None:

@@ -37,9 +37,23 @@ NAMED = ("tensorboard", "wandb", "mlflow", "trackio")
 """The trackers rfopt names each trial's run for (others are passed to TRL as they are)."""
 
 
+# Each tracker's check that its package is installed (transformers' own), and the package to install.
+_INSTALLED = {
+    "azure_ml": ("is_azureml_available", "azureml-core"), "clearml": ("is_clearml_available", "clearml"),
+    "codecarbon": ("is_codecarbon_available", "codecarbon"), "comet_ml": ("is_comet_available", "comet-ml"),
+    "dagshub": ("is_dagshub_available", "dagshub mlflow"), "dvclive": ("is_dvclive_available", "dvclive"),
+    "flyte": ("is_flytekit_available", "flytekit flytekitplugins-deck-standard"),
+    "kubeflow": ("is_kubeflow_available", "kubeflow"), "mlflow": ("is_mlflow_available", "mlflow"),
+    "neptune": ("is_neptune_available", "neptune"), "swanlab": ("is_swanlab_available", "swanlab"),
+    "tensorboard": ("is_tensorboard_available", "tensorboard"), "trackio": ("is_trackio_available", "trackio"),
+    "wandb": ("is_wandb_available", "wandb"),
+}
+
+
 def normalize(report_to: str | Sequence[str] | None) -> list[str]:
     """``report_to`` as a list, as TRL reads it: ``None``, ``"none"`` and ``[]`` mean no tracker; ``"all"`` every
-    installed one. A name TRL does not know is refused here, before anything runs."""
+    installed one. A name TRL does not know, or a tracker whose package is not installed here (every trial would
+    fail at its first chunk), is refused here, before anything runs."""
     if report_to is None:
         return []
     names = [report_to] if isinstance(report_to, str) else list(report_to)
@@ -54,7 +68,27 @@ def normalize(report_to: str | Sequence[str] | None) -> list[str]:
     if unknown:
         raise ValueError(f"report_to: unknown tracker {unknown}; use one of {sorted(INTEGRATION_TO_CALLBACK)}, "
                          "'all' or 'none'")
-    return list(dict.fromkeys(names))
+    names = list(dict.fromkeys(names))
+    missing = [n for n in names if not _installed(n)]
+    if missing:
+        packages = " ".join(_INSTALLED[n][1] for n in missing)
+        raise ValueError(f"report_to: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here, "
+                         f"so every trial would fail at its first chunk; install {'it' if len(missing) == 1 else 'them'} "
+                         f"(pip install {packages}) or leave {'it' if len(missing) == 1 else 'them'} out of report_to "
+                         f"(installed here: {installed() or 'none'})")
+    return names
+
+
+def installed() -> list[str]:
+    """The trackers whose packages are installed here."""
+    return [name for name in _INSTALLED if _installed(name)]
+
+
+def _installed(name: str) -> bool:
+    from transformers.integrations import integration_utils
+
+    check = getattr(integration_utils, _INSTALLED[name][0], None) if name in _INSTALLED else None
+    return True if check is None else bool(check())  # a tracker rfopt has no check for: TRL decides
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,40 @@ class PostgresServer:
 
     def new_database(self) -> str:
         """A fresh, empty database's URL."""
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        self.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def execute(self, sql: str) -> None:
+        """Run `sql` as the superuser `rfopt`, outside a transaction."""
         import psycopg
 
-        name = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(host="127.0.0.1", port=self.port, user="rfopt", dbname="postgres",
                              autocommit=True) as connection:
-            connection.execute(f"CREATE DATABASE {name}")
+            connection.execute(sql)
+
+    def password_role(self, name: str, password: str) -> None:
+        """A login role that must give `password` (scram-sha-256) on 127.0.0.1, where every other role is trusted."""
+        self.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+        hba = self.data / "pg_hba.conf"
+        hba.write_text(f"host all {name} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        self.execute("SELECT pg_reload_conf()")
+
+    def database_in(self, folder: Path) -> str:
+        """A fresh database whose tables live in `folder` (a tablespace there: a small file system makes a database
+        whose disk fills), as its URL."""
+        if self.user is not None:
+            os.chown(folder, pwd.getpwnam(self.user).pw_uid, -1)
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        self.execute(f"CREATE TABLESPACE {name} LOCATION '{folder}'")
+        self.execute(f"CREATE DATABASE {name} TABLESPACE {name}")
         return self.url(name)
+
+    def drop(self, url: str) -> None:
+        """Drop the database of `url` (closing its connections) and the tablespace `database_in` made for it."""
+        name = url.rsplit("/", 1)[1]
+        self.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        self.execute(f"DROP TABLESPACE IF EXISTS {name}")
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"

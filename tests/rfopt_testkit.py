@@ -26,6 +26,13 @@ def reward_raises(completions, **kwargs):
     raise RuntimeError("reward server unreachable")
 
 
+def reward_exits(completions, **kwargs):
+    """A bug in one config's reward: it ends the process."""
+    import sys
+
+    sys.exit(3)
+
+
 def reward_wrong_length(completions, **kwargs):
     return [0.0] * (len(completions) - 1)
 

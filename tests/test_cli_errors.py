@@ -174,6 +174,16 @@ def test_open_storage_without_create_refuses_a_missing_file_and_opens_an_existin
     ("postgres://rfopt:secret@db/rfopt",
      "storage 'postgres://rfopt:***@db/rfopt': unknown database kind 'postgres' (SQLAlchemy spells it postgresql://)"),
     ("rfopt.db", "storage 'rfopt.db' is not a database URL"),
+    ("postgresql://rfopt:secret@db:notaport/rfopt",
+     "storage 'postgresql://rfopt:***@db:notaport/rfopt': its port is not a number (invalid literal for int() with base "
+     "10: 'notaport'); give sqlite:///path.db"),
+    ("postgresql://rfopt@db:99999/rfopt", "storage 'postgresql://rfopt@db:99999/rfopt': port 99999 is not a port (1 to "
+                                          "65535); give sqlite:///path.db"),
+    ("mssql+pymssql://rfopt@db/rfopt", "storage 'mssql+pymssql://rfopt@db/rfopt': the Python driver for "
+                                       "'mssql+pymssql' is not installed (No module named 'pymssql'); install it, or "
+                                       "give sqlite:///path.db"),
+    ("sqlite://", "storage 'sqlite://' is an in-memory SQLite database, which ends with this command and holds no study "
+                  "before it; give a file: sqlite:///path.db"),
 ])
 @pytest.mark.parametrize("command", [["status"], ["run", "study.py"]])
 def test_a_malformed_storage_url_is_one_line_naming_the_url_and_the_accepted_forms(url, message, command, tmp_path,

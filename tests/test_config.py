@@ -130,3 +130,22 @@ def test_the_model_key_picks_what_base_model_of_picks_from_the_stored_config():
     for config in (_config(), _config(args=grpo_config(model_init_kwargs={"dtype": "bfloat16"}, trust_remote_code=True)),
                    _config(quantization_config=BitsAndBytesConfig(load_in_4bit=True), processing_class="some/tokenizer")):
         assert json.loads(config.model_key) == rfopt.TrialConfig.base_model_of(config.to_dict())
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("reward_funcs", None, r"reward_funcs: got NoneType None; give a reward function, a 'module:function' path, or a "
+                           r"list of them"),
+    ("reward_funcs", {"len": reward_len}, r"reward_funcs: got dict \{'len': <function reward_len"),
+    ("callbacks", 5, r"callbacks: got int 5; give a list of transformers.TrainerCallback classes or instances"),
+    ("callbacks", "MyCallback", r"callbacks: got str 'MyCallback'; give a list of transformers.TrainerCallback"),
+    ("quantization_config", "4bit", r"quantization_config: got str '4bit'; give a transformers.BitsAndBytesConfig "
+                                    r"\(e.g. BitsAndBytesConfig\(load_in_4bit=True\)\), its dict, or None"),
+    ("args", {"learning_rate": 1e-3}, r"args: expected a trl.GRPOConfig, got dict"),
+    ("peft_config", "lora", r"peft_config: expected a peft.LoraConfig or None, got str"),
+    ("model", 123, r"model: expected a string or a function returning \(model, tokenizer\), got int"),
+])
+def test_a_wrong_type_in_a_trial_config_is_refused_naming_the_field_and_what_to_give(field, value, says):
+    with pytest.raises(ConfigError, match=says):
+        config = _config(**{field: value})
+        config.validate()
+        config.to_json()

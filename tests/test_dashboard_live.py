@@ -62,10 +62,11 @@ def live(tiny_model, tmp_path_factory):
         server = make_server(storage, port=0)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         state = Live(storage, study_id, server, browser, log)
-        # While it trains: load the page until it says who runs the study (the study's process beats every 5 s).
+        # While it trains: load the page until it says who runs the study (the study's process beats every 5 s, from
+        # before it writes anything) and shows a trial training.
         from selenium.webdriver.common.by import By
 
-        while process.poll() is None and not state.running_notice:
+        while process.poll() is None and not (state.running_notice and "RUNNING" in state.states_seen):
             browser.get(state.page)
             notice = browser.find_element(By.ID, "liveness")
             state.states_seen |= {c.get_attribute("data-state") for c in browser.find_elements(By.CSS_SELECTOR, "section.trial")}

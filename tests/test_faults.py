@@ -1,11 +1,17 @@
 """Storage and infrastructure faults: a corrupt or missing checkpoint fails only its trial, with the reason
 stored; a full disk fails the trial cleanly and keeps its previous checkpoint; a locked or unreachable
-database is retried with backoff, then a clear error."""
+database is retried with backoff, one budget per outage, then a clear error; a database that refuses for a
+reason waiting does not fix (missing, wrong credentials, full, read-only) stops the run at once, naming it."""
 
 import errno
+import os
+import shutil
 import sqlite3
+import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import fsspec
 import optuna
@@ -13,7 +19,8 @@ import pytest
 
 import rfopt
 from crashkit import assert_same_study, env, events, names_in, run_command, start, trials
-from rfopt.storage import StorageUnavailableError, open_storage
+from crashkit import run as crashkit_run
+from rfopt.storage import StorageRefusedError, StorageUnavailableError, open_storage, redact, retry
 from rfopt_testkit import prompts_dataset, trial_config
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
@@ -247,3 +254,207 @@ def test_warm_start_weights_are_found_by_token_or_where_older_studies_put_them(c
         store.load_warm_start(7, "t2")
     store.discard_warm_start("t1")
     assert not store.has_warm_start("t1")
+
+
+def test_one_outage_is_one_retry_budget_however_many_calls_fail_in_it(tmp_path):
+    """The budget is the outage's, not each call's: once a call gave up, the next one to the same database tries once
+    and gives up too, and a retried call inside another retried call does not wait twice."""
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    study = optuna.create_study(study_name="l", storage=open_storage(url, sqlite_busy_seconds=0.1, retry_seconds=1.5))
+    thread = _hold_lock(tmp_path / "locked.db", 8.0)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError, match=r"the database is unreachable \(OperationalError: database is "
+                       r"locked\); it has been for 1\.\d s, and rfopt waits 1\.5 s for an outage"):
+        study.set_user_attr("a", 1)
+    first = time.monotonic() - started
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError, match=r"set_study_user_attr failed \(1 attempt\)"):
+        study.set_user_attr("b", 2)
+    with pytest.raises(StorageUnavailableError):
+        retry(lambda: study.set_user_attr("c", 3), 1.5, redact(url), "an operation retrying its calls")
+    again = time.monotonic() - started
+    thread.join()
+    assert 1.0 <= first < 3.5 and again < 1.0  # before: 1.5 s more for each call, 1.5 s x 2 for the nested one
+    study.set_user_attr("d", 4)  # the outage is over: a success closes it, and the next one gets a budget again
+    assert optuna.load_study(study_name="l", storage=url).user_attrs == {"d": 4}
+
+
+# ---------------------------------------------------------------------- refusals that waiting does not fix
+@pytest.fixture
+def small_disk():
+    """A 32 MiB file system of its own (tmpfs) in a folder anyone may enter (the PostgreSQL server's user keeps a
+    tablespace there), or None where this process may not mount one (not root)."""
+    folder = Path(tempfile.mkdtemp(prefix="rfopt-small-disk-", dir="/tmp"))
+    folder.chmod(0o755)
+    mounted = os.geteuid() == 0 and shutil.which("mount") is not None and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    try:
+        yield folder if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fill(folder):
+    """Fill the file system of `folder` to the last byte; return the file that holds the space."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+class _PageLimit:
+    """SQLite's own "database or disk is full" (SQLITE_FULL) without a full disk, where no small file system can be
+    mounted: every new connection of the study's engine may not grow the file past its current size
+    (``PRAGMA max_page_count``). The error is SQLite's, raised where a full disk raises it."""
+
+    def __init__(self, engine):
+        import sqlalchemy
+
+        self.engine, self.event = engine, sqlalchemy.event
+
+    def _limit(self, connection, record):
+        pages = connection.execute("PRAGMA page_count").fetchone()[0]
+        connection.execute(f"PRAGMA max_page_count = {pages}")
+
+    def fill(self):
+        self.event.listen(self.engine, "connect", self._limit)
+        self.engine.dispose()  # pooled connections close; the next ones are limited
+
+    def free(self):
+        self.event.remove(self.engine, "connect", self._limit)
+        self.engine.dispose()
+
+
+@pytest.mark.parametrize("full", ["tmpfs", "max_page_count"])
+def test_a_full_disk_under_the_sqlite_file_stops_the_run_at_once_naming_it_and_the_study_resumes_once_freed(
+    tiny_model, tmp_path, small_disk, full
+):
+    from rfopt.compat import storage_of
+    from rfopt.storage import engine_of
+
+    if full == "tmpfs" and small_disk is None:
+        pytest.skip("mounting a small file system needs root; the max_page_count case raises the same SQLite error")
+    (tmp_path / "ref").mkdir()
+    reference, _ = _run(tiny_model, f"sqlite:///{tmp_path / 'ref' / 'f.db'}", tmp_path / "ref" / "ck")
+    storage = f"sqlite:///{(small_disk if full == 'tmpfs' else tmp_path) / 'f.db'}"
+    study = rfopt.create_study(study_name="f", storage=storage, checkpoint_dir=tmp_path / "ck")
+    limit = _PageLimit(engine_of(storage_of(study.optuna)))
+    filled = []
+
+    def fill_after_the_first_unit(number, step, value):
+        if not filled:
+            filled.append(time.monotonic())
+            filled.append(_fill(small_disk) if full == "tmpfs" else limit.fill())
+
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
+    with pytest.raises(StorageRefusedError) as error:
+        study.optimize(configs, TRAIN, EVAL, num_chunks=2, show_progress_bar=False, on_unit=fill_after_the_first_unit)
+    assert time.monotonic() - filled[0] < 60  # not the 300 s of an outage, nor 300 s for each call
+    message = str(error.value)
+    assert f"storage {storage}: " in message and "failed at once, not retried: the disk that holds the database is "\
+        "full" in message and "database or disk is full" in message and "Free space on that disk" in message
+    assert all(t.state.name in ("RUNNING", "WAITING") for t in study.optuna.get_trials())  # no trial failed
+    filled[1].unlink() if full == "tmpfs" else limit.free()
+
+    study, _ = _run(tiny_model, storage, tmp_path / "ck")
+    assert ([(t.state, t.intermediate_values) for t in study.optuna.get_trials()]
+            == [(t.state, t.intermediate_values) for t in reference.optuna.get_trials()])
+
+
+def _refused_run(storage, tiny_model, tmp_path):
+    """`rfopt run` on `storage`: its exit code, output and seconds."""
+    output = tmp_path / "run.log"
+    started = time.monotonic()
+    code = crashkit_run(run_command(storage, "--checkpoint-dir", str(tmp_path / "ck")), tmp_path, env(tiny_model),
+                        output, timeout=120)
+    return code, output.read_text(), time.monotonic() - started
+
+
+@pytest.mark.parametrize("case", ["missing database", "missing role", "wrong password", "read-only database"])
+def test_a_postgresql_database_that_refuses_stops_the_run_at_once_naming_the_cause(postgres, tiny_model, tmp_path,
+                                                                                    case):
+    import uuid
+
+    if case == "missing database":
+        storage = postgres.url(f"no_such_{uuid.uuid4().hex[:8]}")
+        cause, fix = "the database named in the storage URL does not exist on the server", "Create it (createdb NAME"
+    elif case == "missing role":
+        storage = postgres.new_database().replace("rfopt@", "nobody_here@")
+        cause, fix = "the user (role) named in the storage URL does not exist", "Create it (CREATE ROLE NAME LOGIN"
+    elif case == "wrong password":
+        role = f"pw_{uuid.uuid4().hex[:8]}"
+        postgres.password_role(role, "right")
+        storage = postgres.new_database().replace("rfopt@", f"{role}:wrong@")
+        cause, fix = "the server refused the user's credentials", "Check the user and password in --storage"
+    else:
+        storage = postgres.new_database()
+        postgres.execute(f"ALTER DATABASE {storage.rsplit('/', 1)[1]} SET default_transaction_read_only = on")
+        cause, fix = "the database is read-only", "Point --storage at a writable database"
+    code, output, seconds = _refused_run(storage, tiny_model, tmp_path)
+    assert code == 1, output[-3000:]
+    assert seconds < 60  # before: 300 s of retries, then "the database is unreachable"
+    line = next(line for line in output.splitlines() if line.startswith("rfopt: error:"))
+    assert line.startswith(f"rfopt: error: storage {redact(storage)}: ") and "failed at once, not retried: " in line
+    assert cause in line and fix in line and "unreachable" not in line and "wrong" not in line  # no password shown
+    assert "retrying in" not in output
+    assert not (tmp_path / "ck").exists()
+
+
+def test_a_full_disk_under_a_postgresql_database_stops_the_run_at_once_and_the_study_resumes_once_freed(
+    postgres, tiny_study_reference, tiny_model, tmp_path, small_disk
+):
+    if small_disk is None:
+        pytest.skip("mounting a small file system needs root (the classification of PostgreSQL's DiskFull is also "
+                    "tested without a disk: test_a_refusal_is_told_from_an_outage_by_its_sqlstate_or_message)")
+    storage, log, output = postgres.database_in(small_disk), tmp_path / "events.log", tmp_path / "run.log"
+    try:
+        process = start(run_command(storage, "--checkpoint-dir", str(tmp_path / "ck")), tmp_path,
+                        env(tiny_model, RFOPT_EVENT_LOG=log), output)
+        _wait_for(log, lambda e: any(point == "unit-committed" for point, *_ in e), process)
+        filler = _fill(small_disk)
+        filled = time.monotonic()
+        assert process.wait(timeout=120) == 1
+        assert time.monotonic() - filled < 60
+        text = output.read_text()
+        assert "failed at once, not retried: the disk that holds the database is full" in text
+        assert "DiskFull" in text and "retrying in" not in text
+        assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))  # left to resume, not failed
+        filler.unlink()
+        code = crashkit_run(run_command(storage, "--checkpoint-dir", str(tmp_path / "ck")), tmp_path, env(tiny_model),
+                            output)
+        assert code == 0, output.read_text()[-3000:]
+        assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
+    finally:
+        postgres.drop(storage)
+
+
+def test_a_refusal_is_told_from_an_outage_by_its_sqlstate_or_message():
+    import psycopg
+    import sqlalchemy
+
+    from rfopt.storage import is_unreachable, refusal
+
+    def wrapped(orig):
+        return sqlalchemy.exc.OperationalError("INSERT ...", {}, orig)
+
+    full = wrapped(psycopg.errors.DiskFull("could not extend file: No space left on device"))
+    assert refusal(full).kind == "disk full" and not is_unreachable(full)
+    for text, kind in [('FATAL:  database "x" does not exist', "missing database"),
+                       ('FATAL:  role "x" does not exist', "missing role"),
+                       ('FATAL:  password authentication failed for user "x"', "authentication"),
+                       ("FATAL:  no pg_hba.conf entry for host", "authentication"),
+                       ("attempt to write a readonly database", "read-only"),
+                       ("permission denied for schema public", "permission")]:
+        error = wrapped(psycopg.OperationalError(f"connection failed: {text}"))
+        assert refusal(error).kind == kind and not is_unreachable(error)
+    for outage in ("connection failed: Connection refused", "database is locked",
+                   "FATAL:  the database system is starting up", "server closed the connection unexpectedly"):
+        error = wrapped(psycopg.OperationalError(outage))
+        assert refusal(error) is None and is_unreachable(error)

@@ -2,6 +2,7 @@
 models, so a worker whose base model weights cannot fit in the GPU's free memory is refused before anything is
 stored. No GPU here: torch.cuda is stood in for (the calls rfopt makes are what is checked)."""
 
+import os
 import subprocess
 
 import optuna
@@ -77,7 +78,8 @@ def test_worker_devices_cuda0_twice_starts_two_worker_processes_on_that_gpu(tmp_
     started = []
 
     class Process:
-        def __init__(self, argv):
+        def __init__(self, argv, env):
+            assert env["RFOPT_WORKER_PARENT"] == str(os.getpid())  # each worker ends with this process
             started.append(argv)
 
         def wait(self):

@@ -5,6 +5,7 @@ between an upload and its LATEST, and exports its best adapter. (Corrupt and mis
 writers, on S3: tests/test_faults.py; workers on separate hosts sharing S3: tests/test_workers.py.)"""
 
 import dataclasses
+import io
 import importlib.util
 import signal
 
@@ -160,3 +161,18 @@ def test_a_bucket_that_does_not_exist_stops_the_run_before_any_trial(s3, tiny_mo
         study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2)
     assert study.optuna.get_trials() == []  # one clear error, not every trial failing at its first checkpoint
 
+
+
+def test_an_artifact_id_is_a_name_in_the_store_never_a_path_out_of_it():
+    from rfopt.artifacts import ObjectArtifactStore
+
+    store = ObjectArtifactStore("memory://rfopt-artifacts-test/study/artifacts")
+    fs = fsspec.filesystem("memory")
+    store.write("3f2a-b1", io.BytesIO(b"kept"))
+    assert store.open_reader("3f2a-b1").read() == b"kept"
+    for bad in ("../escaped", "a/b", "..", "/abs", "a\\b"):
+        with pytest.raises(ValueError, match="an artifact id is a name, not a path"):
+            store.write(bad, io.BytesIO(b"x"))
+        with pytest.raises(ValueError, match="an artifact id is a name, not a path"):
+            store.open_reader(bad)
+    assert sorted(fs.find("/rfopt-artifacts-test")) == ["/rfopt-artifacts-test/study/artifacts/3f2a-b1"]

@@ -309,3 +309,50 @@ def test_a_clone_started_by_a_running_process_the_moment_it_is_enqueued_is_still
     monkeypatch.setattr(optuna.Study, "add_trial", add_then_start)
     assert study.clone_trial(0, {"learning_rate": 2e-3}) == 1
     assert study.optuna.trials[1].state == optuna.trial.TrialState.RUNNING
+
+
+def test_a_clone_with_a_model_the_categorical_param_lacks_is_described_by_what_the_study_reports(tiny_model, tmp_path,
+                                                                                                 caplog, capsys):
+    """The clone trains another model than the space's one choice: its Optuna params hold it as model#2 (never its
+    parent's model), the clone, leaderboard and page say so, and study.best_config is the config it trained."""
+    import shutil
+
+    from rfopt.dashboard import TrialView, _render_leaderboard, _render_trial
+
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_model, other)
+    storage = f"sqlite:///{tmp_path / 'c.db'}"
+    study = rfopt.create_study(study_name="c", storage=storage)
+
+    def space(trial):
+        return trial_config(trial.suggest_categorical("model", [str(tiny_model)]),
+                            learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2))
+
+    def steer(number, step, value):
+        if number == 0 and step == 0:
+            study.clone_trial(0, {"model": str(other)})
+            study.stop_trial(0)  # the clone is the one that completes: the best trial
+
+    study.optimize(space, TRAIN, EVAL, n_trials=1, num_chunks=2, show_progress_bar=False, on_unit=steer)
+    assert "clone of trial 0: model='" in caplog.text and "The clone's Optuna params hold it as 'model#2'" in caplog.text
+    parent, clone = study.optuna.trials
+    assert (parent.state.name, clone.state.name) == ("PRUNED", "COMPLETE")
+    assert "model" not in clone.params and clone.params["model#2"] == str(other)
+    assert clone.params["learning_rate"] == parent.params["learning_rate"]
+    assert study.best_params == {"model#2": str(other), "learning_rate": parent.params["learning_rate"]}
+    assert study.best_config.model == str(other) == study.trial_config(1).model
+    assert "! its model is the param model#2 (not a choice of model)" in study.leaderboard_text()
+
+    views = {v.number: v for v in map(TrialView.of, study.optuna.trials)}
+    assert views[1].held_as == {"model": "model#2"} and views[0].held_as == {}
+    board = _render_leaderboard(list(views.values()), 1, "best", study.optuna.direction)
+    assert "<span class='held' title='Optuna&#x27;s param model cannot hold this clone" in board
+    assert f"{other} ⚠</span>" in board
+    assert "Optuna's params hold it as model#2" in _render_trial(0, views[1], steerable=True)
+
+    # The command line says it where the clone is made; the same value reuses model#2.
+    assert cli(["clone", "0", "--study", "c", "--storage", storage, "--set", f"model={other}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("trial 2: clone of trial 0 with model=") and "note: model=" in out
+    assert "The clone's Optuna params hold it as 'model#2'" in out
+    assert study.optuna.trials[2].params["model#2"] == str(other)

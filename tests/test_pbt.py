@@ -16,7 +16,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 from optuna.trial import TrialState
-from rfopt_testkit import prompts_dataset, trial_config
+from rfopt_testkit import lora_config, prompts_dataset, trial_config
 
 import rfopt
 from rfopt.checkpoints import CheckpointStore
@@ -74,22 +74,48 @@ def test_a_list_study_with_nothing_to_explore_is_refused_before_training(tiny_mo
     assert study.optuna.trials == []
 
 
-def test_a_function_space_param_no_clone_can_change_is_said_once_not_skipped_in_silence(tiny_model, storage,
-                                                                                          caplog):
+def _space(model, lora_r=(4,)):
     def space(trial):
-        return trial_config(tiny_model, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True))
+        return trial_config(model, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True),
+                            peft=lora_config(r=trial.suggest_categorical("lora_r", list(lora_r))))
+    return space
 
-    pbt = rfopt.PopulationBasedTraining(interval=1, params=["learning_rate", "learnin_rate"], seed=0)
-    study = rfopt.create_study(study_name="typo", storage=storage, pruner=pbt,
-                               sampler=optuna.samplers.RandomSampler(seed=0))
-    study.optimize(space, prompts_dataset(8), EVAL, num_chunks=2, n_trials=4, max_concurrent=4,
-                   show_progress_bar=False)
-    said = [r.getMessage() for r in caplog.records if "learnin_rate" in r.getMessage()]
-    assert said == [("PopulationBasedTraining(params=...): 'learnin_rate' is not a param of this study (its params: "
-                     "learning_rate); clones will not change it")]
-    # The param it names that exists is still explored.
-    (replacement,) = load_pbt_step(study.optuna, 0).replacements
-    assert list(replacement.changed) == ["learning_rate"]
+
+def _untouched(study, storage):
+    """Nothing of the refused call is stored: no rfopt attrs, no trials, no checkpoint folder."""
+    assert study.optuna.user_attrs == {} and study.optuna.trials == []
+    assert not (Path(storage.removeprefix("sqlite:///")).parent / "rfopt-checkpoints").exists()
+
+
+@pytest.mark.parametrize("pbt, space, says", [
+    (dict(params=["learning_rate", "learnin_rate"]), "function",
+     r"PopulationBasedTraining\(params=\['learning_rate', 'learnin_rate'\]\): the search space function suggests "
+     r"no param \['learnin_rate'\] \(in 8 calls on scratch trials it suggested \['learning_rate', 'lora_r'\]\)"),
+    (dict(params=["learning_rate", "lora_r"]), "function (lora_r 4 or 8)",
+     r"params=\['learning_rate', 'lora_r'\]\): a warm-started clone cannot change \['lora_r'\] \(it loads its "
+     r"parent's weights, so the model and the adapter's shape stay"),
+    (dict(params=["lora_r"]), "list (lora_r 4 or 8)", r"a warm-started clone cannot change \['lora_r'\]"),
+    (dict(), "list (lora_r 4 or 8)", r"PopulationBasedTraining: no searched param \(\['lora_r'\]\) can change in a "
+     r"warm-started clone .* so every clone would copy its parent"),
+    (dict(interval=3), "function",
+     r"PopulationBasedTraining\(interval=3\): the trials train 3 chunks \(3 chunks a pass over the train set\), "
+     r"and it acts every 3 chunks but never after a trial's last, so it would never act. Give interval <= 2, or more "
+     r"chunks \(num_chunks\)"),
+    (dict(interval=5), "list", r"interval=5\): the trials train 3 chunks"),
+])
+def test_population_based_training_that_would_never_act_or_only_copy_is_refused_before_anything_is_stored(
+        tiny_model, storage, pbt, space, says):
+    study = rfopt.create_study(study_name="refused", storage=storage, pruner=rfopt.PopulationBasedTraining(**pbt))
+    if space.startswith("function"):
+        chosen = _space(tiny_model, (4, 8) if "lora_r" in space else (4,))
+        kwargs = dict(n_trials=4, max_concurrent=4)
+    else:
+        chosen = (rfopt.grid(trial_config(tiny_model), lora_r=[4, 8]) if "lora_r" in space
+                  else rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3]))
+        kwargs = {}
+    with pytest.raises(ValueError, match=says):
+        study.optimize(chosen, TRAIN, EVAL, num_chunks=3, show_progress_bar=False, **kwargs)
+    _untouched(study, storage)
 
 
 # ---------------------------------------------------------------------- exploring within the distributions

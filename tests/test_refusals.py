@@ -282,10 +282,15 @@ def test_a_wilcoxon_pruner_without_scipy_is_refused_when_the_study_is_created(tm
     assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'study.db'}") == []
 
 
-def test_bf16_with_use_cpu_in_a_config_trains_on_the_cpu_as_the_device_says(tiny_model, tmp_path):
+def test_bf16_with_use_cpu_in_a_config_trains_on_the_cpu_as_the_device_says_and_a_warning_says_so(tiny_model,
+                                                                                                  tmp_path, caplog):
     study = _study(tmp_path)
-    _optimize(study, [trial_config(tiny_model, bf16=True, use_cpu=True)], num_chunks=1)
-    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE"]
+    _optimize(study, [trial_config(tiny_model), trial_config(tiny_model, bf16=True, use_cpu=True)], num_chunks=1)
+    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert ("configs[1] sets bf16=True, which rfopt does not use: where a chunk trains, and in what precision, is the "
+            "device's choice, and this study trains in fp32 on cpu. Give the precision to the run instead: "
+            "optimize(device=..., precision=...), rfopt run --device cuda --precision bf16") in caplog.text
+    assert "configs[0]" not in caplog.text
 
 
 # ---------------------------------------------------------------------- one trial's input, one trial's failure
@@ -321,26 +326,38 @@ def test_a_reward_reading_trainer_state_gets_the_trials_step_in_training_and_in_
     assert trial.intermediate_values == {0: 4.0, 1: 8.0}  # evaluated after 4 and after 8 steps
 
 
-def test_sys_exit_in_a_reward_ends_the_call_and_every_trial_resumes_to_the_uninterrupted_result(tiny_model,
-                                                                                                 tmp_path):
-    configs = rfopt.grid(trial_config(tiny_model, rewards=[rfopt_testkit.reward_len_hooked]), learning_rate=[1e-3, 5e-3])
+def test_sys_exit_in_a_reward_fails_its_trial_alone_and_the_others_finish(tiny_model, tmp_path, caplog):
+    configs = [trial_config(tiny_model), trial_config(tiny_model, rewards=[reward_len, rfopt_testkit.reward_exits]),
+               trial_config(tiny_model, learning_rate=1e-3)]
+    study = _study(tmp_path)
+    _optimize(study, configs)  # returns: the call is not ended by one config's bug
+    good, bad, other = study.optuna.get_trials()
+    assert (good.state.name, bad.state.name, other.state.name) == ("COMPLETE", "FAIL", "COMPLETE")
+    assert sorted(good.intermediate_values) == sorted(other.intermediate_values) == [0, 1]
+    reason = bad.user_attrs["rfopt:fail_reason"]
+    assert "reward function 'reward_exits' called sys.exit(3) (raised SystemExit)" in reason
+    assert "raise an exception" in reason
+    assert "trial 1 failed: RewardFunctionError: reward function 'reward_exits' called sys.exit(3)" in caplog.text
+    _optimize(study, configs)  # a rerun has nothing to do: it does not exit again
+    assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE", "FAIL", "COMPLETE"]
+
+
+def test_sys_exit_in_an_on_unit_callback_ends_the_call_and_every_trial_resumes_to_the_uninterrupted_result(
+        tiny_model, tmp_path):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
     (tmp_path / "ref").mkdir()
     reference = _study(tmp_path / "ref")
     _optimize(reference, configs)
     calls = []
 
-    def exit_once():
+    def exit_once(number, step, value):
         calls.append(1)
         if len(calls) == 3:
             sys.exit(3)
 
     study = _study(tmp_path, name="exit")
-    rfopt_testkit.REWARD_HOOK = exit_once
-    try:
-        with pytest.raises(SystemExit):
-            _optimize(study, configs)
-    finally:
-        rfopt_testkit.REWARD_HOOK = None
+    with pytest.raises(SystemExit):
+        _optimize(study, configs, on_unit=exit_once)
     assert all(t.state.name in ("RUNNING", "WAITING") for t in study.optuna.get_trials())
     _optimize(study, configs)
     assert ([(t.state, t.intermediate_values) for t in study.optuna.get_trials()]
@@ -361,3 +378,148 @@ def test_an_async_reward_function_is_awaited_in_evaluation_as_in_training(tiny_m
     trial = study.optuna.get_trials()[0]
     assert trial.state.name == "COMPLETE"
     assert trial.value == study.chunk_metrics(0)[0]["eval"]["rewards/reward_len_async/mean"]
+
+
+# ---------------------------------------------------------------------- a name never chooses a location
+_BAD_NAMES = [
+    ("../../x", "'/' is not allowed"),
+    ("{tmp}/absolute", "'/' is not allowed"),
+    ("a/b", "'/' is not allowed"),
+    ("~/x", "'/', '~' are not allowed"),
+    ("a\\b", r"'\\\\' is not allowed"),
+    ("x\ny", r"'\\n' is not allowed"),
+    (".hidden", "it starts with '.'"),
+    ("x" * 240, "it is 240 characters long"),
+]
+
+
+def _files_under(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(("name", "problem"), _BAD_NAMES)
+def test_a_study_name_that_would_choose_a_location_is_refused_before_anything_is_stored(tiny_model, tmp_path,
+                                                                                        monkeypatch, name, problem):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    name = name.format(tmp=tmp_path)
+    before = _files_under(tmp_path)
+    rule = (r"; a study name is also a folder name \(rfopt-checkpoints/<name>-<id>, a tracker's run\): use letters, "
+            r"digits, spaces and \. _ - \+ = @, at most 128 characters")
+    with pytest.raises(rfopt.StudyNameError, match=f"study name .*: {problem}{rule}"):
+        rfopt.create_study(study_name=name, storage=f"sqlite:///{work / 'study.db'}")
+    assert _files_under(tmp_path) == before  # not even the database file
+
+    # A study Optuna itself made under such a name is refused by rfopt before it writes anything.
+    url = f"sqlite:///{work / 'optuna.db'}"
+    optuna.create_study(study_name=name, storage=url)
+    study = rfopt.load_study(name, url)
+    before = _files_under(tmp_path)
+    with pytest.raises(rfopt.StudyNameError, match=f"{problem}{rule}"):
+        _optimize(study, [trial_config(tiny_model)])
+    _untouched(study, work)
+    assert _files_under(tmp_path) == before
+
+
+def test_a_study_name_of_letters_digits_and_allowed_signs_makes_its_folder_inside_the_checkpoint_root(tiny_model,
+                                                                                                      tmp_path):
+    study = _study(tmp_path, name="gsm8k v2_lr=1e-3+lora@8.b-1")
+    _optimize(study, [trial_config(tiny_model)], num_chunks=1)
+    assert study.checkpoints.root.parent == tmp_path / "rfopt-checkpoints"
+    assert study.checkpoints.root.name.startswith("gsm8k v2_lr=1e-3+lora@8.b-1-")
+
+
+def test_the_command_line_refuses_such_a_study_name_in_one_line_before_it_loads_the_data(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from rfopt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    study_file = tmp_path / "study.py"
+    study_file.write_text("raise SystemExit('the study file must not even be imported')\n")
+    for command in ("run", "worker"):
+        assert main([command, str(study_file), "--study", "../../x", "--storage", "sqlite:///s.db"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("rfopt: error: study name '../../x': '/' is not allowed; a study name is also a folder")
+    assert main(["worker", str(study_file), "--devices", "cpu,cpu", "--study", "a/b"]) == 1
+    assert "rfopt: error: study name 'a/b'" in capsys.readouterr().err
+    assert _files_under(tmp_path) == ["study.py"]
+
+
+# ---------------------------------------------------------------------- a tracker that is not installed
+def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_stored(tiny_model, tmp_path, monkeypatch,
+                                                                              capsys):
+    from transformers.integrations import integration_utils
+
+    from rfopt.cli import main
+
+    monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: False)  # as on a machine without wandb
+    says = (r"report_to: wandb is not installed here, so every trial would fail at its first chunk; install it \(pip "
+            r"install wandb\) or leave it out of report_to")
+    with pytest.raises(ValueError, match=says):
+        rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}", report_to="wandb")
+    assert not (tmp_path / "study.db").exists()
+    study = _study(tmp_path)
+    with pytest.raises(ValueError, match=says):
+        _optimize(study, [trial_config(tiny_model)], report_to=["tensorboard", "wandb"])
+    _untouched(study, tmp_path)
+
+    monkeypatch.chdir(tmp_path)
+    study_file = tmp_path / "study.py"
+    study_file.write_text("raise SystemExit('the study file must not even be imported')\n")
+    assert main(["run", str(study_file), "--report-to", "wandb", "--storage", "sqlite:///cli.db"]) == 1
+    assert capsys.readouterr().err.startswith("rfopt: error: report_to: wandb is not installed here")
+    assert not (tmp_path / "cli.db").exists()
+
+    # Installed, the same call runs (nothing was burned by the refusal).
+    monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: True)
+    assert rfopt.trackers.normalize("wandb") == ["wandb"]
+
+
+def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(tiny_model, tmp_path):
+    study = _study(tmp_path, name="gone")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def delete(number, step, value):  # what optuna-dashboard's delete button does to the storage
+        optuna.delete_study(study_name="gone", storage=url)
+
+    with pytest.raises(rfopt.StudyDeletedError, match=r"study 'gone' was deleted from its storage \(sqlite:///.*\) "
+                       r"while this process ran it \(optuna-dashboard's delete button, or optuna.delete_study\): its "
+                       r"trials and results are gone from the database, and this run stopped. Its checkpoints are "
+                       r"still in .*rfopt-checkpoints/gone-"):
+        _optimize(study, rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3]), on_unit=delete)
+    assert optuna.get_all_study_summaries(url) == []
+
+
+@pytest.mark.parametrize("space", ["list", "function"])
+def test_a_reward_function_of_a_script_read_from_stdin_is_refused_before_anything_is_stored(tiny_model, tmp_path,
+                                                                                            space):
+    body = _SCRIPT.replace("print(", "pass  # print(")
+    if space == "function":
+        body = body.replace("study.optimize([trial_config({model!r}, rewards=[reward_here])]",
+                            "study.optimize(lambda trial: trial_config({model!r}, rewards=[reward_here])")
+        body = body.replace("num_chunks=2,", "num_chunks=2, n_trials=1,")
+    script = body.format(tests=str(Path(__file__).parent), model=str(tiny_model))
+    done = subprocess.run([sys.executable, "-"], input=script, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 1
+    assert ("reward_here: defined in a script read from standard input (python - < script.py); rfopt stores it by "
+            "import path, for the other processes that need it (a worker, a resumed run, the dashboard's clone), and "
+            "none can import it from there. Save the script as a file and run it (python script.py)") in done.stderr
+    study = optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}")
+    assert study.user_attrs == {} and study.trials == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["script.db"]
+
+
+def test_training_rows_the_chunk_plan_leaves_out_are_counted_in_a_warning(tiny_model, tmp_path, caplog):
+    study = _study(tmp_path)
+    # 10 rows in 2 chunks of 5; a step takes 2 prompts (8 completions, 4 generations): 4 of each chunk train.
+    configs = [trial_config(tiny_model), trial_config(tiny_model, per_device_train_batch_size=8)]
+    _optimize(study, configs, train=prompts_dataset(10), num_chunks=2)
+    assert ("study 's': configs[1]: it trains 8 of the 10 training rows (2 left out, the same ones every epoch): 2 "
+            "chunks of 5 rows, of which it trains 4 each, in whole blocks of 2 prompts (generation cycles that end "
+            "on an optimizer step). Every row trains with a multiple of 4 rows (num_chunks x 2), e.g. 8 or 12"
+            ) in caplog.text
+    caplog.clear()
+    _optimize(_study(tmp_path, name="even"), configs, train=prompts_dataset(8), num_chunks=2)
+    assert "left out" not in caplog.text

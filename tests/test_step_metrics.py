@@ -121,7 +121,7 @@ def test_trial_note_shows_values_metrics_and_scored_samples_in_plain_optuna_dash
     assert again.endswith("my own words\n")
 
 
-def test_clone_params_that_optuna_cannot_hold_stay_out_and_the_rest_are_recorded():
+def test_clone_params_hold_every_overridden_value_a_new_choice_under_an_alternate_param():
     from optuna.distributions import (
         CategoricalDistribution,
         FloatDistribution,
@@ -136,11 +136,23 @@ def test_clone_params_that_optuna_cannot_hold_stay_out_and_the_rest_are_recorded
         distributions={"optim": CategoricalDistribution(["adamw_torch", "adafactor"]),
                        "learning_rate": FloatDistribution(1e-4, 1e-2, log=True)}, value=0.5))
     parent = study.trials[0]
+    notes = []
     params, distributions = _clone_params(study, parent, {"optim": "sgd", "args.learning_rate": 0.5, "lora_r": 8,
-                                                          "reward_funcs": ["a.b"]})
-    assert "optim" not in params  # a categorical cannot gain a choice: the clone's config still has it
+                                                          "reward_funcs": ["a.b"]}, notes)
+    # A categorical cannot gain a choice: the parent's value leaves, an alternate param holds the clone's, loudly.
+    assert "optim" not in params
+    assert params["optim#2"] == "sgd" and distributions["optim#2"] == CategoricalDistribution(["sgd"])
+    assert notes == ["optim='sgd' cannot be a value of the study's param 'optim' (choices ['adamw_torch', "
+                     "'adafactor']): Optuna fixes a param's kind, and a categorical's choices, once trials have it. "
+                     "The clone's Optuna params hold it as 'optim#2'; its config, study.best_config, the leaderboard "
+                     "and the dashboard's page say what it trains"]
     assert params["learning_rate"] == 0.5 and distributions["learning_rate"] == FloatDistribution(1e-4, 0.5, log=True)
     assert params["lora_r"] == 8 and distributions["lora_r"] == IntDistribution(8, 8)
     assert params["rewards"] == '["a.b"]' and isinstance(distributions["rewards"], CategoricalDistribution)
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING, params=params,
                                               distributions=distributions))  # Optuna takes them beside the parent's
+    # A second clone with a third optimizer: optim#2 cannot hold it either, optim#3 does; one with sgd reuses optim#2.
+    again, _ = _clone_params(study, parent, {"optim": "lion"})
+    assert again["optim#3"] == "lion" and "optim#2" not in again and "optim" not in again
+    same, _ = _clone_params(study, parent, {"optim": "sgd"})
+    assert same["optim#2"] == "sgd"

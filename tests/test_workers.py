@@ -3,13 +3,17 @@ host), several worker processes finish every trial with no unit trained twice, a
 process running the study ends; a worker killed while holding a lease has its unit finished by another once
 the lease expires; a database that goes away for a while and comes back is ridden out."""
 
+import os
 import signal
+import socket
 
 import optuna
+import pytest
 import sqlalchemy as sa
 
-from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, start, trials,
-                      worker_command)
+import rfopt
+from crashkit import (STUDY_FILE, assert_same_study, commits, env, events, retrained_after_durable, run, run_command,
+                      start, trials, worker_command)
 
 
 def unit_holders(storage, study="tiny"):
@@ -215,3 +219,110 @@ def test_two_workers_train_their_own_gangs_and_finish_every_unit_once(tiny_model
     gangs = {tuple(t.system_attrs[k]["members"][0]) for t in trials(storage) for k in t.system_attrs
              if k.startswith("rfopt:gang:")}
     assert gangs  # the units were trained in gangs
+
+
+# ---------------------------------------------------------------------- who may share a study
+def _snapshot(storage):
+    study = optuna.load_study(study_name="tiny", storage=storage)
+    return study.user_attrs, [(t.number, t.state, t.intermediate_values, t.user_attrs) for t in study.get_trials()]
+
+
+@pytest.mark.parametrize("first", ["run", "worker"])
+def test_a_process_that_cannot_share_a_running_study_is_refused_at_once_and_the_study_ends_as_one_process_does(
+    tiny_study_reference, tiny_model, tmp_path, monkeypatch, first
+):
+    """`rfopt run` takes no leases: beside it no other process may run the study (a second run, a worker), and it
+    may not start beside workers. The refused process names the one running and writes nothing."""
+    from rfopt.studyfile import load_spec
+
+    monkeypatch.setenv("RFOPT_TEST_TINY_MODEL", str(tiny_model))
+    storage, checkpoints = f"sqlite:///{tmp_path / 'busy.db'}", tmp_path / "ck"
+    spec = load_spec(STUDY_FILE)
+    study = rfopt.create_study(study_name="tiny", storage=storage, checkpoint_dir=checkpoints)
+    refused = {}
+
+    def second_processes(number, step, value):
+        if refused:
+            return
+        before = _snapshot(storage)
+        others = {"run": run_command(storage, "--checkpoint-dir", str(checkpoints))}
+        if first == "run":
+            others["worker"] = worker_command(storage, checkpoints)
+        for name, command in others.items():
+            log = tmp_path / f"{name}.log"
+            refused[name] = (run(command, tmp_path, env(tiny_model), log, timeout=300), log.read_text())
+        assert _snapshot(storage) == before  # the refused processes wrote nothing
+
+    train, evaluation = spec.datasets()
+    call = study.optimize if first == "run" else study.work
+    call(spec.search_space(), train, evaluation, num_chunks=spec.num_chunks, max_concurrent=spec.max_concurrent,
+         on_unit=second_processes, **({"show_progress_bar": False} if first == "run" else {}))
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    for name, (code, output) in refused.items():
+        assert code == 1, output[-3000:]
+        line = next(line for line in output.splitlines() if line.startswith("rfopt: error:"))
+        assert line.startswith(f"rfopt: error: study 'tiny' is being run by {me} (rfopt {first}, seen ")
+        assert "takes no leases" in line and "Nothing was written" in line
+    assert set(refused) == ({"run", "worker"} if first == "run" else {"run"})
+    assert_same_study(*tiny_study_reference, storage, checkpoints)
+
+
+def test_two_rfopt_runs_started_at_once_on_one_study_one_runs_it_the_other_is_refused(tiny_study_reference, tiny_model,
+                                                                                     tmp_path):
+    storage, checkpoints = f"sqlite:///{tmp_path / 'twice.db'}", tmp_path / "ck"
+    command = run_command(storage, "--checkpoint-dir", str(checkpoints))
+    processes = [start(command, tmp_path, env(tiny_model), tmp_path / f"run{i}.log") for i in range(2)]
+    codes = sorted(p.wait(timeout=600) for p in processes)
+    outputs = [(tmp_path / f"run{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 1], outputs
+    refusal = next(o for o in outputs if "rfopt: error:" in o)
+    assert "rfopt: error: study 'tiny' is being run by " in refusal and "(rfopt run, seen " in refusal
+    assert_same_study(*tiny_study_reference, storage, checkpoints)
+
+
+def _children(pid):
+    path = f"/proc/{pid}/task/{pid}/children"
+    return [int(c) for c in open(path).read().split()] if os.path.exists(path) else []
+
+
+def _running(pid):
+    """Whether `pid` is a live process (not gone, not a zombie left to a parent that does not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from /proc (Linux)")
+@pytest.mark.parametrize("signal_to_parent", [signal.SIGKILL, signal.SIGINT])
+def test_worker_processes_end_with_the_rfopt_worker_process_that_started_them(tiny_model, tmp_path, signal_to_parent):
+    import time
+
+    storage, log = f"sqlite:///{tmp_path / 'w.db'}", tmp_path / "events.log"
+    # A study long enough (8 trials x 6 chunks) that workers still running would not have finished it.
+    parent = start(worker_command(storage, tmp_path / "ck", "--devices", "cpu,cpu"), tmp_path,
+                   env(tiny_model, RFOPT_EVENT_LOG=log, RFOPT_TEST_TRIALS=8, RFOPT_TEST_CHUNKS=6),
+                   tmp_path / "parent.log")
+    children = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(p == "unit-started" for p, *_ in events(log)):
+            assert parent.poll() is None, (tmp_path / "parent.log").read_text()[-3000:]
+            time.sleep(0.1)
+        children = _children(parent.pid)
+        assert len(children) == 2 and all(map(_running, children))
+        parent.send_signal(signal_to_parent)  # to the parent alone, not to its process group
+        parent.wait(timeout=120)
+        deadline = time.monotonic() + 20
+        while any(map(_running, children)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, children)), (tmp_path / "parent.log").read_text()[-3000:]
+    finally:  # whatever the outcome, no process of this test outlives it
+        for pid in [parent.pid, *children]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    if signal_to_parent == signal.SIGINT:  # the parent says so only once its workers have stopped
+        assert "interrupted: rerun the same command" in (tmp_path / "parent.log").read_text()
+    states = [t.state.name for t in trials(storage)]
+    assert "RUNNING" in states and "FAIL" not in states  # stopped mid-study, every trial resumable
