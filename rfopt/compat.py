@@ -46,6 +46,10 @@ Kept for exactness or correctness (none of them is a speed trick):
     opens a storage URL itself. Buys: Optuna's own read behaviour for rfopt's storages.
 ``optuna_ids``  `storage_of`, `trial_id_of`, `study_id_of`: Optuna objects' ``_storage``,
     ``_trial_id`` and ``_study_id``. Optuna has no public accessor; optuna-dashboard reads them too.
+``enqueued_params``  `enqueue_trial` enqueues a trial with system attrs, as ``Study.enqueue_trial`` does with user
+    attrs: a WAITING trial whose ``fixed_params`` system attr (Optuna's own key, which ``Trial.suggest_*`` reads)
+    holds its params. ``enqueue_trial`` takes no system attrs, and writing them after it would race a process that
+    asks the trial the moment it is enqueued. Buys: rfopt's records of a listed config out of the user's attrs.
 ``pruner_settings``  `pruner_settings`, `patience_gate`, `percentile_helpers`, `StudyView`: rfopt's
     rung decisions (``rfopt.pruning``) run Optuna's pruners on a view of the study at one step, and
     need their constructor arguments (kept in private attributes), Optuna's percentile helpers (for
@@ -229,6 +233,13 @@ def trial_id_of(trial: Any) -> int:
 def study_id_of(study: Any) -> int:
     """A `FrozenStudy`'s or `Study`'s id in its storage (``_study_id``)."""
     return study._study_id
+
+
+def enqueue_trial(study: Any, params: dict[str, Any], system_attrs: dict[str, Any]) -> None:
+    """``study.enqueue_trial(params)`` with `system_attrs` on the enqueued trial, in one write (entry
+    ``enqueued_params``)."""
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING,
+                                              system_attrs={**system_attrs, "fixed_params": dict(params)}))
 
 
 @contextmanager

@@ -482,6 +482,7 @@ class Study:
         schema.write_settings(self.optuna, {k: v for k, v in checked.settings_record.items() if k not in record.settings})
         if checked.report_to_given and record.settings.get("report_to") != checked.report_to:
             schema.write_settings(self.optuna, {"report_to": checked.report_to})
+        schema.name_metric(self.optuna, checked.objective)  # a study planned by an earlier rfopt has no metric name
         n_trials = checked.n_trials
         if isinstance(checked.space, ListSpace):
             checked.space.enqueue_missing(self.optuna)

@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.pruning import PruneDecision, decide, decision_key, load_decision
 from rfopt.pruning._halving import Brackets, successive_halving
+from rfopt.schema import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
@@ -306,13 +307,13 @@ def test_every_decision_is_stored_on_its_trial_kept_ones_too(tmp_path):
     for trial in fresh.trials:
         for step in trial.intermediate_values:
             assert load_decision(trial, step) == decisions[(trial.number, step)]
-    assert fresh.trials[1].user_attrs[decision_key(0)] == {
+    assert trial_attrs(fresh.trials[1])[decision_key(0)] == {
         "prune": True,
         "reason": "best value 0.1 up to chunk 0 is below the median 0.8 of 7 peers at chunk 0",
         "peers": [0, 2, 3, 4, 5, 6, 7],
         "pruner": "MedianPruner",
     }
-    assert fresh.trials[0].user_attrs["rfopt:pruning:7"]["prune"] is False
+    assert trial_attrs(fresh.trials[0])["rfopt:pruning:7"]["prune"] is False
 
 
 class CountingMedian(MedianPruner):

@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 import rfopt
 from rfopt.pruning import decision_key, load_decision
 from rfopt_testkit import grpo_config, prompts_dataset
+from rfopt.schema import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -145,7 +146,7 @@ def test_median_pruner_stops_the_non_learners_at_step_0_and_keeps_the_learners(
         assert d0.reason.startswith(f"kept: best value {own:.4g} up to chunk 0")
         lr0 = trials[NON_LEARNERS[0]].intermediate_values[0]
         assert d0.reason.endswith(f"is not below the median {lr0:.4g} of 3 peers at chunk 0")
-        assert trials[n].user_attrs[decision_key(1)] == {
+        assert trial_attrs(trials[n])[decision_key(1)] == {
             "prune": False,
             "reason": "kept: 1 peer reached chunk 1; n_startup_trials=3 needs that many",
             "peers": [m for m in LEARNERS if m != n],
@@ -186,7 +187,7 @@ def test_successive_halving_stops_the_non_learners_at_rung_0_then_halves_the_lea
     for n, rank in zip(NON_LEARNERS, (3, 4)):
         assert trials[n].state == TrialState.PRUNED
         assert sorted(trials[n].intermediate_values) == [0]
-        assert trials[n].user_attrs[decision_key(0)] == {
+        assert trial_attrs(trials[n])[decision_key(0)] == {
             "prune": True,
             "reason": f"rank {rank} of 4 at rung 0 (chunk 0; keeps top 2)",
             "peers": [m for m in range(4) if m != n],

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, start, trials,
                       worker_command)
+from rfopt.schema import trial_attrs
 
 
 def unit_holders(storage, study="tiny"):
@@ -197,6 +198,6 @@ def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_no
     assert order[:4] == [(0, 0), (1, 0), (0, 1), (0, 2)]  # trial 1 sat out while paused, then caught up
     paused, ref = study.optuna.trials[1], reference.optuna.trials[1]
     assert paused.state == ref.state == optuna.trial.TrialState.COMPLETE
-    assert [op["op"] for op in paused.user_attrs["rfopt:ops"]] == ["pause", "resume"]
+    assert [op["op"] for op in trial_attrs(paused)["rfopt:ops"]] == ["pause", "resume"]
     assert paused.intermediate_values == ref.intermediate_values
     assert same_tensors(adapter(paused), adapter(ref))
