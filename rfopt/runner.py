@@ -27,6 +27,8 @@ trial's config.
 
 A chunk can be stopped between two optimizer steps (`train_chunk`'s `should_stop`: a worker that
 lost its lease); the runner's state is then no longer any unit's, and it raises `ChunkAborted`.
+After each optimizer step, `train_chunk`'s `on_step` hears of it (`StepDone`: the step, TRL's logs of it): that is
+how a chunk's progress is published while it trains (`rfopt.progress`).
 """
 
 from __future__ import annotations
@@ -77,13 +79,29 @@ class ChunkMetrics:
     step (continuing across chunks). Finite numbers only."""
 
 
-def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
-                       should_stop: Callable[[], bool] | None):
+@dataclass(frozen=True)
+class StepDone:
+    """One optimizer step of a chunk ended (what `train_chunk`'s `on_step` hears)."""
+
+    step: int
+    """Optimizer steps of the chunk done, this one included (1 to `steps`)."""
+    steps: int
+    """Optimizer steps in the chunk."""
+    global_step: int
+    """The trainer's global step after this one (continuing across chunks)."""
+    seconds: float
+    """Seconds since the chunk's first step began."""
+    logs: dict[str, float]
+    """TRL's logged metrics of this step, by TRL's names, with ``step`` (the global step)."""
+
+
+def _boundary_callback(stop_at: int, steps: int, restore: RngState | None, new_epoch: bool,
+                       should_stop: Callable[[], bool] | None, on_step: Callable[[StepDone], None] | None = None):
     from transformers import TrainerCallback
 
     class ChunkBoundary(TrainerCallback):
         """Restores the trial's RNG at the chunk's first step; stops and saves it at the chunk's last; stops early
-        when `should_stop` says so."""
+        when `should_stop` says so; tells `on_step` of each step and its logs."""
 
         def __init__(self) -> None:
             self.rng_at_end: RngState | None = None
@@ -114,6 +132,12 @@ def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
                 # TRL's logs carry no step (the Trainer adds it to log_history only); `_aggregate` skips it.
                 self.logs.append({k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
                                  | {"step": float(state.global_step)})
+                if on_step is not None:  # logging_steps=1: one log per optimizer step, after the step ends
+                    done = state.global_step - (stop_at - steps)
+                    logged = {k: v for k, v in self.logs[-1].items() if k != "epoch" and math.isfinite(v)}
+                    on_step(StepDone(step=done, steps=steps, global_step=state.global_step,
+                                     seconds=time.perf_counter() - (self.first_step_at or time.perf_counter()),
+                                     logs=logged))
 
     return ChunkBoundary()
 
@@ -190,11 +214,14 @@ class TrialRunner:
         rows = self.plan.chunks[self.schedule.chunk_of_unit(unit)][: self.schedule.prompts_per_chunk]
         return _rows_of(self.train_dataset, rows)
 
-    def train_chunk(self, should_stop: Callable[[], bool] | None = None) -> ChunkMetrics:
+    def train_chunk(self, should_stop: Callable[[], bool] | None = None,
+                    on_step: Callable[[StepDone], None] | None = None) -> ChunkMetrics:
         """Train the trial's next chunk unit; raises on a reward function error or a diverged loss.
 
         `should_stop` is asked after every optimizer step: when it says True, the chunk stops there and
         `ChunkAborted` is raised (the runner's state is then no unit's: load a checkpoint before training again).
+        `on_step` is called after every optimizer step with the step and TRL's logs of it (`StepDone`); it must not
+        touch training state (the progress publisher writes one record, `rfopt.progress`).
         """
         if self.units_done == _NO_STATE:
             raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
@@ -206,7 +233,8 @@ class TrialRunner:
         model = self.model
         # The first chunk keeps the RNG the trainer's constructor seeded; later ones continue the trial's own.
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
-        boundary = _boundary_callback(stop_at, self._rng, new_epoch, should_stop)
+        boundary = _boundary_callback(stop_at, self.schedule.steps_per_chunk, self._rng, new_epoch, should_stop,
+                                      on_step)
         args = self.chunk_args()
         tracked = self.tracking.chunk(self.number) if self.tracking is not None else contextlib.nullcontext()
         with tracked, compat.restore_shared_model(model, args):

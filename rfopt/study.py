@@ -332,6 +332,8 @@ class Study:
                       else None, subscribers=[publish_unit])
         if on_unit is not None:
             ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
+        if progress is not None:
+            ctx.step_listeners.append(progress.step)
         committed = []
         ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)

@@ -7,7 +7,8 @@ This is the only code that trains a trial, evaluates it, writes its checkpoint o
    clone's warm-start weights, or a fresh adapter. A unit whose checkpoint is durable but whose
    report never reached storage is committed now, from the report inside the checkpoint.
 2. **train** one chunk with TRL's `GRPOTrainer` (`TrialRunner.train_chunk`); it stops between two
-   steps if the claim on the trial is lost (a worker whose lease another took over).
+   steps if the claim on the trial is lost (a worker whose lease another took over). While it trains, its progress
+   (step s of S, TRL's logs so far) is published, throttled (`rfopt.progress`).
 3. **evaluate** on the eval set with the study's fixed settings: the unit's value.
 4. **checkpoint**: the trial's whole state and the unit's report, durably (`CheckpointStore.save`).
 5. **commit**: the claim's fence, then the unit's metrics and samples and ``trial.report(value,
@@ -39,6 +40,7 @@ from .config import TrialConfig
 from .crashpoints import reach
 from .evaluation import EvalSettings
 from .models import ModelPool, adapter_name
+from .progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
 from .runner import TrialRunner
 from .scheduler import LiveTrial
 from .schema import TrialRef
@@ -98,6 +100,10 @@ class Context:
     callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
     """The user's: one that raises ends the run with its exception (`CallbackFailed` on the way out of the unit),
     as an Optuna callback does; the unit stays committed and the trial resumable."""
+    step_listeners: list[Callable[[UnitProgress], None]] = field(default_factory=list)
+    """In-process listeners of each optimizer step of a unit in flight (the progress bar); see `rfopt.progress`."""
+    progress_seconds: float = INTERVAL_SECONDS
+    """At most one write of a trial's in-chunk progress record in this many seconds."""
 
 
 @dataclass
@@ -187,9 +193,15 @@ def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
     number, unit = live.number, live.committed
     reach("unit-started", trial=number, unit=unit)
     started = time.perf_counter()
-    chunk = live.runner.train_chunk(should_stop=claim.lost)
+    publisher = ProgressPublisher(live.ref, unit=unit, num_units=live.schedule.num_units,
+                                  steps=live.schedule.steps_per_chunk, listeners=ctx.step_listeners,
+                                  interval=ctx.progress_seconds)
+    publisher.loading()
+    chunk = live.runner.train_chunk(should_stop=claim.lost, on_step=publisher.step)
     reach("chunk-trained", trial=number, unit=unit)
-    train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
+    publisher.evaluating()
+    train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds,
+                                  "started_at": publisher.started}
     report = _report(ctx, live, unit, train, steps=chunk.steps)
     claim.fence_checkpoint(number)
     ctx.store.save(number, live.runner.state(), report)
@@ -199,6 +211,7 @@ def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
 
 def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
             steps: list[dict[str, float]] | None = None) -> UnitReport:
+    started = time.perf_counter()
     result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
     value = result.objective(ctx.objective)
     if not math.isfinite(value):
@@ -207,8 +220,8 @@ def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
             "check the reward functions"
         )
     metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics}
-    if train is not None:
-        metrics["train"] = train
+    if train is not None:  # with the unit's times: training (from the swap-in on), evaluation, and its start
+        metrics["train"] = train | {"eval_seconds": time.perf_counter() - started}
     return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples),
                       steps=list(steps or []))
 

@@ -13,8 +13,9 @@ LAYERS = [
     {"compat", "crashpoints", "smollm2", "tiny", "state", "chunks", "evaluation", "rewards", "trackers"},
     # storage: Optuna storage and retries, the rfopt:* keys, checkpoints, leases (never training)
     {"storage", "schema", "checkpoints", "leases"},
-    # the domain: configs and spaces, models and the trial runner, scheduling policy, pruning, ops, charts
-    {"config", "spaces", "models", "runner", "scheduler", "pruning", "ops", "charts"},
+    # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
+    # a study's times and costs, charts
+    {"config", "spaces", "models", "runner", "progress", "scheduler", "pruning", "ops", "timeline", "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},
     # live trials reconciled with storage; who may work on which trial
