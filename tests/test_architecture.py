@@ -15,7 +15,8 @@ LAYERS = [
     {"storage", "schema", "checkpoints", "leases"},
     # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
     # a study's times and costs, charts
-    {"config", "spaces", "models", "runner", "progress", "scheduler", "pruning", "ops", "timeline", "charts"},
+    {"config", "configform", "spaces", "models", "runner", "progress", "scheduler", "pruning", "ops", "timeline",
+     "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},
     # live trials reconciled with storage; who may work on which trial
@@ -26,8 +27,8 @@ LAYERS = [
     {"display", "studyfile"},
     # the public API
     {"study"},
-    # front ends
-    {"dashboard", "cli"},
+    # front ends (rfopt's dashboard pages are rendered by `pages`)
+    {"dashboard", "pages", "cli"},
     {"__init__"},
     # ready-to-run studies: users of the public API
     {"studies"},

@@ -282,3 +282,15 @@ def test_an_enqueued_trial_holds_its_params_in_the_fixed_params_system_attr_whic
     study.ask()
     trial = study.ask()
     assert trial.suggest_float("x", 0, 1) == 0.5 and trial.number == 1
+
+
+# ---------------------------------------------------------------------- dashboard_backlink
+def test_optuna_dashboards_page_has_a_body_end_where_the_link_to_rfopt_goes():
+    from pathlib import Path
+
+    import optuna_dashboard
+
+    page = (Path(optuna_dashboard.__file__).parent / "index.html").read_bytes()
+    linked = compat.with_backlink(page, b"<a id='x'></a>")
+    assert linked is not None and linked.count(b"<a id='x'></a></body>") == 1
+    assert compat.with_backlink(b"<html>no end</html>", b"<a></a>") is None
