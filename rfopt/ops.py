@@ -38,7 +38,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,19 +142,36 @@ class StudySummary:
         """Nothing left to train or start: no RUNNING or WAITING trial."""
         return not self.counts.get("RUNNING") and not self.counts.get("WAITING")
 
+    @property
+    def status(self) -> str:
+        """``running``, ``idle`` (nobody runs it, and it has trials left) or ``finished``."""
+        return "running" if self.live.running else "finished" if self.finished else "idle"
+
     def line(self) -> str:
         """``demo: 2 running, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
-        states = ", ".join(f"{n} {state.lower()}" for state, n in sorted(self.counts.items(), key=_by_state))
         best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
-        status = self.live.message if self.live.running else "idle" if not self.finished else "finished"
-        return f"{self.name}: {states or 'no trials'}; best {best}; {status}"
+        status = self.live.message if self.live.running else self.status
+        return f"{self.name}: {tally(self.counts)}; best {best}; {status}"
 
 
-_STATE_ORDER = ("RUNNING", "WAITING", "COMPLETE", "PRUNED", "FAIL", "CANCELLED")
+STATE_ORDER = ("RUNNING", "WAITING", "COMPLETE", "PRUNED", "FAIL", "CANCELLED")
+"""The order trial states are listed in for people: live first."""
 
 
-def _by_state(item: tuple[str, int]) -> int:
-    return _STATE_ORDER.index(item[0]) if item[0] in _STATE_ORDER else len(_STATE_ORDER)
+def state_counts(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
+    """Trials by the state a person is shown (`TrialRecord.shown_state`)."""
+    counts: dict[str, int] = {}
+    for t in trials:
+        state = TrialRecord(t).shown_state
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def tally(counts: Mapping[str, int]) -> str:
+    """``2 running, 5 pruned, 1 complete`` (``no trials`` for none), live states first."""
+    rank = {state: i for i, state in enumerate(STATE_ORDER)}
+    ordered = sorted(counts.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+    return ", ".join(f"{n} {state.lower()}" for state, n in ordered) or "no trials"
 
 
 def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
@@ -166,10 +183,7 @@ def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
         study = optuna.load_study(study_name=frozen.study_name, storage=storage,
                                   sampler=optuna.samplers.RandomSampler())
         trials = study.get_trials(deepcopy=False)
-        counts: dict[str, int] = {}
-        for t in trials:
-            state = TrialRecord(t).shown_state
-            counts[state] = counts.get(state, 0) + 1
+        counts = state_counts(trials)
         best = None
         if len(study.directions) == 1 and any(t.state == TrialState.COMPLETE for t in trials):
             best = (study.best_trial.number, study.best_value)

@@ -36,7 +36,7 @@ from .configform import reward_weighting
 from .schema import TrialRecord, json_safe, pbt_steps, study_record
 from .timeline import NowTraining, StudyCost, TrialTimes, duration, now_training, study_cost
 
-_STATE_ORDER = {"RUNNING": 0, "WAITING": 1, "COMPLETE": 2, "PRUNED": 3, "FAIL": 4, "CANCELLED": 5}
+_STATE_ORDER = {state: i for i, state in enumerate(ops.STATE_ORDER)}
 REFRESH_SECONDS = 5
 
 
@@ -288,12 +288,12 @@ def _render_facts(study: Any, record: Any, views: list[TrialView], objective: st
     counts: dict[str, int] = {}
     for v in views:
         counts[v.state] = counts.get(v.state, 0) + 1
+    tally = ops.tally(counts) if counts else "none yet"
     facts = [
         f"objective: {_e(objective)} ({direction.name.lower() if direction else 'multi-objective'})",
         f"{plan.num_chunks} chunks of {plan.num_rows} rows" if plan else "not an rfopt study: no controls",
     ]
-    tally = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items(), key=lambda kv: _STATE_ORDER.get(kv[0], 9)))
-    return (f"<p class='facts'>{' · '.join(facts)} · trials: {tally or 'none yet'} · "
+    return (f"<p class='facts'>{' · '.join(facts)} · trials: {tally} · "
             f"<a href='/dashboard/studies/{sid}'>open in optuna-dashboard</a> · <a href='/rfopt'>all studies</a></p>")
 
 
@@ -321,7 +321,7 @@ def _now_line(now: NowTraining) -> str:
     elif p.phase == "evaluating":
         what = f"evaluating after its {p.steps} steps"
     else:
-        what = f"step {p.step} of {p.steps}"
+        what = f"{p.step} of {p.steps} steps done"
     parts = [f"<b>trial {now.trial}</b> <span class='swatch' style='background:{colour(now.trial)}'></span>",
              f"chunk {p.unit + 1} of {p.num_units}", what,
              f"<span class='clock' data-since='{p.started:.0f}'>since {_clock_time(p.started)}</span>"]
@@ -547,14 +547,11 @@ def render_index(summaries: list[ops.StudySummary]) -> str:
     for s in summaries:
         sid = s.study_id
         kind = "rfopt" if s.planned else "optuna"
-        states = ", ".join(f"{n} {state.lower()}" for state, n in sorted(s.counts.items(),
-                                                                          key=lambda kv: _STATE_ORDER.get(kv[0], 9)))
         best = "-" if s.best is None else f"{s.best[1]:.4g} (trial {s.best[0]})"
-        status = "running" if s.live.running else "finished" if s.finished else "idle"
-        title = _e(s.live.message)
         rows.append(
             f"<tr data-study='{sid}'><td><a href='/rfopt/studies/{sid}'>{_e(s.name)}</a></td><td>{kind}</td>"
-            f"<td>{states or 'no trials'}</td><td>{best}</td><td class='status {status}' title='{title}'>{status}</td>"
+            f"<td>{ops.tally(s.counts)}</td><td>{best}</td><td class='status {s.status}' title='{_e(s.live.message)}'>"
+            f"{s.status}</td>"
             f"<td><a href='/dashboard/studies/{sid}'>optuna-dashboard</a></td></tr>"
         )
     table = ("<table class='index'><tr><th>study</th><th>kind</th><th>trials</th><th>best value</th><th>now</th><th></th>"

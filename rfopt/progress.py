@@ -5,7 +5,8 @@ A chunk can take many minutes (tens, on a real model), and a person watching the
 progress bar must be able to tell "slow" from "stuck". So the process training a unit publishes it:
 
 - to storage, as the trial's ``rfopt:progress`` record (`rfopt.schema.ProgressRecord`), which any process reads:
-  written when the unit starts (phase ``loading``), after its first optimizer step, then at most every `interval`
+  written when the unit starts (phase ``loading``: the trial is being swapped in), when its first optimizer step
+  starts (``training``, 0 steps done: a step generates first, which can take long) and ends, then at most every `interval`
   seconds (a few seconds; never once per token or per step), and once more when training ends (phase
   ``evaluating``, with every step's logs). One key per trial, replaced at each write: a row, not a growing history.
   A write that fails is skipped (and logged at debug level): progress is for people, the unit goes on;
@@ -82,11 +83,12 @@ class ProgressPublisher:
         self._publish("loading", force=True)
 
     def step(self, done: StepDone) -> None:
-        """An optimizer step ended (the runner's hook): tell listeners; write if the last write is old enough."""
+        """The chunk's first step started (``done.step == 0``: the trial is swapped in) or an optimizer step ended (the
+        runner's hook): tell listeners; write if the last write is old enough (always for the first two)."""
         self.done = done
         if done.logs:
             self.logs.append(dict(done.logs))
-        self._publish("training", force=self._written_at is None or done.step == 1)
+        self._publish("training", force=self._written_at is None or done.step <= 1)
 
     def evaluating(self) -> None:
         """Training ended (every step's logs are written with it); the unit's evaluation runs next."""

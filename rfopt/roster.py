@@ -288,7 +288,7 @@ class Roster:
             number = live.number
             prune, reason = False, plan.reasons.get(number)
             if reason is None:
-                reason = f"kept: not in the population at chunk {step} (it was paused, or joined later)"
+                reason = f"kept: not in the population at chunk {step + 1} (it was paused, or joined later)"
             elif number in clones:
                 made = clones[number]
                 if isinstance(made, int):

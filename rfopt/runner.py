@@ -27,8 +27,8 @@ trial's config.
 
 A chunk can be stopped between two optimizer steps (`train_chunk`'s `should_stop`: a worker that
 lost its lease); the runner's state is then no longer any unit's, and it raises `ChunkAborted`.
-After each optimizer step, `train_chunk`'s `on_step` hears of it (`StepDone`: the step, TRL's logs of it): that is
-how a chunk's progress is published while it trains (`rfopt.progress`).
+When the chunk's first step starts and after each optimizer step, `train_chunk`'s `on_step` hears of it (`StepDone`:
+the step, TRL's logs of it): that is how a chunk's progress is published while it trains (`rfopt.progress`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class StepDone:
     """One optimizer step of a chunk ended (what `train_chunk`'s `on_step` hears)."""
 
     step: int
-    """Optimizer steps of the chunk done, this one included (1 to `steps`)."""
+    """Optimizer steps of the chunk done, this one included (1 to `steps`); 0 when the chunk's first step starts."""
     steps: int
     """Optimizer steps in the chunk."""
     global_step: int
@@ -118,6 +118,8 @@ def _boundary_callback(stop_at: int, steps: int, restore: RngState | None, new_e
                     restore.restore()
                     if new_epoch:
                         _draw_like_a_new_epoch()
+                if on_step is not None:  # the trial is swapped in; its first step (generation first) starts
+                    on_step(StepDone(step=0, steps=steps, global_step=state.global_step, seconds=0.0, logs={}))
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step >= stop_at:
@@ -220,8 +222,9 @@ class TrialRunner:
 
         `should_stop` is asked after every optimizer step: when it says True, the chunk stops there and
         `ChunkAborted` is raised (the runner's state is then no unit's: load a checkpoint before training again).
-        `on_step` is called after every optimizer step with the step and TRL's logs of it (`StepDone`); it must not
-        touch training state (the progress publisher writes one record, `rfopt.progress`).
+        `on_step` is called when the first step starts (step 0) and after every optimizer step with the step and
+        TRL's logs of it (`StepDone`); it must not touch training state (the progress publisher writes one record,
+        `rfopt.progress`).
         """
         if self.units_done == _NO_STATE:
             raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
@@ -255,10 +258,10 @@ class TrialRunner:
             trainer.train()
         if boundary.aborted:
             self.units_done = _NO_STATE
-            raise ChunkAborted(f"trial {self.number}: chunk {unit} stopped at step {trainer.state.global_step}")
+            raise ChunkAborted(f"trial {self.number}: chunk {unit + 1} stopped at step {trainer.state.global_step}")
         if trainer.state.global_step != stop_at or boundary.rng_at_end is None:
             raise RuntimeError(
-                f"trial {self.number}: chunk {unit} stopped at step {trainer.state.global_step}, expected {stop_at}"
+                f"trial {self.number}: chunk {unit + 1} stopped at step {trainer.state.global_step}, expected {stop_at}"
             )
         optimizer = trainer.optimizer
         self._optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -270,7 +273,7 @@ class TrialRunner:
         values = _aggregate(boundary.logs)
         for key in ("loss", "grad_norm"):
             if key in values and not math.isfinite(values[key]):
-                raise TrialDiverged(f"trial {self.number}: {key} is {values[key]} in chunk {unit}")
+                raise TrialDiverged(f"trial {self.number}: {key} is {values[key]} in chunk {unit + 1}")
         return ChunkMetrics(
             values=values,
             seconds=time.perf_counter() - started,

@@ -452,6 +452,7 @@ class Stop:
     by: str
     at: str
     after_chunk: int
+    """The unit it stopped after (Optuna's step; shown to people as chunk ``after_chunk + 1``)."""
     reason: str = STOP_REASON
 
     def to_attr(self) -> dict[str, Any]:
@@ -810,7 +811,7 @@ class TrialRecord:
         if self.state != TrialState.PRUNED and self.state != TrialState.RUNNING:
             return None
         if self.stop is not None:
-            return f"{self.stop.reason} after chunk {self.stop.after_chunk}"
+            return f"{self.stop.reason} after chunk {self.stop.after_chunk + 1}"  # stored as Optuna's step
         decision = self.pruned_by_rung
         return decision.reason if decision is not None else None
 

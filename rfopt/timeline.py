@@ -14,7 +14,7 @@ person's script agree:
 Chunks are counted from 1 for people ("chunk 2 of 4" is unit 1, Optuna's step 1), as everywhere rfopt writes text.
 
     >>> [NowTraining.of(TrialRecord(t)).line() for t in study.trials if TrialRecord(t).in_flight]  # doctest: +SKIP
-    ['trial 3 · chunk 2 of 4 · step 5 of 8 · for 1m12s · 14.1 s/step · chunk ends in ~45s']
+    ['trial 3 · chunk 2 of 4 · 5 of 8 steps done · for 1m12s · 14.1 s/step · chunk ends in ~45s']
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class NowTraining:
         return cls(record.number, progress, chunk_end, trial_end)
 
     def line(self, now: float | None = None) -> str:
-        """One line for a person: ``trial 3 · chunk 2 of 4 · step 5 of 8 · for 1m12s · 14.1 s/step · ...``."""
+        """One line for a person: ``trial 3 · chunk 2 of 4 · 5 of 8 steps done · for 1m12s · 14.1 s/step · ...``."""
         p = self.progress
         now = time.time() if now is None else now
         parts = [f"trial {self.trial}", f"chunk {p.unit + 1} of {p.num_units}"]
@@ -119,7 +119,7 @@ class NowTraining:
         elif p.phase == "evaluating":
             parts.append(f"evaluating after its {p.steps} steps")
         else:
-            parts.append(f"step {p.step} of {p.steps}")
+            parts.append(f"{p.step} of {p.steps} steps done")
         parts.append(f"for {duration(now - p.started)}")
         if p.step_seconds is not None and p.phase == "training":
             parts.append(f"{p.step_seconds:.3g} s/step")

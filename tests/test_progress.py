@@ -73,11 +73,11 @@ def test_the_runner_tells_its_step_hook_of_every_optimizer_step_with_its_logs(ti
     finally:
         pool.close()
     steps = schedule.steps_per_chunk
-    assert [d.step for d in heard] == [*range(1, steps + 1)] * 2
-    assert [d.global_step for d in heard] == list(range(1, 2 * steps + 1))
-    assert [d.logs for d in heard[:steps]] == chunk.steps  # what the chunk stores, step by step
-    assert all(d.steps == steps and d.seconds >= 0 for d in heard)
-    assert [d.seconds for d in heard[:steps]] == sorted(d.seconds for d in heard[:steps])
+    assert [d.step for d in heard] == [*range(0, steps + 1)] * 2  # 0: the chunk's first step starts
+    assert [d.global_step for d in heard] == [*range(0, steps + 1), *range(steps, 2 * steps + 1)]
+    assert [d.logs for d in heard[1:steps + 1]] == chunk.steps  # what the chunk stores, step by step
+    assert heard[0].logs == {} and all(d.steps == steps and d.seconds >= 0 for d in heard)
+    assert [d.seconds for d in heard[:steps + 1]] == sorted(d.seconds for d in heard[:steps + 1])
 
 
 # ---------------------------------------------------------------------- the record, throttled
@@ -159,7 +159,7 @@ def test_now_training_gives_the_chunk_and_trials_ends_from_measured_times(study)
     # units of 20 s (the mean measured).
     assert trial_etas(records) == pytest.approx({1: 0.75 * 20.0, 2: 1.75 * 20.0})
     line = now.line(now=updated)
-    assert line.startswith("trial 1 · chunk 2 of 2 · step 2 of 8 · for 10s · 5 s/step · chunk ends in ~32s")
+    assert line.startswith("trial 1 · chunk 2 of 2 · 2 of 8 steps done · for 10s · 5 s/step · chunk ends in ~32s")
     assert NowTraining.of(records[2]) is None  # nothing published for it
 
 
@@ -187,7 +187,7 @@ def test_status_says_what_trains_now_the_pending_requests_and_the_waiting_clones
         text = _status_text(study)
     lines = text.splitlines()
     assert lines[0].startswith("running: ")
-    assert lines[1].startswith("now training: trial 2 · chunk 2 of 2 · step 3 of 8 · for 20s · 6 s/step")
+    assert lines[1].startswith("now training: trial 2 · chunk 2 of 2 · 3 of 8 steps done · for 20s · 6 s/step")
     assert "compute: 4 of 6 chunk units (67%)" in text and "(2 chunk units of the trials started)" in text
     assert "pending: pause trial 1, asked by me@host" in text
     assert ("WAITING: trial 3 (clone of trial 1, warm from chunk 2 with {'learning_rate': 0.01}); starts when a slot "

@@ -145,7 +145,7 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     calls = {"n": 0}
 
     def take_over_once():
-        # A unit's chunk scores 8 completion groups, then evaluates once: the 10th call is chunk 1's first step.
+        # A unit's chunk scores 8 completion groups, then evaluates once: the 10th call is chunk 2's first step.
         calls["n"] += 1
         if calls["n"] != 10:
             return
@@ -159,7 +159,7 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     monkeypatch.setattr(rfopt_testkit, "REWARD_HOOK", take_over_once)
     study.work([config], train, evaluation, num_chunks=2, lease_seconds=1.5, poll_seconds=0.1)
 
-    assert "trial 0: chunk 1 stopped at step 9" in caplog.text  # at the step after the heartbeat's finding, of 16
+    assert "trial 0: chunk 2 stopped at step 9" in caplog.text  # at the step after the heartbeat's finding, of 16
     units = unit_holders(storage, "lease")
     assert sorted(units) == [(0, 0), (0, 1)]
     seen = events(log)

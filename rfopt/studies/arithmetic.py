@@ -175,6 +175,6 @@ STUDY = rfopt.StudySpec(
     ),
     fast={"configs": fast_space, "datasets": fast_datasets, "num_chunks": 2,
           "description": "--fast: a smoke run of GRPO on SmolLM2-135M-Instruct + LoRA (offline), synthetic arithmetic "
-                         "word problems: two learning rates (1e-7, 5e-4), 2 chunks of 8 training questions, 4 eval "
+                         "word problems: two learning rates (1e-7, 5e-4), 8 training questions in 2 chunks, 4 eval "
                          "questions, successive halving after chunk 1 of 2."},
 )
