@@ -363,6 +363,23 @@ def test_optuna_dashboards_trial_page_fits_a_1440_pixel_window_and_links_to_rfop
         browser.set_window_size(1400, 1000)
 
 
+def test_the_charts_x_axis_can_be_wall_time(live):
+    from selenium.webdriver.common.by import By
+
+    _open(live)
+    live.browser.find_element(By.CSS_SELECTOR, "input[name='xaxis'][value='time']").click()
+    axis, series = _wait(live, lambda d: d.execute_script(
+        "const el = document.getElementById('chart-reward');"
+        "return el.layout.xaxis.type === 'date' && [el.layout.xaxis.type, el.data.filter("
+        "t => t.meta.role === 'series').map(t => t.x.map(x => x === null ? null : new Date(x).getTime()))]"))
+    assert axis == "date" and len(series) == 4
+    for xs in series:  # each step when it ended: in order, within the run
+        assert None not in xs and xs == sorted(xs)
+    live.browser.find_element(By.CSS_SELECTOR, "input[name='xaxis'][value='step']").click()
+    _wait(live, lambda d: d.execute_script("return document.getElementById('chart-reward').layout.xaxis.type "
+                                           "!== 'date'"))
+
+
 def test_cancelling_a_waiting_clone_from_the_page_takes_it_out_of_the_queue(live):
     from selenium.webdriver.common.by import By
 
