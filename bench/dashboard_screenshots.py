@@ -1,12 +1,21 @@
-"""Screenshots of rfopt's dashboard page on a short live study of the tiny model.
+"""Screenshots of rfopt's dashboard page on a short live study of the tiny model (the README's, in docs/dashboard).
 
-    python bench/dashboard_screenshots.py /tmp/rfopt-shots            # [--chunks 3]
+    python bench/dashboard_screenshots.py docs/dashboard            # [--chunks 3] [--width 960]
 
-Runs tests/dashboard_study.py (4 trials, a MedianPruner stopping the two that cannot learn) with `rfopt run` in a
-subprocess, serves the dashboard on a free local port and saves PNGs with headless Chromium (Debian's chromium and
-chromium-driver, selenium): the page while the study trains, the whole page once it has exited, a hover on a pruned
-trial's cross, a trial's samples opened, and a WAITING clone with the "nobody is running" warning. Prints each
-file's path. Needs no network; takes about a minute.
+Runs tests/dashboard_study.py (4 trials, a MedianPruner stopping the two that cannot learn; each optimizer step slowed
+to 1 s so that a chunk can be watched) with `rfopt run` in a subprocess, serves the dashboard on a free local port and
+saves PNGs with headless Chromium (Debian's chromium and chromium-driver, selenium), each shrunk to `--width` pixels
+and to a 256-colour palette (Pillow) so that the README's pictures stay small:
+
+1. the top of the page while a chunk trains: who runs the study, what trains now (chunk c of C, step s of S, ETAs),
+   the leaderboard;
+2. the charts while it trains: the chunk in training drawn dashed;
+3. once the study has exited: the leaderboard and "why it wins" (parallel coordinates, each param against the value);
+4. a hover on a pruned trial's cross, with the reason;
+5. the same eval prompt across trials, each reward's score;
+6. the clone form, pre-filled with the trial's config.
+
+Prints each file's path and size. Needs no network; takes a few minutes on a busy 2-core machine.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for the PNG files (created)")
     parser.add_argument("--chunks", type=int, default=3, help="chunks per trial (default 3)")
+    parser.add_argument("--width", type=int, default=960, help="width of the saved pictures in pixels (default 960)")
     args = parser.parse_args(argv)
 
     from crashkit import env, rfopt_command, start
@@ -45,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         process = start(
             rfopt_command("run", str(TESTS / "dashboard_study.py"), "--storage", storage, "--no-progress",
                           "--checkpoint-dir", str(where / "ck")),
-            where, env(model, RFOPT_TEST_CHUNKS=args.chunks), where / "run.log",
+            where, env(model, RFOPT_TEST_CHUNKS=args.chunks, RFOPT_TEST_STEP_SECONDS=1.0, RFOPT_PROGRESS_SECONDS=0.5),
+            where / "run.log",
         )
-        browser = chromium(where / "chromium", width=1400, height=1000)
+        browser = chromium(where / "chromium", width=1400, height=900)
         if browser is None:
             print("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)", file=sys.stderr)
             process.kill()
@@ -55,14 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         server = None
         shots: list[Path] = []
 
-        def shot(name: str, full: bool = True) -> None:
-            if full:
-                height = browser.execute_script("return document.body.scrollHeight")
-                browser.set_window_size(1400, min(max(height, 1000), 8000))
-                time.sleep(0.8)  # charts resize with the window
+        def shot(name: str, element: str | None = None) -> None:
+            """The window (or one element, scrolled into view), saved small."""
+            if element is not None:
+                browser.execute_script(f"document.querySelector({element!r}).scrollIntoView()")
+                time.sleep(0.5)
             path = args.out / name
             browser.save_screenshot(str(path))
-            browser.set_window_size(1400, 1000)
+            _shrink(path, args.width)
             shots.append(path)
 
         try:
@@ -73,23 +84,22 @@ def main(argv: list[str] | None = None) -> int:
             from selenium.webdriver.common.by import By
 
             browser.implicitly_wait(5)
-            while process.poll() is None:  # while it trains: once some chunks are in and a process is seen
-                browser.get(page)
-                done = browser.execute_script(
-                    "const el = document.getElementById('chart-objective');"
-                    "return el && el.data ? el.data.filter(t => t.meta.role === 'series').length : 0")
-                running = browser.find_element(By.ID, "liveness").get_attribute("data-running") == "true"
-                if running and done >= 2:
-                    time.sleep(1.5)
-                    shot("1-live-study-training.png")
+            browser.get(page)
+            while process.poll() is None:  # while it trains: its second chunks, a step or two in
+                browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+                lines = browser.find_elements(By.CSS_SELECTOR, "#now li[data-phase='training']")
+                if lines and int(lines[0].get_attribute("data-unit")) >= 1 and int(lines[0].get_attribute("data-step")) >= 2:
+                    time.sleep(1.2)  # the clocks count
+                    shot("1-now-training.png")
+                    shot("2-chunk-in-training-dashed.png", "#comparison")
                     break
-                time.sleep(1)
-            if process.wait(timeout=600) != 0:
+                time.sleep(0.5)
+            if process.wait(timeout=900) != 0:
                 print((where / "run.log").read_text()[-3000:], file=sys.stderr)
                 return 1
             browser.get(page)
             time.sleep(2)
-            shot("2-study-finished.png")
+            shot("3-leaderboard-and-why-it-wins.png", "#leaderboard")
 
             # Hover the cross that ends a pruned trial's reward curve.
             browser.execute_script(
@@ -97,21 +107,20 @@ def main(argv: list[str] | None = None) -> int:
                 "const i = el.data.findIndex(t => t.meta.role === 'end');"
                 "el.scrollIntoView(); if (i >= 0) Plotly.Fx.hover(el, [{curveNumber: i, pointNumber: 0}]);")
             time.sleep(0.5)
-            shot("3-hover-pruned-trial.png", full=False)
+            shot("4-hover-pruned-trial.png")
 
-            # A trial's samples, and a clone nobody will run.
             browser.get(page)
+            browser.find_element(By.CSS_SELECTOR, "#side-by-side summary").click()
+            browser.find_element(By.CSS_SELECTOR, "#side-by-side select.prompt-picker")
+            time.sleep(0.5)
+            shot("5-same-prompt-every-trial.png", "#side-by-side")
+
             card = browser.find_element(By.CSS_SELECTOR, "section.trial[data-state='COMPLETE']")
-            card.find_element(By.CSS_SELECTOR, "details.samples summary").click()
-            time.sleep(1)
-            browser.execute_script("arguments[0].scrollIntoView()", card)
-            shot("4-samples.png", full=False)
             card.find_element(By.CSS_SELECTOR, "details.clone summary").click()
-            card.find_element(By.CSS_SELECTOR, "textarea[name='set']").send_keys("learning_rate=0.03")
-            card.find_element(By.CSS_SELECTOR, "button.clone").click()
-            time.sleep(2)
-            browser.execute_script("window.scrollTo(0, 0)")
-            shot("5-waiting-clone-nobody-running.png", full=False)
+            card.find_element(By.CSS_SELECTOR, ".field[data-name='learning_rate'] input")
+            time.sleep(0.5)
+            browser.execute_script("arguments[0].scrollIntoView()", card)
+            shot("6-clone-form.png")
         finally:
             if process.poll() is None:
                 process.kill()
@@ -120,8 +129,19 @@ def main(argv: list[str] | None = None) -> int:
                 server.shutdown()
                 server.server_close()
     for path in shots:
-        print(path)
+        print(f"{path} ({path.stat().st_size // 1024} KiB)")
     return 0
+
+
+def _shrink(path: Path, width: int) -> None:
+    """The picture scaled to `width` pixels and to a 256-colour palette: some 100 KiB instead of a few hundred."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        if image.width > width:
+            image = image.resize((width, round(image.height * width / image.width)), Image.LANCZOS)
+        image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
 
 
 def _wait_for_study(path: Path, process) -> int:

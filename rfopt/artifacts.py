@@ -22,7 +22,7 @@ import optuna
 
 from .charts import charts_svg
 from .checkpoints import is_url
-from .compat import storage_of, trial_id_of
+from .compat import storage_of, study_id_of, trial_id_of
 from .schema import TrialRecord, study_record
 
 logger = logging.getLogger("rfopt")
@@ -127,7 +127,8 @@ def publish_note(trial: optuna.Trial) -> None:
 
         record = TrialRecord(storage_of(trial.study).get_trial(trial_id_of(trial)))
         objective = study_record(trial.study).objective
-        save_note(trial, trial_note(record, objective, kept=_persons_part(get_note(trial))))
+        save_note(trial, trial_note(record, objective, kept=_persons_part(get_note(trial)),
+                                    study_id=study_id_of(trial.study)))
     except Exception as exc:  # noqa: BLE001 - a note must never fail a trial
         logger.warning("trial %d: could not update its note: %s: %s", trial.number, type(exc).__name__, exc)
 
@@ -143,10 +144,11 @@ _NOTE_SAMPLES = 8
 _NOTE_CELL = 160
 
 
-def trial_note(record: TrialRecord, objective: str = "reward", kept: str = "") -> str:
+def trial_note(record: TrialRecord, objective: str = "reward", kept: str = "", study_id: int | None = None) -> str:
     """The trial's note as optuna-dashboard renders it (markdown): its value per chunk with the eval metrics, then the
     latest chunk's sample completions with their total and each reward function's score; `kept` (a person's notes)
-    follows rfopt's part.
+    follows rfopt's part. With `study_id`, a link to the study's rfopt page (where ``rfopt dashboard`` serves it).
+    Chunks are counted from 1, next to Optuna's step.
 
         >>> print(trial_note(TrialRecord(study.trials[3])))                        # doctest: +SKIP
         ### rfopt: trial 3, 2 of 4 chunks
@@ -161,22 +163,25 @@ def trial_note(record: TrialRecord, objective: str = "reward", kept: str = "") -
         lines.append(f"\n**{record.state.name}**: {_cell(reason)}")
     if units:
         keys = sorted({k for m in units for k in m.eval})
-        lines += ["", "| step | chunk | " + f"{objective} (value) | " + " | ".join(keys) + " |",
+        lines += ["", "| step | after chunk | " + f"{objective} (value) | " + " | ".join(keys) + " |",
                   "|---" * (len(keys) + 3) + "|"]
         for m in units:
             value = values.get(m.unit)
-            cells = [str(m.unit), str(m.chunk), _number(value)] + [_number(m.eval.get(k)) for k in keys]
+            cells = [str(m.unit), str(m.unit + 1), _number(value)] + [_number(m.eval.get(k)) for k in keys]
             lines.append("| " + " | ".join(cells) + " |")
     samples = record.samples()
     if samples:
         unit = max(samples)
         shown = samples[unit][:_NOTE_SAMPLES]
         scores = [k for k in (shown[0] if shown else {}) if k not in ("prompt", "completion", "reward")]
-        lines += ["", f"**Samples after step {unit}** (eval set; `reward` is the weighted total)", "",
+        lines += ["", f"**Samples after chunk {unit + 1}** (step {unit}; eval set; `reward` is the weighted total)", "",
                   "| prompt | completion | reward | " + " | ".join(scores) + " |", "|---" * (len(scores) + 3) + "|"]
         for sample in shown:
             cells = [_cell(sample.get("prompt")), _cell(sample.get("completion")), _number(sample.get("reward"))]
             lines.append("| " + " | ".join(cells + [_number(sample.get(k)) for k in scores]) + " |")
+    if study_id is not None:
+        lines += ["", f"[This study on rfopt's page](/rfopt/studies/{study_id}) (what trains now, every trial "
+                      "compared, controls; served by `rfopt dashboard`)"]
     lines += ["", "---", NOTE_END]
     return "\n".join(lines) + ("\n" + kept if kept else "\n")
 

@@ -1,7 +1,8 @@
 """The ``rfopt`` command line.
 
     rfopt run arithmetic | my_study.py              run (or continue) a ready-made study or a study file
-    rfopt status [--study NAME]                     studies in a storage, and a study's leaderboard
+    rfopt status [--study NAME]                     studies in a storage; a study's leaderboard, what trains now
+    rfopt halt --study NAME                         stop every process running a study (trials stay resumable)
     rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
     rfopt cancel TRIAL --study NAME                 cancel a WAITING clone before it starts
@@ -159,8 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
     worker.set_defaults(handler=_cmd_worker)
 
-    status = _command(sub, "status", help="list studies, or show one study's leaderboard",
-                      description="List the studies in a storage, or show one study's leaderboard.")
+    status = _command(sub, "status", help="list studies, or show one study's leaderboard and what trains now",
+                      description="List the studies in a storage (trials by state, best value, running or not), or "
+                      "show one study's leaderboard, who runs it, what trains now (trial, chunk c of C, step s of S, "
+                      "ETAs), the compute spent, pending requests and WAITING trials.")
     _storage_argument(status)
     _study_argument(status, help="show this study's leaderboard")
     status.set_defaults(handler=_cmd_status)
@@ -175,6 +178,14 @@ def _parser() -> argparse.ArgumentParser:
         _study_argument(p, help="the study's name", required=True)
         p.add_argument("trial", type=int, help="trial number")
         p.set_defaults(handler=_cmd_op, op=op)
+
+    halt = _command(sub, "halt", help="stop every process running a study at its trials' next chunk boundary",
+                    description="Stop every process running the study (rfopt run, rfopt worker) at its trials' next "
+                    "chunk boundary: the chunks in flight commit, the trials stay RUNNING and resumable; run the study "
+                    "again to continue. Processes started after the request run.")
+    _storage_argument(halt)
+    _study_argument(halt, help="the study's name", required=True)
+    halt.set_defaults(handler=_cmd_halt)
 
     cancel = _command(sub, "cancel", help="cancel a WAITING clone before any process starts it",
                       description="Cancel a WAITING clone before any process starts it: it leaves the queue and ends "
@@ -577,27 +588,69 @@ def _devices(spec: str) -> list[str]:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    import optuna
-
     import rfopt
+    from rfopt import ops
+    from rfopt.storage import open_storage
 
     storage = _existing_storage(args.storage)
     if args.study_name is None:
-        summaries = optuna.get_all_study_summaries(storage)
+        summaries = ops.summaries(storage)
         if not summaries:
             print(f"no studies in {args.storage}")
-            return 0
-        for s in summaries:
-            counts = {}
-            for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials(deepcopy=False):
-                counts[t.state.name] = counts.get(t.state.name, 0) + 1
-            best = f"{s.best_trial.value:.4f} (trial {s.best_trial.number})" if s.best_trial else "-"
-            state = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
-            print(f"{s.study_name}: {state or 'no trials'}; best {best}")
+        for summary in summaries:
+            print(summary.line())
         return 0
     study = rfopt.load_study(args.study_name, storage)
     print(study.leaderboard_text())
-    print(study.liveness().message)
+    print()
+    print(_status_text(study.optuna))
+    return 0
+
+
+def _status_text(study: Any) -> str:
+    """Who runs the study, what trains now (trial, chunk c of C, step s of S, ETAs), the compute spent, the requests
+    not applied yet and the WAITING trials: what ``rfopt status --study`` prints under the leaderboard."""
+    from optuna.trial import TrialState
+
+    from rfopt import ops
+    from rfopt.schema import TrialRecord
+    from rfopt.timeline import now_training, study_cost
+
+    trials = study.get_trials(deepcopy=False)
+    records = [TrialRecord(t) for t in trials]
+    live = ops.liveness(study, trials)
+    lines = [live.message]
+    processes = max(1, len(live.holders))
+    if live.running:
+        flights = now_training(records, processes)
+        lines += [f"now training: {n.line()}" for n in flights] or ["now training: nothing (between chunks)"]
+    cost = study_cost(records, processes)
+    if cost.units_without_pruning:
+        lines.append(cost.line() if live.running else cost.line().split(" · study:")[0])
+    for record in records:
+        for request in record.pending:
+            lines.append(f"pending: {request.op} trial {record.number}, asked by {request.by} at {request.at}; it "
+                         "applies at the trial's next chunk boundary (rfopt withdraw to take it back)")
+    for record in records:
+        if record.state == TrialState.WAITING:
+            lineage = record.lineage
+            what = "a listed config" if lineage is None else (
+                f"clone of trial {lineage.parent}" + (f", warm from chunk {lineage.start_unit + 1}"
+                                                      if lineage.warm_start else "")
+                + (f" with {lineage.overrides}" if lineage.overrides else ""))
+            lines.append(f"WAITING: trial {record.number} ({what}); starts when a slot frees in a run of the study")
+    return "\n".join(lines)
+
+
+def _cmd_halt(args: argparse.Namespace) -> int:
+    import rfopt
+    from rfopt import ops
+    from rfopt.storage import open_storage
+
+    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    ops.halt(study.optuna)
+    print(f"study {args.study_name}: stop requested; every process running it stops at its trials' next chunk "
+          "boundary, and the trials stay resumable (run the study again to continue)")
     return 0
 
 
@@ -670,21 +723,38 @@ def _print_summary(study: Any, storage: str) -> None:
         print(f"no best adapter: {exc}")
     else:
         best = study.optuna.best_trial
+        record = TrialRecord(best)
         print(f"best trial: {best.number}, {study_record(study.optuna).objective} = {best.value:.4f}")
+        units = record.unit_metrics()
+        means = {k[len("rewards/"):-len("/mean")]: v for k, v in (units[-1].eval if units else {}).items()
+                 if k.startswith("rewards/") and k.endswith("/mean")}
+        if means:
+            print("its eval means per reward function: " + ", ".join(f"{k} {v:.3g}" for k, v in means.items()))
         print(f"best adapter (PEFT format): {adapter}")
-        samples = TrialRecord(best).samples()
+        samples = record.samples()
         if samples:
-            print("sample completions of the best adapter on the eval set:")
+            print("sample completions of the best adapter on the eval set (reward: the weighted total, then each "
+                  "reward function's score):")
             for sample in samples[max(samples)][:3]:
                 prompt = textwrap.shorten(str(sample.get("prompt", "")), 100)
                 print(f"  prompt:     {prompt}")
                 print(textwrap.indent(str(sample.get("completion", "")).strip() or "(empty)", "  completion: "))
-                print(f"  reward:     {sample.get('reward')}")
+                print(f"  reward:     {_scores(sample)}")
     print()
     print("open the dashboard:")
     print(f"  optuna-dashboard {_absolute_sqlite(storage)}")
     print("or, with rfopt's trial comparison and controls:")
     print(f"  rfopt dashboard --storage {_absolute_sqlite(storage)}")
+
+
+def _scores(sample: dict[str, Any]) -> str:
+    """``1 (correctness 0, soft_format 0.5, strict_format 0.5)``: a sample's total reward and each function's score,
+    rounded."""
+    def number(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+    scores = [f"{k} {number(v)}" for k, v in sample.items() if k not in ("prompt", "completion", "reward")]
+    return number(sample.get("reward")) + (f" ({', '.join(scores)})" if scores else "")
 
 
 def _absolute_sqlite(storage: str) -> str:

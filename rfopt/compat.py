@@ -55,6 +55,13 @@ Kept for exactness or correctness (none of them is a speed trick):
     opens a storage URL itself. Buys: Optuna's own read behaviour for rfopt's storages.
 ``optuna_ids``  `storage_of`, `trial_id_of`, `study_id_of`: Optuna objects' ``_storage``,
     ``_trial_id`` and ``_study_id``. Optuna has no public accessor; optuna-dashboard reads them too.
+``dashboard_backlink``  `with_backlink` adds a link to rfopt's page to the HTML optuna-dashboard serves for its
+    single-page app (its ``index.html``, before ``</body>``): optuna-dashboard has no extension point for a link, and
+    its pages would otherwise never lead to rfopt's. Buys: both UIs link to each other.
+``enqueued_params``  `enqueue_trial` enqueues a trial with system attrs, as ``Study.enqueue_trial`` does with user
+    attrs: a WAITING trial whose ``fixed_params`` system attr (Optuna's own key, which ``Trial.suggest_*`` reads)
+    holds its params. ``enqueue_trial`` takes no system attrs, and writing them after it would race a process that
+    asks the trial the moment it is enqueued. Buys: rfopt's records of a listed config out of the user's attrs.
 ``pruner_settings``  `pruner_settings`, `patience_gate`, `percentile_helpers`, `StudyView`: rfopt's
     rung decisions (``rfopt.pruning``) run Optuna's pruners on a view of the study at one step, and
     need their constructor arguments (kept in private attributes), Optuna's percentile helpers (for
@@ -285,6 +292,20 @@ def trial_id_of(trial: Any) -> int:
 def study_id_of(study: Any) -> int:
     """A `FrozenStudy`'s or `Study`'s id in its storage (``_study_id``)."""
     return study._study_id
+
+
+def with_backlink(page: bytes, snippet: bytes) -> bytes | None:
+    """optuna-dashboard's page (`page`, its ``index.html``) with `snippet` before ``</body>``; None if the page has no
+    ``</body>`` (it changed: the link is left out, the page is served as it is). Entry ``dashboard_backlink``."""
+    end = page.rfind(b"</body>")
+    return None if end < 0 else page[:end] + snippet + page[end:]
+
+
+def enqueue_trial(study: Any, params: dict[str, Any], system_attrs: dict[str, Any]) -> None:
+    """``study.enqueue_trial(params)`` with `system_attrs` on the enqueued trial, in one write (entry
+    ``enqueued_params``)."""
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING,
+                                              system_attrs={**system_attrs, "fixed_params": dict(params)}))
 
 
 @contextmanager

@@ -4,24 +4,32 @@
 
 The server is optuna-dashboard's own Bottle app (studies, plots, artifacts, its "Fail trial"
 button, which the engine honours at the trial's next chunk boundary) with rfopt's routes added
-under ``/rfopt``:
+under ``/rfopt`` (the pages themselves are `rfopt.pages`):
 
-- ``GET /rfopt``: the storage's studies. ``GET /rfopt/studies/<study_id>``: one study, comparison first:
-  whether a process is running it (`rfopt.ops.liveness`; a warning when WAITING trials have nobody to
-  start them), a leaderboard of every trial (best first, sortable by any column), one chart per metric
-  with every trial overlaid (`rfopt.charts`: the objective per chunk, TRL's per-step logs on the global
-  step), then each trial with its controls (pause, resume, stop; cancel a WAITING clone; withdraw a
-  pending request; clone with ``FIELD=VALUE`` overrides and an optional warm start), the answer to an
-  op shown next to it, and its eval samples with each reward function's score
-  (``GET /rfopt/studies/<study_id>/trials/<number>/samples``, loaded when opened). The page refreshes
-  its data every 5 s; an open clone form and what is typed in it stay as they are.
+- ``GET /`` leads to ``/rfopt``: every study with its trials by state, its best value, and whether a process runs it.
+  Every optuna-dashboard page gets a link to the rfopt page of the study it shows (bottom right), and rfopt's pages
+  link to optuna-dashboard's.
+- ``GET /rfopt/studies/<study_id>``: one study, comparison first: who runs it, what trains now (trial, chunk c of C,
+  step s of S, since when, ETAs) and the compute spent against a run without pruning, the leaderboard (best first,
+  sortable, with lineage and times), "why it wins" (parallel coordinates, each param against the value, the same eval
+  prompt's completions side by side: ``GET /rfopt/studies/<study_id>/compare``), one chart per metric with every trial
+  overlaid (`rfopt.charts`; steps of a chunk still training dashed), then each trial with its controls (pause, resume,
+  stop; cancel a WAITING clone; withdraw a pending request; a clone form pre-filled with the trial's whole config) and
+  its eval samples (``GET /rfopt/studies/<study_id>/trials/<number>/samples``, loaded when opened).
+- ``GET /rfopt/api/studies/<study_id>/page``: the page's parts as JSON, with an ETag fingerprinting the stored data
+  they show (`rfopt.pages.data_version`): asked with ``If-None-Match``, the answer is 304 while nothing changed. The
+  page asks every 5 s while a process runs the study and updates only the parts (and charts) that changed; while
+  nobody runs it, it stops asking until you act on the page or come back to it.
 - The charts are drawn by the plotly.js that the ``plotly`` package bundles, served from
   ``/rfopt/static/plotly-<version>.min.js`` (cached for good, gzip when asked): nothing is fetched
   from outside. The page's own script and style are ``/rfopt/static/rfopt.js`` and ``rfopt.css``
   (files in ``rfopt/static``).
 - ``POST /rfopt/api/studies/<study_id>/trials/<number>/pause`` (``resume``, ``stop``, ``cancel``),
   ``.../withdraw`` with a JSON body ``{"op": "stop"}``, and ``.../clone`` with a JSON body
-  ``{"set": ["learning_rate=2e-6"], "warm_start": true}`` (or ``{"overrides": {"learning_rate": 2e-6}}``).
+  ``{"set": ["learning_rate=2e-6"], "warm_start": true}`` (or ``{"overrides": {"learning_rate": 2e-6}}``;
+  ``"check_only": true`` checks the clone and writes nothing); ``GET .../config`` gives the clone form's fields
+  (`rfopt.configform`) and whether a warm start is possible. ``POST /rfopt/api/studies/<study_id>/halt`` asks every
+  process running the study to stop at its trials' next chunk boundary (`rfopt.ops.halt`).
   They call `rfopt.ops`, as the Python API and the command line do: pause, resume and stop are
   requests stored on the trial, applied by the process running the study at the trial's next chunk
   boundary; cancel and withdraw take effect at once, or are refused when the engine got there first.
@@ -55,14 +63,13 @@ import importlib.resources
 import ipaddress
 import json
 import logging
-import math
 import os
 import secrets
 import socket
 import sys
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -71,98 +78,15 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from wsgiref.simple_server import make_server as _wsgiref_server
 
 import optuna
-from optuna.trial import TrialState
 
-from . import ops
+from . import compat, ops, pages
 from .artifacts import StudyArtifacts
-from .charts import colour, comparison
-from .compat import study_id_of
-from .schema import TrialRecord, json_safe, study_record
+from .configform import form_fields
+from .schema import TrialRecord, json_safe, study_attrs, study_record
 
 logger = logging.getLogger("rfopt")
 
 TOKEN_ENV = "RFOPT_DASHBOARD_TOKEN"
-_STATE_ORDER = {"RUNNING": 0, "WAITING": 1, "COMPLETE": 2, "PRUNED": 3, "FAIL": 4}
-
-
-# ---------------------------------------------------------------------- trials as the page shows them
-@dataclass
-class TrialView:
-    """One trial, as the control page shows it."""
-
-    number: int
-    state: str
-    """Optuna's state name, or ``CANCELLED`` for a clone cancelled before it started."""
-    paused: bool
-    pending: list[str]
-    """Ops requested and not applied (nor withdrawn) yet, oldest first."""
-    steps_done: int
-    """Chunks trained, a warm clone's inherited ones included."""
-    num_steps: int | None
-    value: float | None
-    """The last reported value (the final value once COMPLETE)."""
-    value_step: int | None
-    """The chunk of `value`."""
-    params: dict[str, Any]
-    held_as: dict[str, str]
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
-    clone_of: dict[str, Any] | None
-    reason: str | None
-    can_clone: bool
-    can_cancel: bool
-    """A WAITING clone no process has started (`rfopt.ops.cancel`)."""
-    colour: str
-    eval: dict[str, float] = field(default_factory=dict)
-    """The eval metrics of its latest chunk."""
-    sample_units: list[int] = field(default_factory=list)
-    """The units whose eval samples are stored."""
-
-    @classmethod
-    def of(cls, trial: optuna.trial.FrozenTrial) -> TrialView:
-        record = TrialRecord(trial)
-        units = record.unit_metrics()
-        values = trial.intermediate_values
-        return cls(
-            number=trial.number,
-            state=record.shown_state,
-            paused=record.paused,
-            pending=[r.op for r in record.pending],
-            steps_done=record.committed,
-            num_steps=record.num_units,
-            value=record.value,
-            value_step=max(values) if values else None,
-            params=dict(trial.params),
-            held_as=ops.held_as(trial),
-            clone_of=None if record.lineage is None else record.lineage.to_attr(),
-            reason=record.end_reason,  # a cancelled clone's too: cancelling stores it as the fail reason
-            can_clone=record.config_json is not None,
-            can_cancel=trial.state == TrialState.WAITING and record.lineage is not None,
-            colour=colour(trial.number),
-            eval=units[-1].eval if units else {},
-            sample_units=sorted(record.samples()),
-        )
-
-    @property
-    def controls(self) -> list[str]:
-        """The control buttons shown for this trial (the server checks each request again)."""
-        shown = []
-        if self.state == "RUNNING" and "stop" not in self.pending:
-            shown.append("resume" if self.paused or self.pending[-1:] == ["pause"] else "pause")
-            shown.append("stop")
-        if self.can_cancel:
-            shown.append("cancel")
-        return shown + (["clone"] if self.can_clone else [])
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["controls"] = self.controls
-        return data
-
-
-def trial_views(trials: Iterable[optuna.trial.FrozenTrial]) -> list[TrialView]:
-    """Every trial: running first, then waiting, finished; by number within each."""
-    views = [TrialView.of(t) for t in trials]
-    return sorted(views, key=lambda v: (_STATE_ORDER.get(v.state, 5), v.number))
 
 
 # ---------------------------------------------------------------------- the app
@@ -188,11 +112,11 @@ def create_app(
         storage = optuna.storages.get_storage(storage) if isinstance(storage, str) else storage
     app = optuna_dashboard.wsgi(storage, artifact_store=StudyArtifacts(storage, artifact_dir))
     _add_routes(app, storage)
-    return _Guard(app, token=token, loopback=loopback)
+    return _Guard(_Backlink(app), token=token, loopback=loopback)
 
 
 def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
-    from bottle import HTTPResponse, request
+    from bottle import HTTPResponse, redirect, request
 
     def fail(status: int, message: str) -> HTTPResponse:
         return HTTPResponse(json.dumps({"error": message}), status=status, headers={"Content-Type": "application/json"})
@@ -220,28 +144,56 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
     def by() -> str:
         return f"dashboard ({request.remote_addr or 'unknown'})"
 
+    def page_of(study_id: int, since: str | None = None) -> tuple[str, pages.StudyPage | None]:
+        """The study's data version, and its page unless the version is `since` (the page has it already)."""
+        study = study_or_404(study_id)
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+        live = ops.liveness(study, trials)
+        version = pages.data_version(trials, live, study_attrs(study))
+        if version == since:
+            return version, None
+        return version, pages.study_page(study, trials, live, version)
+
+    @app.get("/")
+    def root() -> Any:
+        return redirect("/rfopt", 302)
+
     @app.get("/rfopt")
     def index_page() -> Any:
-        return _html(_render_index(storage.get_all_studies()))
+        return _html(pages.render_index(ops.summaries(storage)))
 
     @app.get("/rfopt/studies/<study_id:int>")
     def study_page(study_id: int) -> Any:
         try:
-            study = next(s for s in storage.get_all_studies() if study_id_of(s) == study_id)
-        except StopIteration:
-            return _html(_page("no such study", f"<p>No study with id {study_id}. <a href='/rfopt'>All studies</a></p>"), 404)
-        trials = storage.get_all_trials(study_id, deepcopy=False)
-        return _html(_render_study(study, trials, ops.liveness(study_or_404(study_id), trials)))
+            _, page = page_of(study_id)
+        except HTTPResponse:
+            return _html(pages.render_missing(study_id), 404)
+        return _html(pages.render_study(page))
+
+    @app.get("/rfopt/api/studies/<study_id:int>/page")
+    def page_api(study_id: int) -> Any:
+        since = request.headers.get("If-None-Match", "").strip('"') or None
+        version, page = page_of(study_id, since)
+        headers = {"ETag": f'"{version}"', "Cache-Control": "no-cache"}
+        if page is None:
+            return HTTPResponse(status=304, headers=headers)
+        return HTTPResponse(json.dumps(page.to_json()), headers={**headers, "Content-Type": "application/json"})
 
     @app.get("/rfopt/studies/<study_id:int>/trials/<number:int>/samples")
     def samples_part(study_id: int, number: int) -> Any:
         study = study_or_404(study_id)
         trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
         if trial is None:
-            return _html(f"<p>study {_e(study.study_name)} has no trial {number}</p>", 404)
-        return _html(_render_samples(TrialRecord(trial)))
+            return _html(f"<p>study {html.escape(study.study_name)} has no trial {number}</p>", 404)
+        return _html(pages.render_samples(TrialRecord(trial)))
 
-    @app.get("/rfopt/static/<name:re:rfopt\\.(?:js|css)>")
+    @app.get("/rfopt/studies/<study_id:int>/compare")
+    def side_by_side(study_id: int) -> Any:
+        study = study_or_404(study_id)
+        direction = study.directions[0] if len(study.directions) == 1 else None
+        return _html(pages.render_side_by_side(study.get_trials(deepcopy=False), direction))
+
+    @app.get("/rfopt/static/<name:re:(?:rfopt|backlink)\\.(?:js|css)>")
     def static_file(name: str) -> Any:
         kind = "text/javascript" if name.endswith(".js") else "text/css"
         return HTTPResponse(_static(name), headers={"Content-Type": f"{kind}; charset=utf-8", "Cache-Control": "no-cache"})
@@ -249,7 +201,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
     @app.get("/rfopt/static/plotly-<version>.min.js")
     def plotly_js(version: str) -> Any:
         # The plotly package's bundled plotly.js, under a versioned name: cached for good, sent compressed.
-        if version != _plotly_version():
+        if version != pages.plotly_version():
             return HTTPResponse("no such plotly.js version", status=404)
         headers = {"Content-Type": "text/javascript; charset=utf-8", "Cache-Control": "public, max-age=31536000, immutable",
                    "Vary": "Accept-Encoding"}
@@ -260,7 +212,31 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
     @app.get("/rfopt/api/studies/<study_id:int>/trials")
     def trials_api(study_id: int) -> Any:
         study = study_or_404(study_id)
-        return {"trials": [json_safe(v.to_json()) for v in trial_views(study.get_trials(deepcopy=False))]}
+        return {"trials": [json_safe(v.to_json()) for v in pages.trial_views(study.get_trials(deepcopy=False), study)]}
+
+    @app.get("/rfopt/api/studies/<study_id:int>/trials/<number:int>/config")
+    def config_api(study_id: int, number: int) -> Any:
+        study = study_or_404(study_id)
+        trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+        if trial is None:
+            return fail(404, f"study {study.study_name!r} has no trial {number}")
+        record = TrialRecord(trial)
+        if record.config_json is None:
+            return fail(400, f"trial {number} has no rfopt config to clone")
+        with _FIRST_IMPORT:
+            fields = form_fields(record.config_json, trial.params)
+        return {"trial": number, "fields": [f.to_json() for f in fields], "warm_start": _warm_start(study, record)}
+
+    @app.post("/rfopt/api/studies/<study_id:int>/halt")
+    def halt(study_id: int) -> Any:
+        json_body()
+        study = study_or_404(study_id)
+        try:
+            ops.halt(study, by=by())
+        except ops.OpError as exc:
+            return fail(400, str(exc))
+        return {"op": "halt", "message": f"study {study.study_name}: stop requested; every process running it stops "
+                "at its trials' next chunk boundary, and the trials stay resumable (run the study again to continue)"}
 
     @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/<op:re:pause|resume|stop>")
     def control(study_id: int, number: int, op: str) -> Any:
@@ -301,23 +277,31 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
 
         body = json_body()
         study = study_or_404(study_id)
-        unknown = sorted(set(body) - {"overrides", "set", "warm_start"})
+        unknown = sorted(set(body) - {"overrides", "set", "warm_start", "check_only"})
         if unknown:
-            return fail(400, f"unknown fields {unknown}; send overrides (an object) or set (FIELD=VALUE strings), and warm_start")
+            return fail(400, f"unknown fields {unknown}; send overrides (an object) or set (FIELD=VALUE strings), "
+                        "warm_start and check_only")
         overrides = body.get("overrides") or {}
         if not isinstance(overrides, dict):
             return fail(400, "overrides must be a JSON object, e.g. {\"learning_rate\": 2e-6}")
         assignments = body.get("set") or []
         if not isinstance(assignments, list) or not all(isinstance(a, str) for a in assignments):
             return fail(400, "set must be a list of FIELD=VALUE strings, e.g. [\"learning_rate=2e-6\"]")
-        warm_start = body.get("warm_start", False)
+        warm_start, check_only = body.get("warm_start", False), body.get("check_only", False)
         if not isinstance(warm_start, bool):
             return fail(400, "warm_start must be true or false")
+        if not isinstance(check_only, bool):
+            return fail(400, "check_only must be true or false")
         try:
             overrides = {**overrides, **parse_assignments([a for a in assignments if a.strip()])}
-            made = ops.clone_in_study(study, number, overrides, warm_start=warm_start, by=by())
+            with _FIRST_IMPORT:
+                made = ops.clone_in_study(study, number, overrides, warm_start=warm_start, by=by(),
+                                          check_only=check_only)
         except ValueError as exc:  # OpError, ConfigError, a bad FIELD=VALUE: nothing was written
             return fail(400, str(exc))
+        if check_only:
+            return {"trial": None, "parent": number, "overrides": dict(made.overrides), "warm_start": warm_start,
+                    "notes": list(made.notes), "message": made.describe_check(number, warm_start)}
         return {
             "trial": made.number,
             "parent": number,
@@ -326,6 +310,48 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
             "notes": list(made.notes),
             "message": made.describe(number, warm_start),
         }
+
+
+class _FirstImport:
+    """Held while a request imports TRL and transformers the first time: their lazy modules are not safe to import
+    from two threads at once (a request could fail with "cannot import name 'GRPOConfig' from 'trl'"). Once TRL is
+    imported, it is not held."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __enter__(self) -> None:
+        if not self._done:
+            with self._lock:
+                from trl import GRPOConfig  # noqa: F401 - imported once, under the lock
+
+                self._done = True
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_FIRST_IMPORT = _FirstImport()
+
+
+def _warm_start(study: optuna.Study, record: TrialRecord) -> dict[str, Any]:
+    """Whether a clone of the trial can start from its latest checkpoint, and why not."""
+    from .checkpoints import CheckpointStore
+
+    where = study_record(study).checkpoint_dir
+    if record.committed == 0 or where is None:
+        return {"available": False, "why": "it has no checkpoint yet (no chunk committed)"}
+    if record.num_units is not None and record.committed >= record.num_units:
+        return {"available": False, "why": f"it trained all {record.num_units} chunks: a warm clone would have "
+                "nothing left to train"}
+    try:
+        latest = CheckpointStore(where).latest(record.number)
+    except Exception as exc:  # noqa: BLE001 - a store this process cannot reach: say so, offer no warm start
+        return {"available": False, "why": f"its checkpoint store {where} cannot be read here ({exc})"}
+    if latest is None:
+        return {"available": False, "why": f"its checkpoint is not in {where} (kept only while it trains)"}
+    return {"available": True, "why": f"from its checkpoint after chunk {record.committed}"}
 
 
 def _html(text: str, status: int = 200) -> Any:
@@ -338,6 +364,49 @@ def _html(text: str, status: int = 200) -> Any:
     return HTTPResponse(
         text, status=status, headers={"Content-Type": "text/html; charset=utf-8", "Content-Security-Policy": csp}
     )
+
+
+# ---------------------------------------------------------------------- optuna-dashboard -> rfopt
+_BACKLINK = (b"<a id='rfopt-backlink' href='/rfopt' style='position:fixed;right:14px;bottom:14px;z-index:2000;"
+             b"background:#1f77b4;color:#fff;padding:6px 12px;border-radius:4px;font:14px sans-serif;"
+             b"text-decoration:none;box-shadow:0 1px 4px rgba(0,0,0,.3)'>rfopt page &#8599;</a>"
+             b"<script src='/rfopt/static/backlink.js'></script>")
+
+
+class _Backlink:
+    """WSGI middleware: optuna-dashboard's pages get a link to rfopt's page of the study they show (bottom right;
+    ``/rfopt/static/backlink.js`` keeps it pointing at the study in the address bar as the single-page app moves)."""
+
+    def __init__(self, app: Callable) -> None:
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if environ.get("REQUEST_METHOD") != "GET" or not (path == "/dashboard" or path.startswith("/dashboard/")):
+            return self.app(environ, start_response)
+        captured: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:
+            captured.update(status=status, headers=headers, exc_info=exc_info)
+            return lambda data: None
+
+        body_parts = self.app(environ, capture)
+        try:
+            body = b"".join(body_parts)
+        finally:
+            if hasattr(body_parts, "close"):
+                body_parts.close()
+        headers = captured["headers"]
+        kind = next((v for k, v in headers if k.lower() == "content-type"), "")
+        encoded = any(k.lower() == "content-encoding" for k, _ in headers)
+        if captured["status"].startswith("200") and kind.startswith("text/html") and not encoded:
+            linked = compat.with_backlink(body, _BACKLINK)
+            if linked is not None:
+                body = linked
+                headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+                headers.append(("Content-Length", str(len(body))))
+        start_response(captured["status"], headers, captured["exc_info"])
+        return [body]
 
 
 # ---------------------------------------------------------------------- access checks
@@ -499,220 +568,10 @@ def serve(
         server.server_close()
 
 
-# ---------------------------------------------------------------------- HTML
-def _page(title: str, body: str, scripts: bool = False) -> str:
-    head = "<link rel='stylesheet' href='/rfopt/static/rfopt.css'>"
-    if scripts:
-        head += (f"<script src='/rfopt/static/plotly-{_plotly_version()}.min.js' defer></script>"
-                 "<script src='/rfopt/static/rfopt.js' defer></script>")
-    return (
-        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>{head}</head>"
-        f"<body>{body}</body></html>"
-    )
-
-
-def _render_index(studies: list[Any]) -> str:
-    rows = []
-    for s in sorted(studies, key=study_id_of):
-        kind = "rfopt" if study_record(s).planned else "optuna"
-        rows.append(
-            f"<tr><td><a href='/rfopt/studies/{study_id_of(s)}'>{_e(s.study_name)}</a></td><td>{kind}</td>"
-            f"<td><a href='/dashboard/studies/{study_id_of(s)}'>optuna-dashboard</a></td></tr>"
-        )
-    table = "<table><tr><th>study</th><th>kind</th><th></th></tr>" + "".join(rows) + "</table>" if rows else "<p>No studies in this storage yet.</p>"
-    return _page("rfopt studies", f"<h1>rfopt studies</h1>{table}<p><a href='/dashboard'>optuna-dashboard</a></p>")
-
-
-def _render_study(study: Any, trials: list[optuna.trial.FrozenTrial], live: ops.Liveness) -> str:
-    """The study page: who runs it, the leaderboard, the comparison charts, then each trial with its controls."""
-    sid = study_id_of(study)
-    record = study_record(study)
-    single = len(study.directions) == 1
-    direction = study.directions[0] if single else None
-    objective = record.settings.get("objective", "objective")
-    plan = record.plan
-    views = trial_views(trials)
-    compared = comparison(trials, direction, objective)
-    counts: dict[str, int] = {}
-    for v in views:
-        counts[v.state] = counts.get(v.state, 0) + 1
-    facts = [
-        f"objective: {_e(objective)} ({direction.name.lower() if direction else 'multi-objective'})",
-        f"{plan.num_chunks} chunks of {plan.num_rows} rows" if plan else "not an rfopt study: no controls",
-    ]
-    tally = ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items(), key=lambda kv: _STATE_ORDER.get(kv[0], 5)))
-    header = (
-        f"<h1>{_e(study.study_name)}</h1><p class='facts'>{' · '.join(facts)} · trials: {tally or 'none yet'} · "
-        f"<a href='/dashboard/studies/{sid}'>open in optuna-dashboard</a> · <a href='/rfopt'>all studies</a></p>"
-        "<p class='bar'><label><input type='checkbox' id='autorefresh' checked> refresh every 5 s</label> "
-        "<span id='refreshed'></span><span id='status' role='status'></span></p>"
-    )
-    notice_class = "running" if live.running else "idle warn" if live.waiting_unattended else "idle"
-    notice = f"<p id='liveness' class='notice {notice_class}' data-running='{str(live.running).lower()}'>{_e(live.message)}</p>"
-    board = _render_leaderboard(views, compared.best, compared.best_label, direction)
-    charts_html = "".join(
-        f"<div class='chart' id='chart-{_slug(f.key)}' data-key='{_e(f.key)}'></div>" for f in compared.figures
-    )
-    figures = json.dumps([json_safe(f.to_json()) for f in compared.figures]).replace("</", "<\\/")
-    charts_part = (
-        "<section id='comparison'><h2>Trials compared</h2>"
-        "<p class='hint'>One colour per trial in every chart; ★ marks the best trial, × where a trial was pruned, "
-        "stopped or failed (hover: why). Per-step charts: TRL's logs on the global optimizer step, dotted lines at "
-        "chunk boundaries, hollow circles the evaluation after each chunk. Click a legend entry to hide a trial.</p>"
-        f"<div class='charts'>{charts_html or '<p>No trial has trained a chunk yet.</p>'}</div>"
-        f"<script type='application/json' id='rfopt-figures'>{figures}</script></section>"
-    )
-    cards = "".join(_render_trial(sid, v, steerable=plan is not None) for v in views) or "<p>No trials yet.</p>"
-    body = (
-        f"{header}<div id='live' data-study='{sid}'>{notice}{board}{charts_part}"
-        "<h2>Trials</h2><p class='hint'>Ops apply at the trial's next chunk boundary, in the process running the study.</p>"
-        f"<main id='trials'>{cards}</main></div>"
-    )
-    return _page(f"{study.study_name} · rfopt", body, scripts=True)
-
-
-def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any) -> str:
-    """Every trial in a table, best first; the page sorts it by any column (click a header)."""
-    maximize = direction is not None and direction.name == "MAXIMIZE"
-    params = list(dict.fromkeys(k for v in views for k in v.params))
-    rewards = sorted({k for v in views for k in v.eval if k.startswith("rewards/") and k.endswith("/mean")})
-
-    def rank(v: TrialView) -> tuple:
-        key = (-v.value if maximize else v.value) if v.value is not None else float("inf")
-        return (v.number != best, v.value is None, key, v.number)
-
-    heads = [("trial", "num", "asc"), ("state", "text", "asc"), ("value", "num", "desc" if maximize else "asc"),
-             ("at chunk", "num", "desc"), ("chunks trained", "num", "desc")]
-    heads += [(p, "auto", "asc") for p in params]
-    heads += [(f"eval {k[len('rewards/'):-len('/mean')]}", "num", "desc") for k in rewards]
-    heads += [("why it ended", "text", "asc")]
-    # A header may break after an underscore (soft_<wbr>format_<wbr>reward_<wbr>func), so that long reward names
-    # do not widen the table past the window.
-    head = "".join(f"<th data-kind='{kind}' data-first='{first}' title='sort by {_e(name)}'>"
-                   f"{_e(name).replace('_', '_<wbr>')}</th>" for name, kind, first in heads)
-    rows = []
-    for v in sorted(views, key=rank):
-        star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
-        name = f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial {v.number}</span>"
-        cells = [
-            (v.number, f"{name}{star}"),
-            (v.state, _e(v.state.lower())),
-            (v.value, _num(v.value)),
-            (v.value_step, _num(v.value_step)),
-            (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
-        ]
-        cells += [_param_cell(v, p) for p in params]
-        cells += [(v.eval.get(k), _num(v.eval.get(k))) for k in rewards]
-        cells += [(v.reason or "", _e(v.reason or ""))]
-        tds = "".join(f"<td data-sort='{_e('' if key is None else key)}'>{text}</td>" for key, text in cells)
-        rows.append(f"<tr data-trial='{v.number}'>{tds}</tr>")
-    return (
-        "<section id='leaderboard'><h2>Leaderboard</h2>"
-        f"<div class='table-scroll'><table class='leaderboard'><thead><tr>{head}</tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
-    )
-
-
-def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
-    """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
-    param (`rfopt.ops.held_as`), that value, marked, so that the column never reads as the parent's."""
-    holder = v.held_as.get(param)
-    if holder is not None:
-        value = v.params[holder]
-        why = (f"Optuna's param {param} cannot hold this clone's value (a categorical cannot gain a choice): it is the "
-               f"param {holder}")
-        return value, f"<span class='held' title='{_e(why)}'>{_e(_num(value))} ⚠</span>"
-    return v.params.get(param), _e(_num(v.params[param])) if param in v.params else ""
-
-
-def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
-    api = f"/rfopt/api/studies/{study_id}/trials/{v.number}"
-    state = v.state + (" · paused" if v.paused else "")
-    steps = f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "") + " chunks trained"
-    value = f"value {_num(v.value)}" if v.value is not None else "no value yet"
-    notes = []
-    if v.params:
-        notes.append(", ".join(f"{_e(k)}={_e(_num(p))}" for k, p in v.params.items()))
-    for field_param, holder in v.held_as.items():
-        notes.append(f"<span class='held'>⚠ its {_e(field_param)} ({_e(_num(v.params[holder]))}) is not a choice of "
-                     f"Optuna's param {_e(field_param)}: Optuna's params hold it as {_e(holder)}</span>")
-    if v.clone_of:
-        lineage = v.clone_of
-        warm = f", warm from chunk {_e(lineage.get('start_unit', 0))}" if lineage.get("warm_start") else ""
-        notes.append(f"clone of trial {_e(lineage.get('parent'))} with {_e(json.dumps(lineage.get('overrides', {})))}{warm}")
-    if v.reason:
-        notes.append(_e(v.reason))
-    pending = "".join(
-        f"<li><b>{_e(op)} requested</b>, applies at the next chunk boundary "
-        + (f"<button type='button' class='op withdraw' data-op='withdraw' data-what='{_e(op)}' data-url='{api}/withdraw'>"
-           f"Withdraw {_e(op)}</button>" if steerable else "")
-        + "</li>"
-        for op in v.pending
-    )
-    buttons = ""
-    if steerable:
-        for op in (o for o in v.controls if o != "clone"):
-            buttons += f"<button type='button' class='op {op}' data-op='{op}' data-url='{api}/{op}'>{op.capitalize()}</button>"
-        if "clone" in v.controls:
-            buttons += (
-                "<details class='clone'><summary>Clone…</summary><form>"
-                "<textarea name='set' rows='3' cols='34' placeholder='one FIELD=VALUE per line, e.g.&#10;learning_rate=2e-6&#10;lora_r=8'></textarea>"
-                "<label><input type='checkbox' name='warm_start'> warm start from its latest checkpoint</label>"
-                f"<button type='button' class='op clone' data-op='clone' data-url='{api}/clone'>Clone</button>"
-                "</form></details>"
-            )
-    samples = ""
-    if v.sample_units:
-        n = len(v.sample_units)
-        samples = (
-            f"<details class='samples' data-url='/rfopt/studies/{study_id}/trials/{v.number}/samples' "
-            f"data-version='{v.sample_units[-1]}'><summary>Samples: eval completions and each reward function's score "
-            f"({n} chunk{'s' if n > 1 else ''})</summary><div class='samples-body'>loading…</div></details>"
-        )
-    return (
-        f"<section class='trial {v.state.lower()}' data-trial='{v.number}' data-state='{v.state}'>"
-        f"<header><span class='swatch' style='background:{v.colour}'></span><h3>Trial {v.number}</h3>"
-        f"<span class='state'>{_e(state)}</span><span class='progress'>{steps}</span><span>{value}</span>"
-        f"<a href='/dashboard/studies/{study_id}/trials?numbers={v.number}'>details</a></header>"
-        f"<p class='notes'>{' · '.join(notes)}</p>" + (f"<ul class='pending'>{pending}</ul>" if pending else "")
-        + f"<div class='controls'>{buttons}</div><p class='feedback' role='status'></p>{samples}</section>"
-    )
-
-
-def _render_samples(record: TrialRecord) -> str:
-    """A trial's eval samples: a table per chunk, latest first, with the total and each reward function's score."""
-    chunks = {m.unit: m for m in record.unit_metrics()}
-    parts = []
-    for i, (unit, samples) in enumerate(sorted(record.samples().items(), reverse=True)):
-        scores = list(dict.fromkeys(k for s in samples for k in s if k not in ("prompt", "completion", "reward")))
-        head = "".join(f"<th>{_e(k)}</th>" for k in ["#", "prompt", "completion", "reward (total)", *scores])
-        rows = "".join(
-            f"<tr><td>{j}</td><td><pre>{_e(s.get('prompt', ''))}</pre></td><td><pre>{_e(s.get('completion', ''))}</pre></td>"
-            + "".join(f"<td class='score'>{_score(s.get(k))}</td>" for k in ["reward", *scores]) + "</tr>"
-            for j, s in enumerate(samples)
-        )
-        metrics = chunks.get(unit)
-        mean = f" · eval reward {_num(metrics.eval['reward'])}" if metrics and "reward" in metrics.eval else ""
-        data_chunk = f" (data chunk {metrics.chunk})" if metrics and metrics.chunk != unit else ""
-        parts.append(
-            f"<details class='unit' data-unit='{unit}'{' open' if i == 0 else ''}><summary>after chunk {unit}"
-            f"{data_chunk}{mean}</summary><table class='samples'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{rows}</tbody></table></details>"
-        )
-    return "".join(parts) or "<p class='hint'>no samples stored yet</p>"
-
-
 # ---------------------------------------------------------------------- static files
 @functools.cache
 def _static(name: str) -> bytes:
     return importlib.resources.files("rfopt").joinpath("static", name).read_bytes()
-
-
-@functools.cache
-def _plotly_version() -> str:
-    import plotly
-
-    return plotly.__version__
 
 
 @functools.cache
@@ -725,24 +584,3 @@ def _plotly_js() -> bytes:
 @functools.cache
 def _plotly_gzip() -> bytes:
     return gzip.compress(_plotly_js(), compresslevel=6, mtime=0)
-
-
-# ---------------------------------------------------------------------- small helpers
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _score(value: Any) -> str:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "<span class='hint' title='the reward function gave None for it: skipped'>not scored</span>"
-    return _e(_num(value))
-
-
-def _slug(key: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in key)

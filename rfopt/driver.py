@@ -15,8 +15,8 @@ Each round:
    (`Roster.work_on_gang` -> `rfopt.gang`); a gang stored before a crash is formed again.
 
 It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
-resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`), before it starts
-another unit. When other processes hold the remaining trials, it waits `poll_seconds` and looks again.
+resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`) or once somebody asked every
+process running the study to stop (`rfopt.ops.halt`), before it starts another unit. When other processes hold the remaining trials, it waits `poll_seconds` and looks again.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from . import compat, schema
 from .roster import Progress, Roster
 from .scheduler import next_gang
+from .schema import study_record
 
 logger = logging.getLogger("rfopt")
 
@@ -46,10 +47,16 @@ def drive(
 ) -> None:
     """Run the study's units until none is left for this process (see the module docstring)."""
     study = roster.study
+    started = time.time()
     with compat.optimize_loop(study):  # study.stop() (GridSampler calls it) stops asking, as in optuna.Study.optimize
         while True:
             if deadline is not None and time.monotonic() >= deadline:
                 logger.info("timeout: no unit starts after it; the live trials stay resumable")
+                return
+            halt = study_record(study).halt
+            if halt is not None and halt.at >= started:
+                logger.warning("study %r: stopped by %s; each unfinished trial continues from its last committed "
+                               "chunk when the study runs again", study.study_name, halt.by)
                 return
             records = roster.reconcile_all()
             busy = coordinator.busy()

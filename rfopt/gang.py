@@ -29,7 +29,7 @@ from . import compat
 from .evaluation import EvalPrompts, EvalResult, EvalSettings, eos_token_ids, scored
 from .models import adapter_name
 from .rollouts import Aborted, Request, RolloutEngine, Sampling, Ungangable, seed_from_stream
-from .runner import ChunkMetrics, TrialRunner
+from .runner import ChunkMetrics, StepDone, TrialRunner
 from .state import RngState
 
 
@@ -43,6 +43,8 @@ class GangMember:
 
     runner: TrialRunner
     should_stop: Callable[[], bool] | None = None
+    on_step: Callable[[StepDone], None] | None = None
+    """Told of the member's steps (`TrialRunner.train_chunk`'s `on_step`: its progress record)."""
     result: ChunkMetrics | None = None
     error: BaseException | None = None
 
@@ -132,6 +134,7 @@ class Gang:
             member.result = member.runner.train_chunk(
                 should_stop=lambda: self._aborted.is_set() or bool(member.should_stop and member.should_stop()),
                 rollout_func=lambda prompts, trainer: self._rollout(i, prompts, trainer),
+                on_step=member.on_step,
             )
         except BaseException as exc:  # noqa: BLE001 - the member's own failure; the gang goes on
             member.error = exc

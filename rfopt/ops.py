@@ -38,7 +38,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,10 +123,91 @@ def liveness(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None 
     return Liveness(False, [], last_seen, waiting, message)
 
 
+@dataclass(frozen=True)
+class StudySummary:
+    """One study of a storage at a glance: its trials by state, its best value, whether a process runs it."""
+
+    name: str
+    study_id: int
+    planned: bool
+    """Whether rfopt planned it (a study rfopt never ran is a plain Optuna study)."""
+    counts: dict[str, int]
+    """Trials by the state a person is shown (`TrialRecord.shown_state`)."""
+    best: tuple[int, float] | None
+    """(trial, value) of Optuna's best trial; None before one completes (or for several objectives)."""
+    live: Liveness
+
+    @property
+    def finished(self) -> bool:
+        """Nothing left to train or start: no RUNNING or WAITING trial."""
+        return not self.counts.get("RUNNING") and not self.counts.get("WAITING")
+
+    @property
+    def status(self) -> str:
+        """``running``, ``idle`` (nobody runs it, and it has trials left) or ``finished``."""
+        return "running" if self.live.running else "finished" if self.finished else "idle"
+
+    def line(self) -> str:
+        """``demo: 2 running, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
+        best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
+        status = self.live.message if self.live.running else self.status
+        return f"{self.name}: {tally(self.counts)}; best {best}; {status}"
+
+
+STATE_ORDER = ("RUNNING", "WAITING", "COMPLETE", "PRUNED", "FAIL", "CANCELLED")
+"""The order trial states are listed in for people: live first."""
+
+
+def state_counts(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
+    """Trials by the state a person is shown (`TrialRecord.shown_state`)."""
+    counts: dict[str, int] = {}
+    for t in trials:
+        state = TrialRecord(t).shown_state
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def tally(counts: Mapping[str, int]) -> str:
+    """``2 running, 5 pruned, 1 complete`` (``no trials`` for none), live states first."""
+    rank = {state: i for i, state in enumerate(STATE_ORDER)}
+    ordered = sorted(counts.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+    return ", ".join(f"{n} {state.lower()}" for state, n in ordered) or "no trials"
+
+
+def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
+    """Every study in `storage`, by id (``rfopt status`` and the dashboard's index list them)."""
+    from .compat import study_id_of
+
+    out = []
+    for frozen in sorted(storage.get_all_studies(), key=study_id_of):
+        study = optuna.load_study(study_name=frozen.study_name, storage=storage,
+                                  sampler=optuna.samplers.RandomSampler())
+        trials = study.get_trials(deepcopy=False)
+        counts = state_counts(trials)
+        best = None
+        if len(study.directions) == 1 and any(t.state == TrialState.COMPLETE for t in trials):
+            best = (study.best_trial.number, study.best_value)
+        out.append(StudySummary(frozen.study_name, study_id_of(frozen), schema.study_record(frozen).planned, counts,
+                                best, liveness(study, trials)))
+    return out
+
+
 def _local_time(when: datetime.datetime) -> str:
     local = when.astimezone()
     today = datetime.datetime.now().astimezone().date()
     return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def halt(study: optuna.Study, by: str | None = None) -> schema.Halt:
+    """Ask every process running `study` to stop at its trials' next chunk boundary (``rfopt halt``, the dashboard's
+    "Stop the study"): the chunks in flight commit, and every unfinished trial stays RUNNING, to be continued by the
+    next run. A process started after the request runs. Refused when nobody runs the study."""
+    seen = liveness(study)
+    if not seen.running:
+        raise OpError(f"study {study.study_name!r}: {seen.message}; nothing to stop")
+    request = schema.Halt(by=by or schema.who(), at=time.time())
+    schema.write_halt(study, request)
+    return request
 
 
 # ---------------------------------------------------------------------- requests
@@ -289,6 +370,13 @@ class Clone:
         notes = "".join(f"; note: {note}" for note in self.notes)
         return f"trial {self.number}: clone of trial {parent} with {changes} enqueued{start}{notes}"
 
+    def describe_check(self, parent: int, warm_start: bool) -> str:
+        """What a check-only clone found: ``a clone of trial 3 with learning_rate=2e-06 would be accepted ...``."""
+        changes = ", ".join(f"{name}={value!r}" for name, value in self.overrides.items()) or "no changes"
+        start = ", from its parent's latest checkpoint" if warm_start else ""
+        notes = "".join(f"; note: {note}" for note in self.notes)
+        return f"checked: a clone of trial {parent} with {changes}{start} would be accepted (nothing written){notes}"
+
 
 def clone(
     study: optuna.Study,
@@ -301,6 +389,7 @@ def clone(
     by: str | None = None,
     token: str | None = None,
     params: Mapping[str, Any] | None = None,
+    check_only: bool = False,
 ) -> Clone:
     """Enqueue a clone of trial `parent_number`. Nothing is written if anything is invalid.
 
@@ -312,7 +401,8 @@ def clone(
 
     `token` names the clone's lineage (default: a new one), so that a caller can find it again (`clone_with_token`);
     `params` gives the clone's Optuna params where the caller knows them (population-based training explores params
-    and derives the overrides from them).
+    and derives the overrides from them). `check_only`: check everything, write nothing (the returned clone has no
+    number: -1).
     """
     parent = TrialRecord(_trial(study, parent_number))
     if parent.config_json is None:
@@ -342,6 +432,8 @@ def clone(
                 f"trial {parent_number} has trained all {schedule.num_units} chunks; a warm-started clone would have "
                 "nothing left to train"
             )
+    if check_only:
+        return Clone(-1, tuple(notes), dict(overrides))
     lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
                       by=by or schema.who(), at=schema.now(), **({"token": token} if token else {}))
     explored = dict(params or {})
@@ -357,8 +449,8 @@ def clone(
                 state=TrialState.WAITING,
                 params=params,
                 distributions=distributions,
-                user_attrs=schema.new_trial_attrs(config_json, lineage=lineage),
-                system_attrs=schema.inherited_steps(parent.trial, start_unit) if warm_start else None,
+                system_attrs={**schema.new_trial_attrs(config_json, lineage=lineage),
+                              **(schema.inherited_steps(parent.trial, start_unit) if warm_start else {})},
             )
         )
     except BaseException:
@@ -396,13 +488,13 @@ def warm_start_refusal(parent: Mapping[str, Any], child: Mapping[str, Any]) -> s
 
 
 def clone_in_study(study: optuna.Study, parent_number: int, overrides: Mapping[str, Any], *, warm_start: bool,
-                   by: str | None = None) -> Clone:
+                   by: str | None = None, check_only: bool = False) -> Clone:
     """`clone` with the study's own chunk plan and checkpoint store (as the API, the CLI and the dashboard clone)."""
     record = schema.study_record(study)
     if record.plan is None or record.checkpoint_dir is None:
         raise OpError(f"study {study.study_name!r} has not run yet (it has no chunk plan); run it before cloning trials")
     return clone(study, parent_number, overrides, warm_start=warm_start, plan=record.plan,
-                 checkpoints=CheckpointStore(record.checkpoint_dir), by=by)
+                 checkpoints=CheckpointStore(record.checkpoint_dir), by=by, check_only=check_only)
 
 
 def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: list[str]) -> TrialConfig:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -45,7 +45,8 @@ logger = logging.getLogger("rfopt")
 
 @dataclass(frozen=True)
 class Progress:
-    """Where a run stands, for a progress display: units done and in all, trial states, the best value so far."""
+    """Where a run stands, for a progress display: units and optimizer steps done and in all, trial states, the best
+    value so far."""
 
     done: int
     total: int
@@ -53,6 +54,11 @@ class Progress:
     best: float | None
     last: tuple[int, int, float] | None
     """(trial, unit, value) of the last unit committed by this run."""
+    steps_done: int = 0
+    """Optimizer steps of the committed units (this run's and the live trials' earlier ones)."""
+    steps_total: int = 0
+    committed: dict[int, int] = field(default_factory=dict)
+    """Units committed by each live trial (a unit in flight is the one after)."""
 
 
 class Roster:
@@ -73,6 +79,7 @@ class Roster:
         """Trials this run asked Optuna for (clones not counted: they come on top)."""
         self._counts: dict[str, int] = {}
         self._ended_units: dict[int, int] = {}
+        self._ended_steps: dict[int, int] = {}
         self._best: float | None = None
         self._last: tuple[int, int, float] | None = None
         self._maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
@@ -294,7 +301,7 @@ class Roster:
             number = live.number
             prune, reason = False, plan.reasons.get(number)
             if reason is None:
-                reason = f"kept: not in the population at chunk {step} (it was paused, or joined later)"
+                reason = f"kept: not in the population at chunk {step + 1} (it was paused, or joined later)"
             elif number in clones:
                 made = clones[number]
                 if isinstance(made, int):
@@ -482,6 +489,7 @@ class Roster:
         live = self.live.pop(number, None)
         if live is not None:
             self._ended_units[number] = live.committed - live.start_unit
+            self._ended_steps[number] = (live.committed - live.start_unit) * live.schedule.steps_per_chunk
             live.runner.cleanup()
 
     # ------------------------------------------------------------------ what the driver asks
@@ -512,7 +520,13 @@ class Roster:
         live_done = sum(live.committed - live.start_unit for live in self.live.values())
         remaining = sum(max(0, live.schedule.num_units - live.committed) for live in self.live.values())
         done = live_done + sum(self._ended_units.values())
-        return Progress(done=done, total=done + remaining, counts=dict(self._counts), best=self._best, last=self._last)
+        steps_done = sum(self._ended_steps.values()) + sum(
+            (live.committed - live.start_unit) * live.schedule.steps_per_chunk for live in self.live.values())
+        steps_left = sum(max(0, live.schedule.num_units - live.committed) * live.schedule.steps_per_chunk
+                         for live in self.live.values())
+        return Progress(done=done, total=done + remaining, counts=dict(self._counts), best=self._best, last=self._last,
+                        steps_done=steps_done, steps_total=steps_done + steps_left,
+                        committed={n: live.committed for n, live in self.live.items()})
 
     def _on_commit(self, event: unit.UnitCommitted) -> None:
         self._last = (event.trial.number, event.unit, event.value)

@@ -27,6 +27,8 @@ trial's config.
 
 A chunk can be stopped between two optimizer steps (`train_chunk`'s `should_stop`: a worker that
 lost its lease); the runner's state is then no longer any unit's, and it raises `ChunkAborted`.
+When the chunk's first step starts and after each optimizer step, `train_chunk`'s `on_step` hears of it (`StepDone`:
+the step, TRL's logs of it): that is how a chunk's progress is published while it trains (`rfopt.progress`).
 """
 
 from __future__ import annotations
@@ -78,13 +80,29 @@ class ChunkMetrics:
     step (continuing across chunks). Finite numbers only."""
 
 
-def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
-                       should_stop: Callable[[], bool] | None):
+@dataclass(frozen=True)
+class StepDone:
+    """One optimizer step of a chunk ended (what `train_chunk`'s `on_step` hears)."""
+
+    step: int
+    """Optimizer steps of the chunk done, this one included (1 to `steps`); 0 when the chunk's first step starts."""
+    steps: int
+    """Optimizer steps in the chunk."""
+    global_step: int
+    """The trainer's global step after this one (continuing across chunks)."""
+    seconds: float
+    """Seconds since the chunk's first step began."""
+    logs: dict[str, float]
+    """TRL's logged metrics of this step, by TRL's names, with ``step`` (the global step)."""
+
+
+def _boundary_callback(stop_at: int, steps: int, restore: RngState | None, new_epoch: bool,
+                       should_stop: Callable[[], bool] | None, on_step: Callable[[StepDone], None] | None = None):
     from transformers import TrainerCallback
 
     class ChunkBoundary(TrainerCallback):
         """Restores the trial's RNG at the chunk's first step; stops and saves it at the chunk's last; stops early
-        when `should_stop` says so."""
+        when `should_stop` says so; tells `on_step` of each step and its logs."""
 
         def __init__(self) -> None:
             self.rng_at_end: RngState | None = None
@@ -101,6 +119,8 @@ def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
                     restore.restore()
                     if new_epoch:
                         _draw_like_a_new_epoch()
+                if on_step is not None:  # the trial is swapped in; its first step (generation first) starts
+                    on_step(StepDone(step=0, steps=steps, global_step=state.global_step, seconds=0.0, logs={}))
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step >= stop_at:
@@ -115,6 +135,12 @@ def _boundary_callback(stop_at: int, restore: RngState | None, new_epoch: bool,
                 # TRL's logs carry no step (the Trainer adds it to log_history only); `_aggregate` skips it.
                 self.logs.append({k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
                                  | {"step": float(state.global_step)})
+                if on_step is not None:  # logging_steps=1: one log per optimizer step, after the step ends
+                    done = state.global_step - (stop_at - steps)
+                    logged = {k: v for k, v in self.logs[-1].items() if k != "epoch" and math.isfinite(v)}
+                    on_step(StepDone(step=done, steps=steps, global_step=state.global_step,
+                                     seconds=time.perf_counter() - (self.first_step_at or time.perf_counter()),
+                                     logs=logged))
 
     return ChunkBoundary()
 
@@ -194,11 +220,15 @@ class TrialRunner:
         return _rows_of(self.train_dataset, rows)
 
     def train_chunk(self, should_stop: Callable[[], bool] | None = None,
-                    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None) -> ChunkMetrics:
+                    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
+                    on_step: Callable[[StepDone], None] | None = None) -> ChunkMetrics:
         """Train the trial's next chunk unit; raises on a reward function error or a diverged loss.
 
         `should_stop` is asked after every optimizer step: when it says True, the chunk stops there and
         `ChunkAborted` is raised (the runner's state is then no unit's: load a checkpoint before training again).
+        `on_step` is called when the first step starts (step 0) and after every optimizer step with the step and
+        TRL's logs of it (`StepDone`); it must not touch training state (the progress publisher writes one record,
+        `rfopt.progress`).
         `rollout_func`: a gang member's (`rfopt.gang`): its trainer generates through the gang's rollout engine (TRL's
         ``rollout_func`` hook), and the gang, not the chunk, puts the shared model back when every member is done.
         """
@@ -212,7 +242,8 @@ class TrialRunner:
         model = self.model
         # The first chunk keeps the RNG the trainer's constructor seeded; later ones continue the trial's own.
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
-        boundary = _boundary_callback(stop_at, self._rng, new_epoch, should_stop)
+        boundary = _boundary_callback(stop_at, self.schedule.steps_per_chunk, self._rng, new_epoch, should_stop,
+                                      on_step)
         args = self.chunk_args()
         tracked = self.tracking.chunk(self.number) if self.tracking is not None else contextlib.nullcontext()
         restored = compat.restore_shared_model(model, args) if rollout_func is None else contextlib.nullcontext()
@@ -237,10 +268,10 @@ class TrialRunner:
             trainer.train()
         if boundary.aborted:
             self.units_done = _NO_STATE
-            raise ChunkAborted(f"trial {self.number}: chunk {unit} stopped at step {trainer.state.global_step}")
+            raise ChunkAborted(f"trial {self.number}: chunk {unit + 1} stopped at step {trainer.state.global_step}")
         if trainer.state.global_step != stop_at or boundary.rng_at_end is None:
             raise RuntimeError(
-                f"trial {self.number}: chunk {unit} stopped at step {trainer.state.global_step}, expected {stop_at}"
+                f"trial {self.number}: chunk {unit + 1} stopped at step {trainer.state.global_step}, expected {stop_at}"
             )
         optimizer = trainer.optimizer
         self._optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -252,7 +283,7 @@ class TrialRunner:
         values = _aggregate(boundary.logs)
         for key in ("loss", "grad_norm"):
             if key in values and not math.isfinite(values[key]):
-                raise TrialDiverged(f"trial {self.number}: {key} is {values[key]} in chunk {unit}")
+                raise TrialDiverged(f"trial {self.number}: {key} is {values[key]} in chunk {unit + 1}")
         return ChunkMetrics(
             values=values,
             seconds=time.perf_counter() - started,

@@ -1,26 +1,36 @@
 """Every ``rfopt:*`` key rfopt keeps in an Optuna storage, and the typed records they hold.
 
-rfopt keeps a study's state in Optuna's own storage, as user attrs (JSON), so that any process on any
-host can continue, steer or show a study from the storage alone. This module is the only place that
-spells those keys: the engine, ops, the command line and the dashboard read a `StudyRecord` or a
-`TrialRecord` and write through the functions below.
+rfopt keeps a study's state in Optuna's own storage, as *system* attrs (JSON) of the study and its trials, so that
+any process on any host can continue, steer or show a study from the storage alone. This module is the only place
+that spells those keys: the engine, ops, the command line and the dashboard read a `StudyRecord` or a `TrialRecord`
+and write through the functions below.
+
+Why system attrs: user attrs are the user's. optuna-dashboard shows every user attr of a trial in its trial page and
+trial table (as text cut at 1024 characters, so rfopt's JSON records made the page thousands of pixels wide) and a
+study's user attrs on the study page; it shows no system attrs. Optuna, its samplers and `trials_dataframe` leave
+``rfopt:*`` system attrs alone. A study written by an earlier rfopt keeps its records in user attrs: they are read
+from there too (`TrialRecord`, `StudyRecord`; a system attr wins over a user attr of the same key), and new records go
+to system attrs.
 
 On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries), ``rfopt:checkpoint_dir``,
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),
 ``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to),
-``rfopt:pbt:<step>`` (a population-based training step: who is replaced by a clone of whom, with what values).
+``rfopt:pbt:<step>`` (a population-based training step: who is replaced by a clone of whom, with what values),
+``rfopt:halt`` (a request that every process running the study stop at its trials' next chunk boundary).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
-``rfopt:samples:<unit>`` (per chunk unit), ``rfopt:pruning:<step>`` (rung decisions),
+``rfopt:samples:<unit>`` (per chunk unit), ``rfopt:steps:<unit>`` (TRL's logs of each optimizer step of the unit, by
+column: see `StepColumns`), ``rfopt:pruning:<step>`` (rung decisions),
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
 request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``; and as trial *system* attrs, ``rfopt:steps:<unit>`` (TRL's logs of each optimizer step of
-the unit, by column: see `StepColumns`) and ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
+``rfopt:adapter``, ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
+``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
-reported (`TrialRecord.committed`). Nothing else counts progress.
+reported (`TrialRecord.committed`). Nothing else counts progress; ``rfopt:progress`` only says how far the unit in
+flight has got.
 
     >>> record = TrialRecord(study.trials[3])                          # doctest: +SKIP
     >>> record.committed, record.paused, [r.op for r in record.pending]  # doctest: +SKIP
@@ -43,6 +53,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from .chunks import ChunkPlan, TrialSchedule
+from .compat import storage_of, study_id_of, trial_id_of
 
 # ---------------------------------------------------------------------- keys (spelled here only)
 _STUDY_ID = "rfopt:id"
@@ -69,6 +80,9 @@ _STOPPED = "rfopt:stopped"
 _FAIL_REASON = "rfopt:fail_reason"
 _ADAPTER = "rfopt:adapter"
 _PBT_STEP = "rfopt:pbt:"
+_PROGRESS = "rfopt:progress"
+_HALT = "rfopt:halt"
+_PREFIX = "rfopt:"
 _GANG = "rfopt:gang:"
 
 STOP_REASON = "stopped by user"
@@ -104,9 +118,7 @@ class StepColumns:
       hundreds; the unit's steps are written once, in the write that commits its metrics, and never rewritten;
     - by column: each metric name is spelled once per unit, not once per step (a third of the size of a list of
       dicts for 4 steps of ~25 metrics, less for longer chunks);
-    - a system attr, not a user attr: optuna-dashboard lists every user attr of a trial in its table (as a string cut
-      at 1024 characters, which makes the page scroll sideways) but shows no trial system attrs; Optuna, its
-      samplers and `trials_dataframe` leave ``rfopt:*`` system attrs alone. `get_trials` still loads them: some
+    - a system attr, as all of rfopt's records (see the module's docstring). `get_trials` still loads them: some
       20 numbers a step, which is small next to a chunk's samples;
     - not the artifact store: `TrialRecord` reads a trial from storage alone (the dashboard, ``rfopt status`` and
       another host may not reach the study's checkpoint location), and artifacts can only be added while the trial
@@ -136,7 +148,7 @@ class StepColumns:
 
 
 def decision_key(step: int) -> str:
-    """The user-attr key that holds a trial's pruning decision at ``step``."""
+    """The key that holds a trial's pruning decision at ``step``."""
     return f"{_DECISION}{step}"
 
 
@@ -166,7 +178,47 @@ def json_safe(data: Any) -> Any:
     return data
 
 
+# ---------------------------------------------------------------------- where records are kept
+def _ours(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if k.startswith(_PREFIX)}
+
+
+def trial_attrs(trial: FrozenTrial) -> dict[str, Any]:
+    """rfopt's records on a stored trial: its ``rfopt:*`` system attrs, over the user attrs an earlier rfopt wrote."""
+    return {**_ours(trial.user_attrs), **_ours(trial.system_attrs)}
+
+
+def study_attrs(study: Any) -> dict[str, Any]:
+    """rfopt's records on a study (an `optuna.Study` or a `FrozenStudy`): its ``rfopt:*`` system attrs, over the
+    user attrs an earlier rfopt wrote."""
+    system = getattr(study, "system_attrs", None)  # a FrozenStudy's; an optuna.Study (5.0) has none: ask its storage
+    if system is None:
+        system = storage_of(study).get_study_system_attrs(study_id_of(study))
+    return {**_ours(study.user_attrs), **_ours(system)}
+
+
+def _set_study(study: Any, key: str, value: Any) -> None:
+    storage_of(study).set_study_system_attr(study_id_of(study), key, value)
+
+
 # ---------------------------------------------------------------------- the study
+@dataclass(frozen=True)
+class Halt:
+    """A request that every process running the study stop at its trials' next chunk boundary (``rfopt:halt``): the
+    chunks in flight commit, the trials stay RUNNING and resumable. It applies to the processes that were running the
+    study when it was made (`at`, seconds since the epoch); one started later runs."""
+
+    by: str
+    at: float
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"by": self.by, "at": self.at}
+
+    @classmethod
+    def from_attr(cls, value: Mapping[str, Any]) -> Halt:
+        return cls(by=str(value.get("by", "unknown")), at=float(value.get("at", 0.0)))
+
+
 @dataclass(frozen=True)
 class StudyRecord:
     """rfopt's attrs on a study. A study rfopt never planned has no plan (and no identity until it runs)."""
@@ -177,15 +229,19 @@ class StudyRecord:
     settings: dict[str, Any]
     """``num_chunks``, ``chunk_seed``, ``objective``, ``eval_settings``, ``train_fingerprint``, ``eval_fingerprint``: what
     every trial must share to be compared."""
+    halt: Halt | None = None
+    """The last request that every process running the study stop (`rfopt.ops.halt`)."""
 
     @classmethod
     def of(cls, attrs: Mapping[str, Any]) -> StudyRecord:
         plan = attrs.get(_PLAN)
+        halt = attrs.get(_HALT)
         return cls(
             uid=attrs.get(_STUDY_ID),
             checkpoint_dir=attrs.get(_CHECKPOINT_DIR),
             plan=None if plan is None else ChunkPlan.from_dict(plan),
             settings={name: attrs[key] for name, key in _SETTINGS.items() if key in attrs},
+            halt=Halt.from_attr(halt) if isinstance(halt, Mapping) else None,
         )
 
     @property
@@ -199,27 +255,48 @@ class StudyRecord:
 
 def study_record(study: Any) -> StudyRecord:
     """The record of an `optuna.Study` (or a `FrozenStudy`, as storages list them)."""
-    return StudyRecord.of(study.user_attrs)
+    return StudyRecord.of(study_attrs(study))
 
 
 def write_identity(study: Any, uid: str, checkpoint_dir: str) -> None:
     """Give the study its identity and checkpoint location (once, when it first runs; see `study.py`)."""
-    study.set_user_attr(_STUDY_ID, uid)
-    study.set_user_attr(_CHECKPOINT_DIR, checkpoint_dir)
+    _set_study(study, _STUDY_ID, uid)
+    _set_study(study, _CHECKPOINT_DIR, checkpoint_dir)
 
 
 def write_checkpoint_dir(study: Any, checkpoint_dir: str) -> None:
-    study.set_user_attr(_CHECKPOINT_DIR, checkpoint_dir)
+    _set_study(study, _CHECKPOINT_DIR, checkpoint_dir)
 
 
 def write_plan(study: Any, plan: ChunkPlan) -> None:
-    study.set_user_attr(_PLAN, plan.to_dict())
+    _set_study(study, _PLAN, plan.to_dict())
+
+
+def write_halt(study: Any, halt: Halt) -> None:
+    _set_study(study, _HALT, halt.to_attr())
 
 
 def write_settings(study: Any, settings: Mapping[str, Any]) -> None:
-    """Store study settings (`StudyRecord.settings` names) that the study does not have yet."""
+    """Store study settings (`StudyRecord.settings` names) that the study does not have yet. The objective also
+    names the study's metric (Optuna's ``set_metric_names``): optuna-dashboard then calls it by its name, not
+    "Objective 0"."""
     for name, value in settings.items():
-        study.set_user_attr(_SETTINGS[name], value)
+        _set_study(study, _SETTINGS[name], value)
+    if "objective" in settings:
+        name_metric(study, str(settings["objective"]))
+
+
+def name_metric(study: Any, objective: str) -> None:
+    """Name the study's one metric after its objective (Optuna's ``set_metric_names``), unless it is so named."""
+    import warnings
+
+    import optuna
+
+    if len(study.directions) != 1 or study.metric_names == [objective]:
+        return
+    with warnings.catch_warnings():  # experimental in Optuna 5.0, and stable since 3.2
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([objective])
 
 
 @dataclass(frozen=True)
@@ -272,12 +349,19 @@ class PbtStep:
 
 
 def load_pbt_step(study: Any, step: int) -> PbtStep | None:
-    value = study.user_attrs.get(f"{_PBT_STEP}{step}")
+    value = study_attrs(study).get(f"{_PBT_STEP}{step}")
     return None if value is None else PbtStep.from_attr(step, value)
 
 
+def pbt_steps(study: Any) -> list[PbtStep]:
+    """Every population-based training step stored on the study, in step order."""
+    attrs = study_attrs(study)
+    steps = sorted(int(k[len(_PBT_STEP):]) for k in attrs if k.startswith(_PBT_STEP))
+    return [PbtStep.from_attr(step, attrs[f"{_PBT_STEP}{step}"]) for step in steps]
+
+
 def write_pbt_step(study: Any, decided: PbtStep) -> None:
-    study.set_user_attr(f"{_PBT_STEP}{decided.step}", decided.to_attr())
+    _set_study(study, f"{_PBT_STEP}{decided.step}", decided.to_attr())
 
 
 # ---------------------------------------------------------------------- trial records
@@ -370,6 +454,7 @@ class Stop:
     by: str
     at: str
     after_chunk: int
+    """The unit it stopped after (Optuna's step; shown to people as chunk ``after_chunk + 1``)."""
     reason: str = STOP_REASON
 
     def to_attr(self) -> dict[str, Any]:
@@ -417,18 +502,82 @@ class UnitMetrics:
     eval: dict[str, float]
 
 
+@dataclass(frozen=True)
+class ProgressRecord:
+    """How far the unit a trial trains now has got (``rfopt:progress``), published by the process training it while
+    the chunk runs (`rfopt.progress.ProgressPublisher`): a few times a minute at most, not once per token or step, and
+    a last time when the chunk's training ends. Anyone reading the storage shows it: the dashboard's "now training"
+    line, ``rfopt status``.
+
+    It says nothing of what is committed (the unit counts once its report is stored: `TrialRecord.committed`); a
+    record whose unit is committed is history (`TrialRecord.in_flight`).
+    """
+
+    unit: int
+    """The unit in flight (unit ``u`` is the trial's ``u+1``-th chunk; Optuna's step ``u`` once committed)."""
+    num_units: int
+    phase: str
+    """``loading`` (swapping the trial in: its checkpoint, adapter, trainer), ``training``, or ``evaluating``."""
+    step: int
+    """Optimizer steps of this unit done so far, 0 to `steps`."""
+    steps: int
+    """Optimizer steps in the unit."""
+    global_step: int
+    """The trainer's global step after `step` (the per-step charts' x axis)."""
+    started: float
+    """When the unit started (seconds since the epoch, the writer's clock)."""
+    updated: float
+    """When this record was written."""
+    step_seconds: float | None
+    """Mean seconds per optimizer step of this unit so far (None before its first step ends)."""
+    logs: dict[str, list[float | None]] = field(default_factory=dict)
+    """TRL's logs of the unit's steps so far, by column (`StepColumns`): the charts draw them before the commit."""
+    holder: str = ""
+    """The process training it: ``host:pid``."""
+    gang: tuple[int, ...] = ()
+    """The trials training together with it in one process, itself included (empty: it trains alone)."""
+
+    def step_logs(self) -> list[dict[str, float]]:
+        """The logs of the unit's steps so far, one dict per step (`StepColumns.decode`)."""
+        return StepColumns.decode(self.logs)
+
+    def to_attr(self) -> dict[str, Any]:
+        return json_safe({"unit": self.unit, "num_units": self.num_units, "phase": self.phase, "step": self.step,
+                          "steps": self.steps, "global_step": self.global_step, "started": self.started,
+                          "updated": self.updated, "step_seconds": self.step_seconds, "logs": self.logs,
+                          "holder": self.holder, "gang": list(self.gang)})
+
+    @classmethod
+    def from_attr(cls, value: Any) -> ProgressRecord | None:
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            seconds = value.get("step_seconds")
+            return cls(unit=int(value["unit"]), num_units=int(value["num_units"]), phase=str(value["phase"]),
+                       step=int(value["step"]), steps=int(value["steps"]), global_step=int(value["global_step"]),
+                       started=float(value["started"]), updated=float(value["updated"]),
+                       step_seconds=None if _finite(seconds) is None else float(seconds),
+                       logs=dict(value.get("logs") or {}), holder=str(value.get("holder", "")),
+                       gang=tuple(int(n) for n in value.get("gang") or ()))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 def load_decision(trial: FrozenTrial, step: int) -> PruneDecision | None:
     """The decision stored on ``trial`` for ``step``, or None if it was never decided."""
-    value = trial.user_attrs.get(decision_key(step))
+    value = trial_attrs(trial).get(decision_key(step))
     return None if value is None else PruneDecision.from_attr(trial.number, step, value)
 
 
 class TrialRecord:
-    """rfopt's view of one stored trial (a `FrozenTrial`): its config, progress, ops and how it ended."""
+    """rfopt's view of one stored trial (a `FrozenTrial`, or an `optuna.Trial`, read from its storage): its config,
+    progress, ops and how it ended."""
 
-    def __init__(self, trial: FrozenTrial) -> None:
+    def __init__(self, trial: FrozenTrial | Any) -> None:
+        if not isinstance(trial, FrozenTrial):
+            trial = storage_of(trial.study).get_trial(trial_id_of(trial))
         self.trial = trial
-        self.attrs = trial.user_attrs
+        self.attrs = trial_attrs(trial)
 
     @property
     def number(self) -> int:
@@ -520,22 +669,54 @@ class TrialRecord:
             >>> TrialRecord(study.trials[3]).step_metrics()[0]                 # doctest: +SKIP
             {'step': 1, 'unit': 0, 'chunk': 2, 'reward': 0.41, 'loss': 0.0, 'learning_rate': 1e-05, ...}
         """
-        system = self.trial.system_attrs
         chunks = {m.unit: m.chunk for m in self.unit_metrics()}
-        start = self.start_unit
+        offset = self._inherited_last_step()
         rows: list[dict[str, float]] = []
-        offset = 0
-        for key in sorted(k for k in system if k.startswith(_STEPS)):
+        for key in sorted(k for k in self.attrs if k.startswith(_STEPS)):
             unit = int(key[len(_STEPS):])
-            shift = offset if unit >= start else 0
-            for row in StepColumns.decode(system[key]):
+            shift = offset if unit >= self.start_unit else 0
+            for row in StepColumns.decode(self.attrs[key]):
                 row["step"] += shift
                 row["unit"], row["chunk"] = unit, chunks.get(unit, unit)
                 rows.append(row)
-                if unit < start:
-                    offset = max(offset, int(row["step"]))
         rows.sort(key=lambda r: (r["step"], r["unit"]))
         return rows
+
+    def in_flight_steps(self) -> list[dict[str, float]]:
+        """TRL's logs of the steps of the unit in flight (`in_flight`) so far, as `step_metrics` gives committed ones
+        (on the same step axis, with ``unit`` and ``chunk``); empty when no unit is in flight."""
+        progress = self.in_flight
+        if progress is None:
+            return []
+        schedule = self.schedule
+        chunk = schedule.chunk_of_unit(progress.unit) if schedule is not None else progress.unit
+        shift = self._inherited_last_step()
+        return [row | {"step": row["step"] + shift, "unit": progress.unit, "chunk": chunk}
+                for row in progress.step_logs()]
+
+    def _inherited_last_step(self) -> int:
+        """The last step a warm clone inherited from its parent (0 for any other trial): its own trainer counts from 0
+        again, so its steps are shifted by this to continue the parent's axis."""
+        last = 0
+        for key, columns in self.attrs.items():
+            if key.startswith(_STEPS) and int(key[len(_STEPS):]) < self.start_unit:
+                last = max([last, *(int(row["step"]) for row in StepColumns.decode(columns))])
+        return last
+
+    @cached_property
+    def progress(self) -> ProgressRecord | None:
+        """The last progress record its training process published (`ProgressRecord`), committed or not."""
+        return ProgressRecord.from_attr(self.attrs.get(_PROGRESS))
+
+    @property
+    def in_flight(self) -> ProgressRecord | None:
+        """The progress of the unit it trains now: a RUNNING trial's record of a unit not committed yet (None when
+        no process has published one since its last commit). Whether that process still lives is the study's
+        liveness (`rfopt.ops.liveness`)."""
+        record = self.progress
+        if self.state != TrialState.RUNNING or record is None or record.unit < self.committed:
+            return None
+        return record
 
     def decision(self, step: int) -> PruneDecision | None:
         return load_decision(self.trial, step)
@@ -632,7 +813,7 @@ class TrialRecord:
         if self.state != TrialState.PRUNED and self.state != TrialState.RUNNING:
             return None
         if self.stop is not None:
-            return f"{self.stop.reason} after chunk {self.stop.after_chunk}"
+            return f"{self.stop.reason} after chunk {self.stop.after_chunk + 1}"  # stored as Optuna's step
         decision = self.pruned_by_rung
         return decision.reason if decision is not None else None
 
@@ -692,7 +873,7 @@ def write_gang_plan(refs: list[TrialRef], plan: GangPlan) -> None:
     """Store `plan` on each member (before the gang trains)."""
     units = dict(plan.members)
     for ref in refs:
-        ref.set_system(unit_key(_GANG, units[ref.number]), plan.to_attr())
+        ref.set(unit_key(_GANG, units[ref.number]), plan.to_attr())
 
 
 # ---------------------------------------------------------------------- trial writers
@@ -706,9 +887,6 @@ class TrialRef:
     number: int
 
     def set(self, key: str, value: Any) -> None:
-        self.storage.set_trial_user_attr(self.trial_id, key, value)
-
-    def set_system(self, key: str, value: Any) -> None:
         self.storage.set_trial_system_attr(self.trial_id, key, value)
 
     def read(self) -> TrialRecord:
@@ -717,7 +895,7 @@ class TrialRef:
 
 def new_trial_attrs(config_json: str, *, list_index: int | None = None, lineage: Lineage | None = None
                     ) -> dict[str, Any]:
-    """The user attrs of an enqueued trial: a listed config, or a clone."""
+    """The system attrs of an enqueued trial: a listed config, or a clone."""
     attrs: dict[str, Any] = {_CONFIG: config_json}
     if list_index is not None:
         attrs[_LIST_INDEX] = list_index
@@ -738,7 +916,7 @@ def write_unit(ref: TrialRef, unit: int, metrics: Mapping[str, Any], samples: li
                steps: list[Mapping[str, float]] = ()) -> None:
     """A unit's metrics, samples and per-step logs (its report, ``trial.report(value, step=unit)``, follows)."""
     if steps:
-        ref.set_system(steps_key(unit), StepColumns.encode(list(steps)))
+        ref.set(steps_key(unit), StepColumns.encode(list(steps)))
     ref.set(metrics_key(unit), json_safe(metrics))
     ref.set(samples_key(unit), json_safe(samples))
 
@@ -751,6 +929,11 @@ def inherited_steps(parent: FrozenTrial, units: int) -> dict[str, Any]:
         if row["unit"] < units:
             by_unit.setdefault(int(row["unit"]), []).append({k: v for k, v in row.items() if k not in ("unit", "chunk")})
     return {steps_key(unit): StepColumns.encode(rows) for unit, rows in by_unit.items()}
+
+
+def write_progress(ref: TrialRef, progress: ProgressRecord) -> None:
+    """The trial's in-chunk progress, replacing the last one (one key per trial: a write costs one row)."""
+    ref.set(_PROGRESS, progress.to_attr())
 
 
 def write_decision(ref: TrialRef, decision: PruneDecision) -> None:

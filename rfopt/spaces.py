@@ -20,7 +20,7 @@ from typing import Any
 
 import optuna
 
-from . import schema
+from . import compat, schema
 from .config import ConfigError, TrialConfig, grpo_default
 from .schema import TrialRecord
 
@@ -95,11 +95,8 @@ class ListSpace:
         for index, config in enumerate(self.configs):
             if index in seen:
                 continue
-            study.enqueue_trial(
-                {name: values[index] for name, values in self.params.items()},
-                user_attrs=schema.new_trial_attrs(config.to_json(), list_index=index),
-                skip_if_exists=False,
-            )
+            compat.enqueue_trial(study, {name: values[index] for name, values in self.params.items()},
+                                 schema.new_trial_attrs(config.to_json(), list_index=index))
             added += 1
         return added
 

@@ -349,6 +349,8 @@ class Study:
                       else None, subscribers=[publish_unit])
         if on_unit is not None:
             ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
+        if progress is not None:
+            ctx.step_listeners.append(progress.step)
         committed = []
         ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)
@@ -535,6 +537,7 @@ class Study:
         schema.write_settings(self.optuna, {k: v for k, v in checked.settings_record.items() if k not in record.settings})
         if checked.report_to_given and record.settings.get("report_to") != checked.report_to:
             schema.write_settings(self.optuna, {"report_to": checked.report_to})
+        schema.name_metric(self.optuna, checked.objective)  # a study planned by an earlier rfopt has no metric name
         n_trials = checked.n_trials
         if isinstance(checked.space, ListSpace):
             checked.space.enqueue_missing(self.optuna)

@@ -7,7 +7,8 @@ This is the only code that trains a trial, evaluates it, writes its checkpoint o
    clone's warm-start weights, or a fresh adapter. A unit whose checkpoint is durable but whose
    report never reached storage is committed now, from the report inside the checkpoint.
 2. **train** one chunk with TRL's `GRPOTrainer` (`TrialRunner.train_chunk`); it stops between two
-   steps if the claim on the trial is lost (a worker whose lease another took over).
+   steps if the claim on the trial is lost (a worker whose lease another took over). While it trains, its progress
+   (step s of S, TRL's logs so far) is published, throttled (`rfopt.progress`).
 3. **evaluate** on the eval set with the study's fixed settings: the unit's value.
 4. **checkpoint**: the trial's whole state and the unit's report, durably (`CheckpointStore.save`).
 5. **commit**: the claim's fence, then the unit's metrics and samples and ``trial.report(value,
@@ -41,6 +42,7 @@ from .crashpoints import reach
 from .evaluation import EvalResult, EvalSettings
 from .gang import Gang, GangMember, evaluate_members, gang_key
 from .models import ModelPool, adapter_name
+from .progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
 from .rollouts import ungangable_adapter
 from .runner import TrialRunner
 from .scheduler import LiveTrial
@@ -101,6 +103,10 @@ class Context:
     callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
     """The user's: one that raises ends the run with its exception (`CallbackFailed` on the way out of the unit),
     as an Optuna callback does; the unit stays committed and the trial resumable."""
+    step_listeners: list[Callable[[UnitProgress], None]] = field(default_factory=list)
+    """In-process listeners of each optimizer step of a unit in flight (the progress bar); see `rfopt.progress`."""
+    progress_seconds: float = INTERVAL_SECONDS
+    """At most one write of a trial's in-chunk progress record in this many seconds."""
 
 
 @dataclass
@@ -193,9 +199,15 @@ def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
     number, unit = live.number, live.committed
     reach("unit-started", trial=number, unit=unit)
     started = time.perf_counter()
-    chunk = live.runner.train_chunk(should_stop=claim.lost)
+    publisher = ProgressPublisher(live.ref, unit=unit, num_units=live.schedule.num_units,
+                                  steps=live.schedule.steps_per_chunk, listeners=ctx.step_listeners,
+                                  interval=ctx.progress_seconds)
+    publisher.loading()
+    chunk = live.runner.train_chunk(should_stop=claim.lost, on_step=publisher.step)
     reach("chunk-trained", trial=number, unit=unit)
-    train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds}
+    publisher.evaluating()
+    train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds,
+                                  "started_at": publisher.started}
     report = _report(ctx, live, unit, train, steps=chunk.steps)
     claim.fence_checkpoint(number)
     ctx.store.save(number, live.runner.state(), report)
@@ -205,11 +217,13 @@ def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
 
 def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
             steps: list[dict[str, float]] | None = None) -> UnitReport:
-    return _report_of(ctx, live, unit, live.runner.evaluate(ctx.eval_dataset, ctx.settings), train, steps)
+    started = time.perf_counter()
+    result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
+    return _report_of(ctx, live, unit, result, train, steps, eval_seconds=time.perf_counter() - started)
 
 
 def _report_of(ctx: Context, live: Live, unit: int, result: EvalResult, train: dict[str, float] | None,
-               steps: list[dict[str, float]] | None = None) -> UnitReport:
+               steps: list[dict[str, float]] | None = None, eval_seconds: float = 0.0) -> UnitReport:
     value = result.objective(ctx.objective)
     if not math.isfinite(value):
         raise ValueError(
@@ -217,8 +231,8 @@ def _report_of(ctx: Context, live: Live, unit: int, result: EvalResult, train: d
             "check the reward functions"
         )
     metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics}
-    if train is not None:
-        metrics["train"] = train
+    if train is not None:  # with the unit's times: training (from the swap-in on), evaluation, and its start
+        metrics["train"] = train | {"eval_seconds": eval_seconds}
     return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples),
                       steps=list(steps or []))
 
@@ -292,10 +306,16 @@ def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseE
         return outcomes
     plan = schema.GangPlan(id=uuid.uuid4().hex[:12], members=tuple((live.number, live.committed) for live, _ in ready))
     schema.write_gang_plan([live.ref for live, _ in ready], plan)
+    publishers = {}
     for live, _ in ready:
         reach("unit-started", trial=live.number, unit=live.committed)
+        publishers[live.number] = ProgressPublisher(
+            live.ref, unit=live.committed, num_units=live.schedule.num_units, steps=live.schedule.steps_per_chunk,
+            listeners=ctx.step_listeners, interval=ctx.progress_seconds, gang=plan.numbers)
+        publishers[live.number].loading()
     started = time.perf_counter()
-    gang = [GangMember(live.runner, should_stop=claim.lost) for live, claim in ready]
+    gang = [GangMember(live.runner, should_stop=claim.lost, on_step=publishers[live.number].step)
+            for live, claim in ready]
     Gang(engine, gang).train()
     trained: list[tuple[Live, Claim, Any]] = []
     for (live, claim), member in zip(ready, gang):
@@ -305,18 +325,23 @@ def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseE
             outcomes[live.number] = member.error
         else:
             reach("chunk-trained", trial=live.number, unit=live.committed)
+            publishers[live.number].evaluating()
             trained.append((live, claim, member.result))
     if not trained:
         return outcomes
     seconds = time.perf_counter() - started
+    evaluated = time.perf_counter()
     results = evaluate_members(engine, [live.runner for live, _, _ in trained], ctx.eval_dataset, ctx.settings)
+    eval_seconds = time.perf_counter() - evaluated
     reports: list[tuple[Live, Claim, UnitReport]] = []
     for (live, claim, chunk), result in zip(trained, results):
         try:
             if isinstance(result, Exception):
                 raise result
-            train = dict(chunk.values) | {"seconds": seconds, "swap_seconds": chunk.swap_seconds}
-            report = _report_of(ctx, live, live.committed, result, train, steps=chunk.steps)
+            train = dict(chunk.values) | {"seconds": seconds, "swap_seconds": chunk.swap_seconds,
+                                          "started_at": publishers[live.number].started}
+            report = _report_of(ctx, live, live.committed, result, train, steps=chunk.steps,
+                                eval_seconds=eval_seconds)
             claim.fence_checkpoint(live.number)
         except Exception as exc:  # noqa: BLE001 - its evaluation failed, or another process has it now
             outcomes[live.number] = exc

@@ -13,12 +13,13 @@ import fsspec
 import optuna
 import torch
 from safetensors.torch import load
+from rfopt.schema import trial_attrs
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 STUDY_FILE = TESTS / "tiny_study.py"
 # Per-chunk training metrics that measure time, not training.
-TIMINGS = {"seconds", "swap_seconds", "step_time"}
+TIMINGS = {"seconds", "swap_seconds", "eval_seconds", "started_at", "step_time"}
 
 
 def env(tiny_model, **extra) -> dict[str, str]:
@@ -94,7 +95,7 @@ def trials(storage: str, name: str = "tiny") -> list[optuna.trial.FrozenTrial]:
 def train_metrics(trial: optuna.trial.FrozenTrial) -> dict[int, dict]:
     """Per chunk: the eval metrics and the training metrics that do not measure time."""
     out = {}
-    for key, value in trial.user_attrs.items():
+    for key, value in trial_attrs(trial).items():
         if key.startswith("rfopt:metrics:"):
             train = {k: v for k, v in value.get("train", {}).items() if k not in TIMINGS}
             out[int(key.rsplit(":", 1)[1])] = {"eval": value["eval"], "train": train, "chunk": value["chunk"]}
@@ -115,7 +116,7 @@ def names_in(location: Path | str) -> list[str]:
 
 
 def adapter(trial: optuna.trial.FrozenTrial) -> dict[str, torch.Tensor]:
-    return load(read_bytes(f"{trial.user_attrs['rfopt:adapter']}/adapter_model.safetensors"))
+    return load(read_bytes(f"{trial_attrs(trial)['rfopt:adapter']}/adapter_model.safetensors"))
 
 
 def final_checkpoint(checkpoint_dir: Path | str, number: int) -> dict[str, torch.Tensor]:

@@ -1,8 +1,11 @@
 """A live study for the dashboard's browser tests and screenshots (`rfopt run tests/dashboard_study.py`): 4 trials of
-the tiny model (its directory from ``RFOPT_TEST_TINY_MODEL``), 2 chunks, two reward functions, and a MedianPruner that
-stops the two trials that cannot learn (learning rate 0) after their first chunk, as in tests/test_pruning_e2e.py."""
+the tiny model (its directory from ``RFOPT_TEST_TINY_MODEL``), 2 chunks of 4 optimizer steps, two reward functions, and
+a MedianPruner that stops the two trials that cannot learn (learning rate 0) after their first chunk, as in
+tests/test_pruning_e2e.py. ``RFOPT_TEST_STEP_SECONDS`` slows each optimizer step by that much (the reward function
+waits), so that a page can watch a chunk train step by step."""
 
 import os
+import time
 
 import optuna
 from rfopt_testkit import grpo_config, prompts_dataset, reward_len
@@ -15,6 +18,7 @@ CHUNKS = int(os.environ.get("RFOPT_TEST_CHUNKS", "2"))
 
 def reward_lowercase(completions, **kwargs):
     """Fraction of lowercase letters in the completion: what the learners learn within a chunk."""
+    time.sleep(float(os.environ.get("RFOPT_TEST_STEP_SECONDS", "0")))
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
     return [sum(ch.islower() for ch in t) / max(1, len(t)) for t in texts]
 

@@ -13,8 +13,10 @@ LAYERS = [
     {"compat", "crashpoints", "smollm2", "tiny", "state", "chunks", "evaluation", "rewards", "trackers", "rollouts"},
     # storage: Optuna storage and retries, the rfopt:* keys, checkpoints, leases (never training)
     {"storage", "schema", "checkpoints", "leases"},
-    # the domain: configs and spaces, models and the trial runner, scheduling policy, pruning, ops, charts
-    {"config", "spaces", "models", "runner", "gang", "scheduler", "pruning", "ops", "charts"},
+    # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
+    # a study's times and costs, charts
+    {"config", "configform", "spaces", "models", "runner", "gang", "progress", "scheduler", "pruning", "ops", "timeline",
+     "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},
     # live trials reconciled with storage; who may work on which trial
@@ -25,8 +27,8 @@ LAYERS = [
     {"display", "studyfile"},
     # the public API
     {"study"},
-    # front ends
-    {"dashboard", "cli"},
+    # front ends (rfopt's dashboard pages are rendered by `pages`)
+    {"dashboard", "pages", "cli"},
     {"__init__"},
     # ready-to-run studies: users of the public API
     {"studies"},

@@ -15,6 +15,8 @@ from rfopt_testkit import (
     reward_wrong_length,
     trial_config,
 )
+from rfopt.schema import study_attrs
+from rfopt.schema import trial_attrs
 
 FAIL_REASON_ATTR = "rfopt:fail_reason"
 
@@ -37,7 +39,7 @@ def test_bad_reward_function_fails_its_trial_alone_with_the_reason_stored(tiny_m
 
     trials = optuna.load_study(study_name="bad", storage=storage).get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
-    assert reason.lower() in trials[1].user_attrs[FAIL_REASON_ATTR].lower()
+    assert reason.lower() in trial_attrs(trials[1])[FAIL_REASON_ATTR].lower()
     assert all(len(t.intermediate_values) == 2 for t in (trials[0], trials[2]))
 
 
@@ -55,7 +57,7 @@ def test_nan_rewards_are_skipped_as_trl_does_and_an_all_nan_objective_fails_the_
     assert eval_metrics["rewards/reward_nan/mean"] == "nan"
     assert partly_nan.value == eval_metrics["rewards/reward_len/mean"]
     assert all_nan.state.name == "FAIL"
-    assert "objective 'reward' is nan" in all_nan.user_attrs[FAIL_REASON_ATTR]
+    assert "objective 'reward' is nan" in trial_attrs(all_nan)[FAIL_REASON_ATTR]
     assert plain.state.name == "COMPLETE"
 
 
@@ -70,7 +72,7 @@ def test_invalid_grpo_config_in_a_space_function_fails_that_trial_and_the_study_
     by_choice = {t.params["num_generations"]: t for t in study.optuna.trials}
     assert by_choice[4].state.name == "COMPLETE"
     assert by_choice[3].state.name == "FAIL"
-    assert "num_generations" in by_choice[3].user_attrs[FAIL_REASON_ATTR]
+    assert "num_generations" in trial_attrs(by_choice[3])[FAIL_REASON_ATTR]
 
 
 def test_invalid_grpo_config_is_refused_by_trl_with_its_message():
@@ -124,7 +126,7 @@ def test_missing_model_gives_a_clear_error_on_its_trial(storage, tiny_model):
     config.model = "/nonexistent/model-dir"
     study = rfopt.create_study(study_name="s", storage=storage)
     study.optimize([config], prompts_dataset(8), prompts_dataset(2), num_chunks=1, show_progress_bar=False)
-    reason = study.optuna.trials[0].user_attrs[FAIL_REASON_ATTR]
+    reason = trial_attrs(study.optuna.trials[0])[FAIL_REASON_ATTR]
     assert "ModelUnavailableError" in reason and "/nonexistent/model-dir" in reason
 
 
@@ -139,4 +141,4 @@ def test_a_cuda_device_without_cuda_is_refused_before_the_study_changes(tiny_mod
                             device="cuda:1")
     loaded = optuna.load_study(study_name="no-gpu", storage=storage)
     assert loaded.get_trials() == []  # nothing enqueued, no plan stored: the same command on "cpu" starts clean
-    assert "rfopt:plan" not in loaded.user_attrs
+    assert "rfopt:plan" not in study_attrs(loaded)

@@ -1,6 +1,7 @@
 """The command line: `rfopt run` on a study file, `rfopt status`, and help that helps."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -49,12 +50,23 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     run = subprocess.run(
-        [sys.executable, "-m", "rfopt.cli", "run", str(study_file), "--storage", storage, "--fast", "--no-progress"],
+        [sys.executable, "-m", "rfopt.cli", "run", str(study_file), "--storage", storage, "--fast"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "COMPLETE" in run.stdout
     assert "best adapter (PEFT format):" in run.stdout
+    # Not a terminal: plain lines, one per committed chunk, no "\r" redraws; no library progress bars or warnings.
+    assert "\r" not in run.stderr and "Loading weights" not in run.stderr and "Warning" not in run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("cli-demo: trial ")]
+    committed = [line for line in lines if " committed: " in line]
+    assert len(committed) == 3 and committed[0].startswith("cli-demo: trial 0 chunk 1 committed: ")  # 2 + 1 pruned
+    assert re.search(r"\d+/\d+ steps, \d+/\d+ chunks", committed[0]), committed[0]
+    assert lines[0].startswith("cli-demo: trial 0 chunk 1/2 step 0/4 · ")  # its first step started; then at most
+    # one line every 30 s while chunks train
+    # The closing samples give each reward function's score, not only the total.
+    assert re.search(r"reward: +[-\d.e]+ \(longer [-\d.e]+\)", run.stdout), run.stdout
+    assert "its eval means per reward function: longer " in run.stdout
     assert f"optuna-dashboard {storage}" in run.stdout
     study = optuna.load_study(study_name="cli-demo", storage=storage)
     assert len(study.trials) == 2

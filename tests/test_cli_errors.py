@@ -284,8 +284,8 @@ def test_a_user_error_prints_one_line_without_a_traceback_and_with_one_under_ver
 
 def test_an_unexpected_error_is_named_by_its_type(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(optuna, "get_all_study_summaries", lambda storage: 1 / 0)
     _made_study(tmp_path)
+    monkeypatch.setattr(optuna, "load_study", lambda **kwargs: 1 / 0)
     assert main(["status", "--storage", "sqlite:///s.db"]) == 1
     assert "rfopt: error: ZeroDivisionError: division by zero\n(run with -v for the traceback)" in capsys.readouterr().err
 

@@ -268,3 +268,29 @@ def test_a_patched_library_outside_its_tested_range_warns_once(monkeypatch):
     monkeypatch.undo()
     compat.check_version.cache_clear()
     assert all(compat.check_version(package) for package in compat.TESTED)  # what is installed is what was tested
+
+
+# ---------------------------------------------------------------------- enqueued_params
+def test_an_enqueued_trial_holds_its_params_in_the_fixed_params_system_attr_which_suggest_reads():
+    study = optuna.create_study()
+    study.enqueue_trial({"x": 0.25})
+    assert study.get_trials()[0].system_attrs["fixed_params"] == {"x": 0.25}  # what compat.enqueue_trial writes
+    compat.enqueue_trial(study, {"x": 0.5}, {"rfopt:list_index": 1})
+    waiting = study.get_trials()[1]
+    assert waiting.state == TrialState.WAITING and waiting.user_attrs == {}
+    assert waiting.system_attrs == {"rfopt:list_index": 1, "fixed_params": {"x": 0.5}}
+    study.ask()
+    trial = study.ask()
+    assert trial.suggest_float("x", 0, 1) == 0.5 and trial.number == 1
+
+
+# ---------------------------------------------------------------------- dashboard_backlink
+def test_optuna_dashboards_page_has_a_body_end_where_the_link_to_rfopt_goes():
+    from pathlib import Path
+
+    import optuna_dashboard
+
+    page = (Path(optuna_dashboard.__file__).parent / "index.html").read_bytes()
+    linked = compat.with_backlink(page, b"<a id='x'></a>")
+    assert linked is not None and linked.count(b"<a id='x'></a></body>") == 1
+    assert compat.with_backlink(b"<html>no end</html>", b"<a></a>") is None

@@ -15,6 +15,7 @@ import rfopt
 from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, run_command, start,
                       trials)
 from rfopt_testkit import prompts_dataset, trial_config
+from rfopt.schema import trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -150,7 +151,7 @@ def test_a_trial_asked_just_before_a_crash_resumes_with_its_params(tiny_model, s
     with pytest.raises(_Crash):
         study.optimize(space(crash=True), TRAIN, EVAL, n_trials=2, num_chunks=1, show_progress_bar=False)
     asked = study.optuna.trials[1]
-    assert asked.state == optuna.trial.TrialState.RUNNING and "rfopt:config" not in asked.user_attrs
+    assert asked.state == optuna.trial.TrialState.RUNNING and "rfopt:config" not in trial_attrs(asked)
 
     study = rfopt.create_study(study_name="a", storage=storage, load_if_exists=True)
     study.optimize(space(crash=False), TRAIN, EVAL, n_trials=0, num_chunks=1, show_progress_bar=False)
@@ -177,6 +178,6 @@ def test_a_paused_trial_stays_paused_across_a_crash_and_the_rerun(tiny_model, st
     study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False,
                    on_unit=lambda number, step, value: done.append((number, step)))
     paused = study.optuna.trials[1]
-    assert paused.state == optuna.trial.TrialState.RUNNING and paused.user_attrs["rfopt:paused"] is True
+    assert paused.state == optuna.trial.TrialState.RUNNING and trial_attrs(paused)["rfopt:paused"] is True
     assert list(paused.intermediate_values) == [0]
     assert done == [(0, 2)] and study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE

@@ -23,10 +23,11 @@ import rfopt
 from rfopt import schema
 from rfopt.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
 from rfopt.charts import best_trial, colour, comparison
-from rfopt.chunks import ChunkPlan
+from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.cli import main as cli
 from rfopt.dashboard import make_server, resolve_token
 from rfopt.schema import StepColumns, TrialRecord, metrics_key, samples_key, steps_key
+from rfopt.schema import trial_attrs
 
 
 # ---------------------------------------------------------------------- a study as the engine leaves it
@@ -42,19 +43,24 @@ def template(tmp_path_factory):
     for number, units in enumerate([2, 1, 1]):
         trial = opt.ask()
         trial.suggest_float("learning_rate", 1e-4, 1e-1, log=True)
-        trial.set_user_attr("rfopt:config", config)
-        trial.set_user_attr("rfopt:schedule", {"prompts_per_chunk": 8, "steps_per_chunk": 8, "num_epochs": 1,
-                                               "num_chunks": 2})
+        ref = _ref(trial)
+        schema.write_config(ref, config)
+        schema.write_schedule(ref, TrialSchedule(prompts_per_chunk=8, steps_per_chunk=8, num_epochs=1, num_chunks=2))
         for unit in range(units):
             _commit_chunk(trial, unit, reward=0.2 * (number + 1) + 0.1 * unit)
         if number == 0:
             opt.tell(trial, 0.3)
         if number == 1:
-            trial.set_user_attr("rfopt:paused", True)
-            trial.set_user_attr("rfopt:request:t-1", {"op": "pause", "by": "me@host", "at": "t", "id": "1"})
-            trial.set_user_attr("rfopt:ops", [{"op": "pause", "by": "me@host", "requested_at": "t", "applied_at": "t",
-                                               "id": "1"}])
+            request = schema.Request(op="pause", by="me@host", at="t", id="1")
+            schema.write_paused(ref, True)
+            schema.write_request(ref, request)
+            schema.write_applied(ref, [schema.AppliedOp(op="pause", by="me@host", requested_at="t", applied_at="t",
+                                                        id="1")])
     return path
+
+
+def _ref(trial):
+    return schema.TrialRef(trial.storage, trial._trial_id, trial.number)
 
 
 @pytest.fixture
@@ -74,17 +80,14 @@ def _commit_chunk(trial, unit, reward):
     }
     evaluation = {"reward": reward, "rewards/reward_len/mean": reward, "rewards/reward_vowels/mean": 0.0,
                   "completions/mean_length": 8.0}
-    trial.set_user_attr(metrics_key(unit), {"chunk": unit, "train": train, "eval": evaluation})
-    trial.set_user_attr(samples_key(unit), [
-        {"prompt": f"E{i}: add {i} and {i}", "completion": "0" * (unit + 4), "reward": reward, "reward_len": reward}
-        for i in range(2)
-    ])
-    trial.set_user_attr(f"rfopt:pruning:{unit}", {"prune": False, "reason": "kept", "peers": [0], "pruner": "MedianPruner"})
+    samples = [{"prompt": f"E{i}: add {i} and {i}", "completion": "0" * (unit + 4), "reward": reward,
+                "reward_len": reward} for i in range(2)]
     # TRL's per-step logs: 4 optimizer steps a chunk, on the trial's global step.
     steps = [{"step": 4 * unit + i + 1, "reward": reward + 0.01 * i, "rewards/reward_len/mean": reward,
               "rewards/reward_vowels/mean": 0.05, "reward_std": 0.1, "entropy": 4.6 - 0.01 * i, "loss": 0.0,
               "completions/mean_length": 7.5} for i in range(4)]
-    trial.storage.set_trial_system_attr(trial._trial_id, steps_key(unit), StepColumns.encode(steps))
+    schema.write_unit(_ref(trial), unit, {"chunk": unit, "train": train, "eval": evaluation}, samples, steps)
+    schema.write_decision(_ref(trial), schema.PruneDecision(trial.number, unit, False, "kept", (0,), "MedianPruner"))
     trial.report(reward, step=unit)
 
 
@@ -93,7 +96,7 @@ def _trials(study):
 
 
 def _snapshot(study):
-    return [(t.state, t.params, t.user_attrs) for t in _trials(study)]
+    return [(t.state, t.params, t.user_attrs, trial_attrs(t)) for t in _trials(study)]
 
 
 # ---------------------------------------------------------------------- real HTTP
@@ -159,8 +162,8 @@ def test_pause_resume_stop_and_clone_routes_store_requests_the_engine_applies(st
                                                                     ("stop", "dashboard (127.0.0.1)")]
     assert clone.state == TrialState.WAITING
     assert clone.params == {"learning_rate": 0.004}
-    assert clone.user_attrs["rfopt:clone"]["parent"] == 1 and clone.user_attrs["rfopt:clone"]["warm_start"] is False
-    assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).args.learning_rate == 0.004
+    assert trial_attrs(clone)["rfopt:clone"]["parent"] == 1 and trial_attrs(clone)["rfopt:clone"]["warm_start"] is False
+    assert rfopt.TrialConfig.from_json(trial_attrs(clone)["rfopt:config"]).args.learning_rate == 0.004
 
 
 @pytest.mark.parametrize(
@@ -192,10 +195,10 @@ def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in
     reply says what could not be checked here, and a bad override is still refused."""
     from rfopt import compat
 
-    config = json.loads(_trials(study)[2].user_attrs["rfopt:config"])
+    config = json.loads(trial_attrs(_trials(study)[2])["rfopt:config"])
     config["reward_funcs"] = ["/home/someone/studies/my_study.py:correctness"]
     storage = compat.storage_of(study.optuna)
-    storage.set_trial_user_attr(compat.trial_id_of(_trials(study)[2]), "rfopt:config", json.dumps(config))
+    storage.set_trial_system_attr(compat.trial_id_of(_trials(study)[2]), "rfopt:config", json.dumps(config))
     with serving(storage) as server:
         refused = call(server, "POST", api(study, 2, "clone"), {"set": ["learning_rate=-1"]})
         before = _snapshot(study)
@@ -204,8 +207,8 @@ def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in
     assert status == 200 and body["trial"] == 3, body
     assert "cannot be imported here" in body["message"] and "my_study.py" in body["notes"][0]
     clone = _trials(study)[3]
-    assert len(before) == 3 and json.loads(clone.user_attrs["rfopt:config"])["reward_funcs"] == config["reward_funcs"]
-    assert json.loads(clone.user_attrs["rfopt:config"])["args"]["learning_rate"] == 0.004
+    assert len(before) == 3 and json.loads(trial_attrs(clone)["rfopt:config"])["reward_funcs"] == config["reward_funcs"]
+    assert json.loads(trial_attrs(clone)["rfopt:config"])["args"]["learning_rate"] == 0.004
 
 
 def test_malformed_requests_are_refused_and_change_nothing(study):
@@ -309,22 +312,27 @@ def test_publish_chunk_never_fails_the_trial(study, caplog):
     assert "trial 0: could not publish its chunk artifacts" in caplog.text
 
 
-def test_plain_optuna_dashboard_shows_an_rfopt_study(study):
+def test_plain_optuna_dashboard_shows_an_rfopt_study_without_rfopts_records_and_names_its_metric(study):
+    """rfopt's records are system attrs, which optuna-dashboard does not list: its trial table and trial pages show
+    the user's attrs only, and its study page no rfopt plan. The value is named after the objective."""
     from wsgiref.simple_server import make_server as wsgiref_server
 
     import optuna_dashboard
 
+    schema.write_settings(study.optuna, {"objective": "reward"})  # what the study's first plan writes
     with running(wsgiref_server("127.0.0.1", 0, optuna_dashboard.wsgi(study.optuna._storage))) as server:
         status, detail, _ = call(server, "GET", f"/api/studies/{study.optuna._study_id}")
     assert status == 200
     assert [t["state"] for t in detail["trials"]] == ["Complete", "Running", "Running"]
-    keys = {a["key"] for a in detail["trials"][0]["user_attrs"]}
-    assert {"rfopt:config", "rfopt:metrics:0001", "rfopt:samples:0000", "rfopt:pruning:1"} <= keys
+    assert [t["user_attrs"] for t in detail["trials"]] == [[], [], []]
+    assert detail["union_user_attrs"] == [] and detail["user_attrs"] == []
+    assert detail["objective_names"] == ["reward"]  # "reward", not "Objective 0"
 
 
 # ---------------------------------------------------------------------- the comparison charts
 def _figures(trials, direction=optuna.study.StudyDirection.MAXIMIZE):
-    return {f.key: f for f in comparison(trials, direction, "reward").figures}
+    """The metric charts (the "why it wins" figures apart)."""
+    return {f.key: f for f in comparison(trials, direction, "reward").figures if f.section == "charts"}
 
 
 def _by_role(figure, role):
@@ -340,20 +348,27 @@ def test_every_metric_gets_one_chart_overlaying_every_trial_in_one_colour_each(s
         assert [t["meta"]["trial"] for t in _by_role(figure, "series")] == [0, 1, 2]
         assert {t["meta"]["trial"]: t["line"]["color"] for t in _by_role(figure, "series")} == {
             n: colour(n) for n in range(3)}
-    assert len({colour(n) for n in range(3)}) == 3
+    assert len({colour(n) for n in range(40)}) == 40  # distinct well past 10 trials
     objective = figures["objective"]
-    assert [t["x"] for t in _by_role(objective, "series")] == [[0, 1], [0], [0]]  # x: the chunk
-    # Per-step charts: TRL's global step, a boundary between chunk 0 (steps 1-4) and chunk 1 (5-8), and each chunk's
+    assert [t["x"] for t in _by_role(objective, "series")] == [[1, 2], [1], [1]]  # x: chunks trained, from 1
+    assert objective.layout["xaxis"]["dtick"] == 1 and objective.layout["xaxis"]["tickformat"] == "d"
+    # Per-step charts: TRL's global step, a boundary where the second chunk (steps 5-8) starts, and each chunk's
     # evaluation at its last step.
     reward = figures["reward"]
     assert _by_role(reward, "series")[0]["x"] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert [shape["x0"] for shape in reward.layout["shapes"]] == [4.5]
-    assert [a["text"] for a in reward.layout["annotations"]] == ["chunk 1"]
+    assert [a["text"] for a in reward.layout["annotations"]] == ["chunk 2"]
+    assert reward.layout["xaxis"]["tickformat"] == "d" and isinstance(reward.layout["xaxis"]["dtick"], int)
     assert [(t["meta"]["trial"], t["x"]) for t in _by_role(reward, "eval")] == [(0, [4, 8]), (1, [4]), (2, [4])]
-    # Hover: the trial, its params and the value.
+    # Hover: the trial, its params and the value; series named by the trial and the params that differ.
     hover = _by_role(reward, "series")[1]["hovertemplate"]
     params = _trials(study)[1].params
     assert hover.startswith(f"<b>trial 1</b> · RUNNING<br>learning_rate={params['learning_rate']:.4g}<br>step %{{x}}")
+    assert _by_role(reward, "series")[1]["name"] == f"t1 lr={params['learning_rate']:.4g}"
+    # One legend entry per trial: the star, the ends and the evals are not listed.
+    for figure in figures.values():
+        listed = [t["name"] for t in figure.data if t.get("showlegend", True)]
+        assert len(listed) == len(set(listed)) == len({t["meta"]["trial"] for t in figure.data})
 
 
 def test_the_best_trial_is_marked_in_every_chart_and_a_leader_while_none_is_complete(study):
@@ -373,7 +388,7 @@ def test_a_pruned_trials_lines_end_where_it_ended_with_the_reason_on_hover(study
     storage = study.optuna._storage
     frozen = _trials(study)[2]
     reason = "best value 0.6 up to chunk 0 is below the median 0.7 of 2 peers at chunk 0 <b>"
-    storage.set_trial_user_attr(frozen._trial_id, "rfopt:pruning:0", {"prune": True, "reason": reason, "peers": [0, 1],
+    storage.set_trial_system_attr(frozen._trial_id, "rfopt:pruning:0", {"prune": True, "reason": reason, "peers": [0, 1],
                                                                       "pruner": "MedianPruner"})
     storage.set_trial_state_values(frozen._trial_id, TrialState.PRUNED)
     for figure in _figures(_trials(study)).values():
@@ -429,7 +444,7 @@ def test_plotly_js_and_the_pages_files_are_served_locally_with_caching_headers(s
 
 def test_samples_show_each_reward_functions_score_escaped(study):
     frozen = _trials(study)[2]
-    study.optuna._storage.set_trial_user_attr(frozen._trial_id, samples_key(0), [
+    study.optuna._storage.set_trial_system_attr(frozen._trial_id, samples_key(0), [
         {"prompt": "E0: <script>alert(1)</script>", "completion": "aei", "reward": 0.75, "reward_len": 0.375,
          "reward_vowels": float("nan")}])
     with serving(study.optuna._storage) as server:
@@ -480,6 +495,89 @@ def test_withdraw_route_takes_back_a_pending_request_once(study):
     assert record.pending == [] and [(w.request.op, w.by) for w in record.withdrawn] == [("stop", "dashboard (127.0.0.1)")]
 
 
+def test_the_pages_data_answers_not_modified_until_the_stored_data_changes(study):
+    url = f"/rfopt/api/studies/{study.optuna._study_id}/page"
+    with serving(study.optuna._storage) as server:
+        status, data, headers = call(server, "GET", url)
+        etag = headers["ETag"]
+        assert status == 200 and etag == f'"{data["version"]}"' and data["running"] is False and data["refresh"] is None
+        assert set(data["parts"]) == {"facts", "liveness", "now", "warnings", "leaderboard", "why"}
+        assert [c["trial"] for c in data["cards"]] == [0, 2, 1]  # in leaderboard order: best, then by value
+        assert call(server, "GET", url, headers={"If-None-Match": etag})[0] == 304
+        frozen = _trials(study)[2]
+        ref = schema.TrialRef(study.optuna._storage, frozen._trial_id, 2)
+        schema.write_progress(ref, schema.ProgressRecord(
+            unit=1, num_units=2, phase="training", step=1, steps=8, global_step=5, started=1.0, updated=2.0,
+            step_seconds=1.0, logs=StepColumns.encode([{"step": 5, "reward": 0.9}])))
+        status, fresh, headers = call(server, "GET", url, headers={"If-None-Match": etag})
+    assert status == 200 and headers["ETag"] != etag
+    reward = next(f for f in fresh["figures"] if f["key"] == "reward")
+    [flight] = [t for t in reward["data"] if t["meta"]["role"] == "in-flight"]
+    assert flight["meta"]["trial"] == 2 and flight["x"] == [4, 5] and flight["line"]["dash"] == "dash"
+
+
+def test_root_leads_to_rfopts_index_which_lists_each_study_and_optuna_dashboard_links_back(study):
+    with serving(study.optuna._storage) as server:
+        status, _, headers = call(server, "GET", "/")
+        assert status == 302 and headers["Location"].endswith("/rfopt")
+        index = call(server, "GET", "/rfopt")[1]
+        status, page, headers = call(server, "GET", f"/dashboard/studies/{study.optuna._study_id}")
+    row = index[index.index(f"<tr data-study='{study.optuna._study_id}'>"):]
+    assert "1 running" not in row and "2 running, 1 complete" in row and "0.3 (trial 0)" in row and ">idle<" in row
+    assert status == 200 and "id='rfopt-backlink'" in page and "/rfopt/static/backlink.js" in page
+    assert int(headers["Content-Length"]) == len(page.encode())
+
+
+def test_the_clone_forms_fields_are_the_trials_config_typed_and_say_whether_a_warm_start_is_possible(study, tmp_path):
+    from rfopt.checkpoints import CheckpointStore
+    from rfopt.state import TrialState as State
+
+    with serving(study.optuna._storage) as server:
+        status, form, _ = call(server, "GET", api(study, 2, "config"))
+        fields = {f["name"]: f for f in form["fields"]}
+        assert status == 200 and form["warm_start"]["available"] is False
+        assert fields["learning_rate"] == {**fields["learning_rate"], "kind": "float", "value": 5e-3, "group": "set"}
+        assert fields["peft_config.r"]["kind"] == "int" and fields["peft_config.r"]["value"] == 4
+        assert fields["lr_scheduler_type"]["kind"] == "choice" and "cosine" in fields["lr_scheduler_type"]["choices"]
+        assert fields["reward_funcs"]["value"] == ["rfopt_testkit:reward_len", "rfopt_testkit:reward_vowels"]
+        assert "use_cpu" not in fields and "output_dir" not in fields  # the device's, and rfopt's own
+        # With its checkpoint in the store, a warm start is offered.
+        CheckpointStore(tmp_path / "checkpoints").save(2, State(units_done=1, global_step=8, tokens_seen=0, weights={},
+                                                                optimizer=None, scheduler=None, rng=None))
+        form = call(server, "GET", api(study, 2, "config"))[1]
+        assert form["warm_start"] == {"available": True, "why": "from its checkpoint after chunk 1"}
+        assert call(server, "GET", api(study, 0, "config"))[1]["warm_start"]["available"] is False  # complete
+        assert call(server, "GET", api(study, 9, "config"))[0] == 404
+
+
+def test_the_side_by_side_view_shows_each_trials_completion_of_one_eval_prompt_with_each_reward(study):
+    with serving(study.optuna._storage) as server:
+        status, part, _ = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}/compare")
+    assert status == 200 and "<select class='prompt-picker'>" in part
+    first = part[part.index("<section class='prompt' data-prompt='0'>"):part.index("</section>")]
+    assert "E0: add 0 and 0" in first
+    assert re.findall(r"<tr data-trial='(\d+)'>", first) == ["2", "1", "0"]  # best total first
+    assert "<th>reward_len</th>" in first
+
+
+def test_trials_whose_objectives_weigh_rewards_differently_are_flagged(study):
+    config = json.loads(trial_attrs(_trials(study)[1])["rfopt:config"])
+    config["args"]["reward_weights"] = [2.0, 1.0]
+    study.optuna._storage.set_trial_system_attr(_trials(study)[1]._trial_id, "rfopt:config", json.dumps(config))
+    with serving(study.optuna._storage) as server:
+        page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
+    warning = page[page.index("id='weights-warning'"):]
+    assert "do not compare" in warning
+    assert "trials 0, 2: reward_len × 1, reward_vowels × 1" in warning and "trials 1: reward_len × 2" in warning
+
+
+def test_stopping_the_study_is_refused_when_nobody_runs_it(study):
+    with serving(study.optuna._storage) as server:
+        status, body, _ = call(server, "POST", f"/rfopt/api/studies/{study.optuna._study_id}/halt", {})
+    assert status == 400 and "nobody is running this study" in body["error"]
+    assert schema.study_record(study.optuna).halt is None
+
+
 def test_page_says_nobody_runs_a_study_that_never_ran_here(study):
     with serving(study.optuna._storage) as server:
         page = call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[1]
@@ -523,24 +621,52 @@ def test_page_draws_overlaid_charts_and_answers_each_op_next_to_its_trial(study,
         assert browser.find_element(By.CSS_SELECTOR, "#chart-objective .main-svg")  # drawn, not only data
         assert browser.find_elements(By.ID, "chart-kl") == []  # no trial logged KL: no empty box
         assert [b.get_attribute("data-op") for b in card(1).find_elements(By.CSS_SELECTOR, "button.op")] == [
-            "resume", "stop", "clone"]
+            "resume", "stop"]
         browser.save_screenshot(str(tmp_path / "rfopt-dashboard.png"))
 
-        # A clone form stays open with what is typed in it while the page keeps refreshing its data.
+        # The clone form is the trial's whole config, typed and pre-filled.
         card(1).find_element(By.CSS_SELECTOR, "details.clone summary").click()
-        card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']").send_keys("nope=1")
-        first = wait.until(lambda d: d.find_element(By.ID, "refreshed").text)
-        wait.until(lambda d: d.find_element(By.ID, "refreshed").text not in ("", first))
-        assert card(1).find_element(By.CSS_SELECTOR, "details.clone").get_attribute("open") is not None
-        assert card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']").get_attribute("value") == "nope=1"
+        field = lambda name: card(1).find_element(By.CSS_SELECTOR, f"form.clone-form .field[data-name='{name}'] "  # noqa: E731
+                                                  "input, form.clone-form .field[data-name='" + name + "'] select, "
+                                                  f"form.clone-form .field[data-name='{name}'] textarea")
+        wait.until(lambda d: field("learning_rate"))
+        assert float(field("learning_rate").get_attribute("value")) == 5e-3  # the config's (trial_config's)
+        assert field("learning_rate").get_attribute("type") == "number"
+        assert field("peft_config.lora_alpha").get_attribute("value") == "8"
+        assert field("gradient_checkpointing").get_attribute("type") == "checkbox"
+        assert field("lr_scheduler_type").tag_name == "select"
+        assert field("reward_funcs").tag_name == "textarea"
+        assert "no warm start: its checkpoint is not in" in card(1).find_element(By.CSS_SELECTOR, "p.warm").text
 
-        # A bad field: the reason is shown on trial 1's card, nothing written; then a good clone.
+        # It stays open, with what is typed in it, while the page refreshes (something changed: a user attr of trial 2).
+        field("learning_rate").clear()
+        field("learning_rate").send_keys("-1")
+        study.optuna._storage.set_trial_user_attr(_trials(study)[2]._trial_id, "mine", "changed")
+        browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+        assert card(1).find_element(By.CSS_SELECTOR, "details.clone").get_attribute("open") is not None
+        assert field("learning_rate").get_attribute("value") == "-1"
+
+        # A value the server refuses: the reason under the form, the field marked, nothing written; then a good clone.
         card(1).find_element(By.CSS_SELECTOR, "button.clone").click()
-        wait.until(lambda d: "unknown field" in card(1).find_element(By.CSS_SELECTOR, ".feedback").text)
-        assert "error" in card(1).find_element(By.CSS_SELECTOR, ".feedback").get_attribute("class")
-        box = card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']")
-        box.clear()
-        box.send_keys("learning_rate=0.004\nlora_alpha=16")
+        error = wait.until(lambda d: card(1).find_element(By.CSS_SELECTOR, ".form-error").text)
+        assert error.startswith("clone of trial 1: ") and "Invalid learning rate: -1" in error
+        field("learning_rate").clear()
+        field("learning_rate").send_keys("0.004")
+        card(1).find_element(By.CSS_SELECTOR, "details.all-fields summary").click()  # every other GRPOConfig field
+        field("reward_weights").clear()
+        field("reward_weights").send_keys('"oops"')
+        card(1).find_element(By.CSS_SELECTOR, "button.clone").click()
+        wait.until(lambda d: "reward_weights" in card(1).find_element(By.CSS_SELECTOR, ".form-error").text)
+        assert "invalid" in card(1).find_element(By.CSS_SELECTOR, ".field[data-name='reward_weights']").get_attribute(
+            "class")  # the field the server named
+        assert len(_trials(study)) == 3
+        field("reward_weights").clear()
+        field("reward_weights").send_keys("null")
+        field("peft_config.lora_alpha").clear()
+        field("peft_config.lora_alpha").send_keys("16")
+        card(1).find_element(By.CSS_SELECTOR, "button.check").click()
+        wait.until(lambda d: "would be accepted" in card(1).find_element(By.CSS_SELECTOR, ".checking").text)
+        assert len(_trials(study)) == 3  # checked, nothing written
         card(1).find_element(By.CSS_SELECTOR, "button.clone").click()
         wait.until(lambda d: "trial 3: clone of trial 1" in card(1).find_element(By.CSS_SELECTOR, ".feedback").text)
         assert "clone of trial 1" in card(3).find_element(By.CSS_SELECTOR, ".feedback").text
@@ -562,8 +688,8 @@ def test_page_draws_overlaid_charts_and_answers_each_op_next_to_its_trial(study,
     trials = _trials(study)
     assert len(trials) == 4
     clone = trials[3]
-    assert clone.user_attrs["rfopt:clone"]["overrides"] == {"learning_rate": 0.004, "lora_alpha": 16}
-    assert rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"]).peft_config.lora_alpha == 16
+    assert trial_attrs(clone)["rfopt:clone"]["overrides"] == {"learning_rate": 0.004, "peft_config.lora_alpha": 16}
+    assert rfopt.TrialConfig.from_json(trial_attrs(clone)["rfopt:config"]).peft_config.lora_alpha == 16
     assert TrialRecord(trials[2]).pending == []
     assert [w.request.op for w in TrialRecord(trials[2]).withdrawn] == ["stop"]
 

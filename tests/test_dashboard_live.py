@@ -1,12 +1,17 @@
 """The dashboard page in headless Chromium on a live study: `rfopt run tests/dashboard_study.py` (4 trials of the tiny
-model, 2 chunks, two of them pruned after chunk 0) in a subprocess, the page open while it trains and after it exits.
+model, 2 chunks of 4 steps, two of them pruned after their first chunk) in a subprocess, the page open while it trains
+and after it exits.
 
-One study, server and browser for the whole module (the study runs once, ~15 s); each test then looks at the page.
+One study, server and browser for the whole module (the study runs once, ~40 s: each step is slowed to 0.5 s and the
+progress record written at most every 0.2 s, so that the page can watch chunks train step by step); each test then
+looks at what the page showed while it trained, or at the page after.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
 import threading
 import time
 from contextlib import closing
@@ -19,6 +24,7 @@ from crashkit import env, rfopt_command, start
 from optuna.trial import TrialState
 from rfopt_testkit import chromium
 
+import rfopt
 from rfopt.dashboard import make_server
 from rfopt.schema import TrialRecord
 
@@ -32,10 +38,19 @@ class Live:
     server: object
     browser: object
     log: Path
+    tiny_model: Path
     running_notice: str = ""
     """The liveness notice the page showed while the study trained."""
     states_seen: set[str] = field(default_factory=set)
     """Trial states the page's cards showed while the study trained."""
+    now_lines: list[dict] = field(default_factory=list)
+    """Each "now training" line the page showed while the study trained: trial, unit, step, phase and its text."""
+    in_flight: list[dict] = field(default_factory=list)
+    """Each dashed in-flight series of the reward chart the page drew while the study trained: trial and steps, with
+    the units the trial had committed when the page showed it (from the storage, read right after)."""
+    status: str = ""
+    """What ``rfopt status --study live`` printed while a chunk trained."""
+    status_runs: int = 0
 
     @property
     def page(self) -> str:
@@ -55,13 +70,14 @@ def live(tiny_model, tmp_path_factory):
     storage = f"sqlite:///{where / 'live.db'}"
     log = where / "run.log"
     process = start(rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--no-progress", "--checkpoint-dir",
-                                  str(where / "ck")), where, env(tiny_model), log)
+                                  str(where / "ck")), where,
+                    env(tiny_model, RFOPT_TEST_STEP_SECONDS=0.5, RFOPT_PROGRESS_SECONDS=0.2), log)
     server = None
     try:
         study_id = _wait_for_study(where / "live.db", process, log)
         server = make_server(storage, port=0)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        state = Live(storage, study_id, server, browser, log)
+        state = Live(storage, study_id, server, browser, log, tiny_model)
         # While it trains: load the page until it says who runs the study (the study's process beats every 5 s, from
         # before it writes anything) and shows a trial training.
         from selenium.webdriver.common.by import By
@@ -73,6 +89,9 @@ def live(tiny_model, tmp_path_factory):
             if notice.get_attribute("data-running") == "true":
                 state.running_notice = notice.text
             time.sleep(0.3)
+        # Then watch it train: refresh the open page (what its timer does every 5 s) as fast as it answers.
+        while process.poll() is None:
+            _watch(state)
         assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
         browser.implicitly_wait(5)
         yield state
@@ -84,6 +103,33 @@ def live(tiny_model, tmp_path_factory):
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def _watch(state: Live) -> None:
+    """Refresh the page once and note what it shows of the chunks in flight."""
+    from selenium.common.exceptions import JavascriptException, StaleElementReferenceException
+
+    browser = state.browser
+    try:
+        browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+        lines = browser.execute_script(
+            "return [...document.querySelectorAll('#now li[data-trial]')].map(li => ({trial: +li.dataset.trial, "
+            "unit: +li.dataset.unit, step: +li.dataset.step, phase: li.dataset.phase, text: li.textContent}))")
+        flights = browser.execute_script(
+            "const el = document.getElementById('chart-reward');"
+            "return el && el.data ? el.data.filter(t => t.meta.role === 'in-flight').map(t => ({trial: t.meta.trial, "
+            "x: t.x, dash: t.line.dash})) : []")
+    except (JavascriptException, StaleElementReferenceException):
+        return
+    committed = {t.number: len(t.intermediate_values) for t in state.study().trials}
+    state.now_lines += lines
+    state.in_flight += [f | {"committed": committed[f["trial"]]} for f in flights]
+    if "now training: trial " not in state.status and state.status_runs < 3 and any(
+            line["phase"] == "training" for line in lines):  # asked up to three times, while a chunk trains
+        state.status_runs += 1
+        state.status = subprocess.run(rfopt_command("status", "--study", "live", "--storage", state.storage),
+                                      capture_output=True, text=True, env=env(state.tiny_model), timeout=120).stdout
+    time.sleep(0.1)
 
 
 def _wait_for_study(path: Path, process, log: Path) -> int:
@@ -143,7 +189,7 @@ def test_objective_chart_has_one_series_per_trial_and_stars_the_best(live):
         assert trace["y"] == list(study.trials[trace["meta"]["trial"]].intermediate_values.values())
     [star] = [t for t in data if t["meta"]["role"] == "best"]
     assert star["meta"]["trial"] == study.best_trial.number and star["y"] == [study.best_value]
-    assert star["name"] == f"★ best: trial {study.best_trial.number}"
+    assert star["name"] == f"★ best: t{study.best_trial.number} lr={study.best_trial.params['learning_rate']:.4g}"
 
 
 def test_sorting_the_leaderboard_by_value_puts_the_best_first(live):
@@ -174,7 +220,8 @@ def test_a_pruned_trials_series_ends_at_its_last_step_with_its_reason_on_hover(l
     last_step = max(row["step"] for row in record.step_metrics())
     _open(live)
     data = _chart(live, "reward")
-    [line] = [t for t in data if t["meta"] == {"trial": trial.number, "role": "series", "state": "PRUNED"}]
+    [line] = [t for t in data if (t["meta"]["trial"], t["meta"]["role"], t["meta"].get("state")) == (
+        trial.number, "series", "PRUNED")]
     [end] = [i for i, t in enumerate(data) if t["meta"]["role"] == "end" and t["meta"]["trial"] == trial.number]
     assert line["x"][-1] == last_step < max(max(t["x"]) for t in data if t["meta"]["role"] == "series")
     assert data[end]["x"] == [last_step]
@@ -205,6 +252,135 @@ def test_samples_with_each_reward_functions_score_are_visible(live):
     assert table.is_displayed()
 
 
+def test_the_now_training_line_changed_step_by_step_while_a_chunk_trained_with_an_eta(live):
+    steps = {}
+    for line in live.now_lines:
+        if line["phase"] == "training":
+            steps.setdefault((line["trial"], line["unit"]), set()).add(line["step"])
+    assert any(len(seen) >= 2 for seen in steps.values()), steps  # the same chunk, at two different steps
+    line = next(x for x in live.now_lines if x["phase"] == "training")
+    assert f"trial {line['trial']}" in line["text"] and f"chunk {line['unit'] + 1} of 2" in line["text"]
+    assert f"{line['step']} of 4 steps done" in line["text"] and "for " in line["text"]
+    assert any("s/step" in x["text"] for x in live.now_lines if x["step"] >= 1)
+    assert any("chunk ends in ~" in x["text"] or "chunk ends any moment" in x["text"] for x in live.now_lines)
+    assert any(x["phase"] == "evaluating" for x in live.now_lines)
+    # rfopt status said the same while the chunk trained.
+    assert "running: " in live.status, live.status
+    assert "now training: trial " in live.status and " of 2 · " in live.status, live.status
+
+
+def test_the_steps_of_a_chunk_in_training_were_drawn_dashed_before_it_committed(live):
+    study = live.study()
+    before_commit = 0
+    for flight in live.in_flight:
+        assert flight["dash"] == "dash"
+        units = {int(r["step"]): int(r["unit"]) for r in TrialRecord(study.trials[flight["trial"]]).step_metrics()}
+        unit = units[flight["x"][-1]]
+        steps = [x for x in flight["x"] if units.get(x) == unit]
+        assert steps and set(flight["x"]) - set(steps) <= {min(flight["x"])}  # from the last committed point on
+        assert all(x in units for x in flight["x"])  # the steps it then committed, at the same x
+        before_commit += flight["committed"] <= unit  # still not committed after the page showed it
+    assert before_commit, live.in_flight
+
+
+def test_a_finished_studys_page_stops_refetching(live):
+    from selenium.webdriver.common.by import By
+
+    live.browser.get(live.page)
+    _wait(live, lambda d: "not refreshing" in d.find_element(By.ID, "refreshed").text)
+    count = ("return performance.getEntriesByType('resource').filter(e => e.name.includes('/api/studies/') && "
+             "e.name.endsWith('/page')).length")
+    before = live.browser.execute_script(count)
+    time.sleep(11)  # two refresh periods of a running study
+    assert live.browser.execute_script(count) == before
+    live.browser.find_element(By.ID, "check-now").click()  # a person asks: one conditional request, "no change"
+    _wait(live, lambda d: "no change" in d.find_element(By.ID, "refreshed").text)
+    assert live.browser.execute_script(count) == before + 1
+
+
+def test_the_parallel_coordinates_have_one_line_per_trial_and_each_param_its_panel(live):
+    from selenium.webdriver.common.by import By
+
+    study = live.study()
+    _open(live)
+    lines = live.browser.find_elements(By.CSS_SELECTOR, "#parallel svg.parallel polyline[data-trial]")
+    assert sorted(int(line.get_attribute("data-trial")) for line in lines) == [t.number for t in study.trials]
+    for line in lines:
+        pruned = study.trials[int(line.get_attribute("data-trial"))].state == TrialState.PRUNED
+        assert (line.get_attribute("stroke-dasharray") is not None) == pruned  # pruned trials drawn, dashed
+    params = _chart(live, "params")
+    assert [(t["meta"]["param"], sorted(t["meta"]["trials"])) for t in params] == [("learning_rate", [0, 1, 2, 3])]
+
+
+def test_the_clone_form_is_prefilled_with_the_parents_config_and_offers_a_warm_start_only_from_a_checkpoint(live):
+    from selenium.webdriver.common.by import By
+
+    from rfopt.checkpoints import CheckpointStore
+    from rfopt.schema import study_record
+
+    study = live.study()
+    store = CheckpointStore(study_record(study).checkpoint_dir)
+    configs = {n: rfopt.TrialConfig.from_json(TrialRecord(study.trials[n]).config_json) for n in (3, 2)}
+    _open(live)
+    for number in (3, 2):
+        card = live.browser.find_element(By.CSS_SELECTOR, f"section[data-trial='{number}']")
+        card.find_element(By.CSS_SELECTOR, "details.clone summary").click()
+        config = configs[number]
+        rate = _wait(live, lambda d: card.find_element(By.CSS_SELECTOR, ".field[data-name='learning_rate'] input"))
+        assert float(rate.get_attribute("value")) == config.args.learning_rate
+        batch = card.find_element(By.CSS_SELECTOR, ".field[data-name='per_device_train_batch_size'] input")
+        assert int(batch.get_attribute("value")) == config.args.per_device_train_batch_size == 16
+        scheduler = card.find_element(By.CSS_SELECTOR, ".field[data-name='lr_scheduler_type'] select")
+        assert json.loads(scheduler.get_attribute("value")) == "constant"
+        rewards = card.find_element(By.CSS_SELECTOR, ".field[data-name='reward_funcs'] textarea")
+        assert json.loads(rewards.get_attribute("value")) == json.loads(TrialRecord(study.trials[number]).config_json)[
+            "reward_funcs"]
+        warm = card.find_elements(By.CSS_SELECTOR, "input[name='warm_start']")
+        kept = store.latest(number) is not None and study.trials[number].state != TrialState.COMPLETE
+        assert bool(warm) == kept, card.find_element(By.CSS_SELECTOR, ".warm").text
+        card.find_element(By.CSS_SELECTOR, "details.clone summary").click()  # closed again
+
+
+def test_optuna_dashboards_trial_page_fits_a_1440_pixel_window_and_links_to_rfopt(live):
+    from selenium.webdriver.common.by import By
+
+    browser = live.browser
+    browser.set_window_size(1440, 1000)
+    try:
+        browser.get(live.server.url(f"/dashboard/studies/{live.study_id}/trials"))
+        _wait(live, lambda d: "Trial 3" in d.find_element(By.TAG_NAME, "body").text, timeout=30)
+        time.sleep(1)  # its tables lay out
+        width, page = browser.execute_script(
+            "return [window.innerWidth, document.documentElement.scrollWidth]")
+        assert page <= width, f"optuna-dashboard's trial page is {page} px wide in a {width} px window"
+        link = browser.find_element(By.ID, "rfopt-backlink")
+        _wait(live, lambda d: link.get_attribute("href").endswith(f"/rfopt/studies/{live.study_id}"))
+        # Both ways: rfopt's page links to optuna-dashboard's, and / leads to rfopt's list of studies.
+        browser.get(live.server.url("/"))
+        assert browser.current_url.endswith("/rfopt")
+        row = browser.find_element(By.CSS_SELECTOR, f"tr[data-study='{live.study_id}']")
+        assert "finished" in row.text and f"(trial {live.study().best_trial.number})" in row.text
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+def test_the_charts_x_axis_can_be_wall_time(live):
+    from selenium.webdriver.common.by import By
+
+    _open(live)
+    live.browser.find_element(By.CSS_SELECTOR, "input[name='xaxis'][value='time']").click()
+    axis, series = _wait(live, lambda d: d.execute_script(
+        "const el = document.getElementById('chart-reward');"
+        "return el.layout.xaxis.type === 'date' && [el.layout.xaxis.type, el.data.filter("
+        "t => t.meta.role === 'series').map(t => t.x.map(x => x === null ? null : new Date(x).getTime()))]"))
+    assert axis == "date" and len(series) == 4
+    for xs in series:  # each step when it ended: in order, within the run
+        assert None not in xs and xs == sorted(xs)
+    live.browser.find_element(By.CSS_SELECTOR, "input[name='xaxis'][value='step']").click()
+    _wait(live, lambda d: d.execute_script("return document.getElementById('chart-reward').layout.xaxis.type "
+                                           "!== 'date'"))
+
+
 def test_cancelling_a_waiting_clone_from_the_page_takes_it_out_of_the_queue(live):
     from selenium.webdriver.common.by import By
 
@@ -214,7 +390,9 @@ def test_cancelling_a_waiting_clone_from_the_page_takes_it_out_of_the_queue(live
     _open(live)
     # Nobody runs the study any more: a clone made now waits, and the page says so.
     card(1).find_element(By.CSS_SELECTOR, "details.clone summary").click()
-    card(1).find_element(By.CSS_SELECTOR, "textarea[name='set']").send_keys("learning_rate=0.03")
+    rate = card(1).find_element(By.CSS_SELECTOR, ".field[data-name='learning_rate'] input")
+    rate.clear()
+    rate.send_keys("0.03")
     card(1).find_element(By.CSS_SELECTOR, "button.clone").click()
     _wait(live, lambda d: "trial 4: clone of trial 1" in card(1).find_element(By.CSS_SELECTOR, ".feedback").text)
     notice = _wait(live, lambda d: "1 WAITING trial (clone 4)" in d.find_element(By.ID, "liveness").text

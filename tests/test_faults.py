@@ -22,6 +22,7 @@ from crashkit import assert_same_study, env, events, names_in, run_command, star
 from crashkit import run as crashkit_run
 from rfopt.storage import StorageRefusedError, StorageUnavailableError, open_storage, redact, retry
 from rfopt_testkit import prompts_dataset, trial_config
+from rfopt.schema import trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -60,7 +61,7 @@ def test_corrupt_checkpoint_fails_its_trial_with_the_reason_and_the_others_finis
     study, done = _run(tiny_model, storage, checkpoint_root)
     broken, healthy = study.optuna.trials
     assert broken.state == optuna.trial.TrialState.FAIL
-    reason = broken.user_attrs["rfopt:fail_reason"]
+    reason = trial_attrs(broken)["rfopt:fail_reason"]
     assert "trial 0" in reason and "unreadable" in reason and tensors in reason
     assert healthy.state == optuna.trial.TrialState.COMPLETE
     assert done == [(1, 1)]
@@ -74,8 +75,8 @@ def test_missing_checkpoint_fails_its_trial_with_the_reason_and_the_others_finis
     study, done = _run(tiny_model, storage, checkpoint_root)
     healthy, lost = study.optuna.trials
     assert lost.state == optuna.trial.TrialState.FAIL
-    assert "1 chunks were committed" in lost.user_attrs["rfopt:fail_reason"]
-    assert "holds no checkpoint" in lost.user_attrs["rfopt:fail_reason"]
+    assert "1 chunks were committed" in trial_attrs(lost)["rfopt:fail_reason"]
+    assert "holds no checkpoint" in trial_attrs(lost)["rfopt:fail_reason"]
     assert healthy.state == optuna.trial.TrialState.COMPLETE
     assert done == [(0, 1)]
 
@@ -99,7 +100,7 @@ def test_disk_full_while_checkpointing_fails_the_trial_and_keeps_its_previous_ch
 
     full = study.optuna.trials[1]
     assert full.state == optuna.trial.TrialState.FAIL
-    reason = full.user_attrs["rfopt:fail_reason"]
+    reason = trial_attrs(full)["rfopt:fail_reason"]
     assert "No space left on device" in reason and "previous checkpoint unit-0001 is kept" in reason
     trial_dir = tmp_path / "ck" / "trial-00001"
     assert sorted(p.name for p in trial_dir.iterdir()) == ["LATEST", "unit-0001"]  # nothing half-written left

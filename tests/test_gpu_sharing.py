@@ -13,6 +13,7 @@ from rfopt_testkit import prompts_dataset, trial_config
 import rfopt
 from rfopt.cli import main
 from rfopt.models import GIB, ModelPool, model_bytes
+from rfopt.schema import study_attrs
 
 FREE = {"bytes": 80 * GIB}
 
@@ -68,7 +69,7 @@ def test_a_worker_that_cannot_hold_its_base_model_is_refused_before_the_study_ch
     finally:
         FREE["bytes"] = 80 * GIB
     loaded = optuna.load_study(study_name="gpu", storage=storage)
-    assert loaded.trials == [] and "rfopt:plan" not in loaded.user_attrs and "rfopt:id" not in loaded.user_attrs
+    assert loaded.trials == [] and "rfopt:plan" not in study_attrs(loaded) and "rfopt:id" not in study_attrs(loaded)
 
 
 def test_worker_devices_cuda0_twice_starts_two_worker_processes_on_that_gpu(tmp_path, monkeypatch):

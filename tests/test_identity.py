@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt_testkit import prompts_dataset, trial_config
+from rfopt.schema import study_attrs, trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -42,7 +43,7 @@ def _outcome(study):
     """Each trial's state, reported values and final adapter weights."""
     out = []
     for t in study.optuna.get_trials():
-        adapter = load_file(f"{t.user_attrs['rfopt:adapter']}/adapter_model.safetensors")
+        adapter = load_file(f"{trial_attrs(t)['rfopt:adapter']}/adapter_model.safetensors")
         out.append((t.state, t.intermediate_values, adapter))
     return out
 
@@ -61,9 +62,9 @@ def test_deleting_the_database_and_running_the_same_study_again_trains_it_afresh
 
     second = _run("sqlite:///rfopt.db", _configs(tiny_model))
     _same(_outcome(second), first)  # every trial COMPLETE again, with the same values, from its own checkpoints
-    uid = second.optuna.user_attrs["rfopt:id"]
+    uid = study_attrs(second.optuna)["rfopt:id"]
     new = tmp_path / "rfopt-checkpoints" / f"arithmetic-{uid[:12]}"
-    assert second.optuna.user_attrs["rfopt:checkpoint_dir"] == str(new)
+    assert study_attrs(second.optuna)["rfopt:checkpoint_dir"] == str(new)
     assert len(list((tmp_path / "rfopt-checkpoints").iterdir())) == 2  # the first study's are left as they were
     owner = json.loads((new / "rfopt-study.json").read_text())
     assert owner["id"] == uid and owner["study"] == "arithmetic"
@@ -95,7 +96,7 @@ def test_a_checkpoint_location_that_holds_another_studys_checkpoints_is_refused_
     with pytest.raises(rfopt.CheckpointError, match=r"belongs to study 'arithmetic' \(id [0-9a-f]+\) of "
                        r"sqlite:///.*a\.db, not to study 'arithmetic' .* of sqlite:///.*b\.db. If that study is gone"):
         other.optimize(_configs(tiny_model)[:1], TRAIN, EVAL, num_chunks=2, show_progress_bar=False)
-    assert other.optuna.get_trials() == [] and "rfopt:plan" not in other.optuna.user_attrs
+    assert other.optuna.get_trials() == [] and "rfopt:plan" not in study_attrs(other.optuna)
 
     # A directory with trials' checkpoints that names no study (an older rfopt wrote it, or it was copied there).
     (tmp_path / "unmarked" / "trial-00000").mkdir(parents=True)
@@ -113,11 +114,11 @@ def test_a_checkpoint_dir_other_than_the_recorded_one_is_refused_unless_the_chec
     with pytest.raises(rfopt.CheckpointError, match=r"keeps its checkpoints in .*/ck; this call gives .*/elsewhere\. "
                        r"Leave checkpoint_dir \(--checkpoint-dir\) out"):
         rfopt.load_study("arithmetic", storage, checkpoint_dir=tmp_path / "elsewhere")
-    assert study.optuna.user_attrs["rfopt:checkpoint_dir"] == str(tmp_path / "ck")  # not repointed
+    assert study_attrs(study.optuna)["rfopt:checkpoint_dir"] == str(tmp_path / "ck")  # not repointed
 
     shutil.copytree(tmp_path / "ck", tmp_path / "moved")
     moved = rfopt.load_study("arithmetic", storage, checkpoint_dir=tmp_path / "moved")
-    assert moved.optuna.user_attrs["rfopt:checkpoint_dir"] == str(tmp_path / "moved")
+    assert study_attrs(moved.optuna)["rfopt:checkpoint_dir"] == str(tmp_path / "moved")
     assert str(moved.best_adapter()).startswith(str(tmp_path / "ck"))  # the adapter paths stored stay as they were
     assert moved.checkpoints.load(0).units_done == 2
 

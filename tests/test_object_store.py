@@ -26,6 +26,7 @@ from rfopt.artifacts import StudyArtifacts
 from rfopt.models import ModelPool
 from rfopt.runner import TrialRunner
 from rfopt_testkit import prompts_dataset, trial_config
+from rfopt.schema import study_attrs, trial_attrs
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +118,9 @@ def test_a_study_with_s3_checkpoints_ends_as_with_a_local_directory_and_exports_
     assert_same_study(*tiny_study_reference, storage, root)
 
     study = rfopt.load_study("tiny", storage)
-    assert study.optuna.user_attrs["rfopt:checkpoint_dir"] == root
+    assert study_attrs(study.optuna)["rfopt:checkpoint_dir"] == root
     best = study.optuna.best_trial
-    assert study.best_adapter() == best.user_attrs["rfopt:adapter"] == f"{root}/trial-{best.number:05d}/adapter"
+    assert study.best_adapter() == trial_attrs(best)["rfopt:adapter"] == f"{root}/trial-{best.number:05d}/adapter"
     # The trial's chunk artifacts (charts, samples) went to the same store, and the dashboard reads them there.
     metas = {m.filename: m.artifact_id for m in optuna.artifacts.get_all_artifact_meta(best, storage=study.optuna._storage)}
     assert set(metas) == {"rfopt-metrics.svg", "rfopt-samples.jsonl"}

@@ -9,6 +9,7 @@ import rfopt
 from rfopt.cli import main as cli
 from rfopt.ops import OpError
 from rfopt_testkit import prompts_dataset, trial_config
+from rfopt.schema import trial_attrs
 
 OPS_LOG_ATTR = "rfopt:ops"
 
@@ -32,7 +33,7 @@ def _optimize(study, configs, on_unit=None, num_chunks=4):
 
 
 def _adapter(study, number):
-    return load_file(study.optuna.trials[number].user_attrs["rfopt:adapter"] + "/adapter_model.safetensors")
+    return load_file(trial_attrs(study.optuna.trials[number])["rfopt:adapter"] + "/adapter_model.safetensors")
 
 
 def _same(a, b):
@@ -51,8 +52,8 @@ def test_stopped_trial_ends_pruned_with_its_last_value_and_trains_no_further(tin
     stopped = study.optuna.trials[1]
     assert stopped.state == optuna.trial.TrialState.PRUNED
     assert stopped.value == stopped.intermediate_values[0]
-    assert stopped.user_attrs["rfopt:stopped"]["reason"] == "stopped by user"
-    history = stopped.user_attrs[OPS_LOG_ATTR]
+    assert trial_attrs(stopped)["rfopt:stopped"]["reason"] == "stopped by user"
+    history = trial_attrs(stopped)[OPS_LOG_ATTR]
     assert history[0]["op"] == "stop" and "@" in history[0]["by"] and history[0]["applied_at"]
     assert "stopped by user" in study.leaderboard_text()
     assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
@@ -79,7 +80,7 @@ def test_paused_trial_resumes_exactly_where_it_was(tiny_model, tmp_path):
     assert paused.state == ref.state == optuna.trial.TrialState.COMPLETE
     assert paused.intermediate_values == ref.intermediate_values
     assert _same(_adapter(study, 1), _adapter(reference, 1))
-    assert [op["op"] for op in paused.user_attrs[OPS_LOG_ATTR]] == ["pause", "resume"]
+    assert [op["op"] for op in trial_attrs(paused)[OPS_LOG_ATTR]] == ["pause", "resume"]
 
 
 def test_a_warm_clones_weights_are_stored_before_it_is_enqueued_and_removed_if_it_is_cancelled(tiny_model, storage,
@@ -91,7 +92,7 @@ def test_a_warm_clones_weights_are_stored_before_it_is_enqueued_and_removed_if_i
     add_trial = optuna.Study.add_trial
 
     def checked_add_trial(self, trial):
-        token = trial.user_attrs["rfopt:clone"]["token"]
+        token = trial_attrs(trial)["rfopt:clone"]["token"]
         seen.append(study.checkpoints.has_warm_start(token))
         return add_trial(self, trial)
 
@@ -100,7 +101,7 @@ def test_a_warm_clones_weights_are_stored_before_it_is_enqueued_and_removed_if_i
             with monkeypatch.context() as patch:
                 patch.setattr(optuna.Study, "add_trial", checked_add_trial)
                 made = study.clone_trial(0, {"learning_rate": 2e-3}, warm_start=True)
-            token = study.optuna.trials[made].user_attrs["rfopt:clone"]["token"]
+            token = trial_attrs(study.optuna.trials[made])["rfopt:clone"]["token"]
             assert seen == [True] and study.checkpoints.has_warm_start(token)
             study.cancel_clone(made)  # before anybody starts it: one trial runs at a time here
             assert not study.checkpoints.has_warm_start(token)
@@ -130,10 +131,10 @@ def test_warm_clone_starts_from_the_parents_weights_and_cold_clone_from_the_base
     assert _same(_adapter(study, warm.number), parent_weights)
     cold_weights = _adapter(study, cold.number)
     assert all(v.abs().sum() == 0 for k, v in cold_weights.items() if "lora_B" in k)  # a fresh LoRA
-    assert warm.user_attrs["rfopt:clone"]["parent"] == 0
-    assert warm.user_attrs["rfopt:clone"]["overrides"] == {"learning_rate": 0.0}
-    assert warm.user_attrs["rfopt:clone"]["warm_start"] is True
-    assert rfopt.TrialConfig.from_json(warm.user_attrs["rfopt:config"]).args.learning_rate == 0.0
+    assert trial_attrs(warm)["rfopt:clone"]["parent"] == 0
+    assert trial_attrs(warm)["rfopt:clone"]["overrides"] == {"learning_rate": 0.0}
+    assert trial_attrs(warm)["rfopt:clone"]["warm_start"] is True
+    assert rfopt.TrialConfig.from_json(trial_attrs(warm)["rfopt:config"]).args.learning_rate == 0.0
 
 
 def test_ops_from_the_command_line_reach_the_running_study(tiny_model, storage):
@@ -151,7 +152,7 @@ def test_ops_from_the_command_line_reach_the_running_study(tiny_model, storage):
     assert replies == {"clone": 0, "stop": 0}
     trials = study.optuna.trials
     assert trials[1].state == optuna.trial.TrialState.PRUNED
-    assert trials[2].user_attrs["rfopt:clone"]["parent"] == 0
+    assert trial_attrs(trials[2])["rfopt:clone"]["parent"] == 0
     assert trials[2].state == optuna.trial.TrialState.COMPLETE and sorted(trials[2].intermediate_values) == [1]
 
 
@@ -217,9 +218,9 @@ def test_a_stop_that_arrives_while_a_pause_is_being_applied_is_honoured(tiny_mod
     done = _optimize(study, _configs(tiny_model), on_unit)
     trial = study.optuna.trials[1]
     assert trial.state == optuna.trial.TrialState.PRUNED
-    assert trial.user_attrs["rfopt:stopped"]["reason"] == "stopped by user"
-    assert [op["op"] for op in trial.user_attrs[OPS_LOG_ATTR]] == ["pause", "stop"]
-    assert len({op["id"] for op in trial.user_attrs[OPS_LOG_ATTR]}) == 2  # each request applied once, by its id
+    assert trial_attrs(trial)["rfopt:stopped"]["reason"] == "stopped by user"
+    assert [op["op"] for op in trial_attrs(trial)[OPS_LOG_ATTR]] == ["pause", "stop"]
+    assert len({op["id"] for op in trial_attrs(trial)[OPS_LOG_ATTR]}) == 2  # each request applied once, by its id
     assert [step for number, step in done if number == 1] == [0]
     assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
 
@@ -235,8 +236,8 @@ def test_requests_made_at_the_same_moment_are_all_kept_and_applied_in_order(tiny
     _optimize(study, _configs(tiny_model), on_unit)
     trial = study.optuna.trials[1]
     assert trial.state == optuna.trial.TrialState.COMPLETE
-    assert [op["op"] for op in trial.user_attrs[OPS_LOG_ATTR]] == ["pause", "resume"]
-    assert not trial.user_attrs.get("rfopt:paused", False)
+    assert [op["op"] for op in trial_attrs(trial)[OPS_LOG_ATTR]] == ["pause", "resume"]
+    assert not trial_attrs(trial).get("rfopt:paused", False)
 
 
 @pytest.fixture(scope="module")
@@ -283,9 +284,9 @@ def test_clone_overrides_from_the_command_line_are_read_as_their_fields_types(fi
     assert capsys.readouterr().out.strip() == ("trial 1: clone of trial 0 with learning_rate=2e-06, lora_r=8, "
                                                "use_liger_kernel=False, reward_weights=[1.0, 0.5] enqueued")
     clone = rfopt.load_study("f", storage).optuna.trials[1]
-    assert clone.user_attrs["rfopt:clone"]["overrides"] == {
+    assert trial_attrs(clone)["rfopt:clone"]["overrides"] == {
         "learning_rate": 2e-6, "lora_r": 8, "use_liger_kernel": False, "reward_weights": [1.0, 0.5]}
-    config = rfopt.TrialConfig.from_json(clone.user_attrs["rfopt:config"])
+    config = rfopt.TrialConfig.from_json(trial_attrs(clone)["rfopt:config"])
     assert (config.args.learning_rate, config.peft_config.r, config.args.reward_weights) == (2e-6, 8, [1.0, 0.5])
 
 

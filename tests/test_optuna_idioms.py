@@ -15,6 +15,7 @@ from rfopt_testkit import prompts_dataset, reward_len, reward_raises, trial_conf
 
 import rfopt
 from rfopt.cli import main
+from rfopt.schema import study_attrs, trial_attrs
 
 TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
 
@@ -124,7 +125,7 @@ def test_catch_decides_whether_a_failing_trial_ends_the_run(tiny_model, tmp_path
     with pytest.raises(rfopt.RewardFunctionError, match="reward_raises"):
         _run(optuna_like, configs, catch=())  # Optuna's default: the error ends the run, its trial failed
     failed, other = optuna_like.optuna.get_trials(deepcopy=False)
-    assert failed.state == TrialState.FAIL and "reward_raises" in failed.user_attrs["rfopt:fail_reason"]
+    assert failed.state == TrialState.FAIL and "reward_raises" in trial_attrs(failed)["rfopt:fail_reason"]
     assert other.state == TrialState.RUNNING  # left resumable
     _run(optuna_like, configs)
     assert _states(optuna_like) == [TrialState.FAIL, TrialState.COMPLETE]
@@ -169,7 +170,7 @@ def test_trial_ops_have_names_apart_from_optunas_stop(tiny_model, storage):
     clone = study.clone_trial(0, {"learning_rate": 0.002})
     assert main(["clone", "0", "--study", "s", "--storage", storage, "--set", "learning_rate=0.003"]) == 0
     assert [t.state for t in study.trials[clone:]] == [TrialState.WAITING] * 2
-    assert [rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"]).args.learning_rate
+    assert [rfopt.TrialConfig.from_json(trial_attrs(t)["rfopt:config"]).args.learning_rate
             for t in study.trials[clone:]] == [0.002, 0.003]
 
 
@@ -181,7 +182,9 @@ def test_settings_fixed_at_create_study_are_read_back_and_a_different_one_is_ref
     study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False)  # nothing repeated
     plan = rfopt.schema.study_record(study.optuna).plan
     assert (plan.num_chunks, plan.seed) == (2, 3)
-    assert study.user_attrs["rfopt:objective"] == "reward_len" and study.user_attrs["rfopt:eval"]["max_new_tokens"] == 4
+    assert study_attrs(study.optuna)["rfopt:objective"] == "reward_len"
+    assert study_attrs(study.optuna)["rfopt:eval"]["max_new_tokens"] == 4
+    assert study.optuna.metric_names == ["reward_len"]  # optuna-dashboard names the value by the objective
     assert len(study.trials[0].intermediate_values) == 2
 
     for name, value, shown in (("num_chunks", 4, "num_chunks=2"), ("objective", "reward", "objective='reward_len'"),
@@ -207,7 +210,7 @@ def test_a_study_planned_before_settings_were_stored_reads_its_chunks_and_seed_f
     with pytest.raises(ValueError, match="was planned with chunk_seed=3"):
         study.optimize([trial_config(tiny_model)], TRAIN, EVAL, chunk_seed=0, show_progress_bar=False)
     study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False)
-    assert len(study.trials[0].intermediate_values) == 2 and study.user_attrs["rfopt:chunk_seed"] == 3
+    assert len(study.trials[0].intermediate_values) == 2 and study_attrs(study.optuna)["rfopt:chunk_seed"] == 3
 
 
 def test_a_bad_setting_is_refused_before_create_study_stores_anything(storage, tmp_path):
@@ -248,3 +251,49 @@ def test_cli_n_trials_is_per_command_and_n_trials_total_is_the_studys(tiny_model
     assert rfopt_run() == 2  # a rerun: the total is reached
     assert rfopt_run("--n-trials", "1") == 3  # one new trial, as optimize(n_trials=1)
     assert rfopt_run("--n-trials-total", "4") == 4
+
+
+def test_a_study_an_earlier_rfopt_kept_in_user_attrs_is_read_and_continued_and_its_new_records_are_system_attrs(
+        tiny_model, storage, monkeypatch):
+    """rfopt's records moved from user attrs (which optuna-dashboard lists on its pages) to system attrs. A study an
+    earlier rfopt wrote keeps loading: its records are read from the user attrs, and a run continues it."""
+    from rfopt import compat, schema
+    from rfopt.compat import storage_of, study_id_of
+
+    # The first chunk of each trial written the old way: every rfopt record in user attrs (steps were system attrs).
+    def old_trial_write(ref, key, value):
+        target = ref.storage.set_trial_system_attr if key.startswith("rfopt:steps:") else ref.storage.set_trial_user_attr
+        target(ref.trial_id, key, value)
+
+    monkeypatch.setattr(schema.TrialRef, "set", old_trial_write)
+    monkeypatch.setattr(schema, "_set_study", lambda study, key, value: study.set_user_attr(key, value))
+    monkeypatch.setattr(compat, "enqueue_trial", lambda study, params, attrs: study.enqueue_trial(params, user_attrs=attrs))
+
+    class FirstChunks(Exception):
+        pass
+
+    def stop_after_every_first_chunk(number, step, value):
+        if number == 1:
+            raise FirstChunks
+
+    old = rfopt.create_study(study_name="old-layout", storage=storage, direction="maximize")
+    configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3)]
+    with pytest.raises(FirstChunks):
+        _run(old, configs, on_unit=stop_after_every_first_chunk)
+    monkeypatch.undo()
+    written = optuna.load_study(study_name="old-layout", storage=storage)
+    assert "rfopt:plan" in written.user_attrs
+    assert not [k for k in storage_of(written).get_study_system_attrs(study_id_of(written)) if k.startswith("rfopt:")]
+    assert all({"rfopt:config", "rfopt:metrics:0000"} <= set(t.user_attrs) for t in written.trials)
+
+    study = rfopt.load_study("old-layout", storage)
+    _run(study, configs)
+    trials = study.optuna.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    for trial in trials:
+        record = rfopt.schema.TrialRecord(trial)
+        assert rfopt.TrialConfig.from_json(record.config_json).args.learning_rate in (1e-3, 5e-3)  # a user attr
+        assert [m.unit for m in record.unit_metrics()] == [0, 1]  # unit 0 from user attrs, unit 1 from system attrs
+        assert "rfopt:metrics:0001" in trial.system_attrs and "rfopt:metrics:0001" not in trial.user_attrs
+        assert [int(r["unit"]) for r in record.step_metrics()][-1] == 1
+    assert [row.chunks_done for row in study.leaderboard()] == [2, 2]

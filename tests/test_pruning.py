@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.pruning import PruneDecision, decide, decision_key, load_decision
 from rfopt.pruning._halving import Brackets, successive_halving
+from rfopt.schema import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
@@ -165,8 +166,8 @@ def test_successive_halving_keeps_8_4_2_1_at_rungs_0_1_3(tmp_path):
             for step in range(N_STEPS)}
     assert judged == {0: 8, 1: 4, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1, 7: 1}
     assert kept == {0: 4, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1}
-    assert decisions[(6, 2)].reason == "kept: chunk 2 is not a rung (rungs at chunks 0, 1, 3)"
-    assert decisions[(2, 1)].reason == "rank 3 of 4 at rung 1 (chunk 1; keeps top 2)"
+    assert decisions[(6, 2)].reason == "kept: chunk 3 is not a rung (rungs after chunks 1, 2, 4)"
+    assert decisions[(2, 1)].reason == "rank 3 of 4 at rung 1 (chunk 2; keeps top 2)"
     assert decisions[(2, 1)].peers == (0, 4, 6)
 
 
@@ -175,8 +176,8 @@ def test_median_reason_names_the_value_the_median_and_the_peers(tmp_path):
     d = decisions[(1, 0)]
     assert d.pruner == "MedianPruner"
     assert d.peers == (0, 2, 3, 4, 5, 6, 7)
-    assert d.reason == "best value 0.1 up to chunk 0 is below the median 0.8 of 7 peers at chunk 0"
-    assert decisions[(0, 1)].reason.startswith("kept: 3 peers reached chunk 1")
+    assert d.reason == "best value 0.1 up to chunk 1 is below the median 0.8 of 7 peers at chunk 1"
+    assert decisions[(0, 1)].reason.startswith("kept: 3 peers reached chunk 2")
 
 
 def test_hyperband_halves_synchronously_within_optunas_brackets(tmp_path):
@@ -221,7 +222,7 @@ def test_auto_min_resource_comes_from_the_chunk_plan(tmp_path):
         tmp_path, lambda: SuccessiveHalvingPruner(reduction_factor=2), n_steps=16
     )
     assert pruned_at(decisions) == {**{n: 1 for n in BAD}, 0: 3, 2: 3, 4: 7}
-    assert decisions[(6, 0)].reason == "kept: chunk 0 is not a rung (rungs at chunks 1, 3, 7)"
+    assert decisions[(6, 0)].reason == "kept: chunk 1 is not a rung (rungs after chunks 2, 4, 8)"
 
 
 def test_auto_resources_equal_explicit_ones_for_eight_chunks():
@@ -276,7 +277,7 @@ def test_late_trial_is_judged_against_peers_stored_values_at_the_same_step(
     # there would be 4, fewer than n_startup_trials.)
     assert d.peers == tuple(range(8))
     assert d.prune is prune
-    assert "the median 0.465 of 8 peers at chunk 0" in d.reason
+    assert "the median 0.465 of 8 peers at chunk 1" in d.reason
 
 
 @pytest.mark.parametrize(
@@ -292,10 +293,10 @@ def test_late_trial_at_a_rung_is_ranked_among_all_that_reached_it(
     late.report(late_value, 0)
     [d] = decide(study, [late.number], 0, pruner, n_steps=N_STEPS)
     assert d.prune is prune
-    assert f"rank {rank} of 9 at rung 0 (chunk 0; keeps top 5)" in d.reason
+    assert f"rank {rank} of 9 at rung 0 (chunk 1; keeps top 5)" in d.reason
     # Decisions made before it arrived stand.
     assert load_decision(study.trials[0], 0).reason == (
-        "kept: rank 4 of 8 at rung 0 (chunk 0; keeps top 4)"
+        "kept: rank 4 of 8 at rung 0 (chunk 1; keeps top 4)"
     )
 
 
@@ -306,13 +307,13 @@ def test_every_decision_is_stored_on_its_trial_kept_ones_too(tmp_path):
     for trial in fresh.trials:
         for step in trial.intermediate_values:
             assert load_decision(trial, step) == decisions[(trial.number, step)]
-    assert fresh.trials[1].user_attrs[decision_key(0)] == {
+    assert trial_attrs(fresh.trials[1])[decision_key(0)] == {
         "prune": True,
-        "reason": "best value 0.1 up to chunk 0 is below the median 0.8 of 7 peers at chunk 0",
+        "reason": "best value 0.1 up to chunk 1 is below the median 0.8 of 7 peers at chunk 1",
         "peers": [0, 2, 3, 4, 5, 6, 7],
         "pruner": "MedianPruner",
     }
-    assert fresh.trials[0].user_attrs["rfopt:pruning:7"]["prune"] is False
+    assert trial_attrs(fresh.trials[0])["rfopt:pruning:7"]["prune"] is False
 
 
 class CountingMedian(MedianPruner):
@@ -376,7 +377,7 @@ def test_custom_pruner_sees_peers_as_complete_at_their_value_at_the_step(tmp_pat
     assert state == TrialState.RUNNING
     assert peers == {n: (value(n, 0), [0]) for n in range(8) if n != 3}
     assert decisions[3].reason == (
-        "BelowPeerMean.prune pruned it, given 7 peers at chunk 0 as COMPLETE trials"
+        "BelowPeerMean.prune pruned it, given 7 peers at chunk 1 as COMPLETE trials"
     )
 
 
@@ -471,7 +472,7 @@ def test_wilcoxon_pairs_the_trial_with_the_best_peer_at_the_step(tmp_path, monke
     assert seen == [[round(value(1, s) - value(6, s), 6) for s in (0, 1, 2)]]
     assert d.prune
     assert d.reason == (
-        "worse than chunks 0..2 of trial 6, the best peer at chunk 2 (Wilcoxon p < 0.1)"
+        "worse than chunks 1..3 of trial 6, the best peer at chunk 3 (Wilcoxon p < 0.1)"
     )
 
 

@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 import rfopt
 from rfopt.pruning import decision_key, load_decision
 from rfopt_testkit import grpo_config, prompts_dataset
+from rfopt.schema import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -133,8 +134,8 @@ def test_median_pruner_stops_the_non_learners_at_step_0_and_keeps_the_learners(
         assert d.peers == tuple(m for m in range(4) if m != n)
         lower_learner = min(trials[m].intermediate_values[0] for m in LEARNERS)
         assert d.reason == (
-            f"best value {trials[n].intermediate_values[0]:.4g} up to chunk 0 is below the median "
-            f"{lower_learner:.4g} of 3 peers at chunk 0"
+            f"best value {trials[n].intermediate_values[0]:.4g} up to chunk 1 is below the median "
+            f"{lower_learner:.4g} of 3 peers at chunk 1"
         )
     for n in LEARNERS:
         assert trials[n].state == TrialState.COMPLETE
@@ -142,12 +143,12 @@ def test_median_pruner_stops_the_non_learners_at_step_0_and_keeps_the_learners(
         d0 = load_decision(trials[n], 0)
         assert not d0.prune
         own = trials[n].intermediate_values[0]
-        assert d0.reason.startswith(f"kept: best value {own:.4g} up to chunk 0")
+        assert d0.reason.startswith(f"kept: best value {own:.4g} up to chunk 1")
         lr0 = trials[NON_LEARNERS[0]].intermediate_values[0]
-        assert d0.reason.endswith(f"is not below the median {lr0:.4g} of 3 peers at chunk 0")
-        assert trials[n].user_attrs[decision_key(1)] == {
+        assert d0.reason.endswith(f"is not below the median {lr0:.4g} of 3 peers at chunk 1")
+        assert trial_attrs(trials[n])[decision_key(1)] == {
             "prune": False,
-            "reason": "kept: 1 peer reached chunk 1; n_startup_trials=3 needs that many",
+            "reason": "kept: 1 peer reached chunk 2; n_startup_trials=3 needs that many",
             "peers": [m for m in LEARNERS if m != n],
             "pruner": "MedianPruner",
         }
@@ -186,9 +187,9 @@ def test_successive_halving_stops_the_non_learners_at_rung_0_then_halves_the_lea
     for n, rank in zip(NON_LEARNERS, (3, 4)):
         assert trials[n].state == TrialState.PRUNED
         assert sorted(trials[n].intermediate_values) == [0]
-        assert trials[n].user_attrs[decision_key(0)] == {
+        assert trial_attrs(trials[n])[decision_key(0)] == {
             "prune": True,
-            "reason": f"rank {rank} of 4 at rung 0 (chunk 0; keeps top 2)",
+            "reason": f"rank {rank} of 4 at rung 0 (chunk 1; keeps top 2)",
             "peers": [m for m in range(4) if m != n],
             "pruner": "SuccessiveHalvingPruner",
         }
@@ -198,9 +199,9 @@ def test_successive_halving_stops_the_non_learners_at_rung_0_then_halves_the_lea
         d0 = load_decision(trials[n], 0)
         assert not d0.prune
         assert d0.reason.startswith("kept: rank ") and "of 4 at rung 0" in d0.reason
-    kept = "rank 1 of 2 at rung 1 (chunk 1; keeps top 1)"
+    kept = "rank 1 of 2 at rung 1 (chunk 2; keeps top 1)"
     assert load_decision(trials[winner], 1).reason == f"kept: {kept}"
-    assert load_decision(trials[loser], 1).reason == "rank 2 of 2 at rung 1 (chunk 1; keeps top 1)"
+    assert load_decision(trials[loser], 1).reason == "rank 2 of 2 at rung 1 (chunk 2; keeps top 1)"
     assert trials[loser].state == TrialState.PRUNED
     assert sorted(trials[loser].intermediate_values) == [0, 1]
     assert trials[winner].state == TrialState.COMPLETE

@@ -21,6 +21,7 @@ import rfopt
 import rfopt_testkit
 from rfopt.schema import TrialRecord
 from rfopt_testkit import prompts_dataset, reward_len, trial_config
+from rfopt.schema import trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -37,7 +38,7 @@ def _optimize(study, space, train=TRAIN, evaluation=EVAL, **kwargs):
 
 def _snapshot(study, tmp_path):
     """What a refused call must leave as it was: the study's attrs, its trials, and every file beside the database."""
-    trials = [(t.number, t.state, t.params, t.intermediate_values, t.user_attrs) for t in study.optuna.get_trials()]
+    trials = [(t.number, t.state, t.params, t.intermediate_values, t.user_attrs, trial_attrs(t)) for t in study.optuna.get_trials()]
     files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".db")
     return study.optuna.user_attrs, trials, files
 
@@ -138,14 +139,14 @@ def test_a_reward_function_of_a_script_without_a_main_guard_is_taken_from_the_ru
     assert done.stdout.count("trials:") == 1  # the script ran once, not again inside optimize
     assert "trials: ['COMPLETE']" in done.stdout
     stored = optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}").trials[0]
-    assert json.loads(stored.user_attrs["rfopt:config"])["reward_funcs"] == [f"{script.resolve()}:reward_here"]
+    assert json.loads(trial_attrs(stored)["rfopt:config"])["reward_funcs"] == [f"{script.resolve()}:reward_here"]
 
     # Another process (a worker, the dashboard) that would import the script to find the function gets a clear
     # refusal instead of a second run of the study, and nothing of the script runs.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(rfopt.ConfigError, match=r"starts a study when it is imported \(rfopt.create_study\(...\), "
                        r"line 11\).*Put the study's run under `if __name__ == \"__main__\":`"):
-        rfopt.TrialConfig.from_json(stored.user_attrs["rfopt:config"])
+        rfopt.TrialConfig.from_json(trial_attrs(stored)["rfopt:config"])
     assert len(optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}").trials) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rfopt-checkpoints", "script.db", "train.py"]
 
@@ -187,7 +188,7 @@ def test_a_script_whose_top_level_runs_a_study_through_a_function_is_refused_whe
     monkeypatch.chdir(tmp_path)
     with pytest.raises(rfopt.ConfigError, match=r"train.py cannot be imported: it starts a study when it is imported "
                        r"\(a study run reached while importing it\)"):
-        rfopt.TrialConfig.from_json(stored.user_attrs["rfopt:config"])
+        rfopt.TrialConfig.from_json(trial_attrs(stored)["rfopt:config"])
     assert [t.state.name for t in optuna.load_study(study_name="script", storage=storage).trials] == ["COMPLETE"]
     assert not any(name.startswith("rfopt_user_") and "train" in name for name in sys.modules)  # not left half-made
 
@@ -269,7 +270,7 @@ def test_a_nan_learning_rate_is_refused_naming_the_field(tiny_model, tmp_path):
     for trial in trials:
         if math.isnan(trial.params["lr"]):
             assert trial.state.name == "FAIL" and not trial.intermediate_values
-            assert "args.learning_rate: NaN; give a number" in trial.user_attrs["rfopt:fail_reason"]
+            assert "args.learning_rate: NaN; give a number" in trial_attrs(trial)["rfopt:fail_reason"]
         else:
             assert trial.state.name == "COMPLETE"
 
@@ -311,7 +312,7 @@ def test_a_bad_reward_fails_its_trial_alone_with_a_reason_that_names_it(tiny_mod
     study = _study(tmp_path)
     _optimize(study, configs, num_chunks=1)
     bad, good = study.optuna.get_trials()
-    assert bad.state.name == "FAIL" and reason in bad.user_attrs["rfopt:fail_reason"]
+    assert bad.state.name == "FAIL" and reason in trial_attrs(bad)["rfopt:fail_reason"]
     assert good.state.name == "COMPLETE"
 
 
@@ -334,7 +335,7 @@ def test_sys_exit_in_a_reward_fails_its_trial_alone_and_the_others_finish(tiny_m
     good, bad, other = study.optuna.get_trials()
     assert (good.state.name, bad.state.name, other.state.name) == ("COMPLETE", "FAIL", "COMPLETE")
     assert sorted(good.intermediate_values) == sorted(other.intermediate_values) == [0, 1]
-    reason = bad.user_attrs["rfopt:fail_reason"]
+    reason = TrialRecord(bad).fail_reason
     assert "reward function 'reward_exits' called sys.exit(3) (raised SystemExit)" in reason
     assert "raise an exception" in reason
     assert "trial 1 failed: RewardFunctionError: reward function 'reward_exits' called sys.exit(3)" in caplog.text

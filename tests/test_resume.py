@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt_testkit import prompts_dataset, trial_config
+from rfopt.schema import trial_attrs
 
 
 class _Crash(BaseException):
@@ -33,7 +34,7 @@ def _run(model, storage, checkpoints, crash_after=None):
 
 
 def _adapter(study, number):
-    return load_file(str(study.optuna.trials[number].user_attrs["rfopt:adapter"] + "/adapter_model.safetensors"))
+    return load_file(str(trial_attrs(study.optuna.trials[number])["rfopt:adapter"] + "/adapter_model.safetensors"))
 
 
 @pytest.mark.parametrize("crash_after", [1, 4])

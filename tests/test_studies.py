@@ -7,6 +7,7 @@ files' own builders: ``build_space(...)`` and ``load_datasets(...)``.
 
 import inspect
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -92,6 +93,9 @@ def test_study_file_loads_and_its_configs_fit_the_chunk_plan(name):
             assert schedule.steps_per_chunk >= 1
             assert rfopt.TrialConfig.from_json(config.to_json()).to_json() == config.to_json()
         assert variant.pruner is None or isinstance(variant.pruner(), optuna.pruners.BasePruner)
+        # The banner `rfopt run` prints says how many chunks this variant (--fast too) trains.
+        said = re.findall(r"(\d+) chunks|chunks? [\d ,and]+ of (\d+)", variant.description)
+        assert all(int(a or b) == variant.num_chunks for a, b in said), (variant.description, variant.num_chunks)
 
 
 def test_arithmetic_searches_a_poor_learning_rate_and_prunes_with_successive_halving():

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import rfopt
 from rfopt.schema import metrics_key
 from rfopt_testkit import prompts_dataset, trial_config
+from rfopt.schema import trial_attrs
 
 
 def _space_factory(model_path):
@@ -53,11 +54,11 @@ def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_
         assert sorted(t.intermediate_values) == [0, 1, 2]
         assert t.value == t.intermediate_values[2]
         for step in range(3):
-            metrics = t.user_attrs[metrics_key(step)]
+            metrics = trial_attrs(t)[metrics_key(step)]
             assert metrics["eval"]["reward"] == pytest.approx(t.intermediate_values[step])
             for key in ("loss", "reward", "reward_std", "rewards/reward_len/mean", "completions/mean_length", "entropy"):
                 assert key in metrics["train"], key
-        config = rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"])
+        config = rfopt.TrialConfig.from_json(trial_attrs(t)["rfopt:config"])
         assert config.args.learning_rate == pytest.approx(t.params["learning_rate"])
         assert config.peft_config.r == t.params["lora_r"]
 
@@ -73,7 +74,7 @@ def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_
     assert out.shape[1] > inputs["input_ids"].shape[1]
     # ... and holds the trained weights: the adapter stored for the best trial is not a fresh LoRA.
     assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
-    assert best.user_attrs["rfopt:adapter"].endswith("adapter")
+    assert trial_attrs(best)["rfopt:adapter"].endswith("adapter")
 
     rows = study.leaderboard()
     assert [r.number for r in rows][0] == best.number
@@ -105,7 +106,7 @@ def test_explicit_list_and_grid_become_enqueued_trials_with_params(tiny_model, s
     params = sorted((t.params["learning_rate"], t.params["lora_r"]) for t in study.optuna.trials)
     assert params == [(1e-3, 4), (1e-3, 8), (1e-2, 4), (1e-2, 8)]
     for t in study.optuna.trials:
-        config = rfopt.TrialConfig.from_json(t.user_attrs["rfopt:config"])
+        config = rfopt.TrialConfig.from_json(trial_attrs(t)["rfopt:config"])
         assert (config.args.learning_rate, config.peft_config.r) == (t.params["learning_rate"], t.params["lora_r"])
     # Running the same list again enqueues nothing new.
     study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
@@ -135,7 +136,7 @@ def test_a_model_given_as_a_function_is_stored_by_import_path_and_trains(tiny_mo
     study.optimize([config], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
     trial = study.optuna.trials[0]
     assert trial.state.name == "COMPLETE"
-    assert json.loads(trial.user_attrs["rfopt:config"])["model"] == {"factory": "rfopt_testkit:tiny_model_factory"}
+    assert json.loads(trial_attrs(trial)["rfopt:config"])["model"] == {"factory": "rfopt_testkit:tiny_model_factory"}
 
 
 def test_a_user_callback_that_raises_ends_the_call_with_its_exception_and_the_trial_is_not_failed(tiny_model, storage):
@@ -150,7 +151,7 @@ def test_a_user_callback_that_raises_ends_the_call_with_its_exception_and_the_tr
                        on_unit=on_unit)
     trial = study.optuna.trials[0]
     assert trial.state == optuna.trial.TrialState.RUNNING and trial.intermediate_values.keys() == {0}
-    assert "rfopt:fail_reason" not in trial.user_attrs
+    assert "rfopt:fail_reason" not in trial_attrs(trial)
 
     study.optimize([trial_config(tiny_model)], train, evaluation, num_chunks=2, show_progress_bar=False)
     trial = study.optuna.trials[0]

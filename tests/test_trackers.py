@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 import rfopt
 from rfopt.cli import _parser
 from rfopt.schema import TrialRecord
+from rfopt.schema import study_attrs
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
                                         reason="tensorboard is not installed: pip install -e '.[test]'")
@@ -63,7 +64,7 @@ def test_tensorboard_gets_one_run_per_trial_with_per_step_scalars_and_the_same_r
         assert a.intermediate_values == b.intermediate_values and a.value == b.value
         weights_a, weights_b = _adapter(plain, number), _adapter(tracked, number)
         assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
-    assert tracked.optuna.user_attrs["rfopt:report_to"] == ["tensorboard"]
+    assert study_attrs(tracked.optuna)["rfopt:report_to"] == ["tensorboard"]
 
 
 def test_report_to_is_checked_before_anything_runs_and_the_cli_takes_it(tmp_path):
@@ -93,4 +94,4 @@ def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_run
         rewards = events.Scalars("train/reward")
         assert [e.step for e in rewards] == list(range(1, len(stored) + 1)) and len(stored) == 4  # 2 chunks, one axis
         assert [e.value for e in rewards] == pytest.approx([row["reward"] for row in stored])
-    assert study.optuna.user_attrs["rfopt:report_to"] == ["tensorboard"]
+    assert study_attrs(study.optuna)["rfopt:report_to"] == ["tensorboard"]

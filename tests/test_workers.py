@@ -14,6 +14,7 @@ import sqlalchemy as sa
 import rfopt
 from crashkit import (STUDY_FILE, assert_same_study, commits, env, events, retrained_after_durable, run, run_command,
                       start, trials, worker_command)
+from rfopt.schema import trial_attrs
 
 
 def unit_holders(storage, study="tiny"):
@@ -148,7 +149,7 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     calls = {"n": 0}
 
     def take_over_once():
-        # A unit's chunk scores 8 completion groups, then evaluates once: the 10th call is chunk 1's first step.
+        # A unit's chunk scores 8 completion groups, then evaluates once: the 10th call is chunk 2's first step.
         calls["n"] += 1
         if calls["n"] != 10:
             return
@@ -162,7 +163,7 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     monkeypatch.setattr(rfopt_testkit, "REWARD_HOOK", take_over_once)
     study.work([config], train, evaluation, num_chunks=2, lease_seconds=1.5, poll_seconds=0.1)
 
-    assert "trial 0: chunk 1 stopped at step 9" in caplog.text  # at the step after the heartbeat's finding, of 16
+    assert "trial 0: chunk 2 stopped at step 9" in caplog.text  # at the step after the heartbeat's finding, of 16
     units = unit_holders(storage, "lease")
     assert sorted(units) == [(0, 0), (0, 1)]
     seen = events(log)
@@ -201,7 +202,7 @@ def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_no
     assert order[:4] == [(0, 0), (1, 0), (0, 1), (0, 2)]  # trial 1 sat out while paused, then caught up
     paused, ref = study.optuna.trials[1], reference.optuna.trials[1]
     assert paused.state == ref.state == optuna.trial.TrialState.COMPLETE
-    assert [op["op"] for op in paused.user_attrs["rfopt:ops"]] == ["pause", "resume"]
+    assert [op["op"] for op in trial_attrs(paused)["rfopt:ops"]] == ["pause", "resume"]
     assert paused.intermediate_values == ref.intermediate_values
     assert same_tensors(adapter(paused), adapter(ref))
 

@@ -196,7 +196,7 @@ def _judge_patient(pruner: PatientPruner, at: _Step, trial: FrozenTrial) -> _Ver
         if n_values <= patience + 1:
             return _Verdict(
                 False,
-                f"kept: {_count(n_values, 'value')} up to chunk {at.step}; "
+                f"kept: {_count(n_values, 'value')} up to chunk {at.step + 1}; "
                 f"patience={patience} needs at least {patience + 2}",
             )
         return _Verdict(
@@ -236,7 +236,7 @@ def _judge_by_view(pruner: BasePruner, at: _Step, trial: FrozenTrial) -> _Verdic
         verb = "pruned" if prune else "kept"
         reason = (
             f"{'' if prune else 'kept: '}{name}.prune {verb} it, given "
-            f"{_count(len(peers), 'peer')} at chunk {at.step} as COMPLETE trials"
+            f"{_count(len(peers), 'peer')} at chunk {at.step + 1} as COMPLETE trials"
         )
     if type(pruner) in (ThresholdPruner, NopPruner):
         peers = ()  # they look at the trial's own values only
@@ -253,10 +253,10 @@ def _count(n: int, noun: str) -> str:
 
 def _check_schedule(step: int, trial: FrozenTrial, warmup: int, interval: int) -> str | None:
     if step < warmup:
-        return f"kept: chunk {step} is in warmup (n_warmup_steps={warmup})"
+        return f"kept: chunk {step + 1} is in warmup (n_warmup_steps={warmup})"
     if not percentile_helpers()[2](step, trial.intermediate_values.keys(), warmup, interval):
         return (
-            f"kept: chunk {step} is not a check step "
+            f"kept: chunk {step + 1} is not a check step "
             f"(n_warmup_steps={warmup}, interval_steps={interval})"
         )
     return None
@@ -272,7 +272,7 @@ def _explain_percentile(
     n = len(peers)
     if n == 0 or n < settings['n_startup_trials']:
         implied, text = False, (
-            f"kept: {_count(n, 'peer')} reached chunk {step}; "
+            f"kept: {_count(n, 'peer')} reached chunk {step + 1}; "
             f"n_startup_trials={settings['n_startup_trials']} needs that many"
         )
     elif (schedule := _check_schedule(
@@ -290,18 +290,18 @@ def _explain_percentile(
         name = "the median" if pct == 50.0 else f"the top-{pct:g}% cut"
         worse = "below" if direction == StudyDirection.MAXIMIZE else "above"
         if math.isnan(best):
-            implied, text = True, f"every value up to chunk {step} is NaN"
+            implied, text = True, f"every value up to chunk {step + 1} is NaN"
         elif math.isnan(cut):
             implied, text = False, (
-                f"kept: too few peer values at chunk {step} to compare with "
+                f"kept: too few peer values at chunk {step + 1} to compare with "
                 f"(n_min_trials={settings['n_min_trials']}; NaN values are ignored)"
             )
         else:
             implied = best < cut if direction == StudyDirection.MAXIMIZE else best > cut
             comparison = f"is {worse}" if implied else f"is not {worse}"
             text = (
-                f"{'' if implied else 'kept: '}best value {best:.4g} up to chunk {step} "
-                f"{comparison} {name} {cut:.4g} of {_count(n, 'peer')} at chunk {step}"
+                f"{'' if implied else 'kept: '}best value {best:.4g} up to chunk {step + 1} "
+                f"{comparison} {name} {cut:.4g} of {_count(n, 'peer')} at chunk {step + 1}"
             )
     return text if implied == prune else None
 
@@ -317,14 +317,14 @@ def _explain_threshold(
     if schedule is not None:
         implied, text = False, schedule
     elif math.isnan(value):
-        implied, text = True, f"value at chunk {step} is NaN"
+        implied, text = True, f"value at chunk {step + 1} is NaN"
     elif value < settings['lower']:
-        implied, text = True, f"value {value:.4g} at chunk {step} is below lower={settings['lower']:g}"
+        implied, text = True, f"value {value:.4g} at chunk {step + 1} is below lower={settings['lower']:g}"
     elif value > settings['upper']:
-        implied, text = True, f"value {value:.4g} at chunk {step} is above upper={settings['upper']:g}"
+        implied, text = True, f"value {value:.4g} at chunk {step + 1} is above upper={settings['upper']:g}"
     else:
         implied, text = False, (
-            f"kept: value {value:.4g} at chunk {step} is within "
+            f"kept: value {value:.4g} at chunk {step + 1} is within "
             f"[{settings['lower']:g}, {settings['upper']:g}]"
         )
     return text if implied == prune else None
@@ -342,8 +342,8 @@ def _explain_wilcoxon(
     try:
         best = view.best_trial.number
     except ValueError:
-        return None if prune else f"kept: no peer reached chunk {step}"
-    against = f"chunks 0..{step} of trial {best}, the best peer at chunk {step}"
+        return None if prune else f"kept: no peer reached chunk {step + 1}"
+    against = f"chunks 1..{step + 1} of trial {best}, the best peer at chunk {step + 1}"
     if prune:
         return f"worse than {against} (Wilcoxon p < {settings['p_threshold']:g})"
     return (

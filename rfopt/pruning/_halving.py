@@ -61,19 +61,19 @@ class Halving:
         if not rungs:
             return False, "kept: no rung comes before the last chunk", ()
         if step not in rungs:
-            where = ", ".join(map(str, rungs))
-            return False, f"kept: chunk {step} is not a rung (rungs at chunks {where})", ()
+            where = ", ".join(str(r + 1) for r in rungs)
+            return False, f"kept: chunk {step + 1} is not a rung (rungs after chunks {where})", ()
         rung = rungs.index(step)
         peers = tuple(sorted(n for n in values if n != number))
         n = len(values)
         if math.isnan(values[number]):
-            return True, f"value at rung {rung} (chunk {step}) is NaN", peers
+            return True, f"value at rung {rung} (chunk {step + 1}) is NaN", peers
         if n <= self.bootstrap_count:
             # Optuna prunes every trial that completes a rung before more than bootstrap_count
             # trials have; synchronously that is every trial at a rung with too few arrivals.
             return (
                 True,
-                f"only {n} trials reached rung {rung} (chunk {step}); "
+                f"only {n} trials reached rung {rung} (chunk {step + 1}); "
                 f"bootstrap_count={self.bootstrap_count} needs more before promoting any",
                 peers,
             )
@@ -81,7 +81,7 @@ class Halving:
         order = sorted(values, key=lambda t: _rank_key(values[t], sign, t))
         rank = order.index(number) + 1
         keep = math.ceil(n / self.reduction_factor)
-        text = f"rank {rank} of {n} at rung {rung} (chunk {step}; keeps top {keep})"
+        text = f"rank {rank} of {n} at rung {rung} (chunk {step + 1}; keeps top {keep})"
         if rank <= keep:
             return False, f"kept: {text}", peers
         return True, text, peers

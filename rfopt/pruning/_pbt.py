@@ -178,7 +178,7 @@ def plan_step(
     numbers = tuple(m.number for m in ranking)
     if not pbt.is_exploit_step(step, n_steps):
         every = f"every {pbt.interval} chunks" if pbt.interval > 1 else "after every chunk"
-        return PbtStep(step, numbers, (), (), {m.number: f"kept: chunk {step} is not an exploit step ({every})"
+        return PbtStep(step, numbers, (), (), {m.number: f"kept: chunk {step + 1} is not an exploit step ({every})"
                                                for m in ranking})
     reasons = {}
     stopped: Sequence[Member] = ()
@@ -189,20 +189,20 @@ def plan_step(
         keep = _population_within(pbt, step, n_steps, n, pbt.max_units - spent_units)
         stopped = ranking[keep:]
         for rank, m in enumerate(stopped, keep + 1):
-            reasons[m.number] = (f"stopped: rank {rank} of {n} at chunk {step}; finishing the population would "
+            reasons[m.number] = (f"stopped: rank {rank} of {n} at chunk {step + 1}; finishing the population would "
                                  f"train {projected} chunk units, over max_units={pbt.max_units}, so {keep} go on")
     live = ranking[:n - len(stopped)]
     count = max(1, math.floor(pbt.quantile * len(live))) if len(live) >= 2 else 0
     top, bottom = live[:count], live[len(live) - count:] if count else []
     for rank, m in enumerate(live, 1):
         where = "top" if m in top else "middle"
-        reasons[m.number] = f"kept: rank {rank} of {n} at chunk {step} ({where} of the population)"
+        reasons[m.number] = f"kept: rank {rank} of {n} at chunk {step + 1} ({where} of the population)"
     rng = random.Random(f"{pbt.seed}:{step}") if pbt.seed is not None else random.Random(uuid.uuid4().int)
     stopped_numbers = tuple(m.number for m in stopped)
 
     parents = [m for m in top if not math.isnan(m.value)]
     if not parents:
-        reasons.update({m.number: f"kept: no member has a value at chunk {step} to clone" for m in live})
+        reasons.update({m.number: f"kept: no member has a value at chunk {step + 1} to clone" for m in live})
         return PbtStep(step, numbers, (), stopped_numbers, reasons)
     asked = _SamplerAsk(study, step) if pbt.explore == "sampler" else None
     replacements = []
@@ -221,7 +221,7 @@ def plan_step(
                                         token=f"pbt-{uuid.uuid4().hex}"))
         rank = numbers.index(m.number) + 1
         shown = ", ".join(f"{k} {_shown(a)} -> {_shown(b)}" for k, (a, b) in changed.items()) or "no value changed"
-        reasons[m.number] = (f"replaced by a clone of trial {parent.number}: rank {rank} of {n} at chunk {step} "
+        reasons[m.number] = (f"replaced by a clone of trial {parent.number}: rank {rank} of {n} at chunk {step + 1} "
                              f"(bottom of the population); the clone has {shown}")
     return PbtStep(step, numbers, tuple(replacements), stopped_numbers, reasons)
 

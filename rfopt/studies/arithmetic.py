@@ -173,5 +173,8 @@ STUDY = rfopt.StudySpec(
         "GRPO on SmolLM2-135M-Instruct + LoRA (offline), synthetic arithmetic word problems with the "
         "<reasoning>/<answer> format: learning rate x LoRA rank, successive halving after chunks 1 and 2 of 4."
     ),
-    fast={"configs": fast_space, "datasets": fast_datasets, "num_chunks": 2},
+    fast={"configs": fast_space, "datasets": fast_datasets, "num_chunks": 2,
+          "description": "--fast: a smoke run of GRPO on SmolLM2-135M-Instruct + LoRA (offline), synthetic arithmetic "
+                         "word problems: two learning rates (1e-7, 5e-4), 8 training questions in 2 chunks, 4 eval "
+                         "questions, successive halving after chunk 1 of 2."},
 )

@@ -1,0 +1,636 @@
+"""The HTML of rfopt's dashboard pages, and the data behind them (`rfopt.dashboard` serves them).
+
+- `render_index`: every study of the storage with its trials by state, its best value, and whether a process runs it.
+- `study_page`: one study as the page shows it, in parts the page refreshes one by one (`StudyPage`): who runs it,
+  what trains now (trial, chunk c of C, step s of S, since when, ETAs) and the compute spent against a run without
+  pruning, warnings (trials whose objectives weigh rewards differently), the leaderboard (best first, with lineage and
+  times), the "why it wins" views and the charts (`rfopt.charts`), and each trial's card (controls, times, samples), in
+  leaderboard order. `StudyPage.version` fingerprints the stored data the page shows: the page asks again with it
+  (an ETag) and gets "not modified" while nothing changed.
+- `render_samples` (a trial's eval samples per chunk) and `render_side_by_side` (the same eval prompt's completions
+  across trials, with each reward's score).
+
+Chunks are counted from 1 for people ("after chunk 1" is Optuna's step 0). Times that move (how long a chunk has
+trained, when it should end) are sent as timestamps (``data-since``, ``data-until``) that the page's script turns into
+"for 1m12s" and "in ~45s": the HTML changes only when the stored data does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import html
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from . import ops
+from .charts import best_trial, colour, comparison, parallel_svg, trial_labels
+from .compat import study_id_of
+from .configform import reward_weighting
+from .schema import TrialRecord, json_safe, pbt_steps, study_record
+from .timeline import NowTraining, StudyCost, TrialTimes, duration, now_training, study_cost
+
+_STATE_ORDER = {state: i for i, state in enumerate(ops.STATE_ORDER)}
+REFRESH_SECONDS = 5
+
+
+# ---------------------------------------------------------------------- trials as the page shows them
+@dataclass
+class TrialView:
+    """One trial, as the control page shows it."""
+
+    number: int
+    state: str
+    """Optuna's state name, or ``CANCELLED`` for a clone cancelled before it started."""
+    paused: bool
+    pending: list[str]
+    """Ops requested and not applied (nor withdrawn) yet, oldest first."""
+    steps_done: int
+    """Chunks trained, a warm clone's inherited ones included."""
+    num_steps: int | None
+    value: float | None
+    """The last reported value (the final value once COMPLETE)."""
+    value_step: int | None
+    """The unit of `value` (Optuna's step; shown as chunk ``value_step + 1``)."""
+    params: dict[str, Any]
+    clone_of: dict[str, Any] | None
+    reason: str | None
+    can_clone: bool
+    can_cancel: bool
+    """A WAITING clone no process has started (`rfopt.ops.cancel`)."""
+    colour: str
+    label: str = ""
+    """Its series name in the charts: ``t3 lr=0.05``."""
+    eval: dict[str, float] = field(default_factory=dict)
+    """The eval metrics of its latest chunk."""
+    held_as: dict[str, str] = field(default_factory=dict)
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
+    sample_units: list[int] = field(default_factory=list)
+    """The units whose eval samples are stored."""
+    replaced_by: int | None = None
+    """The clone that replaced it (population-based training)."""
+    started: float | None = None
+    """When it started (seconds since the epoch)."""
+    ended: float | None = None
+    chunk_seconds: dict[int, float] = field(default_factory=dict)
+    """Each committed unit's duration, training and evaluation."""
+
+    @classmethod
+    def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None) -> TrialView:
+        record = TrialRecord(trial)
+        units = record.unit_metrics()
+        values = trial.intermediate_values
+        times = TrialTimes.of(record)
+        return cls(
+            number=trial.number,
+            state=record.shown_state,
+            paused=record.paused,
+            pending=[r.op for r in record.pending],
+            steps_done=record.committed,
+            num_steps=record.num_units,
+            value=record.value,
+            value_step=max(values) if values else None,
+            params=dict(trial.params),
+            held_as=ops.held_as(trial),
+            clone_of=None if record.lineage is None else record.lineage.to_attr(),
+            reason=record.end_reason,  # a cancelled clone's too: cancelling stores it as the fail reason
+            can_clone=record.config_json is not None,
+            can_cancel=trial.state == TrialState.WAITING and record.lineage is not None,
+            colour=colour(trial.number),
+            label=label or f"t{trial.number}",
+            eval=units[-1].eval if units else {},
+            sample_units=sorted(record.samples()),
+            replaced_by=replaced_by,
+            started=_epoch(times.start),
+            ended=_epoch(times.end),
+            chunk_seconds=times.chunk_seconds,
+        )
+
+    @property
+    def controls(self) -> list[str]:
+        """The control buttons shown for this trial (the server checks each request again)."""
+        shown = []
+        if self.state == "RUNNING" and "stop" not in self.pending:
+            shown.append("resume" if self.paused or self.pending[-1:] == ["pause"] else "pause")
+            shown.append("stop")
+        if self.can_cancel:
+            shown.append("cancel")
+        return shown + (["clone"] if self.can_clone else [])
+
+    @property
+    def lineage(self) -> str:
+        """``clone of t3, warm from chunk 2`` and/or ``replaced by t14``; empty for an original trial."""
+        parts = []
+        if self.clone_of:
+            parent = self.clone_of.get("parent")
+            warm = (f", warm from chunk {int(self.clone_of.get('start_unit', 0)) + 1}"
+                    if self.clone_of.get("warm_start") else "")
+            parts.append(f"clone of t{parent}{warm}")
+        if self.replaced_by is not None:
+            parts.append(f"replaced by t{self.replaced_by}")
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["controls"] = self.controls
+        data["lineage"] = self.lineage
+        data["chunk_seconds"] = {str(k): v for k, v in self.chunk_seconds.items()}
+        return data
+
+
+def trial_views(trials: Sequence[optuna.trial.FrozenTrial], study: Any = None) -> list[TrialView]:
+    """Every trial, in leaderboard order when `study` (its direction) is given (`leaderboard_order`), else running
+    first, then waiting, finished; by number within each."""
+    labels = trial_labels(trials)
+    replaced = _replacements(trials, study) if study is not None else {}
+    views = [TrialView.of(t, labels[t.number], replaced.get(t.number)) for t in trials]
+    if study is not None and len(study.directions) == 1:
+        return leaderboard_order(views, best_trial(trials, study.directions[0])[0], study.directions[0])
+    return sorted(views, key=lambda v: (_STATE_ORDER.get(v.state, 9), v.number))
+
+
+def leaderboard_order(views: list[TrialView], best: int | None, direction: Any) -> list[TrialView]:
+    """Best first: the best (or leading) trial, then trials with a value, by value, then the rest by number."""
+    maximize = direction is not None and direction.name == "MAXIMIZE"
+
+    def rank(v: TrialView) -> tuple:
+        key = (-v.value if maximize else v.value) if v.value is not None else float("inf")
+        return (v.number != best, v.value is None, key, v.number)
+
+    return sorted(views, key=rank)
+
+
+def _replacements(trials: Sequence[optuna.trial.FrozenTrial], study: Any) -> dict[int, int]:
+    """Population-based training's replacements: replaced trial -> the clone that replaced it."""
+    steps = pbt_steps(study)
+    if not steps:
+        return {}
+    by_token = {}
+    for t in trials:
+        lineage = TrialRecord(t).lineage
+        if lineage is not None:
+            by_token[lineage.token] = t.number
+    return {r.trial: by_token[r.token] for step in steps for r in step.replacements if r.token in by_token}
+
+
+# ---------------------------------------------------------------------- the study page
+@dataclass
+class StudyPage:
+    """A study's page in the parts the page's script refreshes one at a time."""
+
+    study_id: int
+    title: str
+    version: str
+    """A fingerprint of the stored data shown (`data_version`): unchanged data, unchanged version."""
+    running: bool
+    """A process runs the study (its page refreshes every few seconds; else it stops until something changes)."""
+    parts: dict[str, str]
+    """``facts``, ``liveness``, ``now``, ``warnings``, ``leaderboard``, ``why`` (the parallel coordinates): HTML, each
+    replaced whole when it changes."""
+    cards: list[tuple[int, str]]
+    """Each trial's card (HTML), in leaderboard order."""
+    figures: list[dict[str, Any]]
+    steerable: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "running": self.running, "refresh": REFRESH_SECONDS if self.running else None,
+                "parts": self.parts, "cards": [{"trial": n, "html": h} for n, h in self.cards],
+                "figures": self.figures}
+
+
+def data_version(trials: Iterable[optuna.trial.FrozenTrial], live: ops.Liveness, study_attrs: dict[str, Any]) -> str:
+    """A fingerprint of what the study page shows: every trial's state, params, values and attrs, the study's rfopt
+    records, and who runs it. The page sends it back (If-None-Match) and is told "not modified" while it holds."""
+    digest = hashlib.sha1()
+    for t in trials:
+        digest.update(json.dumps([t.number, t.state.name, t.params, t.values, sorted(t.intermediate_values.items()),
+                                  t.user_attrs, t.system_attrs, str(t.datetime_start), str(t.datetime_complete)],
+                                 sort_keys=True, default=str).encode())
+    digest.update(json.dumps([sorted(study_attrs.items()), live.running, live.holders, live.message],
+                             sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:20]
+
+
+def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live: ops.Liveness,
+               version: str) -> StudyPage:
+    """The study page's parts (see the module's docstring)."""
+    sid = study_id_of(study)
+    record = study_record(study)
+    direction = study.directions[0] if len(study.directions) == 1 else None
+    objective = record.settings.get("objective", "objective")
+    compared = comparison(trials, direction, objective)
+    views = trial_views(trials, study)
+    records = [TrialRecord(t) for t in trials]
+    steerable = record.plan is not None
+    parts = {
+        "facts": _render_facts(study, record, views, objective, direction),
+        "liveness": _render_liveness(live, sid, steerable),
+        "now": _render_now(records, live),
+        "warnings": _render_warnings(records, objective),
+        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction),
+        "why": parallel_svg(trials, direction, objective),
+    }
+    cards = [(v.number, _render_trial(sid, v, steerable)) for v in views]
+    figures = [json_safe(f.to_json()) for f in compared.figures]
+    return StudyPage(sid, study.study_name, version, live.running, parts, cards, figures, steerable)
+
+
+def render_study(page: StudyPage) -> str:
+    """The whole study page: its parts, with the data to draw its charts and to refresh it."""
+    sid = page.study_id
+    figures = json.dumps(page.figures).replace("</", "<\\/")
+    boot = json.dumps({"version": page.version, "running": page.running,
+                       "refresh": REFRESH_SECONDS if page.running else None}).replace("</", "<\\/")
+    stop = ("<button type='button' id='halt' class='op stop' data-op='halt' "
+            f"data-url='/rfopt/api/studies/{sid}/halt'>Stop the study…</button>" if page.steerable else "")
+    header = (
+        f"<h1>{_e(page.title)}</h1><div id='facts'>{page.parts['facts']}</div>"
+        "<p class='bar'><label><input type='checkbox' id='autorefresh' checked> refresh while a process runs it</label>"
+        f"<span id='refreshed'></span><span id='status' role='status'></span>{stop}</p>"
+    )
+    charts = (
+        "<section id='comparison'><h2>Trials compared</h2>"
+        "<p class='hint'>One colour per trial in every chart, each series named by its trial and the params that "
+        "differ; ★ marks the best trial, × where a trial was pruned, stopped or failed (hover: why). Per-step charts: "
+        "TRL's logs on the global optimizer step, dotted lines where a chunk starts, hollow circles the evaluation "
+        "after each chunk, dashed the steps of a chunk still training (not committed). Click a legend entry to hide "
+        "a trial.</p>"
+        "<p class='axis'>x axis: <label><input type='radio' name='xaxis' value='step' checked> optimizer step / "
+        "chunk</label> <label><input type='radio' name='xaxis' value='time'> wall time</label></p>"
+        "<div class='charts' data-section='charts'></div></section>"
+    )
+    why = (
+        "<section id='why'><h2>Why it wins</h2><div class='why' data-section='why'>"
+        f"<div id='parallel' class='parallel-box'>{page.parts['why']}</div></div>"
+        f"<details id='side-by-side' data-url='/rfopt/studies/{sid}/compare'><summary>The same eval prompt, every "
+        "trial's completion, each reward's score</summary><div class='side-body'>loading…</div></details></section>"
+    )
+    cards = "".join(html_ for _, html_ in page.cards) or "<p>No trials yet.</p>"
+    body = (
+        f"{header}<div id='live' data-study='{sid}'>"
+        f"<div id='liveness-part'>{page.parts['liveness']}</div><section id='now'>{page.parts['now']}</section>"
+        f"<div id='warnings'>{page.parts['warnings']}</div>"
+        f"<div class='board-row'><div id='board'>{page.parts['leaderboard']}</div></div>{why}{charts}"
+        "<h2>Trials</h2><p class='hint'>In leaderboard order. Ops apply at the trial's next chunk boundary, in the "
+        f"process running the study.</p><main id='trials'>{cards}</main></div>"
+        f"<script type='application/json' id='rfopt-figures'>{figures}</script>"
+        f"<script type='application/json' id='rfopt-page'>{boot}</script>"
+    )
+    return _page(f"{page.title} · rfopt", body, scripts=True)
+
+
+def _render_facts(study: Any, record: Any, views: list[TrialView], objective: str, direction: Any) -> str:
+    sid = study_id_of(study)
+    plan = record.plan
+    counts: dict[str, int] = {}
+    for v in views:
+        counts[v.state] = counts.get(v.state, 0) + 1
+    tally = ops.tally(counts) if counts else "none yet"
+    facts = [
+        f"objective: {_e(objective)} ({direction.name.lower() if direction else 'multi-objective'})",
+        f"{plan.num_chunks} chunks of {plan.num_rows} rows" if plan else "not an rfopt study: no controls",
+    ]
+    return (f"<p class='facts'>{' · '.join(facts)} · trials: {tally} · "
+            f"<a href='/dashboard/studies/{sid}'>open in optuna-dashboard</a> · <a href='/rfopt'>all studies</a></p>")
+
+
+def _render_liveness(live: ops.Liveness, study_id: int, steerable: bool) -> str:
+    notice_class = "running" if live.running else "idle warn" if live.waiting_unattended else "idle"
+    return (f"<p id='liveness' class='notice {notice_class}' data-running='{str(live.running).lower()}'>"
+            f"{_e(live.message)}</p>")
+
+
+def _render_now(records: list[TrialRecord], live: ops.Liveness) -> str:
+    """What trains now, one line per trial in flight, with ETAs; and the compute spent and left."""
+    flights = now_training(records, max(1, len(live.holders))) if live.running else []
+    cost = study_cost(records, processes=max(1, len(live.holders)))
+    lines = "".join(_now_line(n) for n in flights)
+    if live.running and not flights:
+        lines = "<li class='between'>between chunks (choosing, loading or committing one)</li>"
+    head = "<h2>Now training</h2>" if flights else ""
+    return f"{head}<ul class='now'>{lines}</ul>{_cost_line(cost, flights)}" if (lines or cost.units_without_pruning) else ""
+
+
+def _now_line(now: NowTraining) -> str:
+    p = now.progress
+    if p.phase == "loading":
+        what = "loading (swapping the trial in)"
+    elif p.phase == "evaluating":
+        what = f"evaluating after its {p.steps} steps"
+    else:
+        what = f"{p.step} of {p.steps} steps done"
+    parts = [f"<b>trial {now.trial}</b> <span class='swatch' style='background:{colour(now.trial)}'></span>",
+             f"chunk {p.unit + 1} of {p.num_units}", what,
+             f"<span class='clock' data-since='{p.started:.0f}'>since {_clock_time(p.started)}</span>"]
+    if p.step_seconds is not None and p.phase == "training":
+        parts.append(f"{p.step_seconds:.3g} s/step")
+    if now.chunk_end_at is not None:
+        parts.append(f"chunk ends <span class='clock' data-until='{now.chunk_end_at:.0f}'>"
+                     f"by {_clock_time(now.chunk_end_at)}</span>")
+    if now.trial_end_at is not None and p.unit + 1 < p.num_units:
+        parts.append(f"its last chunk done <span class='clock' data-until='{now.trial_end_at:.0f}'>"
+                     f"by {_clock_time(now.trial_end_at)}</span>")
+    if len(p.gang) > 1:
+        parts.append(f"trained together with trials {', '.join(str(n) for n in p.gang if n != now.trial)}")
+    return (f"<li data-trial='{now.trial}' data-unit='{p.unit}' data-step='{p.step}' data-phase='{p.phase}'>"
+            f"{' · '.join(parts)}</li>")
+
+
+def _cost_line(cost: StudyCost, flights: list[NowTraining]) -> str:
+    if not cost.units_without_pruning:
+        return ""
+    text = (f"compute: <b>{cost.units_trained} of {cost.units_without_pruning}</b> chunk units "
+            f"({100 * (cost.fraction or 0):.0f}%) that training every started trial to its end would take · "
+            f"{duration(cost.seconds)} of training and evaluation so far")
+    if flights and cost.units_left and cost.eta_seconds is not None:
+        anchor = max(n.progress.updated for n in flights)
+        spread = f", {cost.processes} processes" if cost.processes > 1 else ""
+        text += (f" · study ends <span class='clock' data-until='{anchor + cost.eta_seconds:.0f}'>by "
+                 f"{_clock_time(anchor + cost.eta_seconds)}</span> at this pace if nothing more is pruned "
+                 f"({cost.units_left} chunk units left of the trials started{spread})")
+    return f"<p id='cost' class='hint'>{text}</p>"
+
+
+def _render_warnings(records: list[TrialRecord], objective: str) -> str:
+    """Trials whose objectives weigh their rewards differently: their values do not compare."""
+    if objective != "reward":
+        return ""
+    groups: dict[tuple, list[int]] = {}
+    for record in records:
+        if record.config_json is None or record.cancelled is not None:
+            continue
+        groups.setdefault(reward_weighting(record.config_json), []).append(record.number)
+    if len(groups) < 2:
+        return ""
+    items = "".join(
+        f"<li>trials {', '.join(map(str, numbers))}: "
+        + (", ".join(f"{_e(name)} × {weight:g}" for name, weight in weighting) or "no reward functions") + "</li>"
+        for weighting, numbers in sorted(groups.items(), key=lambda kv: kv[1]))
+    return ("<div class='notice warn' id='weights-warning'>These trials' objectives weigh their reward functions "
+            "differently, so their values (the weighted total reward) do not compare across groups: compare them on "
+            f"one reward's eval column, or clone with the same reward_weights.<ul>{items}</ul></div>")
+
+
+def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any) -> str:
+    """Every trial in a table, best first (`views` come in that order); the page sorts it by any column."""
+    maximize = direction is not None and direction.name == "MAXIMIZE"
+    params = list(dict.fromkeys(k for v in views for k in v.params))
+    rewards = sorted({k for v in views for k in v.eval if k.startswith("rewards/") and k.endswith("/mean")})
+    heads = [("trial", "num", "asc"), ("state", "text", "asc"), ("value", "num", "desc" if maximize else "asc"),
+             ("after chunk", "num", "desc"), ("chunks trained", "num", "desc")]
+    heads += [(p, "auto", "asc") for p in params]
+    heads += [(f"eval {k[len('rewards/'):-len('/mean')]}", "num", "desc") for k in rewards]
+    lineage = any(v.lineage for v in views)
+    heads += [("lineage", "text", "asc")] if lineage else []
+    heads += [("time", "num", "desc"), ("why it ended", "text", "asc")]
+    # A header may break after an underscore (soft_<wbr>format_<wbr>reward_<wbr>func), so that long reward names
+    # do not widen the table past the window.
+    head = "".join(f"<th data-kind='{kind}' data-first='{first}' title='sort by {_e(name)}'>"
+                   f"{_e(name).replace('_', '_<wbr>')}</th>" for name, kind, first in heads)
+    rows = []
+    for v in views:
+        star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
+        name = (f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial {v.number}</span>"
+                f"{star}")
+        elapsed = v.ended - v.started if v.started is not None and v.ended is not None else None
+        cells = [
+            (v.number, name),
+            (v.state, _e(v.state.lower())),
+            (v.value, _num(v.value)),
+            (None if v.value_step is None else v.value_step + 1, _num(None if v.value_step is None else v.value_step + 1)),
+            (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
+        ]
+        cells += [_param_cell(v, p) for p in params]
+        cells += [(v.eval.get(k), _num(v.eval.get(k))) for k in rewards]
+        cells += [(v.lineage, _e(v.lineage))] if lineage else []
+        if v.started is not None and v.ended is None and v.state == "RUNNING":
+            since = f"since {_clock_time(v.started)}"
+            cells += [(v.started, f"<span class='clock' data-since='{v.started:.0f}' title='{since}'>{since}</span>")]
+        elif elapsed is not None:
+            cells += [(elapsed, f"<span title='from {_clock_time(v.started)} to {_clock_time(v.ended)}'>"
+                                f"{duration(elapsed)}</span>")]
+        else:
+            cells += [(None, "")]
+        cells += [(v.reason or "", _e(v.reason or ""))]
+        tds = "".join(f"<td data-sort='{_e('' if key is None else key)}'>{text}</td>" for key, text in cells)
+        rows.append(f"<tr data-trial='{v.number}'>{tds}</tr>")
+    return (
+        "<section id='leaderboard'><h2>Leaderboard</h2>"
+        f"<div class='table-scroll'><table class='leaderboard'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
+    )
+
+
+def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
+    """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
+    param (`rfopt.ops.held_as`), that value, marked, so that the column never reads as the parent's."""
+    holder = v.held_as.get(param)
+    if holder is not None:
+        value = v.params[holder]
+        why = (f"Optuna's param {param} cannot hold this clone's value (a categorical cannot gain a choice): it is the "
+               f"param {holder}")
+        return value, f"<span class='held' title='{_e(why)}'>{_e(_num(value))} ⚠</span>"
+    return v.params.get(param), _e(_num(v.params[param])) if param in v.params else ""
+
+
+def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
+    api = f"/rfopt/api/studies/{study_id}/trials/{v.number}"
+    state = v.state + (" · paused" if v.paused else "")
+    steps = f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "") + " chunks trained"
+    value = (f"value {_num(v.value)} after chunk {v.value_step + 1}" if v.value is not None and v.value_step is not None
+             else "no value yet")
+    notes = []
+    if v.params:
+        notes.append(", ".join(f"{_e(k)}={_e(_num(p))}" for k, p in v.params.items()))
+    for field_param, holder in v.held_as.items():
+        notes.append(f"<span class='held'>⚠ its {_e(field_param)} ({_e(_num(v.params[holder]))}) is not a choice of "
+                     f"Optuna's param {_e(field_param)}: Optuna's params hold it as {_e(holder)}</span>")
+    if v.clone_of:
+        lineage = v.clone_of
+        warm = f", warm from chunk {int(lineage.get('start_unit', 0)) + 1}" if lineage.get("warm_start") else ""
+        notes.append(f"clone of trial {_e(lineage.get('parent'))} with {_e(json.dumps(lineage.get('overrides', {})))}{warm}")
+    if v.replaced_by is not None:
+        notes.append(f"replaced by trial {v.replaced_by}")
+    if v.reason:
+        notes.append(_e(v.reason))
+    times = []
+    if v.started is not None:
+        times.append(f"started {_clock_time(v.started)}")
+    if v.ended is not None and v.started is not None:
+        times.append(f"ended {_clock_time(v.ended)} after {duration(v.ended - v.started)}")
+    if v.chunk_seconds:
+        times.append("chunks took " + ", ".join(f"{u + 1}: {duration(s)}" for u, s in sorted(v.chunk_seconds.items())))
+    pending = "".join(
+        f"<li><b>{_e(op)} requested</b>, applies at the next chunk boundary "
+        + (f"<button type='button' class='op withdraw' data-op='withdraw' data-what='{_e(op)}' data-url='{api}/withdraw'>"
+           f"Withdraw {_e(op)}</button>" if steerable else "")
+        + "</li>"
+        for op in v.pending
+    )
+    buttons = ""
+    if steerable:
+        for op in (o for o in v.controls if o != "clone"):
+            buttons += f"<button type='button' class='op {op}' data-op='{op}' data-url='{api}/{op}'>{op.capitalize()}</button>"
+        if "clone" in v.controls:
+            buttons += (
+                f"<details class='clone' data-config='{api}/config'><summary>Clone…</summary>"
+                "<form class='clone-form'><p class='hint'>loading the trial's config…</p></form></details>"
+            )
+    samples = ""
+    if v.sample_units:
+        n = len(v.sample_units)
+        samples = (
+            f"<details class='samples' data-url='/rfopt/studies/{study_id}/trials/{v.number}/samples' "
+            f"data-version='{v.sample_units[-1]}'><summary>Samples: eval completions and each reward function's score "
+            f"({n} chunk{'s' if n > 1 else ''})</summary><div class='samples-body'>loading…</div></details>"
+        )
+    return (
+        f"<section class='trial {v.state.lower()}' data-trial='{v.number}' data-state='{v.state}'>"
+        f"<header><span class='swatch' style='background:{v.colour}'></span><h3>Trial {v.number}</h3>"
+        f"<span class='state'>{_e(state)}</span><span class='progress'>{steps}</span><span>{value}</span>"
+        f"<a href='/dashboard/studies/{study_id}/trials?numbers={v.number}'>details</a></header>"
+        f"<p class='notes'>{' · '.join(notes)}</p>"
+        + (f"<p class='times hint'>{' · '.join(times)}</p>" if times else "")
+        + (f"<ul class='pending'>{pending}</ul>" if pending else "")
+        + f"<div class='controls'>{buttons}</div><p class='feedback' role='status'></p>{samples}</section>"
+    )
+
+
+def render_samples(record: TrialRecord) -> str:
+    """A trial's eval samples: a table per chunk, latest first, with the total and each reward function's score."""
+    chunks = {m.unit: m for m in record.unit_metrics()}
+    parts = []
+    for i, (unit, samples) in enumerate(sorted(record.samples().items(), reverse=True)):
+        scores = list(dict.fromkeys(k for s in samples for k in s if k not in ("prompt", "completion", "reward")))
+        head = "".join(f"<th>{_e(k)}</th>" for k in ["#", "prompt", "completion", "reward (total)", *scores])
+        rows = "".join(
+            f"<tr><td>{j}</td><td><pre>{_e(s.get('prompt', ''))}</pre></td><td><pre>{_e(s.get('completion', ''))}</pre></td>"
+            + "".join(f"<td class='score'>{_score(s.get(k))}</td>" for k in ["reward", *scores]) + "</tr>"
+            for j, s in enumerate(samples)
+        )
+        metrics = chunks.get(unit)
+        mean = f" · eval reward {_num(metrics.eval['reward'])}" if metrics and "reward" in metrics.eval else ""
+        data_chunk = f" (data chunk {metrics.chunk + 1})" if metrics and metrics.chunk != unit else ""
+        parts.append(
+            f"<details class='unit' data-unit='{unit}'{' open' if i == 0 else ''}><summary>after chunk {unit + 1}"
+            f"{data_chunk}{mean}</summary><table class='samples'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table></details>"
+        )
+    return "".join(parts) or "<p class='hint'>no samples stored yet</p>"
+
+
+def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: Any) -> str:
+    """Each eval prompt of the trials' latest samples, with every trial's completion of it and each reward's score,
+    best total first; a select shows one prompt at a time."""
+    labels = trial_labels(trials)
+    by_prompt: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
+    for t in trials:
+        samples = TrialRecord(t).samples()
+        if not samples:
+            continue
+        unit = max(samples)
+        for sample in samples[unit]:
+            by_prompt.setdefault(str(sample.get("prompt", "")), []).append((t.number, unit, sample))
+    if not by_prompt:
+        return "<p class='hint'>no samples stored yet</p>"
+    sign = -1 if direction is not None and direction.name == "MINIMIZE" else 1
+    options = "".join(f"<option value='{i}'>prompt {i + 1}: {_e(_cut(p, 80))}</option>" for i, p in enumerate(by_prompt))
+    sections = []
+    for i, (prompt, rows) in enumerate(by_prompt.items()):
+        scores = list(dict.fromkeys(k for _, _, s in rows for k in s if k not in ("prompt", "completion", "reward")))
+        head = "".join(f"<th>{_e(k)}</th>" for k in ["trial", "after chunk", "completion", "reward (total)", *scores])
+        ordered = sorted(rows, key=lambda r: -sign * (r[2].get("reward") if isinstance(r[2].get("reward"), (int, float))
+                                                       and math.isfinite(r[2]["reward"]) else -math.inf * sign))
+        body = "".join(
+            f"<tr data-trial='{n}'><td><span class='swatch' style='background:{colour(n)}'></span>{_e(labels[n])}</td>"
+            f"<td>{u + 1}</td><td><pre>{_e(s.get('completion', ''))}</pre></td>"
+            + "".join(f"<td class='score'>{_score(s.get(k))}</td>" for k in ["reward", *scores]) + "</tr>"
+            for n, u, s in ordered)
+        sections.append(f"<section class='prompt' data-prompt='{i}'{'' if i == 0 else ' hidden'}><pre class='prompt-text'>"
+                        f"{_e(prompt)}</pre><table class='samples'><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
+                        "</table></section>")
+    return (f"<p><label>eval prompt <select class='prompt-picker'>{options}</select></label> "
+            "<span class='hint'>each trial's latest evaluation of it</span></p>" + "".join(sections))
+
+
+# ---------------------------------------------------------------------- the index
+def render_index(summaries: list[ops.StudySummary]) -> str:
+    rows = []
+    for s in summaries:
+        sid = s.study_id
+        kind = "rfopt" if s.planned else "optuna"
+        best = "-" if s.best is None else f"{s.best[1]:.4g} (trial {s.best[0]})"
+        rows.append(
+            f"<tr data-study='{sid}'><td><a href='/rfopt/studies/{sid}'>{_e(s.name)}</a></td><td>{kind}</td>"
+            f"<td>{ops.tally(s.counts)}</td><td>{best}</td><td class='status {s.status}' title='{_e(s.live.message)}'>"
+            f"{s.status}</td>"
+            f"<td><a href='/dashboard/studies/{sid}'>optuna-dashboard</a></td></tr>"
+        )
+    table = ("<table class='index'><tr><th>study</th><th>kind</th><th>trials</th><th>best value</th><th>now</th><th></th>"
+             "</tr>" + "".join(rows) + "</table>") if rows else "<p>No studies in this storage yet.</p>"
+    return _page("rfopt studies", f"<h1>rfopt studies</h1>{table}<p><a href='/dashboard'>optuna-dashboard</a> "
+                 "(every study, Optuna's own views)</p>")
+
+
+def render_missing(study_id: int) -> str:
+    return _page("no such study", f"<p>No study with id {study_id}. <a href='/rfopt'>All studies</a></p>")
+
+
+# ---------------------------------------------------------------------- HTML
+def plotly_version() -> str:
+    """The version of the plotly.js the page loads: the ``plotly`` package's bundled one (`rfopt.dashboard` serves
+    it)."""
+    import plotly
+
+    return plotly.__version__
+
+
+def _page(title: str, body: str, scripts: bool = False) -> str:
+    head = "<meta name='viewport' content='width=device-width'><link rel='stylesheet' href='/rfopt/static/rfopt.css'>"
+    if scripts:
+        head += (f"<script src='/rfopt/static/plotly-{plotly_version()}.min.js' defer></script>"
+                 "<script src='/rfopt/static/rfopt.js' defer></script>")
+    return (
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>{head}</head>"
+        f"<body>{body}</body></html>"
+    )
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _score(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "<span class='hint' title='the reward function gave None for it: skipped'>not scored</span>"
+    return _e(_num(value))
+
+
+def _cut(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _epoch(when: datetime.datetime | None) -> float | None:
+    if when is None:
+        return None
+    return when.timestamp() if when.tzinfo is not None else when.astimezone().timestamp()
+
+
+def _clock_time(epoch: float) -> str:
+    """The local time of day (with the date when not today), as the server's clock reads it."""
+    when = datetime.datetime.fromtimestamp(epoch).astimezone()
+    today = datetime.datetime.now().astimezone().date()
+    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M")

@@ -1,0 +1,248 @@
+"""Progress inside a chunk: the runner's step hook, the throttled ``rfopt:progress`` record, what it tells (ETAs, compute
+spent), ``rfopt status``, the progress bar (a terminal's, and plain lines in a log), and a study-level stop.
+
+The page showing it while a live study trains is tests/test_dashboard_live.py."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from rfopt_testkit import prompts_dataset, trial_config
+
+import rfopt
+from rfopt import ops, schema
+from rfopt.chunks import ChunkPlan, TrialSchedule
+from rfopt.cli import _status_text
+from rfopt.compat import storage_of, trial_id_of
+from rfopt.display import Progress
+from rfopt.leases import Presence
+from rfopt.progress import ProgressPublisher, UnitProgress
+from rfopt.runner import StepDone
+from rfopt.schema import ProgressRecord, StepColumns, TrialRecord
+from rfopt.storage import open_storage
+from rfopt.timeline import NowTraining, now_training, study_cost, trial_etas
+
+TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
+
+
+def _ref(study, trial):
+    return schema.TrialRef(storage_of(study), trial_id_of(trial), trial.number)
+
+
+@pytest.fixture
+def study(storage):
+    """Three trials of 2 chunks of 8 steps: trial 0 COMPLETE (each chunk took 20 s), trials 1 and 2 RUNNING after
+    their first chunk (20 s)."""
+    study = optuna.create_study(study_name="p", storage=open_storage(storage), direction="maximize")
+    schema.write_plan(study, ChunkPlan.build(16, 2, 0))
+    for number in range(3):
+        trial = study.ask()
+        trial.suggest_float("learning_rate", 1e-3, 1e-1, log=True)
+        ref = _ref(study, trial)
+        schema.write_config(ref, trial_config("tiny-model-not-loaded-here").to_json())
+        schema.write_schedule(ref, TrialSchedule(prompts_per_chunk=8, steps_per_chunk=8, num_epochs=1, num_chunks=2))
+        for unit in range(2 if number == 0 else 1):
+            steps = [{"step": 8 * unit + i + 1, "reward": 0.1 * i, "step_time": 2.0} for i in range(8)]
+            train = {"reward": 0.4, "seconds": 18.0, "swap_seconds": 2.0, "eval_seconds": 2.0,
+                     "started_at": 1000.0 + 40 * unit}
+            schema.write_unit(ref, unit, {"chunk": unit, "train": train, "eval": {"reward": 0.5}}, [], steps)
+            trial.report(0.5, step=unit)
+        if number == 0:
+            study.tell(trial, 0.5)
+    return study
+
+
+# ---------------------------------------------------------------------- the runner's hook
+def test_the_runner_tells_its_step_hook_of_every_optimizer_step_with_its_logs(tiny_model, tmp_path):
+    from rfopt.models import ModelPool
+    from rfopt.runner import TrialRunner
+
+    config = trial_config(tiny_model)
+    plan = ChunkPlan.build(len(TRAIN), 2, 0)
+    schedule = rfopt.trial_schedule(plan, config.args)
+    heard: list[StepDone] = []
+    pool = ModelPool("cpu")
+    try:
+        runner = TrialRunner(0, config, plan, schedule, TRAIN, pool, tmp_path)
+        chunk = runner.train_chunk(on_step=heard.append)
+        runner.train_chunk(on_step=heard.append)
+    finally:
+        pool.close()
+    steps = schedule.steps_per_chunk
+    assert [d.step for d in heard] == [*range(0, steps + 1)] * 2  # 0: the chunk's first step starts
+    assert [d.global_step for d in heard] == [*range(0, steps + 1), *range(steps, 2 * steps + 1)]
+    assert [d.logs for d in heard[1:steps + 1]] == chunk.steps  # what the chunk stores, step by step
+    assert heard[0].logs == {} and all(d.steps == steps and d.seconds >= 0 for d in heard)
+    assert [d.seconds for d in heard[:steps + 1]] == sorted(d.seconds for d in heard[:steps + 1])
+
+
+# ---------------------------------------------------------------------- the record, throttled
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_is_written_when_a_unit_starts_after_its_first_step_then_at_most_every_interval_and_at_its_end(
+        study, monkeypatch):
+    import rfopt.progress
+
+    clock = _Clock()
+    heard: list[UnitProgress] = []
+    writes: list[ProgressRecord] = []
+    monkeypatch.setattr(rfopt.progress, "write_progress",
+                        lambda ref, record: (writes.append(record), schema.write_progress(ref, record)))
+    publisher = ProgressPublisher(_ref(study, study.trials[1]), unit=1, num_units=2, steps=8, listeners=[heard.append],
+                                  interval=3.0, clock=clock)
+    publisher.loading()
+    for step in range(1, 9):
+        clock.now += 1.0  # a step a second
+        publisher.step(StepDone(step=step, steps=8, global_step=8 + step, seconds=float(step),
+                                logs={"step": 8 + step, "reward": 0.1 * step}))
+    publisher.evaluating()
+    # Written: loading, step 1, then steps 4 and 7 (3 s apart), then evaluating: 5 writes for 8 steps.
+    assert [(w.phase, w.step) for w in writes] == [("loading", 0), ("training", 1), ("training", 4),
+                                                    ("training", 7), ("evaluating", 8)]
+    assert [(e.phase, e.step) for e in heard] == [("loading", 0)] + [("training", s) for s in range(1, 9)] + [
+        ("evaluating", 8)]  # listeners hear every step
+    last = TrialRecord(study.trials[1]).progress
+    assert last == writes[-1] and last.step_seconds == 1.0 and last.started == 100.0 and last.updated == 108.0
+    assert [r["reward"] for r in last.step_logs()] == pytest.approx([0.1 * s for s in range(1, 9)])
+    assert last.holder and last.gang == ()
+
+
+def test_a_failed_progress_write_does_not_fail_the_unit():
+    class Broken:
+        def set_trial_system_attr(self, *args):
+            raise RuntimeError("database is locked")
+
+    publisher = ProgressPublisher(schema.TrialRef(Broken(), 1, 1), unit=1, num_units=2, steps=8)
+    publisher.loading()
+    publisher.step(StepDone(step=1, steps=8, global_step=9, seconds=1.0, logs={"step": 9}))
+    assert publisher.writes == 0
+
+
+def test_a_record_is_in_flight_until_its_unit_commits_and_its_steps_continue_the_trials_axis(study):
+    trial = study.trials[1]
+    logs = [{"step": 9, "reward": 0.2}, {"step": 10, "reward": 0.3}]
+    record = ProgressRecord(unit=1, num_units=2, phase="training", step=2, steps=8, global_step=10, started=50.0,
+                            updated=60.0, step_seconds=5.0, logs=StepColumns.encode(logs))
+    schema.write_progress(_ref(study, trial), record)
+    shown = TrialRecord(study.trials[1])
+    assert shown.in_flight == record
+    assert shown.in_flight_steps() == [{"step": 9, "reward": 0.2, "unit": 1, "chunk": 1},
+                                       {"step": 10, "reward": 0.3, "unit": 1, "chunk": 1}]
+    # Its record of unit 0 is history once unit 0 is committed; COMPLETE trials have none in flight.
+    schema.write_progress(_ref(study, trial), record.__class__(**{**record.__dict__, "unit": 0}))
+    assert TrialRecord(study.trials[1]).in_flight is None and TrialRecord(study.trials[1]).in_flight_steps() == []
+    assert TrialRecord(study.trials[0]).in_flight is None
+
+
+# ---------------------------------------------------------------------- what it tells
+def test_now_training_gives_the_chunk_and_trials_ends_from_measured_times(study):
+    updated = time.time()
+    record = ProgressRecord(unit=1, num_units=2, phase="training", step=2, steps=8, global_step=10,
+                            started=updated - 10, updated=updated, step_seconds=5.0, logs={})
+    schema.write_progress(_ref(study, study.trials[1]), record)
+    records = [TrialRecord(t) for t in study.trials]
+    [now] = now_training(records)
+    assert now.trial == 1
+    # 6 steps left at 5 s, then its evaluation (2 s as measured).
+    assert now.chunk_end_at == pytest.approx(updated + 6 * 5.0 + 2.0)
+    # Round-robin: trial 1's last unit, in flight, has 0.75 left; trial 2's last unit starts after it: 0.75 and 1.75
+    # units of 20 s (the mean measured).
+    assert trial_etas(records) == pytest.approx({1: 0.75 * 20.0, 2: 1.75 * 20.0})
+    line = now.line(now=updated)
+    assert line.startswith("trial 1 · chunk 2 of 2 · 2 of 8 steps done · for 10s · 5 s/step · chunk ends in ~32s")
+    assert NowTraining.of(records[2]) is None  # nothing published for it
+
+
+def test_compute_spent_is_counted_against_a_run_without_pruning(study):
+    study.tell(study.trials[2].number, state=TrialState.PRUNED)
+    cost = study_cost([TrialRecord(t) for t in study.trials])
+    # Trained: 2 + 1 + 1 units; without pruning: 3 trials x 2 units. Left: trial 1's one unit.
+    assert (cost.units_trained, cost.units_without_pruning, cost.units_left) == (4, 6, 1)
+    assert cost.seconds == pytest.approx(4 * 20.0) and cost.eta_seconds == pytest.approx(20.0)
+    assert cost.line().startswith("compute: 4 of 6 chunk units (67%) of a run without pruning · 1m20s of training")
+
+
+# ---------------------------------------------------------------------- rfopt status
+def test_status_says_what_trains_now_the_pending_requests_and_the_waiting_clones(study):
+    record = ProgressRecord(unit=1, num_units=2, phase="training", step=3, steps=8, global_step=11,
+                            started=time.time() - 20, updated=time.time(), step_seconds=6.0, logs={})
+    schema.write_progress(_ref(study, study.trials[2]), record)
+    ops.request(study, 1, "pause", by="me@host")
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs=schema.new_trial_attrs(
+        study.trials[1].system_attrs["rfopt:config"], lineage=schema.Lineage(1, {"learning_rate": 0.01}, True, 1,
+                                                                             "me@host", "t"))))
+    idle = _status_text(study)
+    assert idle.startswith("nobody is running this study") and "now training" not in idle
+    with Presence(study, "run"):
+        text = _status_text(study)
+    lines = text.splitlines()
+    assert lines[0].startswith("running: ")
+    assert lines[1].startswith("now training: trial 2 · chunk 2 of 2 · 3 of 8 steps done · for 20s · 6 s/step")
+    assert "compute: 4 of 6 chunk units (67%)" in text and "(2 chunk units of the trials started)" in text
+    assert "pending: pause trial 1, asked by me@host" in text
+    assert ("WAITING: trial 3 (clone of trial 1, warm from chunk 2 with {'learning_rate': 0.01}); starts when a slot "
+            "frees") in text
+
+
+# ---------------------------------------------------------------------- the progress bar
+class _Run:
+    def __init__(self, done, total, steps_done, steps_total, committed, last=None):
+        self.done, self.total, self.steps_done, self.steps_total = done, total, steps_done, steps_total
+        self.committed, self.last, self.counts, self.best = committed, last, {"RUNNING": 2}, 0.5
+
+
+def test_the_bar_advances_at_every_optimizer_step_of_the_units_in_flight():
+    stream = io.StringIO()
+    with Progress("demo", stream=stream, plain=False) as bar:
+        bar(_Run(1, 4, 8, 32, {0: 1, 1: 0}))
+        for step in range(1, 4):
+            bar.step(UnitProgress(trial=1, unit=0, num_units=2, phase="training", step=step, steps=8, step_seconds=2.0))
+            assert bar._bar.n == 8 + step and bar._bar.total == 32
+        assert "trial 1 chunk 1/2 step 3/8 (2 s/step)" in bar._bar.desc
+        bar(_Run(2, 4, 16, 32, {0: 1, 1: 1}, last=(1, 0, 0.5)))  # its unit committed: counted once
+        assert bar._bar.n == 16
+
+
+def test_not_in_a_terminal_the_progress_is_plain_lines_one_per_chunk_and_at_most_one_per_interval_while_training():
+    stream = io.StringIO()
+    with Progress("demo", stream=stream, plain_seconds=3600) as bar:  # a StringIO is no terminal
+        assert bar.plain
+        bar(_Run(0, 4, 0, 32, {0: 0, 1: 0}))
+        for step in range(1, 9):
+            bar.step(UnitProgress(trial=0, unit=0, num_units=2, phase="training", step=step, steps=8, step_seconds=1.0))
+        bar(_Run(1, 4, 8, 32, {0: 1, 1: 0}, last=(0, 0, 0.25)))
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()
+    assert lines == ["demo: trial 0 chunk 1/2 step 1/8 (1 s/step) · 1/32 steps, 0/4 chunks · 2 live · best 0.5",
+                     "demo: trial 0 chunk 1 committed: 0.25 · 8/32 steps, 1/4 chunks · 2 live · best 0.5"]
+
+
+# ---------------------------------------------------------------------- a study-level stop
+def test_halt_stops_every_process_running_the_study_at_the_next_chunk_boundary_and_the_trials_resume(tiny_model,
+                                                                                                   storage):
+    study = rfopt.create_study(study_name="h", storage=storage, direction="maximize")
+    configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3)]
+    with pytest.raises(ops.OpError, match="nobody is running this study"):
+        ops.halt(study.optuna)
+
+    def halt_after_the_first_chunk(number, step, value):
+        if number == 0 and step == 0:
+            ops.halt(study.optuna, by="me@host")
+
+    study.optimize(configs, TRAIN, EVAL, num_chunks=2, show_progress_bar=False, on_unit=halt_after_the_first_chunk)
+    trials = study.optuna.get_trials()
+    assert [t.state for t in trials] == [TrialState.RUNNING, TrialState.RUNNING]
+    assert [len(t.intermediate_values) for t in trials] == [1, 0]  # nothing started after the request
+    assert schema.study_record(study.optuna).halt.by == "me@host"
+    study.optimize(configs, TRAIN, EVAL, show_progress_bar=False)  # a run started after it is not stopped
+    assert [t.state for t in study.optuna.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
