@@ -33,7 +33,7 @@ from . import ops
 from .charts import best_trial, colour, comparison, parallel_svg, trial_labels
 from .compat import study_id_of
 from .configform import reward_weighting
-from .schema import TrialRecord, json_safe, pbt_steps, study_record
+from .schema import TrialRecord, gang_plan, json_safe, pbt_steps, study_record
 from .timeline import NowTraining, StudyCost, TrialTimes, duration, now_training, study_cost
 
 _STATE_ORDER = {state: i for i, state in enumerate(ops.STATE_ORDER)}
@@ -71,6 +71,8 @@ class TrialView:
     """The eval metrics of its latest chunk."""
     held_as: dict[str, str] = field(default_factory=dict)
     """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
+    gangs: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """The trials it trained each unit with (a gang: `rfopt.gang`), by unit; units it trained alone are absent."""
     sample_units: list[int] = field(default_factory=list)
     """The units whose eval samples are stored."""
     replaced_by: int | None = None
@@ -98,6 +100,8 @@ class TrialView:
             value_step=max(values) if values else None,
             params=dict(trial.params),
             held_as=ops.held_as(trial),
+            gangs={unit: plan.numbers for unit in range(record.committed + 1)
+                   if (plan := gang_plan(trial, unit)) is not None and len(plan.numbers) > 1},
             clone_of=None if record.lineage is None else record.lineage.to_attr(),
             reason=record.end_reason,  # a cancelled clone's too: cancelling stores it as the fail reason
             can_clone=record.config_json is not None,
@@ -427,6 +431,14 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     )
 
 
+def _by_gang(gangs: dict[int, tuple[int, ...]]) -> list[tuple[tuple[int, ...], list[int]]]:
+    """The units a trial trained with each set of partners, in the order it first trained with them."""
+    grouped: dict[tuple[int, ...], list[int]] = {}
+    for unit, members in sorted(gangs.items()):
+        grouped.setdefault(tuple(sorted(members)), []).append(unit)
+    return list(grouped.items())
+
+
 def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
     """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
     param (`rfopt.ops.held_as`), that value, marked, so that the column never reads as the parent's."""
@@ -457,6 +469,10 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
         notes.append(f"clone of trial {_e(lineage.get('parent'))} with {_e(json.dumps(lineage.get('overrides', {})))}{warm}")
     if v.replaced_by is not None:
         notes.append(f"replaced by trial {v.replaced_by}")
+    if v.gangs:
+        notes.append("trained together with " + "; ".join(
+            f"trials {', '.join(str(n) for n in members if n != v.number)} (chunk{'s' if len(units) > 1 else ''} "
+            f"{', '.join(str(u + 1) for u in units)})" for members, units in _by_gang(v.gangs)))
     if v.reason:
         notes.append(_e(v.reason))
     times = []
