@@ -110,6 +110,17 @@ def _parser() -> argparse.ArgumentParser:
                      "PostgreSQL study needs one)")
     run.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="train on a Ray cluster: one worker per "
+                     "GPU of the cluster (else per --cpus-per-worker CPUs), each a Ray actor sharing the study through "
+                     "its storage. ADDRESS as ray.init takes it (auto, ray://head:10001); none: $RAY_ADDRESS, else a "
+                     "new local cluster. Needs pip install 'rfopt[ray]'; on several nodes, PostgreSQL and a shared "
+                     "--checkpoint-dir")
+    run.add_argument("--workers", type=_positive_int, metavar="N", help="with --ray: actors to start (default: one "
+                     "per GPU, else one per --cpus-per-worker CPUs)")
+    run.add_argument("--cpus-per-worker", type=_positive_float, default=1.0, metavar="N",
+                     help="with --ray: each CPU worker's share of a node's CPUs (default: %(default)s)")
+    run.add_argument("--lease-seconds", type=_positive_seconds, default=30.0, metavar="SECONDS",
+                     help="with --ray: a dead worker's unit is trained again after this (default: %(default)s)")
     run.set_defaults(handler=_cmd_run)
 
     worker = _command(
@@ -304,6 +315,17 @@ def _port(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    """``--cpus-per-worker``: a number more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -410,6 +432,17 @@ def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, A
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    executor = None
+    if args.ray is not None:
+        import rfopt
+
+        if args.device != "cpu":
+            raise ValueError(f"--device {args.device} with --ray: each worker trains on the device Ray gives it (a "
+                             "GPU each where the cluster has GPUs); leave --device out")
+        executor = rfopt.RayCluster(address=args.ray or None, num_workers=args.workers,
+                                    cpus_per_worker=args.cpus_per_worker, lease_seconds=args.lease_seconds)
+    elif args.workers is not None:
+        raise ValueError("--workers is for --ray; to start workers on this machine use rfopt worker --devices ...")
     spec, study, space, train, evaluation = _open_study_file(args, "study")
     study.optimize(
         space,
@@ -425,6 +458,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         precision=args.precision,
         show_progress_bar=not args.no_progress,
         report_to=args.report_to,
+        executor=executor,
     )
     _print_summary(study, args.storage)
     return 0

@@ -50,6 +50,7 @@ from .checkpoints import (
     normalize_location,
 )
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
+from .cluster import RayCluster
 from .compat import storage_of
 from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
@@ -194,6 +195,7 @@ class Study:
         precision: str = "auto",
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
+        executor: RayCluster | None = None,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -233,7 +235,18 @@ class Study:
                 ``"wandb"``, ``"mlflow"``, ``"trackio"``, a list, ``"none"``): one run per trial, named
                 ``<study>-trial-<n>``, grouped by study (`rfopt.trackers`). Stored on the study: None takes the stored
                 value (none for a new study); a value given replaces it for this and later runs.
+            executor: None (train here), or `rfopt.RayCluster(...)`: one worker per device of a Ray cluster trains the
+                study (`rfopt.cluster`), each device its own (`device` is left out); this process shows the progress
+                and calls `on_unit` and `callbacks` as units and trials commit and end.
         """
+        if executor is not None:
+            return self._run_on(executor, space, train_dataset, eval_dataset, device=device, n_trials=n_trials,
+                                n_trials_total=n_trials_total, timeout=timeout, callbacks=callbacks, catch=catch,
+                                max_concurrent=max_concurrent, given={"num_chunks": num_chunks, "objective": objective,
+                                                                      "eval_settings": eval_settings,
+                                                                      "chunk_seed": chunk_seed},
+                                precision=precision, report_to=report_to, on_unit=on_unit,
+                                show_progress_bar=show_progress_bar)
         pool = ModelPool(device, precision)  # checks the device before anything is written
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
@@ -303,6 +316,39 @@ class Study:
                             more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
+
+    def _run_on(self, executor: RayCluster, space: Any, train_dataset: Any, eval_dataset: Any, *, device: str,
+                n_trials: int | None, n_trials_total: int | None, timeout: float | None, callbacks: Any, catch: Any,
+                max_concurrent: int | None, given: dict[str, Any], precision: str, report_to: Any, on_unit: Any,
+                show_progress_bar: bool) -> None:
+        """`optimize` on a cluster: the same checks here, then one `work` per device there (`rfopt.cluster`)."""
+        from .cluster import WorkerJob
+
+        if device != "cpu":
+            raise ValueError(f"device={device!r}: on a cluster each worker trains on the device Ray gives it (a GPU "
+                             "each where the cluster has GPUs: RayCluster(gpus=...)); leave device out")
+        checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
+                              max_concurrent, given, report_to)
+        space = checked.space
+        if isinstance(space, ListSpace):
+            if n_trials is not None:
+                raise ValueError("n_trials with a list of configs: on a cluster the workers run every config not run "
+                                 "yet; leave n_trials out")
+            concurrent = checked.max_concurrent or max(1, min(len(space), 8))
+        else:  # n_trials counts this call's new trials: the workers share them as a study total
+            started = sum(t.state != TrialState.WAITING and TrialRecord(t).lineage is None
+                          for t in self.optuna.get_trials(deepcopy=False))
+            total = n_trials_total if n_trials is None else started + n_trials
+            if n_trials is not None and n_trials_total is not None:
+                total = min(total, n_trials_total)
+            n_trials_total = total
+            concurrent = checked.max_concurrent or max(1, min(n_trials or n_trials_total or 8, 8))
+        settings = {name: value for name, value in given.items() if value is not None}
+        job = WorkerJob.of(self, self._requested, space, (train_dataset, eval_dataset), dict(
+            n_trials_total=n_trials_total, timeout=timeout, catch=checked.catch, max_concurrent=concurrent,
+            precision=precision, report_to=report_to, lease_seconds=executor.lease_seconds,
+            poll_seconds=executor.poll_seconds, **settings))
+        executor.run(self, job, callbacks=checked.callbacks, on_unit=on_unit, show_progress_bar=show_progress_bar)
 
     def _more_to_ask(self, space: Any, checked: _Plan, n_trials: int | None) -> Callable[[Roster], bool]:
         """Whether this run starts another new trial: `n_trials` counts this run's, `n_trials_total` the study's; a

@@ -23,6 +23,8 @@ LAYERS = [
     {"driver"},
     # what a person sees in a terminal; study files
     {"display", "studyfile"},
+    # workers placed by a cluster manager (Ray)
+    {"cluster"},
     # the public API
     {"study"},
     # front ends

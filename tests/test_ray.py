@@ -1,0 +1,103 @@
+"""A study on a real local Ray cluster (`rfopt run --ray`, `optimize(executor=rfopt.RayCluster())`) and a real
+PostgreSQL server: it ends exactly as `rfopt run` ends, also when an actor is killed in the middle of a chunk; a
+storage the actors cannot reach fails the run at once, naming the URL. Ray is the `ray` extra (``make test``
+installs it); these tests are marked ``ray`` and skipped without it. Each starts a local Ray (some 5 s)."""
+
+import os
+import signal
+import time
+
+import optuna
+import pytest
+
+from crashkit import (assert_same_study, commits, env, events, rfopt_command, run, start, trials, STUDY_FILE)
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (make test does)")
+pytestmark = pytest.mark.ray
+
+SWEEP = {"RFOPT_TEST_TRIALS": 4, "RFOPT_TEST_CHUNKS": 2}
+"""The 4-trial sweep of tests/tiny_study.py, 2 chunks each."""
+
+
+def ray_command(storage, checkpoints, *extra):
+    return rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(checkpoints),
+                         "--no-progress", "--ray", *extra)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, tmp_path_factory):
+    """``(storage, checkpoint_dir)`` of the 4-trial sweep run by plain `rfopt run`."""
+    where = tmp_path_factory.mktemp("ray-reference")
+    storage = f"sqlite:///{where / 'ref.db'}"
+    command = rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(where / "ck"),
+                            "--no-progress")
+    assert run(command, where, env(tiny_model, **SWEEP), where / "log") == 0, (where / "log").read_text()[-3000:]
+    return storage, where / "ck"
+
+
+def _committed_once(log):
+    assert set(commits(events(log)).values()) == {1}  # no unit committed twice
+
+
+def test_a_study_on_a_local_ray_cluster_ends_as_rfopt_run_does(postgres, reference, tiny_model, tmp_path):
+    storage = postgres.new_database()
+    log = tmp_path / "events.log"
+    code = run(ray_command(storage, tmp_path / "ck", "--workers", "2"), tmp_path,
+               env(tiny_model, RFOPT_EVENT_LOG=log, **SWEEP), tmp_path / "out.log")
+    output = (tmp_path / "out.log").read_text()
+    assert code == 0, output[-3000:]
+    assert_same_study(*reference, storage, tmp_path / "ck")
+    _committed_once(log)
+    trained_by = {pid for point, _, _, pid, _ in events(log) if point == "unit-committed"}
+    assert len(trained_by) == 2  # both actors trained units; neither is the command's own process
+    assert "best trial" in output and "COMPLETE" in output  # the leaderboard, as after a local run
+
+
+def test_an_actor_killed_mid_chunk_is_restarted_and_the_study_still_ends_as_rfopt_run_does(
+    postgres, reference, tiny_model, tmp_path
+):
+    storage = postgres.new_database()
+    log = tmp_path / "events.log"
+    process = start(ray_command(storage, tmp_path / "ck", "--workers", "2", "--lease-seconds", "3"), tmp_path,
+                    env(tiny_model, RFOPT_EVENT_LOG=log, **SWEEP), tmp_path / "out.log")
+    try:
+        deadline, victim = time.monotonic() + 300, None
+        while victim is None and time.monotonic() < deadline and process.poll() is None:
+            started = [e for e in (events(log) if log.exists() else []) if e[0] == "unit-started" and e[2] == 1]
+            if started:
+                victim = started[0]
+            else:
+                time.sleep(0.05)
+        assert victim is not None, (tmp_path / "out.log").read_text()[-3000:]
+        _, trial, unit, pid, _ = victim
+        os.kill(pid, signal.SIGKILL)  # as a lost node or the OOM killer would: in the middle of the chunk
+        assert process.wait(timeout=600) == 0, (tmp_path / "out.log").read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    rows = events(log)
+    assert not any(e[0] == "unit-committed" and e[3] == pid for e in rows if e[1:3] == (trial, unit))
+    assert any(e[0] == "unit-committed" and e[3] != pid for e in rows if e[1:3] == (trial, unit))
+    assert_same_study(*reference, storage, tmp_path / "ck")
+    _committed_once(log)
+
+
+def test_storage_the_actors_cannot_reach_fails_the_run_at_once_naming_the_url(postgres, tiny_model, tmp_path):
+    """The caller reaches the database; the actors' environment makes every connection of theirs fail (libpq asked
+    for SSL, which the server does not offer), as a database address that only the caller's machine resolves."""
+    import rfopt
+    from rfopt.cluster import StorageUnreachableError
+    from rfopt_testkit import prompts_dataset, trial_config
+
+    storage = postgres.new_database()
+    study = rfopt.create_study(study_name="unreachable", storage=storage, checkpoint_dir=tmp_path / "ck")
+    cluster = rfopt.RayCluster(num_workers=2, runtime_env={"env_vars": {"PGSSLMODE": "require"}},
+                               init_kwargs={"num_cpus": 2})
+    started = time.monotonic()
+    with pytest.raises(StorageUnreachableError) as raised:
+        study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2,
+                       show_progress_bar=False, executor=cluster)
+    assert time.monotonic() - started < 120
+    assert storage in str(raised.value) and "not reachable from the cluster's workers" in str(raised.value)
+    assert not ray.is_initialized()  # the cluster this call started is shut down
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage, "unreachable"))
