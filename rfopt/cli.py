@@ -158,6 +158,10 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--lease-seconds", type=_positive_seconds, default=30.0, metavar="SECONDS",
                         help="how long a unit's lease lasts without a renewal, more than 0: a dead worker's unit is "
                         "taken over after this (default: %(default)s)")
+    worker.add_argument("--devices-per-trial", type=_positive_int, metavar="K", help="train each trial over K of the "
+                        "listed devices at once, as one data-parallel job (its batch split over them; rollouts "
+                        "sampled per row, so K devices match one); the devices form groups of K, one worker each")
+    worker.add_argument("--data-parallel-rank", help=argparse.SUPPRESS)  # RANK/K@ADDRESS:PORT, for the group's processes
     worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
     worker.set_defaults(handler=_cmd_worker)
 
@@ -466,6 +470,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     devices = _devices(args.devices)
+    group = _data_parallel(args, devices)
+    if group is not None:
+        group.start(devices[0])  # before the study file builds its configs: Accelerate reads the group once
     if len(devices) > 1:  # one process per device, each this same command on its one device
         import subprocess
 
@@ -485,8 +492,21 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 base += [flag, str(value)]
         for tracker in args.report_to or ():
             base += ["--report-to", tracker]
-        print(f"rfopt: {len(devices)} workers on {', '.join(devices)}", file=sys.stderr)
-        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d]) for d in devices]
+        per_trial = args.devices_per_trial or 1
+        if len(devices) % per_trial:
+            raise ValueError(f"--devices {args.devices} --devices-per-trial {per_trial}: {len(devices)} devices do "
+                             f"not form groups of {per_trial}; list a multiple of {per_trial}")
+        ranks = [[] for _ in devices]
+        if args.devices_per_trial is not None:
+            for start in range(0, len(devices), per_trial):
+                port = _free_port()
+                for rank in range(per_trial):
+                    ranks[start + rank] = ["--data-parallel-rank", f"{rank}/{per_trial}@127.0.0.1:{port}"]
+        workers = len(devices) // per_trial
+        print(f"rfopt: {workers} workers on {', '.join(devices)}"
+              + (f", {per_trial} devices per trial" if per_trial > 1 else ""), file=sys.stderr)
+        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d, *rank])
+                     for d, rank in zip(devices, ranks)]
         codes = [p.wait() for p in processes]
         return max(codes, key=abs)
 
@@ -505,9 +525,40 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         precision=args.precision,
         lease_seconds=args.lease_seconds,
         report_to=args.report_to,
+        data_parallel=group,
     )
-    print(study.leaderboard_text())
+    if group is not None:
+        group.stop()
+    if group is None or group.lead:
+        print(study.leaderboard_text())
     return 0
+
+
+def _data_parallel(args: argparse.Namespace, devices: list[str]) -> Any:
+    """This process's place in a data-parallel group: from ``--data-parallel-rank`` (a process of a group the command
+    started), or rank 0 of 1 for ``--devices-per-trial 1`` on one device (one device, rollouts sampled per row, as a
+    group's trial)."""
+    from rfopt.parallel import DataParallel
+
+    if args.data_parallel_rank:
+        place, _, where = args.data_parallel_rank.partition("@")
+        rank, _, world = place.partition("/")
+        address, _, port = where.rpartition(":")
+        return DataParallel(int(rank), int(world), address, int(port))
+    if args.devices_per_trial is not None and len(devices) == 1:
+        if args.devices_per_trial != 1:
+            raise ValueError(f"--devices-per-trial {args.devices_per_trial} needs that many devices in --devices "
+                             f"(got {devices[0]})")
+        return DataParallel(0, 1)
+    return None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _devices(spec: str) -> list[str]:

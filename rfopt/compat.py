@@ -33,6 +33,14 @@ Kept for exactness or correctness (none of them is a speed trick):
     ``model`` with, given ``args.model_init_kwargs``: ``dtype`` defaults to float32 and may be a name
     (``"bfloat16"``), the architecture comes from the model's config. Buys: ``args.model_init_kwargs`` mean in a
     trial what they mean to TRL, with no copy of TRL's rules to drift from them.
+``trainer_generate_call``  `extra_logits_processor` shadows ``generate`` on the model instance that
+    ``GRPOTrainer`` generates with (it calls ``unwrapped_model.generate(..., generation_config=...)`` and passes no
+    processor) to add one: custom processors run after transformers' own and before its sampling warpers. Buys:
+    rollouts sampled per row in data-parallel trials, the same however the batch is split (`rfopt.parallel`).
+``ddp_ignored_parameters``  `data_parallel_model` lists every parameter but the active adapter's with
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`` (torch), so DDP broadcasts and reduces
+    only the trial's adapter: the lead of a data-parallel group holds other trials' adapters on the shared base,
+    the other ranks do not. Buys: data-parallel trials on a shared base model.
 ``plain_object_state``  `object_state` and `object_from_state` store an instance (a per-trial
     ``TrainerCallback``; a callable reward such as ``trl.rewards.get_soft_overlong_punishment(...)`` returns, an
     instance of a private TRL class) as pickle stores a plain object: its class, then its instance attributes,

@@ -23,6 +23,7 @@ studies of the same name keep apart.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -51,6 +52,7 @@ from .checkpoints import (
 )
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
 from .cluster import RayCluster
+from .parallel import DataParallel, DataParallelRunner, follow, lead_done
 from .compat import storage_of
 from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
@@ -283,6 +285,7 @@ class Study:
         poll_seconds: float = 1.0,
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
@@ -292,6 +295,10 @@ class Study:
         transaction that commits the unit, so a worker whose lease expired cannot commit; one whose heartbeat finds
         its lease taken stops the chunk at the next step. A unit whose worker died is trained by another once the
         lease expires (`lease_seconds`). Returns when no trial is left to train (paused trials wait for a resume).
+
+        `data_parallel`: this process's place in a group of processes that train each trial together, one device
+        each (`rfopt.parallel`; the group joined with `DataParallel.start` before anything else). Rank 0 is the
+        worker; the other ranks follow its chunks and return when it does.
 
             >>> study.work(space, train, test, n_trials_total=16, device="cuda:1")   # doctest: +SKIP
         """
@@ -306,14 +313,27 @@ class Study:
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
+        if data_parallel is not None and not data_parallel.lead:
+            workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
+            try:
+                follow(data_parallel, pool, train_dataset, workdir)
+            finally:
+                pool.close()
+                shutil.rmtree(workdir, ignore_errors=True)
+            return
         leases = Leases(self.optuna)
         with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity and plan
             store = self._claim()
             space, n_trials = self._record(checked)
         max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
-        trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
-                            LeasedCoordinator(leases, lease_seconds), max_concurrent,
-                            more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds)
+        try:
+            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
+                                LeasedCoordinator(leases, lease_seconds), max_concurrent,
+                                more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,
+                                data_parallel=data_parallel)
+        finally:
+            if data_parallel is not None:
+                lead_done(data_parallel)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -369,13 +389,15 @@ class Study:
         return more
 
     def _run(self, space, checked, store, pool, train_dataset, eval_dataset, on_unit, coordinator, max_concurrent, *,
-             more_to_ask, progress=None, poll_seconds: float = 1.0) -> int:
+             more_to_ask, progress=None, poll_seconds: float = 1.0, data_parallel: DataParallel | None = None) -> int:
         """Drive the study until nothing is left to do here; return how many units this call committed."""
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         ctx = Context(study=self.optuna, store=store, plan=checked.plan, train_dataset=train_dataset,
                       eval_dataset=eval_dataset, objective=checked.objective, settings=checked.settings, pool=pool,
                       workdir=workdir, tracking=Tracking(checked.report_to, self.study_name) if checked.report_to
                       else None, subscribers=[publish_unit])
+        if data_parallel is not None:
+            ctx.runner_class = functools.partial(DataParallelRunner, group=data_parallel)
         if on_unit is not None:
             ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
         committed = []

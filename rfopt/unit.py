@@ -98,6 +98,8 @@ class Context:
     callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
     """The user's: one that raises ends the run with its exception (`CallbackFailed` on the way out of the unit),
     as an Optuna callback does; the unit stays committed and the trial resumable."""
+    runner_class: Callable[..., TrialRunner] = TrialRunner
+    """What trains a trial: `TrialRunner` on one device, a data-parallel runner over several (`rfopt.parallel`)."""
 
 
 @dataclass
@@ -138,8 +140,8 @@ class Live:
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
                  ) -> TrialRunner:
-    return TrialRunner(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
-                       tracking=ctx.tracking)
+    return ctx.runner_class(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
+                            tracking=ctx.tracking)
 
 
 # ---------------------------------------------------------------------- 1. load

@@ -14,7 +14,7 @@ LAYERS = [
     # storage: Optuna storage and retries, the rfopt:* keys, checkpoints, leases (never training)
     {"storage", "schema", "checkpoints", "leases"},
     # the domain: configs and spaces, models and the trial runner, scheduling policy, pruning, ops, charts
-    {"config", "spaces", "models", "runner", "scheduler", "pruning", "ops", "charts"},
+    {"config", "spaces", "models", "runner", "parallel", "scheduler", "pruning", "ops", "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},
     # live trials reconciled with storage; who may work on which trial

@@ -1,52 +1,16 @@
-"""One trial over several devices (`rfopt.parallel`): on the CPU with the gloo backend, a trial trained by two
-processes (each half of every batch, gradients averaged by DDP) matches the same trial trained by one process with
-the same global batch: the same rollouts and rewards (each row samples from a stream of its own), and the losses,
-gradient norms and adapter equal up to the order of floating-point sums (stated tolerance: 1e-5 absolute)."""
-
-import json
-import socket
-import subprocess
-import sys
+"""One trial over several devices (`rfopt.parallel`): on the CPU with the gloo backend, a study whose trials each
+train on two processes (each half of every batch, gradients averaged by DDP) matches the same study trained on one
+process with the same global batch: the same per-chunk values, rollouts and rewards (each row samples from a stream
+of its own), and losses and adapters equal up to the order of floating-point sums (stated tolerance: 1e-5
+absolute), through a crash and resume, and for a clone."""
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from crashkit import TESTS, env
+from crashkit import env
 
 TOLERANCE = 1e-5
 """Floating-point sums in another order (the all-reduce, a half batch's matmuls): measured 7.6e-7 on the adapter."""
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _trial(tiny_model, tmp_path, world):
-    out, port = tmp_path / f"world-{world}.json", _free_port()
-    processes = [subprocess.Popen([sys.executable, str(TESTS / "parallel_trial.py"), str(rank), str(world), str(port),
-                                   str(out)], env=env(tiny_model), cwd=tmp_path, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT) for rank in range(world)]
-    for process in processes:
-        output = process.communicate(timeout=300)[0].decode(errors="replace")
-        assert process.returncode == 0, output[-3000:]
-    return json.loads(out.read_text()), load_file(f"{out}.safetensors")
-
-
-def test_a_trial_on_two_gloo_processes_matches_it_on_one_process_with_the_same_global_batch(tiny_model, tmp_path):
-    (one, one_adapter), (two, two_adapter) = _trial(tiny_model, tmp_path, 1), _trial(tiny_model, tmp_path, 2)
-    assert two["steps"] == one["steps"] == 4  # the same schedule: 2 chunks x 2 optimizer steps of the global batch
-    assert two["values"] == one["values"]
-    for chunk, (a, b) in enumerate(zip(one["metrics"], two["metrics"], strict=True)):
-        assert (b["reward"], b["reward_std"]) == (a["reward"], a["reward_std"]), f"chunk {chunk}: other rollouts"
-        assert b["loss"] == pytest.approx(a["loss"], abs=TOLERANCE) and b["grad_norm"] == pytest.approx(
-            a["grad_norm"], abs=TOLERANCE), f"chunk {chunk}"
-    assert one_adapter.keys() == two_adapter.keys()
-    moved = max((one_adapter[k] - two_adapter[k]).abs().max().item() for k in one_adapter)
-    assert moved <= TOLERANCE
-    assert any(k.endswith("lora_B.weight") and one_adapter[k].abs().max() > 1e-3 for k in one_adapter)  # it trained
 
 
 def test_each_row_samples_from_its_own_stream_whatever_the_batch_it_is_in():
@@ -78,3 +42,45 @@ def test_a_batch_that_does_not_split_over_the_devices_is_refused_naming_the_tria
                                          "devices; give a multiple of 3"):
         DataParallelRunner(5, config, plan, trial_schedule(plan, config.args), prompts_dataset(8),
                            ModelPool("cpu", "fp32"), tmp_path, group=DataParallel(0, 3))
+
+
+def test_a_study_trained_two_devices_per_trial_ends_as_with_one_device_also_after_a_crash_and_for_a_clone(
+    tiny_model, tmp_path
+):
+    """`rfopt worker --devices cpu,cpu --devices-per-trial 2`: one worker whose trials each train on both processes.
+    Its lead is killed once its second unit's checkpoint is durable (the other rank then fails too: its peer is
+    gone); the same command resumes the study from its checkpoints. Then a clone of trial 0 trains the same
+    way. Every trial ends as with one device and the same global batch (``--devices-per-trial 1``)."""
+    import optuna
+
+    import rfopt
+    from crashkit import adapter, run, train_metrics, trials, worker_command
+
+    sweep = {"RFOPT_TEST_TRIALS": 2, "RFOPT_TEST_CHUNKS": 2}
+    studies = {}
+    for label, devices in (("one", ["--devices", "cpu", "--devices-per-trial", "1"]),
+                           ("two", ["--devices", "cpu,cpu", "--devices-per-trial", "2"])):
+        storage, checkpoints = f"sqlite:///{tmp_path / label}.db", tmp_path / f"{label}-ck"
+        command = worker_command(storage, checkpoints, *devices)
+        if label == "two":
+            crashed = run(command, tmp_path, env(tiny_model, RFOPT_CRASH_AT="checkpoint-saved:2", **sweep),
+                          tmp_path / "crash.log")
+            assert crashed != 0
+            assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))
+        assert run(command, tmp_path, env(tiny_model, **sweep), tmp_path / f"{label}.log") == 0, \
+            (tmp_path / f"{label}.log").read_text()[-3000:]
+        rfopt.load_study("tiny", storage).clone_trial(0, {"learning_rate": 2e-2})
+        assert run(command, tmp_path, env(tiny_model, **sweep), tmp_path / f"{label}-clone.log") == 0
+        studies[label] = trials(storage)
+
+    assert len(studies["two"]) == len(studies["one"]) == 3
+    for one, two in zip(studies["one"], studies["two"]):
+        assert two.state == one.state == optuna.trial.TrialState.COMPLETE
+        assert two.intermediate_values == one.intermediate_values, f"trial {one.number}"
+        for chunk, metrics in train_metrics(one).items():
+            got = train_metrics(two)[chunk]["train"]
+            assert (got["reward"], got["reward_std"]) == (metrics["train"]["reward"], metrics["train"]["reward_std"])
+            assert got["loss"] == pytest.approx(metrics["train"]["loss"], abs=TOLERANCE)
+        a, b = adapter(one), adapter(two)
+        assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= TOLERANCE
+        assert any(k.endswith("lora_B.weight") and a[k].abs().max() > 1e-4 for k in a)  # it did train
