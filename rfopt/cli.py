@@ -121,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="with --ray: each CPU worker's share of a node's CPUs (default: %(default)s)")
     run.add_argument("--lease-seconds", type=_positive_seconds, default=30.0, metavar="SECONDS",
                      help="with --ray: a dead worker's unit is trained again after this (default: %(default)s)")
+    run.add_argument("--devices-per-trial", type=_positive_int, default=1, metavar="K",
+                     help="with --ray: train each trial over K workers' devices at once, as one data-parallel job "
+                     "(default: %(default)s)")
     run.set_defaults(handler=_cmd_run)
 
     worker = _command(
@@ -444,9 +447,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise ValueError(f"--device {args.device} with --ray: each worker trains on the device Ray gives it (a "
                              "GPU each where the cluster has GPUs); leave --device out")
         executor = rfopt.RayCluster(address=args.ray or None, num_workers=args.workers,
-                                    cpus_per_worker=args.cpus_per_worker, lease_seconds=args.lease_seconds)
-    elif args.workers is not None:
-        raise ValueError("--workers is for --ray; to start workers on this machine use rfopt worker --devices ...")
+                                    cpus_per_worker=args.cpus_per_worker, lease_seconds=args.lease_seconds,
+                                    devices_per_trial=args.devices_per_trial)
+    elif args.workers is not None or args.devices_per_trial != 1:
+        raise ValueError("--workers and --devices-per-trial are for --ray; to start workers on this machine use "
+                         "rfopt worker --devices ... [--devices-per-trial K]")
     spec, study, space, train, evaluation = _open_study_file(args, "study")
     study.optimize(
         space,

@@ -67,6 +67,7 @@ class RayCluster:
         poll_seconds: how often the caller reads the study for its progress bar, and idle workers look for work.
         runtime_env: Ray's ``runtime_env`` for the actors (``env_vars``, ``working_dir``, ``pip``, ...).
         max_restarts: how often Ray restarts a dead actor (-1: always).
+        devices_per_trial: train each trial over this many actors' devices at once (data parallel).
     """
 
     address: str | None = None
@@ -77,6 +78,9 @@ class RayCluster:
     poll_seconds: float = 1.0
     runtime_env: dict[str, Any] | None = None
     max_restarts: int = -1
+    devices_per_trial: int = 1
+    """Devices each trial trains on at once, as one data-parallel job (`rfopt.parallel`): the workers are groups of
+    this many actors. A group whose actor dies is restarted whole by the caller."""
     init_kwargs: dict[str, Any] = field(default_factory=dict)
     """More keyword arguments for ``ray.init`` when this call starts or connects to the cluster."""
 
@@ -89,6 +93,8 @@ class RayCluster:
         if not self.lease_seconds > 0 or not self.poll_seconds > 0:
             problems.append(f"lease_seconds and poll_seconds must be more than 0, got {self.lease_seconds!r} and "
                             f"{self.poll_seconds!r}")
+        if not isinstance(self.devices_per_trial, int) or self.devices_per_trial < 1:
+            problems.append(f"devices_per_trial must be 1 or more, got {self.devices_per_trial!r}")
         if problems:
             raise ValueError("RayCluster: " + "; ".join(problems))
 
@@ -100,22 +106,26 @@ class RayCluster:
         started_here = not ray.is_initialized()
         if started_here:
             ray.init(address=self.address, logging_level=logging.WARNING, **self.init_kwargs)
-        actors: list[Any] = []
+        groups: list[_Group] = []
         try:
             nodes = [node for node in ray.nodes() if node.get("Alive")]
             job = job.on_cluster(len(nodes))
             count, resources = self.placement(ray.cluster_resources())
-            worker = ray.remote(_Worker).options(**resources, max_restarts=self.max_restarts, max_task_retries=-1,
-                                                 runtime_env=self.runtime_env)
+            alone = self.devices_per_trial == 1  # Ray restarts a lone worker; a group is restarted whole, here
+            # Two threads: `ping` answers while `work` runs (a group asks whether its members are alive).
+            worker = ray.remote(_Worker).options(**resources, max_restarts=self.max_restarts if alone else 0,
+                                                 max_task_retries=-1 if alone else 0, runtime_env=self.runtime_env,
+                                                 max_concurrency=2)
             logger.info("study %r: %d workers on a Ray cluster of %d node(s), each %s", job.study_name, count,
                         len(nodes), resources)
-            data = ray.put(job.datasets)
-            actors = [worker.remote("cuda" if resources.get("num_gpus") else "cpu") for _ in range(count)]
-            pending = [actor.work.remote(job.without_data(), data) for actor in actors]
-            self._wait(ray, study, pending, job, callbacks, on_unit, show_progress_bar)
+            device = "cuda" if resources.get("num_gpus") else "cpu"
+            start = _GroupStarter(ray, worker, device, job.without_data(), ray.put(job.datasets),
+                                  self.devices_per_trial)
+            groups = [start() for _ in range(count // self.devices_per_trial)]
+            self._wait(ray, study, groups, start, job, callbacks, on_unit, show_progress_bar)
         finally:
-            for actor in actors:
-                ray.kill(actor, no_restart=True)
+            for group in groups:
+                group.kill(ray)
             if started_here:
                 ray.shutdown()
 
@@ -126,34 +136,95 @@ class RayCluster:
         if gpus:
             if cluster_gpus < 1:
                 raise ValueError("RayCluster(gpus=True): the cluster has no GPU; leave gpus=None to train on its CPUs")
-            return self.num_workers or cluster_gpus, {"num_gpus": 1, "num_cpus": 1}
-        cpus = resources.get("CPU", 0)
-        count = self.num_workers or max(1, math.floor(cpus / self.cpus_per_worker))
-        return count, {"num_cpus": self.cpus_per_worker}
+            count, each = self.num_workers or cluster_gpus, {"num_gpus": 1, "num_cpus": 1}
+        else:
+            cpus = resources.get("CPU", 0)
+            count, each = self.num_workers or max(1, math.floor(cpus / self.cpus_per_worker)), {
+                "num_cpus": self.cpus_per_worker}
+        if count < self.devices_per_trial:
+            raise ValueError(f"RayCluster(devices_per_trial={self.devices_per_trial}): the cluster gives {count} "
+                             f"worker device(s); a trial needs {self.devices_per_trial}")
+        return count - count % self.devices_per_trial, each
 
-    def _wait(self, ray: Any, study: Any, pending: list[Any], job: WorkerJob,
+    def _wait(self, ray: Any, study: Any, groups: list[_Group], start: _GroupStarter, job: WorkerJob,
               callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
               on_unit: Callable[[int, int, float], None] | None, show_progress_bar: bool) -> None:
         from .display import Progress as Bar
 
         watcher = Watcher(study.optuna)
         finished_at: float | None = None
+        restarts = 0
         with Bar(job.study_name, enabled=show_progress_bar) as bar:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=len(pending), timeout=self.poll_seconds)
+            while pending := [ref for group in groups for ref in group.pending]:
+                done, _ = ray.wait(pending, num_returns=len(pending), timeout=self.poll_seconds)
                 for ref in done:
+                    group = next(g for g in groups if ref in g.pending)
+                    group.pending.remove(ref)
                     try:
                         ray.get(ref)
-                    except ray.exceptions.RayTaskError as exc:  # the actor's own exception, as a local run raises it
-                        cause = getattr(exc, "cause", None)
+                    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                        if len(group.actors) > 1 and group.lost_a_member(ray, exc) and (
+                                self.max_restarts < 0 or restarts < self.max_restarts):
+                            restarts += 1
+                            logger.warning("study %r: a worker of a data-parallel group died; restarting the group "
+                                           "(its chunk is trained again from the last checkpoint)", job.study_name)
+                            group.kill(ray)
+                            groups[groups.index(group)] = start()
+                            break
+                        cause = getattr(exc, "cause", None)  # the actor's own exception, as a local run raises it
                         raise (cause if isinstance(cause, BaseException) else exc) from None
                     finished_at = finished_at or time.monotonic()
                 bar(watcher.poll(on_unit, callbacks))
-                if finished_at is not None and pending and time.monotonic() - finished_at > GRACE_SECONDS:
-                    logger.info("study %r: nothing left to train; releasing %d idle worker(s)", job.study_name,
-                                len(pending))
+                if finished_at is not None and time.monotonic() - finished_at > GRACE_SECONDS:
+                    logger.info("study %r: nothing left to train; releasing the idle workers", job.study_name)
                     break
             bar(watcher.poll(on_unit, callbacks))
+
+
+@dataclass
+class _Group:
+    """The actors of one worker (one, or a data-parallel group) and their `work` calls not returned yet."""
+
+    actors: list[Any]
+    pending: list[Any]
+
+    def lost_a_member(self, ray: Any, exc: BaseException) -> bool:
+        """Whether one of the group's actors died (the others then fail in their next collective)."""
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return True
+        for actor in self.actors:
+            try:
+                ray.get(actor.ping.remote(), timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return True
+        return False
+
+    def kill(self, ray: Any) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+
+
+@dataclass
+class _GroupStarter:
+    """Starts one worker on the cluster: an actor, or `devices_per_trial` actors meeting at the first one's address."""
+
+    ray: Any
+    worker: Any
+    device: str
+    job: WorkerJob
+    data: Any
+    devices_per_trial: int
+
+    def __call__(self) -> _Group:
+        from .parallel import DataParallel
+
+        size = self.devices_per_trial
+        actors = [self.worker.remote(self.device) for _ in range(size)]
+        if size == 1:
+            return _Group(actors, [actors[0].work.remote(self.job, self.data, None)])
+        address, port = self.ray.get(actors[0].address.remote())
+        return _Group(actors, [actor.work.remote(self.job, self.data, DataParallel(rank, size, address, port))
+                               for rank, actor in enumerate(actors)])
 
 
 # ---------------------------------------------------------------------- what each actor runs
@@ -226,16 +297,34 @@ class _Worker:
     def __init__(self, device: str) -> None:
         self.device = device
 
-    def work(self, job: WorkerJob, datasets: tuple[Any, Any]) -> str:
-        """Join the study with `Study.work` until no trial is left; returns this worker's name."""
+    def ping(self) -> bool:
+        return True
+
+    def address(self) -> tuple[str, int]:
+        """Where a data-parallel group led by this actor meets: its node's address and a free port."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def work(self, job: WorkerJob, datasets: tuple[Any, Any], group: Any = None) -> str:
+        """Join the study with `Study.work` until no trial is left (in data-parallel `group`, if given: rank 0 works,
+        the others follow its chunks); returns this worker's name."""
         import rfopt
 
         from .leases import worker_id
 
+        if group is not None:
+            group.start(self.device)  # before any config is built: Accelerate reads the group once per process
         check_reachable(job.storage)
         study = rfopt.load_study(job.study_name, job.storage, checkpoint_dir=job.checkpoint_dir)
         train, evaluation = datasets
-        study.work(job.space(), train, evaluation, device=self.device, **job.work_kwargs)
+        study.work(job.space(), train, evaluation, device=self.device, data_parallel=group, **job.work_kwargs)
+        if group is not None:
+            group.stop()
         return worker_id()
 
 

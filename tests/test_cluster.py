@@ -73,6 +73,6 @@ def test_workers_option_without_ray_is_refused(capsys):
     from rfopt.cli import main
 
     assert main(["run", str(STUDY_FILE), "--workers", "2"]) == 1
-    assert "--workers is for --ray" in capsys.readouterr().err
+    assert "--workers and --devices-per-trial are for --ray" in capsys.readouterr().err
     assert main(["run", str(STUDY_FILE), "--ray", "--device", "cuda"]) == 1
     assert "leave --device out" in capsys.readouterr().err

@@ -10,7 +10,8 @@ import time
 import optuna
 import pytest
 
-from crashkit import (assert_same_study, commits, env, events, rfopt_command, run, start, trials, STUDY_FILE)
+from crashkit import (STUDY_FILE, assert_same_study, assert_same_study_but_summation_order, commits, env, events,
+                      rfopt_command, run, start, trials, worker_command)
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (make test does)")
 pytestmark = pytest.mark.ray
@@ -53,13 +54,10 @@ def test_a_study_on_a_local_ray_cluster_ends_as_rfopt_run_does(postgres, referen
     assert "best trial" in output and "COMPLETE" in output  # the leaderboard, as after a local run
 
 
-def test_an_actor_killed_mid_chunk_is_restarted_and_the_study_still_ends_as_rfopt_run_does(
-    postgres, reference, tiny_model, tmp_path
-):
-    storage = postgres.new_database()
-    log = tmp_path / "events.log"
-    process = start(ray_command(storage, tmp_path / "ck", "--workers", "2", "--lease-seconds", "3"), tmp_path,
-                    env(tiny_model, RFOPT_EVENT_LOG=log, **SWEEP), tmp_path / "out.log")
+def _kill_at_second_chunk(command, tmp_path, environ, log):
+    """Run `command`; SIGKILL the process that starts the first unit 1 (a chunk's second unit) as it starts it, as a
+    lost node or the OOM killer would; return that event once the command has ended (it must succeed)."""
+    process = start(command, tmp_path, environ, tmp_path / "out.log")
     try:
         deadline, victim = time.monotonic() + 300, None
         while victim is None and time.monotonic() < deadline and process.poll() is None:
@@ -69,17 +67,49 @@ def test_an_actor_killed_mid_chunk_is_restarted_and_the_study_still_ends_as_rfop
             else:
                 time.sleep(0.05)
         assert victim is not None, (tmp_path / "out.log").read_text()[-3000:]
-        _, trial, unit, pid, _ = victim
-        os.kill(pid, signal.SIGKILL)  # as a lost node or the OOM killer would: in the middle of the chunk
+        os.kill(victim[3], signal.SIGKILL)
         assert process.wait(timeout=600) == 0, (tmp_path / "out.log").read_text()[-3000:]
     finally:
         if process.poll() is None:
             process.kill()
+    return victim
+
+
+def test_an_actor_killed_mid_chunk_is_restarted_and_the_study_still_ends_as_rfopt_run_does(
+    postgres, reference, tiny_model, tmp_path
+):
+    storage = postgres.new_database()
+    log = tmp_path / "events.log"
+    _, trial, unit, pid, _ = _kill_at_second_chunk(
+        ray_command(storage, tmp_path / "ck", "--workers", "2", "--lease-seconds", "3"), tmp_path,
+        env(tiny_model, RFOPT_EVENT_LOG=log, **SWEEP), log)
     rows = events(log)
     assert not any(e[0] == "unit-committed" and e[3] == pid for e in rows if e[1:3] == (trial, unit))
     assert any(e[0] == "unit-committed" and e[3] != pid for e in rows if e[1:3] == (trial, unit))
     assert_same_study(*reference, storage, tmp_path / "ck")
     _committed_once(log)
+
+
+def test_a_data_parallel_group_whose_lead_is_killed_is_restarted_whole_and_ends_as_on_one_device(
+    postgres, tiny_model, tmp_path
+):
+    """Two actors train each trial together (``--devices-per-trial 2``); the group's lead dies in the middle of a
+    chunk, its follower fails its next collective; the caller starts a new group, which resumes from the last
+    checkpoint once the dead lead's lease expires. The study ends as on one device with the same global batch."""
+    sweep = {"RFOPT_TEST_TRIALS": 2, "RFOPT_TEST_CHUNKS": 2}
+    reference = f"sqlite:///{tmp_path / 'one.db'}"
+    code = run(worker_command(reference, tmp_path / "one-ck", "--devices", "cpu", "--devices-per-trial", "1"),
+               tmp_path, env(tiny_model, **sweep), tmp_path / "one.log")
+    assert code == 0, (tmp_path / "one.log").read_text()[-3000:]
+    storage = postgres.new_database()
+    log = tmp_path / "events.log"
+    victim = _kill_at_second_chunk(
+        ray_command(storage, tmp_path / "ck", "--workers", "2", "--devices-per-trial", "2", "--lease-seconds", "3"),
+        tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log, **sweep), log)
+    assert any(e[0] == "unit-committed" and e[1:3] == victim[1:3] and e[3] != victim[3] for e in events(log))
+    assert "restarting the group" in (tmp_path / "out.log").read_text()
+    _committed_once(log)
+    assert_same_study_but_summation_order(reference, storage, 1e-5)
 
 
 def test_storage_the_actors_cannot_reach_fails_the_run_at_once_naming_the_url(postgres, tiny_model, tmp_path):
