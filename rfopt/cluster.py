@@ -21,6 +21,7 @@ nodes, the files those paths name must be at the same path on every node (or shi
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -397,7 +398,7 @@ class Watcher:
             if trial.state.is_finished() and trial.number not in self._ended_seen:
                 self._ended_seen.add(trial.number)
                 for callback in callbacks:
-                    callback(self.study, trial)
+                    callback(self.study, copy.deepcopy(trial))
         return Progress(done=self._done, total=self._done + remaining, counts=counts, best=self._best,
                         last=self._last)
 

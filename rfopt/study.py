@@ -321,12 +321,12 @@ class Study:
                 pool.close()
                 shutil.rmtree(workdir, ignore_errors=True)
             return
-        leases = Leases(self.optuna)
-        with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity and plan
-            store = self._claim()
-            space, n_trials = self._record(checked)
-        max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
-        try:
+        try:  # a data-parallel lead tells its group when it is done, however it ends
+            leases = Leases(self.optuna)
+            with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity, plan
+                store = self._claim()
+                space, n_trials = self._record(checked)
+            max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
             trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
                                 LeasedCoordinator(leases, lease_seconds), max_concurrent,
                                 more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,

@@ -76,3 +76,28 @@ def test_workers_option_without_ray_is_refused(capsys):
     assert "--workers and --devices-per-trial are for --ray" in capsys.readouterr().err
     assert main(["run", str(STUDY_FILE), "--ray", "--device", "cuda"]) == 1
     assert "leave --device out" in capsys.readouterr().err
+
+
+def test_the_callers_view_reports_each_unit_and_trial_end_once_from_storage(tmp_path):
+    """What `RayCluster` shows and calls while actors train elsewhere: `Watcher.poll` reads the study and hears of each
+    unit reported and each trial ended since it started watching, once."""
+    from rfopt.cluster import Watcher
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'w.db'}", direction="maximize")
+    before = study.ask()
+    before.report(0.1, step=0)  # reported before the run: not this run's
+    watcher = Watcher(study)
+    units, ended = [], []
+    trial = study.ask()
+    trial.report(0.5, step=0)
+    trial.report(0.7, step=1)
+    progress = watcher.poll(lambda *unit: units.append(unit), [lambda s, t: ended.append(t.number)])
+    assert units == [(1, 0, 0.5), (1, 1, 0.7)] and ended == []
+    assert (progress.done, progress.best, progress.last) == (2, 0.7, (1, 1, 0.7))
+    assert progress.counts == {"RUNNING": 2}
+    study.tell(trial, 0.7)
+    study.tell(before, state=optuna.trial.TrialState.PRUNED)
+    progress = watcher.poll(lambda *unit: units.append(unit), [lambda s, t: ended.append(t.number)])
+    watcher.poll(lambda *unit: units.append(unit), [lambda s, t: ended.append(t.number)])
+    assert len(units) == 2 and sorted(ended) == [0, 1]
+    assert progress.counts == {"COMPLETE": 1, "PRUNED": 1}
