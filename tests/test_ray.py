@@ -90,6 +90,45 @@ def test_an_actor_killed_mid_chunk_is_restarted_and_the_study_still_ends_as_rfop
     _committed_once(log)
 
 
+def test_ctrl_c_releases_the_actors_and_leaves_every_trial_to_resume_where_it_was(
+    postgres, reference, tiny_model, tmp_path
+):
+    storage = postgres.new_database()
+    log = tmp_path / "events.log"
+    process = start(ray_command(storage, tmp_path / "ck", "--workers", "2"), tmp_path,
+                    env(tiny_model, RFOPT_EVENT_LOG=log, **SWEEP), tmp_path / "out.log")
+    try:
+        deadline = time.monotonic() + 300
+        while not (log.exists() and any(e[0] == "unit-committed" for e in events(log))):
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "out.log").read_text()[-3000:]
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 130, (tmp_path / "out.log").read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "interrupted: rerun the same command" in (tmp_path / "out.log").read_text()
+    actors = {e[3] for e in events(log)}
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in actors) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in actors)  # released with the cluster the command started
+    assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))
+    rerun = rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(tmp_path / "ck"),
+                          "--no-progress")
+    assert run(rerun, tmp_path, env(tiny_model, **SWEEP), tmp_path / "rerun.log") == 0
+    assert_same_study(*reference, storage, tmp_path / "ck")
+
+
+def _alive(pid):
+    """Whether process `pid` still runs (a zombie left for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_data_parallel_group_whose_lead_is_killed_is_restarted_whole_and_ends_as_on_one_device(
     postgres, tiny_model, tmp_path
 ):
