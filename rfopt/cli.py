@@ -93,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
               rfopt run arithmetic --fast --storage sqlite:///smoke.db
               rfopt run gsm8k_lite --device cuda --study gsm8k-2
               rfopt run my_study.py --n-trials 4 --timeout 3600  # 4 new trials; no chunk starts after an hour
+              rfopt run my_study.py --ray                       # one worker per CPU of a new local Ray cluster
+              rfopt run my_study.py --ray auto --storage postgresql://rfopt@db/rfopt --checkpoint-dir s3://b/rfopt
             """
         ),
     )
@@ -113,8 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="train on a Ray cluster: one worker per "
                      "GPU of the cluster (else per --cpus-per-worker CPUs), each a Ray actor sharing the study through "
                      "its storage. ADDRESS as ray.init takes it (auto, ray://head:10001); none: $RAY_ADDRESS, else a "
-                     "new local cluster. Needs pip install 'rfopt[ray]'; on several nodes, PostgreSQL and a shared "
-                     "--checkpoint-dir")
+                     "new local cluster (give --ray after the study file, or --ray=ADDRESS). Needs pip install "
+                     "'rfopt[ray]'; on several nodes, PostgreSQL and a shared --checkpoint-dir")
     run.add_argument("--workers", type=_positive_int, metavar="N", help="with --ray: actors to start (default: one "
                      "per GPU, else one per --cpus-per-worker CPUs)")
     run.add_argument("--cpus-per-worker", type=_positive_float, default=1.0, metavar="N",
