@@ -11,6 +11,7 @@ Layout under the store's root (a local directory, or an fsspec URL such as ``s3:
             report.json            the unit's value and metrics, committed to storage after the checkpoint
         warm-start/            a warm-started clone's starting weights, copied from its parent
         adapter/               the finished trial's adapter in PEFT format (PeftModel.from_pretrained loads it)
+    gangs/<id>.json            while a gang's units are being named: which checkpoint each member's LATEST names
 
 A checkpoint's files are first written to a local staging directory, then published, and only then
 named in ``LATEST``; older checkpoints are removed after that. ``LATEST`` is the commit point. In a
@@ -26,6 +27,11 @@ A store belongs to exactly one study: ``rfopt-study.json`` names the study's ide
 the study when it first runs), and `CheckpointStore.claim` refuses a store that names another study, or one
 that holds trials' checkpoints and names none. So a stale directory (of a study whose database was
 deleted) or a foreign one (a same-named study in another database) is never taken for this study's.
+
+A gang's units (several trials trained in lockstep, `rfopt.gang`) become durable together: every member's
+checkpoint is published first, then one record under ``gangs/`` is written (the gang's commit point), then each
+member's ``LATEST``; a store read after a crash finishes naming them (`save_gang`). So a rerun either has all of a
+gang's units or none, and trains the gang again with the same members.
 
 A unit's report rides along in its checkpoint, so that a crash after the checkpoint is durable and
 before the report reaches storage is committed with exactly the value and metrics it would have had.
@@ -163,6 +169,32 @@ class CheckpointStore:
         Returns the checkpoint's location. Raises `CheckpointError` if the write fails (e.g. the disk is full, an
         upload is refused); the previous checkpoint is then intact and still the latest.
         """
+        name = self._write_unit(trial_number, state, report)
+        self._name_latest(trial_number, name)
+        return self._files.location(f"{_trial_key(trial_number)}/{name}")
+
+    def save_gang(self, entries: list[tuple[int, TrialState, UnitReport | None]], gang: str) -> list[Location]:
+        """Write the checkpoints of a gang's units (`rfopt.gang`) so that they become the latest all together or not
+        at all: every checkpoint is written first, then one gang record (``gangs/<gang>.json``, the commit point),
+        then each trial's ``LATEST``. A crash before the record leaves every trial at its previous checkpoint (the
+        gang trains the unit again, with the same members); after it, `load` finishes naming them. `gang` names the
+        record (unique per gang unit)."""
+        names = [(number, self._write_unit(number, state, report)) for number, state, report in entries]
+        record = {"units": {str(number): name for number, name in names}}
+        reach("gang-units-written", trial=entries[0][0], unit=entries[0][1].units_done - 1)
+        try:
+            self._files.write_pointer(_gang_key(gang), json.dumps(record).encode())  # the commit point
+        except Exception as exc:  # noqa: BLE001 - as a failed checkpoint: the previous ones stay the latest
+            raise CheckpointError(f"trials {[n for n, _ in names]}: writing the gang record {_gang_key(gang)} in "
+                                  f"{self.root} failed ({exc}); their previous checkpoints are kept") from exc
+        reach("gang-saved", trial=entries[0][0], unit=entries[0][1].units_done - 1)
+        for number, name in names:
+            self._name_latest(number, name)
+        self._files.remove(_gang_key(gang))
+        return [self._files.location(f"{_trial_key(number)}/{name}") for number, name in names]
+
+    def _write_unit(self, trial_number: int, state: TrialState, report: UnitReport | None) -> str:
+        """Write and publish the checkpoint's files (not yet named in ``LATEST``); returns its name."""
         from safetensors.torch import save_file
 
         trial = _trial_key(trial_number)
@@ -184,7 +216,6 @@ class CheckpointStore:
                 raise CheckpointError(f"trial {trial_number}: not writing {name}, the trial already has {newer}")
             self._files.publish(staging, f"{trial}/{name}")
             reach("checkpoint-renamed", trial=trial_number, unit=unit)
-            self._files.write_pointer(f"{trial}/LATEST", name.encode())  # the commit point
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(exc, CheckpointError):
@@ -192,10 +223,34 @@ class CheckpointStore:
             if isinstance(exc, Exception):  # OSError, safetensors' own error, an object store's refusal
                 raise self._write_error(trial_number, name, exc) from exc
             raise
+        return name
+
+    def _name_latest(self, trial_number: int, name: str) -> None:
+        """Make checkpoint `name` the trial's latest (the commit point of a single save), then remove older ones."""
+        trial = _trial_key(trial_number)
+        try:
+            self._files.write_pointer(f"{trial}/LATEST", name.encode())
+        except Exception as exc:  # noqa: BLE001 - as a failed write: the previous checkpoint stays the latest
+            raise self._write_error(trial_number, name, exc) from exc
         for old in self._files.names(trial):
             if old.startswith("unit-") and old < name:
                 self._files.remove(f"{trial}/{old}")
-        return self._files.location(f"{trial}/{name}")
+
+    def _settle_gangs(self) -> None:
+        """Finish naming the checkpoints of gangs whose record was written before a crash (`save_gang`)."""
+        for entry in self._files.names("gangs"):
+            if not entry.endswith(".json"):
+                continue
+            key = f"gangs/{entry}"
+            try:
+                record = json.loads(self._files.read(key))
+            except FileNotFoundError:  # another process settled it meanwhile
+                continue
+            for number, name in record["units"].items():
+                latest = self._latest_name(int(number))
+                if latest is None or latest < name:
+                    self._name_latest(int(number), name)
+            self._files.remove(key)
 
     def _write_error(self, trial_number: int, name: str, exc: Exception) -> CheckpointError:
         try:
@@ -239,7 +294,10 @@ class CheckpointStore:
         from safetensors.torch import load
 
         try:
+            self._settle_gangs()
             name = self._latest_name(trial_number)
+        except CheckpointError:
+            raise
         except Exception as exc:  # noqa: BLE001 - an unreadable pointer, an unreachable store
             raise CheckpointError(f"trial {trial_number}: the LATEST pointer in {self.trial_dir(trial_number)} is "
                                   f"unreadable: {exc}") from exc
@@ -344,6 +402,10 @@ def _trial_key(trial_number: int) -> str:
     return f"trial-{trial_number:05d}"
 
 
+def _gang_key(gang: str) -> str:
+    return f"gangs/{gang}.json"
+
+
 def _warm_key(token: str) -> str:
     return f"warm-starts/{token}"
 
@@ -402,7 +464,11 @@ class _LocalFiles:
         _fsync_dir(target.parent)
 
     def write_pointer(self, key: str, data: bytes) -> None:
-        _write_durably(self.root / key, data)
+        path = self.root / key
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(path.parent.parent)
+        _write_durably(path, data)
 
     def download(self, key: str, target: Path) -> None:
         shutil.copytree(self.location(key), target)

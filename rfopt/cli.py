@@ -30,6 +30,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from rfopt.gang import DEFAULT_GANG_SIZE
+
 DEFAULT_STORAGE = "sqlite:///rfopt.db"
 VERBOSE_HELP = "log each trial's progress and show tracebacks"
 
@@ -287,6 +289,10 @@ def _plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, sta
                         "into, 1 or more (default: the study file's)")
     parser.add_argument("--max-concurrent", type=_positive_int, metavar="N",
                         help=f"{max_concurrent}, 1 or more (default: the study file's)")
+    parser.add_argument("--gang-size", type=_positive_int, metavar="N",
+                        help="trials of one base model trained at once, in lockstep, their rollouts generated in one "
+                        "batch; 1 trains one trial at a time, bit for bit as plain TRL (default: the study file's, "
+                        f"else {DEFAULT_GANG_SIZE}; see the README, Gangs)")
     parser.add_argument("--report-to", action="append", metavar="TRACKER",
                         help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "
                         "mlflow, trackio, all, none); repeat for several. One run per trial, <study>-trial-<n>, "
@@ -470,6 +476,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         show_progress_bar=not args.no_progress,
         report_to=args.report_to,
         executor=executor,
+        gang_size=_gang_size(args, spec),
     )
     _print_summary(study, args.storage)
     return 0
@@ -494,7 +501,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         for flag, value in (("--study", args.study_name), ("--n-trials", args.n_trials),
                             ("--n-trials-total", args.n_trials_total), ("--timeout", args.timeout),
                             ("--num-chunks", args.num_chunks), ("--max-concurrent", args.max_concurrent),
-                            ("--checkpoint-dir", args.checkpoint_dir)):
+                            ("--gang-size", args.gang_size), ("--checkpoint-dir", args.checkpoint_dir)):
             if value is not None:
                 base += [flag, str(value)]
         for tracker in args.report_to or ():
@@ -533,6 +540,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds,
         report_to=args.report_to,
         data_parallel=group,
+        gang_size=_gang_size(args, spec),
     )
     if group is not None:
         group.stop()
@@ -566,6 +574,13 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _gang_size(args: argparse.Namespace, spec: Any) -> int:
+    """``--gang-size``, else the study file's, else rfopt's default."""
+    if args.gang_size is not None:
+        return args.gang_size
+    return spec.gang_size if spec.gang_size is not None else DEFAULT_GANG_SIZE
 
 
 def _devices(spec: str) -> list[str]:

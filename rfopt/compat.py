@@ -46,6 +46,15 @@ Kept for exactness or correctness (none of them is a speed trick):
     instance of a private TRL class) as pickle stores a plain object: its class, then its instance attributes,
     private ones included; restored with ``cls.__new__(cls)`` and the attributes put back. Buys: callbacks and TRL's
     factory-made rewards stored with a trial, as JSON.
+``gang_gradient_state``  `gradient_state` / `set_gradient_state` read and replace accelerate's process-wide
+    ``GradientState`` (one dict, ``GradientState._shared_state``, shared by every instance): each Trainer's
+    Accelerator writes its gradient-accumulation plugin and sync flag there, and its dataloader registers there. The
+    trainers of a gang (`rfopt.gang`) interleave in one process, so each member keeps its own copy, swapped in when it
+    runs. Buys: gang members with different ``gradient_accumulation_steps`` training in lockstep correctly.
+``trl_prompt_tokenization``  `tokenized_prompts` calls ``GRPOTrainer._tokenize_prompts`` from a gang member's
+    ``rollout_func`` (TRL's public rollout hook hands over untokenized prompts): the chat template with the trainer's
+    tools, template and kwargs, as TRL tokenizes prompts for its own ``generate``. Buys: a gang's rollouts start from
+    exactly the prompt tokens plain TRL would generate from.
 ``optimize_loop``  `optimize_loop` marks an Optuna study as inside an optimize loop
     (``Study._thread_local.in_optimize_loop``, ``Study._stop_flag``), as ``optuna.Study.optimize``
     does, so that ``study.stop()`` (which GridSampler calls when its grid is done) works under rfopt.
@@ -198,6 +207,53 @@ def restore_shared_model(model: Any, args: Any) -> Iterator[None]:
             base.disable_input_require_grads()
         if checkpoints and not checkpointing and getattr(base, "is_gradient_checkpointing", False):
             base.gradient_checkpointing_disable()
+
+
+def forward_patches(model: Any) -> dict[Any, Any]:
+    """The instance ``forward`` attributes a ``GRPOTrainer`` sets on a (shared) model and its base model (entry
+    ``shared_model_restored``): a gang member's trainer wraps ``forward`` with its own fused LM head (its temperature),
+    so each member's wrapper is put in place when that member runs (`set_forward_patches`)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {m: vars(m).get("forward") for m in (model, base)}
+
+
+def set_forward_patches(patches: dict[Any, Any]) -> None:
+    """Put back what `forward_patches` read (None: no instance attribute, the class's ``forward``)."""
+    for module, forward in patches.items():
+        if forward is None:
+            vars(module).pop("forward", None)
+        else:
+            module.forward = forward
+
+
+# ---------------------------------------------------------------------- gangs: several trainers in one process
+def gradient_state() -> dict[str, Any]:
+    """A copy of accelerate's process-wide gradient state (entry ``gang_gradient_state``)."""
+    from accelerate.state import GradientState
+
+    _require(GradientState, "_shared_state", "gang_gradient_state")
+    return dict(GradientState._shared_state)
+
+
+def set_gradient_state(state: dict[str, Any]) -> None:
+    """Make `state` (from `gradient_state`) accelerate's process-wide gradient state, in place (every ``GradientState``
+    instance shares the one dict)."""
+    from accelerate.state import GradientState
+
+    shared = GradientState._shared_state
+    shared.clear()
+    shared.update(state)
+
+
+def tokenized_prompts(trainer: Any, prompts: list[Any]) -> list[list[int]]:
+    """The token ids ``GRPOTrainer`` generates from for `prompts` (entry ``trl_prompt_tokenization``): a list of ids
+    per prompt, the chat template applied to conversational prompts with the trainer's tools and template."""
+    check_version("trl")
+    _require(type(trainer), "_tokenize_prompts", "trl_prompt_tokenization")
+    prompt_ids, images, _ = trainer._tokenize_prompts(prompts)
+    if images is not None:
+        raise CompatError("trl_prompt_tokenization: prompts with images cannot be decoded by rfopt's rollout engine")
+    return [list(ids) for ids in prompt_ids]
 
 
 # ---------------------------------------------------------------------- instances stored as pickle stores them

@@ -22,6 +22,8 @@ POINTS = (
     "chunk-trained",       # the chunk is trained, not yet evaluated
     "checkpoint-staged",   # the checkpoint's files are written in a staging directory, not yet published
     "checkpoint-renamed",  # the checkpoint is in place (renamed, or uploaded to an object store), LATEST not yet updated
+    "gang-units-written",  # a gang's checkpoints are all in place, its record (the commit point) not yet written
+    "gang-saved",          # a gang's record is written: its units are durable; LATEST not yet moved for each
     "checkpoint-saved",    # the checkpoint is durable and named in LATEST; the report is not committed
     "metrics-stored",      # the unit's metrics are in storage, its report is not
     "unit-committed",      # the unit's report is in storage: the unit is committed

@@ -10,7 +10,9 @@ Each round:
 4. ask new trials while slots are free, one asker at a time (`Coordinator.asking`);
 5. pick the next trial, least progress first among those no other process holds (`rfopt.scheduler`),
    and under its claim run one unit of it (`Roster.work_on` -> `rfopt.unit`); a trial at an exploit step of
-   population-based training waits until that step is decided.
+   population-based training waits until that step is decided. With ``gang_size`` > 1 the pick is a gang: up to
+   that many trials at the same progress on the same base model, each under its own claim, trained together
+   (`Roster.work_on_gang` -> `rfopt.gang`); a gang stored before a crash is formed again.
 
 It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
 resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`), before it starts
@@ -19,13 +21,14 @@ another unit. When other processes hold the remaining trials, it waits `poll_sec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 
-from . import compat
+from . import compat, schema
 from .roster import Progress, Roster
-from .scheduler import next_trial
+from .scheduler import next_gang
 
 logger = logging.getLogger("rfopt")
 
@@ -39,6 +42,7 @@ def drive(
     poll_seconds: float = 1.0,
     on_progress: Callable[[Progress], None] | None = None,
     deadline: float | None = None,
+    gang_size: int = 1,
 ) -> None:
     """Run the study's units until none is left for this process (see the module docstring)."""
     study = roster.study
@@ -75,8 +79,10 @@ def drive(
                 on_progress(roster.progress())
             held = roster.held_at_exploit()  # waiting for population-based training's decision at their step
             free = [live.candidate() for live in roster.live.values() if live.number not in busy | held]
-            pick = next_trial(free, roster.resident_models())
-            if pick is None:
+            planned = {r.number: plan.numbers for r in records
+                       if r.number in roster.live and (plan := schema.gang_plan(r.trial, r.committed)) is not None}
+            picks = next_gang(free, gang_size, roster.resident_models(), planned)
+            if not picks:
                 if roster.active() == 0 and not asking():
                     paused = sorted(n for n, live in roster.live.items() if live.paused)
                     if paused:
@@ -88,8 +94,15 @@ def drive(
                     return
                 time.sleep(poll_seconds)  # other processes hold the remaining units
                 continue
-            with coordinator.claim(pick.number) as claim:
-                if claim is not None:
-                    roster.work_on(roster.live[pick.number], claim)
+            if gang_size <= 1 or picks[0].gang_key is None:  # trains alone, as plain TRL would
+                with coordinator.claim(picks[0].number) as claim:
+                    if claim is not None:
+                        roster.work_on(roster.live[picks[0].number], claim)
+            else:
+                with contextlib.ExitStack() as claims:
+                    held_here = [(roster.live[pick.number], claim) for pick in picks
+                                 if (claim := claims.enter_context(coordinator.claim(pick.number))) is not None]
+                    if held_here:
+                        roster.work_on_gang(held_here)
             if on_progress is not None:
                 on_progress(roster.progress())

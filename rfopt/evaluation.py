@@ -70,6 +70,39 @@ def is_conversational(prompt: Any) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
 
 
+@dataclass
+class EvalPrompts:
+    """An eval set as evaluation uses it: the prompts, the texts generation starts from, the other columns."""
+
+    prompts: list[Any]
+    texts: list[str]
+    columns: dict[str, list[Any]]
+
+    @classmethod
+    def of(cls, dataset: Any, tokenizer: Any) -> EvalPrompts:
+        prompts = list(dataset["prompt"])
+        columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+        texts = [
+            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if is_conversational(p)
+            else p
+            for p in prompts
+        ]
+        return cls(prompts, texts, columns)
+
+    def token_ids(self, tokenizer: Any) -> list[list[int]]:
+        """Each text's token ids, as `evaluate` generates from them (no special tokens added)."""
+        return [list(ids) for ids in tokenizer(self.texts, add_special_tokens=False)["input_ids"]]
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end an eval completion: the model's generation config's, and the tokenizer's EOS."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(tokenizer.eos_token_id)
+    return eos_ids
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,
@@ -84,24 +117,16 @@ def evaluate(
     (`trainer_state` is the trial's `transformers.TrainerState` at the evaluated step)."""
     import torch
 
-    prompts = list(dataset["prompt"])
-    columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
-    texts = [
-        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if is_conversational(p) else p
-        for p in prompts
-    ]
-    eos = model.generation_config.eos_token_id
-    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
-        eos_ids.append(tokenizer.eos_token_id)
+    prompts = EvalPrompts.of(dataset, tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
     device = next(model.parameters()).device
-    completions_text: list[str] = []
     completion_ids: list[list[int]] = []
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(settings.seed)
+            texts = prompts.texts
             for start in range(0, len(texts), settings.batch_size):
                 batch = tokenizer(
                     texts[start : start + settings.batch_size],
@@ -122,22 +147,34 @@ def evaluate(
                     eos_token_id=eos_ids,
                 )
                 new_tokens = out[:, batch["input_ids"].shape[1] :]
-                for row in new_tokens.tolist():
-                    ids = _until_eos(row, eos_ids, tokenizer.pad_token_id)
-                    completion_ids.append(ids)
-                    completions_text.append(tokenizer.decode(ids, skip_special_tokens=True))
+                completion_ids.extend(_until_eos(row, eos_ids, tokenizer.pad_token_id) for row in new_tokens.tolist())
     finally:
         model.train(was_training)
+    return scored(prompts, completion_ids, tokenizer, reward_funcs, reward_weights, settings, trainer_state)
 
+
+def scored(
+    prompts: EvalPrompts,
+    completion_ids: list[list[int]],
+    tokenizer: Any,
+    reward_funcs: list,
+    reward_weights: list[float] | None,
+    settings: EvalSettings,
+    trainer_state: Any = None,
+) -> EvalResult:
+    """The eval result of one completion per prompt: each reward function's scores, their weighted total, samples."""
+    completions_text = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
     completions: list[Any] = [
         [{"role": "assistant", "content": text}] if is_conversational(p) else text
-        for p, text in zip(prompts, completions_text)
+        for p, text in zip(prompts.prompts, completions_text)
     ]
-    scores = score_completions(reward_funcs, prompts, completions, completion_ids, columns, trainer_state)
+    scores = score_completions(reward_funcs, prompts.prompts, completions, completion_ids, prompts.columns,
+                               trainer_state)
     weights = reward_weights or [1.0] * len(reward_funcs)
     metrics: dict[str, float] = {}
+    n = len(prompts.prompts)
     # A sample's total is the weighted sum of its non-NaN rewards, NaN when none is valid (then it is skipped).
-    totals = [math.nan] * len(prompts)
+    totals = [math.nan] * n
     for func, weight, values in zip(reward_funcs, weights, scores):
         metrics[f"rewards/{reward_name(func)}/mean"] = _nanmean(values)
         for i, v in enumerate(values):
@@ -146,9 +183,9 @@ def evaluate(
     metrics["reward"] = _nanmean(totals) if totals else math.nan
     metrics["completions/mean_length"] = sum(len(c) for c in completion_ids) / max(1, len(completion_ids))
     samples = [
-        {"prompt": _prompt_text(prompts[i]), "completion": completions_text[i], "reward": totals[i]}
+        {"prompt": _prompt_text(prompts.prompts[i]), "completion": completions_text[i], "reward": totals[i]}
         | {reward_name(f): s[i] for f, s in zip(reward_funcs, scores)}
-        for i in range(min(settings.num_samples, len(prompts)))
+        for i in range(min(settings.num_samples, n))
     ]
     return EvalResult(metrics=metrics, samples=samples)
 

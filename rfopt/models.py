@@ -14,6 +14,7 @@ from typing import Any
 
 from . import compat
 from .config import ConfigError, TokenizerSpec, TrialConfig
+from .rollouts import RolloutEngine
 from .smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 
 
@@ -187,6 +188,7 @@ class _Resident:
     tokenizer: Any
     peft_model: Any = None
     adapters: set[str] = field(default_factory=set)
+    engine: RolloutEngine | None = None
 
 
 class ModelPool:
@@ -271,6 +273,16 @@ class ModelPool:
         if model.active_adapter != name:
             model.set_adapter(name)
         return model
+
+    def engine(self, config: TrialConfig) -> RolloutEngine:
+        """The rollout engine of `config`'s resident base model (after a trial of it was acquired): one per base
+        model and device, shared by every gang that trains on it."""
+        resident = self._load(config)
+        if resident.peft_model is None:
+            raise ValueError(f"no adapter is on {config.model!r} yet: acquire a trial before asking for its engine")
+        if resident.engine is None or resident.engine.model is not resident.peft_model:
+            resident.engine = RolloutEngine(resident.peft_model)
+        return resident.engine
 
     def release(self, trial_number: int, config: TrialConfig) -> None:
         """Free what trial `trial_number` holds (its adapter or its model copy)."""

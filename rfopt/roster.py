@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from . import crashpoints, ops, schema, unit
+from . import crashpoints, gang, ops, schema, unit
 from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import ConfigError, TrialConfig, override_dict
@@ -189,6 +189,7 @@ class Roster:
             loaded=fresh and not warm,
             paused=record.paused, last_value=record.last_value,
             decided=set(range(start_unit)) | record.decided_steps,  # a warm clone reports from its parent's step on
+            alone=gang.refusal(config),
         )
         self.live[trial.number] = live
         return live
@@ -383,36 +384,67 @@ class Roster:
     # ------------------------------------------------------------------ one unit
     def work_on(self, live: Live, claim: Claim) -> None:
         """Under the trial's claim: read it again, apply its requests, train its next unit, finish it if done."""
-        ref = live.ref
-        record = ref.read()
-        if self.reconcile(record) is not live:
+        if not self._still_to_train(live):
             return
+        try:
+            unit.run_unit(self.ctx, live, claim)
+        except unit.CallbackFailed as exc:  # the caller's problem, as in Optuna: the trial is not failed
+            raise exc.__cause__ from None
+        except Exception as exc:  # noqa: BLE001 - the trial fails alone (`_after_unit`)
+            self._after_unit(live, claim, exc)
+        else:
+            self._after_unit(live, claim, None)
+
+    def work_on_gang(self, members: list[tuple[Live, Claim]]) -> None:
+        """Under each trial's claim: read them again, apply their requests, train the next unit of those still to
+        train, together (`unit.run_gang`), and finish the ones that are done."""
+        ready = [(live, claim) for live, claim in members if self._still_to_train(live)]
+        if not ready:
+            return
+        try:
+            outcomes = unit.run_gang(self.ctx, ready)
+        except unit.CallbackFailed as exc:  # every unit is committed; the members finish at the next round
+            raise exc.__cause__ from None
+        for live, claim in ready:
+            self._after_unit(live, claim, outcomes.get(live.number))
+
+    def _still_to_train(self, live: Live) -> bool:
+        """Read the trial again and apply its requests: whether it is still live here, unpaused, to train a unit."""
+        record = live.ref.read()
+        if self.reconcile(record) is not live:
+            return False
         if record.pending:
             self.apply_requests(live, record)
             if live.number not in self.live or live.paused:
-                return
-        try:
-            unit.run_unit(self.ctx, live, claim)
-            finished = live.finished
-            if finished:
+                return False
+        return True
+
+    def _after_unit(self, live: Live, claim: Claim, error: BaseException | None) -> None:
+        """After a unit: finish the trial if it trained its last one; if the unit failed, the trial is stale here
+        (another process has it now) or fails alone, with the reason."""
+        finished = False
+        if error is None and live.finished:
+            try:
                 unit.finish(self.ctx, live, claim)
                 self._drop(live.number)
-        except (LeaseLost, ChunkAborted) as exc:  # another worker has the trial now; what this one holds is stale
-            logger.warning("%s", exc)
-            live.loaded = False
-        except unit.CallbackFailed as exc:  # the caller's problem, as in Optuna: the trial is not failed
-            raise exc.__cause__ from None
-        except Exception as exc:  # noqa: BLE001 - the trial fails alone, if it is still ours to fail
-            try:
-                claim.fence_finish(live.number)
-            except LeaseLost:
-                live.loaded = False
-            else:
-                self.fail(live.number, f"{type(exc).__name__}: {exc}")
-                self._raise_uncaught(exc)
-        else:
+                finished = True
+            except Exception as exc:  # noqa: BLE001 - saving the adapter failed, or the claim was lost
+                error = exc
+        if error is None:
             if finished:
                 self._ended(live.number)
+            return
+        if isinstance(error, (LeaseLost, ChunkAborted)):  # another worker has the trial now; what this one holds is stale
+            logger.warning("%s", error)
+            live.loaded = False
+            return
+        try:
+            claim.fence_finish(live.number)
+        except LeaseLost:
+            live.loaded = False
+        else:
+            self.fail(live.number, f"{type(error).__name__}: {error}")
+            self._raise_uncaught(error)
 
     # ------------------------------------------------------------------ ends
     def fail(self, number: int, reason: str) -> None:

@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import math
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -163,7 +164,9 @@ class TrialRunner:
 
     # ------------------------------------------------------------------ recipe
     def setup(self) -> None:
-        self._model = self.pool.acquire(self.number, self.config)
+        """The trial's model in the pool: its adapter on the shared base model (made at the first call)."""
+        if self._model is None:
+            self._model = self.pool.acquire(self.number, self.config)
 
     @property
     def model(self) -> Any:
@@ -190,11 +193,14 @@ class TrialRunner:
         rows = self.plan.chunks[self.schedule.chunk_of_unit(unit)][: self.schedule.prompts_per_chunk]
         return _rows_of(self.train_dataset, rows)
 
-    def train_chunk(self, should_stop: Callable[[], bool] | None = None) -> ChunkMetrics:
+    def train_chunk(self, should_stop: Callable[[], bool] | None = None,
+                    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None) -> ChunkMetrics:
         """Train the trial's next chunk unit; raises on a reward function error or a diverged loss.
 
         `should_stop` is asked after every optimizer step: when it says True, the chunk stops there and
         `ChunkAborted` is raised (the runner's state is then no unit's: load a checkpoint before training again).
+        `rollout_func`: a gang member's (`rfopt.gang`): its trainer generates through the gang's rollout engine (TRL's
+        ``rollout_func`` hook), and the gang, not the chunk, puts the shared model back when every member is done.
         """
         if self.units_done == _NO_STATE:
             raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
@@ -209,7 +215,10 @@ class TrialRunner:
         boundary = _boundary_callback(stop_at, self._rng, new_epoch, should_stop)
         args = self.chunk_args()
         tracked = self.tracking.chunk(self.number) if self.tracking is not None else contextlib.nullcontext()
-        with tracked, compat.restore_shared_model(model, args):
+        restored = compat.restore_shared_model(model, args) if rollout_func is None else contextlib.nullcontext()
+        with tracked, restored, warnings.catch_warnings():
+            # TRL calls its rollout hook experimental; rfopt's gangs are the ones who use it, knowingly.
+            warnings.filterwarnings("ignore", message="You are using 'rollout_func'", category=UserWarning)
             trainer = compat.chunk_trainer_class()(
                 model=model,
                 reward_funcs=self.reward_funcs,
@@ -222,6 +231,7 @@ class TrialRunner:
                 tokens_seen=self.tokens_seen,
                 beta=self.config.args.beta,
                 first_chunk=unit == self.start_unit,
+                **({} if rollout_func is None else {"rollout_func": rollout_func}),
             )
             _quiet(trainer)
             trainer.train()
@@ -257,8 +267,6 @@ class TrialRunner:
         return [checked_reward(func) for func in self.config.reward_funcs]
 
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
-        from transformers import TrainerState
-
         return evaluate(
             self.model,
             self.tokenizer,
@@ -267,11 +275,15 @@ class TrialRunner:
             self.config.args.reward_weights,
             settings,
             max_new_tokens=self.config.args.max_completion_length,
-            # What a reward function reading ``trainer_state`` gets from TRL at this step.
-            trainer_state=TrainerState(global_step=self.global_step, max_steps=self.total_steps,
-                                       num_train_epochs=self.schedule.num_epochs,
-                                       epoch=self.units_done / self.schedule.num_chunks),
+            trainer_state=self.trainer_state(),
         )
+
+    def trainer_state(self) -> Any:
+        """What a reward function reading ``trainer_state`` gets from TRL at the trial's current step."""
+        from transformers import TrainerState
+
+        return TrainerState(global_step=self.global_step, max_steps=self.total_steps,
+                            num_train_epochs=self.schedule.num_epochs, epoch=self.units_done / self.schedule.num_chunks)
 
     def cleanup(self) -> None:
         self.pool.release(self.number, self.config)

@@ -8,7 +8,8 @@ pruning can be decided at step k once every live trial has reported it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -21,6 +22,8 @@ class LiveTrial:
     num_units: int
     model_key: str
     paused: bool = False
+    gang_key: Hashable | None = None
+    """What trials training together must share (`rfopt.gang.gang_key`); None: it trains alone."""
 
     @property
     def finished(self) -> bool:
@@ -33,6 +36,31 @@ def next_trial(live: Iterable[LiveTrial], resident: set[str] = frozenset()) -> L
     if not candidates:
         return None
     return min(candidates, key=lambda t: (t.units_done, t.model_key not in resident, t.number))
+
+
+def next_gang(live: Iterable[LiveTrial], size: int, resident: set[str] = frozenset(),
+              planned: Mapping[int, Sequence[int]] | None = None) -> list[LiveTrial]:
+    """The trials to train next, together (a gang, `rfopt.gang`), or one trial alone: empty if none can run.
+
+    The first is `next_trial`'s pick. If it can train in a gang, its gang is the trials at the same progress that
+    share its gang key, in number order, at most `size` of them, sized so that the trials at that progress split
+    into equal gangs (7 trials with ``size=4`` train as 4 and 3, not 4 and 3 or 6 and 1 by luck of order). A gang
+    stored for the first trial's next unit (`planned`: its members by trial number, from before a crash) is formed
+    again when all its members can run at that progress.
+    """
+    live = [t for t in live if not t.paused and not t.finished]
+    first = next_trial(live, resident)
+    if first is None or first.gang_key is None or size <= 1:
+        return [] if first is None else [first]
+    peers = sorted((t for t in live if t.gang_key == first.gang_key and t.units_done == first.units_done),
+                   key=lambda t: t.number)
+    stored = (planned or {}).get(first.number)
+    if stored:
+        by_number = {t.number: t for t in peers}
+        if all(n in by_number for n in stored):
+            return [by_number[n] for n in stored]
+    gangs = math.ceil(len(peers) / size)
+    return peers[: math.ceil(len(peers) / gangs)]
 
 
 def completed_rungs(live: Sequence[LiveTrial]) -> int:

@@ -16,8 +16,8 @@ list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
 request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``; and as a trial *system* attr, ``rfopt:steps:<unit>`` (TRL's logs of each optimizer step of
-the unit, by column: see `StepColumns`).
+``rfopt:adapter``; and as trial *system* attrs, ``rfopt:steps:<unit>`` (TRL's logs of each optimizer step of
+the unit, by column: see `StepColumns`) and ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
 reported (`TrialRecord.committed`). Nothing else counts progress.
@@ -69,6 +69,7 @@ _STOPPED = "rfopt:stopped"
 _FAIL_REASON = "rfopt:fail_reason"
 _ADAPTER = "rfopt:adapter"
 _PBT_STEP = "rfopt:pbt:"
+_GANG = "rfopt:gang:"
 
 STOP_REASON = "stopped by user"
 CONTROL_OPS = ("pause", "resume", "stop")
@@ -656,6 +657,42 @@ def _numbers(data: Any) -> dict[str, float]:
         return {}
     return {str(k): float(v) for k, v in data.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    """The gang a trial's unit trains in (``rfopt:gang:<unit>``, a trial system attr): its members, in the order
+    they run, and the unit each trains. Written on every member before the gang trains, so that a rerun after a crash
+    forms the same gang again (its members' rollouts are decoded together: who shares a batch changes its numerics),
+    and so that the study page can show which trials run together."""
+
+    id: str
+    members: tuple[tuple[int, int], ...]
+    """(trial, unit) of each member."""
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        return tuple(n for n, _ in self.members)
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"id": self.id, "members": [[n, u] for n, u in self.members]}
+
+    @classmethod
+    def from_attr(cls, value: Mapping[str, Any]) -> GangPlan:
+        return cls(id=str(value["id"]), members=tuple((int(n), int(u)) for n, u in value["members"]))
+
+
+def gang_plan(trial: FrozenTrial, unit: int) -> GangPlan | None:
+    """The gang that trains (or trained) `trial`'s unit `unit`, if it trains in one."""
+    value = trial.system_attrs.get(unit_key(_GANG, unit))
+    return None if not isinstance(value, Mapping) else GangPlan.from_attr(value)
+
+
+def write_gang_plan(refs: list[TrialRef], plan: GangPlan) -> None:
+    """Store `plan` on each member (before the gang trains)."""
+    units = dict(plan.members)
+    for ref in refs:
+        ref.set_system(unit_key(_GANG, units[ref.number]), plan.to_attr())
 
 
 # ---------------------------------------------------------------------- trial writers

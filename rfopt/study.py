@@ -59,6 +59,7 @@ from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .display import Progress
 from .driver import drive
 from .evaluation import EvalSettings, reward_columns, reward_name
+from .gang import DEFAULT_GANG_SIZE
 from .models import ModelPool
 from .pruning import PopulationBasedTraining
 from .roster import Roster
@@ -198,6 +199,7 @@ class Study:
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
         executor: RayCluster | None = None,
+        gang_size: int = DEFAULT_GANG_SIZE,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -240,7 +242,10 @@ class Study:
             executor: None (train here), or `rfopt.RayCluster(...)`: one worker per device of a Ray cluster trains the
                 study (`rfopt.cluster`), each device its own (`device` is left out); this process shows the progress
                 and calls `on_unit` and `callbacks` as units and trials commit and end.
+            gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
+                batch (`rfopt.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL.
         """
+        _check_gang_size(gang_size)
         if executor is not None:
             return self._run_on(executor, space, train_dataset, eval_dataset, device=device, n_trials=n_trials,
                                 n_trials_total=n_trials_total, timeout=timeout, callbacks=callbacks, catch=catch,
@@ -248,7 +253,7 @@ class Study:
                                                                       "eval_settings": eval_settings,
                                                                       "chunk_seed": chunk_seed},
                                 precision=precision, report_to=report_to, on_unit=on_unit,
-                                show_progress_bar=show_progress_bar)
+                                show_progress_bar=show_progress_bar, gang_size=gang_size)
         pool = ModelPool(device, precision)  # checks the device before anything is written
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
@@ -259,7 +264,8 @@ class Study:
         max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
         with Progress(self.study_name, enabled=show_progress_bar) as progress:
             trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit, LocalCoordinator(),
-                                max_concurrent, progress=progress, more_to_ask=self._more_to_ask(space, checked, n_trials))
+                                max_concurrent, progress=progress, more_to_ask=self._more_to_ask(space, checked, n_trials),
+                                gang_size=gang_size)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
 
@@ -286,6 +292,7 @@ class Study:
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
         data_parallel: DataParallel | None = None,
+        gang_size: int = DEFAULT_GANG_SIZE,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
@@ -306,6 +313,12 @@ class Study:
 
         if lease_seconds <= 0 or poll_seconds <= 0:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
+        _check_gang_size(gang_size)
+        if data_parallel is not None and gang_size > 1:
+            raise ValueError(f"gang_size={gang_size} with devices per trial ({data_parallel.world_size}): a gang trains "
+                             "several trials in lockstep in one process, a data-parallel trial one trial over "
+                             "processes, each with its own rollouts; give gang_size=1 (--gang-size 1), or leave "
+                             "--devices-per-trial out")
         pool = ModelPool(device, precision)  # checks the device before anything is written
         if max_concurrent is None and isinstance(as_space(space), ListSpace):  # the same for every worker
             max_concurrent = max(1, min(len(as_space(space).configs), 8))
@@ -330,7 +343,7 @@ class Study:
             trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
                                 LeasedCoordinator(leases, lease_seconds), max_concurrent,
                                 more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,
-                                data_parallel=data_parallel)
+                                data_parallel=data_parallel, gang_size=gang_size)
         finally:
             if data_parallel is not None:
                 lead_done(data_parallel)
@@ -340,7 +353,7 @@ class Study:
     def _run_on(self, executor: RayCluster, space: Any, train_dataset: Any, eval_dataset: Any, *, device: str,
                 n_trials: int | None, n_trials_total: int | None, timeout: float | None, callbacks: Any, catch: Any,
                 max_concurrent: int | None, given: dict[str, Any], precision: str, report_to: Any, on_unit: Any,
-                show_progress_bar: bool) -> None:
+                show_progress_bar: bool, gang_size: int) -> None:
         """`optimize` on a cluster: the same checks here, then one `work` per device there (`rfopt.cluster`)."""
         from .cluster import WorkerJob
 
@@ -367,7 +380,7 @@ class Study:
         job = WorkerJob.of(self, self._requested, space, (train_dataset, eval_dataset), dict(
             n_trials_total=n_trials_total, timeout=timeout, catch=checked.catch, max_concurrent=concurrent,
             precision=precision, report_to=report_to, lease_seconds=executor.lease_seconds,
-            poll_seconds=executor.poll_seconds, **settings))
+            poll_seconds=executor.poll_seconds, gang_size=gang_size, **settings))
         executor.run(self, job, callbacks=checked.callbacks, on_unit=on_unit, show_progress_bar=show_progress_bar)
 
     def _more_to_ask(self, space: Any, checked: _Plan, n_trials: int | None) -> Callable[[Roster], bool]:
@@ -389,7 +402,8 @@ class Study:
         return more
 
     def _run(self, space, checked, store, pool, train_dataset, eval_dataset, on_unit, coordinator, max_concurrent, *,
-             more_to_ask, progress=None, poll_seconds: float = 1.0, data_parallel: DataParallel | None = None) -> int:
+             more_to_ask, progress=None, poll_seconds: float = 1.0, data_parallel: DataParallel | None = None,
+             gang_size: int = 1) -> int:
         """Drive the study until nothing is left to do here; return how many units this call committed."""
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         ctx = Context(study=self.optuna, store=store, plan=checked.plan, train_dataset=train_dataset,
@@ -406,7 +420,7 @@ class Study:
         try:
             with self._presence("worker" if coordinator.shared else "run"):
                 drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline)
+                      poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline, gang_size=gang_size)
             if checked.timed_out() and roster.live:
                 logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                                "the study runs again", self.study_name, sorted(roster.live))
@@ -919,3 +933,8 @@ def _waiting_listed(study: optuna.Study) -> int:
 
 
 __all__ = ["LeaderboardRow", "Study", "UnitCommitted", "create_study", "load_study"]
+
+
+def _check_gang_size(gang_size: Any) -> None:
+    if not isinstance(gang_size, int) or isinstance(gang_size, bool) or gang_size < 1:
+        raise ValueError(f"gang_size={gang_size!r}: give a whole number >= 1 (1 trains one trial at a time)")

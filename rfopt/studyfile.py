@@ -55,6 +55,8 @@ class StudySpec:
     n_trials_total: int | None = None
     """The study's total, for a function space: a rerun only tops the study up to it (``--n-trials-total``)."""
     max_concurrent: int | None = None
+    gang_size: int | None = None
+    """Trials trained at once in lockstep (``--gang-size``; `Study.optimize`'s `gang_size`); None: rfopt's default."""
     pruner: Callable[[], Any] | None = None
     """Returns the Optuna pruner (a factory, so the file stays cheap to import)."""
     sampler: Callable[[], Any] | None = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +38,10 @@ from .checkpoints import CheckpointError, CheckpointStore
 from .chunks import ChunkPlan, TrialSchedule
 from .config import TrialConfig
 from .crashpoints import reach
-from .evaluation import EvalSettings
+from .evaluation import EvalResult, EvalSettings
+from .gang import Gang, GangMember, evaluate_members, gang_key
 from .models import ModelPool, adapter_name
+from .rollouts import ungangable_adapter
 from .runner import TrialRunner
 from .scheduler import LiveTrial
 from .schema import TrialRef
@@ -124,6 +127,8 @@ class Live:
     last_value: float | None = None
     decided: set[int] = field(default_factory=set)
     """Steps whose rung decision is stored for it."""
+    alone: str | None = None
+    """Why it cannot train in a gang (`rfopt.gang.refusal`), or None."""
 
     @property
     def number(self) -> int:
@@ -135,7 +140,8 @@ class Live:
 
     def candidate(self) -> LiveTrial:
         """What the scheduler needs to know of it."""
-        return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused)
+        return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused,
+                         gang_key=None if self.alone is not None else gang_key(self.config))
 
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
@@ -201,7 +207,11 @@ def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
 
 def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
             steps: list[dict[str, float]] | None = None) -> UnitReport:
-    result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
+    return _report_of(ctx, live, unit, live.runner.evaluate(ctx.eval_dataset, ctx.settings), train, steps)
+
+
+def _report_of(ctx: Context, live: Live, unit: int, result: EvalResult, train: dict[str, float] | None,
+               steps: list[dict[str, float]] | None = None) -> UnitReport:
     value = result.objective(ctx.objective)
     if not math.isfinite(value):
         raise ValueError(
@@ -237,6 +247,104 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
             callback(event)
         except Exception as exc:
             raise CallbackFailed(f"trial {number}: a callback raised {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------- a gang's units
+def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseException | None]:
+    """One unit of each member, trained in lockstep (`rfopt.gang`), evaluated together, checkpointed together (all of
+    the gang's units durable or none: `CheckpointStore.save_gang`), then committed one by one.
+
+    Returns each member's outcome by trial number: None (its unit is committed, or it had none left to train) or
+    the exception that ended its unit (it fails alone, or with `LeaseLost`/`ChunkAborted` another process has it
+    now). Raises what a user callback raised (`CallbackFailed`), once every unit is committed, and what stops the
+    whole run (Ctrl-C)."""
+    outcomes: dict[int, BaseException | None] = {}
+    ready: list[tuple[Live, Claim]] = []
+    moved = False
+    for live, claim in members:
+        before = live.committed
+        try:
+            prepare(ctx, live, claim)
+        except Exception as exc:  # noqa: BLE001 - this member's state is lost or unreadable: it fails alone
+            outcomes[live.number] = exc
+            continue
+        outcomes[live.number] = None
+        moved |= live.committed != before
+        if not live.finished:
+            ready.append((live, claim))
+    if moved or not ready:
+        # A unit a crash left durable was committed now: its rung is decided before the next gang forms, as it
+        # would have been without the crash.
+        return outcomes
+    for live, _ in ready:
+        live.runner.setup()  # its adapter on the shared model (a fresh trial's is made at its first unit)
+    engine = ctx.pool.engine(ready[0][0].config)
+    for live, claim in list(ready):
+        why = ungangable_adapter(engine.model, adapter_name(live.number))
+        if why is not None:  # seen only once its adapter exists (a LoRA on an embedding, say): it trains alone
+            live.alone = why
+            ready.remove((live, claim))
+            try:
+                run_unit(ctx, live, claim)
+            except CallbackFailed:
+                raise
+            except Exception as exc:  # noqa: BLE001 - as in the gang: its outcome
+                outcomes[live.number] = exc
+    if not ready:
+        return outcomes
+    plan = schema.GangPlan(id=uuid.uuid4().hex[:12], members=tuple((live.number, live.committed) for live, _ in ready))
+    schema.write_gang_plan([live.ref for live, _ in ready], plan)
+    for live, _ in ready:
+        reach("unit-started", trial=live.number, unit=live.committed)
+    started = time.perf_counter()
+    gang = [GangMember(live.runner, should_stop=claim.lost) for live, claim in ready]
+    Gang(engine, gang).train()
+    trained: list[tuple[Live, Claim, Any]] = []
+    for (live, claim), member in zip(ready, gang):
+        if member.error is not None:
+            if not isinstance(member.error, Exception):  # SystemExit and the like end the run, as they would alone
+                raise member.error
+            outcomes[live.number] = member.error
+        else:
+            reach("chunk-trained", trial=live.number, unit=live.committed)
+            trained.append((live, claim, member.result))
+    if not trained:
+        return outcomes
+    seconds = time.perf_counter() - started
+    results = evaluate_members(engine, [live.runner for live, _, _ in trained], ctx.eval_dataset, ctx.settings)
+    reports: list[tuple[Live, Claim, UnitReport]] = []
+    for (live, claim, chunk), result in zip(trained, results):
+        try:
+            if isinstance(result, Exception):
+                raise result
+            train = dict(chunk.values) | {"seconds": seconds, "swap_seconds": chunk.swap_seconds}
+            report = _report_of(ctx, live, live.committed, result, train, steps=chunk.steps)
+            claim.fence_checkpoint(live.number)
+        except Exception as exc:  # noqa: BLE001 - its evaluation failed, or another process has it now
+            outcomes[live.number] = exc
+            continue
+        reports.append((live, claim, report))
+    if not reports:
+        return outcomes
+    try:
+        ctx.store.save_gang([(live.number, live.runner.state(), report) for live, _, report in reports],
+                            gang=f"{plan.id}-{reports[0][2].unit}")
+    except Exception as exc:  # noqa: BLE001 - the checkpoints could not be written: the members fail, as alone
+        for live, _, _ in reports:
+            outcomes[live.number] = exc
+        return outcomes
+    failed_callback: CallbackFailed | None = None
+    for live, claim, report in reports:
+        reach("checkpoint-saved", trial=live.number, unit=report.unit)
+        try:
+            commit(ctx, live, report, claim)
+        except CallbackFailed as exc:  # the unit is committed; the caller hears of it once every unit is
+            failed_callback = failed_callback or exc
+        except Exception as exc:  # noqa: BLE001 - another process has it now
+            outcomes[live.number] = exc
+    if failed_callback is not None:
+        raise failed_callback
+    return outcomes
 
 
 # ---------------------------------------------------------------------- the end

@@ -56,6 +56,20 @@ def tiny_study_reference(tiny_model, tmp_path_factory):
     return storage, where / "ck"
 
 
+@pytest.fixture(scope="session")
+def tiny_gang_study_reference(tiny_model, tmp_path_factory):
+    """``(storage, checkpoint_dir)`` of tests/tiny_study.py run to the end in gangs of 3 (``--gang-size 3``) by one
+    uninterrupted `rfopt run`."""
+    from crashkit import env, run, run_command
+
+    where = tmp_path_factory.mktemp("gang-reference")
+    storage = f"sqlite:///{where / 'ref.db'}"
+    code = run(run_command(storage, "--checkpoint-dir", str(where / "ck"), "--gang-size", "3"), where,
+               env(tiny_model), where / "log")
+    assert code == 0, (where / "log").read_text()[-3000:]
+    return storage, where / "ck"
+
+
 class _S3Buckets:
     """Hands out new empty buckets on the test S3 server, as ``s3://`` URLs."""
 

@@ -10,11 +10,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rfopt"
 # Lowest first. A module may import modules of its own layer or of a lower one, never of a higher one.
 LAYERS = [
     # foundations: no rfopt imports but among themselves
-    {"compat", "crashpoints", "smollm2", "tiny", "state", "chunks", "evaluation", "rewards", "trackers"},
+    {"compat", "crashpoints", "smollm2", "tiny", "state", "chunks", "evaluation", "rewards", "trackers", "rollouts"},
     # storage: Optuna storage and retries, the rfopt:* keys, checkpoints, leases (never training)
     {"storage", "schema", "checkpoints", "leases"},
     # the domain: configs and spaces, models and the trial runner, scheduling policy, pruning, ops, charts
-    {"config", "spaces", "models", "runner", "parallel", "scheduler", "pruning", "ops", "charts"},
+    {"config", "spaces", "models", "runner", "parallel", "gang", "scheduler", "pruning", "ops", "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},
     # live trials reconciled with storage; who may work on which trial

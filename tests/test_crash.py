@@ -74,6 +74,34 @@ def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study
     assert set(committed) == reported and set(committed.values()) == {1}, committed
 
 
+GANG_CRASH_POINTS = ["chunk-trained", "checkpoint-renamed", "gang-units-written", "gang-saved", "checkpoint-saved",
+                     "metrics-stored", "unit-committed"]
+
+
+def test_sigkill_in_a_gang_then_rerun_reproduces_the_uninterrupted_gang_study(
+    tiny_model, tiny_gang_study_reference, tmp_path
+):
+    """Trials trained in a gang (their rollouts decoded together) are killed at each moment of a gang unit, before
+    and after its units became durable together: the rerun forms the same gang again, or commits the durable units,
+    and the study ends as the uninterrupted one, nothing durable trained again."""
+    storage = f"sqlite:///{tmp_path / 'crash.db'}"
+    command = run_command(storage, "--checkpoint-dir", str(tmp_path / "ck"), "--gang-size", "3")
+    log, output = tmp_path / "events.log", tmp_path / "crash.log"
+    killed_at = []
+    for point in GANG_CRASH_POINTS:
+        code = run(command, tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log, RFOPT_CRASH_AT=f"{point}:1"), output)
+        if code == -signal.SIGKILL:
+            killed_at.append(point)
+        else:
+            assert code == 0, output.read_text()[-3000:]
+    assert run(command, tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log), output) == 0, output.read_text()[-3000:]
+
+    assert killed_at == GANG_CRASH_POINTS
+    assert_same_study(*tiny_gang_study_reference, storage, tmp_path / "ck")
+    assert retrained_after_durable(events(log)) == []
+    assert not list((tmp_path / "ck").glob("gangs/*.json"))  # every gang record was settled
+
+
 class _Crash(BaseException):
     """Stands in for the process dying: nothing in rfopt catches it."""
 

@@ -75,3 +75,14 @@ def test_a_study_trained_two_devices_per_trial_ends_as_with_one_device_also_afte
 
     assert len(trials(storages["two"])) == len(trials(storages["one"])) == 3
     assert_same_study_but_summation_order(storages["one"], storages["two"], TOLERANCE)
+
+
+def test_gangs_and_several_devices_per_trial_are_refused_together(tiny_model, tmp_path):
+    import rfopt
+    from rfopt.parallel import DataParallel
+    from rfopt_testkit import prompts_dataset, trial_config
+
+    study = rfopt.create_study(study_name="g", storage=f"sqlite:///{tmp_path / 'g.db'}")
+    with pytest.raises(ValueError, match="gang_size=2 with devices per trial"):
+        study.work([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), gang_size=2,
+                   data_parallel=DataParallel(0, 1))

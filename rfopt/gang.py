@@ -1,0 +1,295 @@
+"""Gangs: several trials of one device trained in lockstep, their rollouts decoded together (`rfopt.rollouts`).
+
+Each member keeps its own `GRPOTrainer`, optimizer, LR scheduler, random state and adapter (its `TrialRunner`),
+exactly as when it trains alone. The members' chunks run in threads of one process, one member at a time, in a
+fixed order (the baton): a member runs until its trainer asks for rollouts (TRL's ``rollout_func`` hook) or its
+chunk ends, and then hands the baton to the next member that can run. When every member still training waits for
+rollouts, the device's `RolloutEngine` decodes all their requests in one batch, and the first member in order runs
+again. So a gang is deterministic, and its generation costs about one batched decode per step instead of one per
+member.
+
+What a member's code changes in process-wide state stays its own: at each hand-over the baton swaps the random
+states (Python, NumPy, torch: each member draws from its own stream), accelerate's gradient state, the shared model's
+instance ``forward`` (each trainer wraps it with its own fused LM head) and the active adapter. Settings that a
+trainer applies to the whole model (dropout, gradient checkpointing) must be the same for every member
+(`gang_key`), and the model is put back once, when the gang is done.
+
+A member that raises (a reward function, a sampling error of its own) leaves the gang alone; the others go on.
+`Gang.abort` (Ctrl-C, a lost lease) stops every member at its next optimizer step or decoded token.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import compat
+from .evaluation import EvalPrompts, EvalResult, EvalSettings, eos_token_ids, scored
+from .models import adapter_name
+from .rollouts import Aborted, Request, RolloutEngine, Sampling, Ungangable, seed_from_stream
+from .runner import ChunkMetrics, TrialRunner
+from .state import RngState
+
+
+DEFAULT_GANG_SIZE = 1
+"""``gang_size`` when a run gives none (`Study.optimize`, ``rfopt run``): chosen from the benchmarks (BENCHMARKS.md)."""
+
+
+@dataclass
+class GangMember:
+    """One trial of a gang: its runner, what stops its chunk early, and what its chunk came to."""
+
+    runner: TrialRunner
+    should_stop: Callable[[], bool] | None = None
+    result: ChunkMetrics | None = None
+    error: BaseException | None = None
+
+    @property
+    def number(self) -> int:
+        return self.runner.number
+
+
+@dataclass
+class _Context:
+    """The process-wide state one member's code sees while it holds the baton."""
+
+    rng: RngState
+    gradient: dict[str, Any]
+    forward: dict[Any, Any]
+
+    @classmethod
+    def capture(cls, model: Any) -> _Context:
+        return cls(RngState.capture(), compat.gradient_state(), compat.forward_patches(model))
+
+    def restore(self) -> None:
+        self.rng.restore()
+        compat.set_gradient_state(self.gradient)
+        compat.set_forward_patches(self.forward)
+
+
+class Gang:
+    """Trains one chunk of each member in lockstep (see the module docstring).
+
+    >>> gang = Gang(engine, [GangMember(runner_3), GangMember(runner_5)])   # doctest: +SKIP
+    >>> gang.train()                          # each member's `result` (ChunkMetrics) or `error` is set
+    """
+
+    def __init__(self, engine: RolloutEngine, members: list[GangMember]) -> None:
+        if not members:
+            raise ValueError("a gang needs at least one member")
+        self.engine = engine
+        self.members = members
+        self._cond = threading.Condition()
+        self._holder: int | None = None
+        self._pending: dict[int, Request] = {}
+        self._responses: dict[int, Any] = {}
+        self._done: set[int] = set()
+        self._contexts: dict[int, _Context] = {}
+        self._aborted = threading.Event()
+        self.decodes = 0
+        """Batched decodes this gang ran (one per generation cycle of its members)."""
+
+    # ------------------------------------------------------------------ the run
+    def train(self) -> None:
+        """Train each member's next chunk; returns when every member has its `result` or `error`."""
+        model = self.engine.model
+        members = self.members
+        for member in members:
+            member.result = member.error = None
+        args = members[0].runner.chunk_args(report=False)
+        outside = _Context.capture(model)
+        self._contexts = {i: _Context(outside.rng, dict(outside.gradient), dict(outside.forward))
+                          for i in range(len(members))}
+        self._holder = 0
+        threads = [threading.Thread(target=self._body, args=(i,), name=f"rfopt-gang-trial-{m.number}", daemon=True)
+                   for i, m in enumerate(members)]
+        with compat.restore_shared_model(model, args):
+            try:
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    while thread.is_alive():
+                        thread.join(timeout=0.2)
+            except BaseException:  # Ctrl-C in the main thread: stop every member, then let it through
+                self.abort()
+                for thread in threads:
+                    thread.join()
+                raise
+            finally:
+                outside.restore()
+
+    def abort(self) -> None:
+        """Stop every member at its next optimizer step (or the engine at its next token)."""
+        self._aborted.set()
+
+    # ------------------------------------------------------------------ one member's thread
+    def _body(self, i: int) -> None:
+        member = self.members[i]
+        try:
+            self._wait_turn(i)
+            member.result = member.runner.train_chunk(
+                should_stop=lambda: self._aborted.is_set() or bool(member.should_stop and member.should_stop()),
+                rollout_func=lambda prompts, trainer: self._rollout(i, prompts, trainer),
+            )
+        except BaseException as exc:  # noqa: BLE001 - the member's own failure; the gang goes on
+            member.error = exc
+        finally:
+            self._hand_over(i, finished=True)
+
+    def _rollout(self, i: int, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        """TRL's ``rollout_func`` for member `i`: queue its request, hand the baton on, and wait for the completions."""
+        if self._aborted.is_set():
+            raise Aborted("the gang was stopped")
+        request = Request(
+            adapter=adapter_name(self.members[i].number),
+            prompt_ids=compat.tokenized_prompts(trainer, prompts),
+            sampling=Sampling.of(trainer.generation_config),
+            seed=seed_from_stream(),  # from this member's own stream: its draws do not depend on the others
+        )
+        with self._cond:
+            self._pending[i] = request
+        self._hand_over(i, finished=False)
+        self._wait_turn(i)
+        out = self._responses.pop(i)
+        if isinstance(out, BaseException):
+            raise out
+        return {"prompt_ids": request.prompt_ids, "completion_ids": out, "logprobs": None}
+
+    # ------------------------------------------------------------------ the baton
+    def _wait_turn(self, i: int) -> None:
+        with self._cond:
+            while self._holder != i:
+                self._cond.wait()
+        self._contexts[i].restore()
+        member = self.members[i]
+        member.runner.pool.activate(member.number, member.runner.config)
+
+    def _hand_over(self, i: int, *, finished: bool) -> None:
+        if not finished:
+            self._contexts[i] = _Context.capture(self.engine.model)
+        with self._cond:
+            if finished:
+                self._done.add(i)
+            following = self._next_runnable(i)
+            if following is not None or not self._pending:
+                self._holder = following
+                self._cond.notify_all()
+                return
+            batch = sorted(self._pending)
+            requests = [self._pending.pop(j) for j in batch]
+        # Every member still training waits for rollouts: decode them together (nobody else runs meanwhile).
+        try:
+            outs: list[Any] = self.engine.generate(requests, should_stop=self._aborted.is_set)
+        except BaseException as exc:  # noqa: BLE001 - stopped, or the engine itself failed: every waiting member hears
+            outs = [exc] * len(requests)
+        self.decodes += 1
+        with self._cond:
+            self._responses.update(zip(batch, outs))
+            self._holder = batch[0]
+            self._cond.notify_all()
+
+    def _next_runnable(self, i: int) -> int | None:
+        """The next member after `i`, in order and round again, that neither finished nor waits for rollouts."""
+        n = len(self.members)
+        for step in range(1, n + 1):
+            j = (i + step) % n
+            if j not in self._done and j not in self._pending:
+                return j
+        return None
+
+
+def evaluate_members(engine: RolloutEngine, runners: list[TrialRunner], eval_dataset: Any, settings: EvalSettings
+                     ) -> list[EvalResult | Exception]:
+    """Each runner's evaluation (`TrialRunner.evaluate`'s), its completions decoded together with the others': one
+    batch per `settings.batch_size` prompts of every runner. A runner whose decoding or scoring fails gets its
+    exception; the others their results."""
+    tokenizer = runners[0].tokenizer
+    prompts = EvalPrompts.of(eval_dataset, tokenizer)
+    ids = prompts.token_ids(tokenizer)
+    eos = tuple(eos_token_ids(engine.model, tokenizer))
+    samplings = [
+        Sampling(max_new_tokens=settings.max_new_tokens or r.config.args.max_completion_length, eos_token_ids=eos,
+                 pad_token_id=tokenizer.pad_token_id, do_sample=settings.temperature > 0,
+                 temperature=settings.temperature if settings.temperature > 0 else 1.0, top_p=settings.top_p)
+        for r in runners
+    ]
+    completions: list[list[list[int]] | Exception] = [[] for _ in runners]
+    for start in range(0, len(ids), settings.batch_size):
+        rows = ids[start:start + settings.batch_size]
+        live = [i for i, done in enumerate(completions) if not isinstance(done, Exception)]
+        outs = engine.generate([Request(adapter_name(runners[i].number), rows, samplings[i], seed=settings.seed + start)
+                                for i in live])
+        for i, out in zip(live, outs):
+            if isinstance(out, Exception):
+                completions[i] = out
+            else:
+                completions[i].extend(out)  # type: ignore[union-attr]
+    results: list[EvalResult | Exception] = []
+    for runner, done in zip(runners, completions):
+        if isinstance(done, Exception):
+            results.append(done)
+            continue
+        try:
+            results.append(scored(prompts, done, tokenizer, list(runner.config.reward_funcs),
+                                  runner.config.args.reward_weights, settings, runner.trainer_state()))
+        except Exception as exc:  # noqa: BLE001 - this member's reward functions failed: it fails alone
+            results.append(exc)
+    return results
+
+
+def refusal(config: Any) -> str | None:
+    """Why a trial cannot train in a gang (it then trains alone, as with ``gang_size=1``), or None.
+
+    The rollout engine decodes plain LoRA adapters of a shared base model with the sampling settings
+    ``model.generate`` knows from TRL's `GenerationConfig` (`rfopt.rollouts.Sampling`)."""
+    from transformers import GenerationConfig
+
+    peft = config.peft_config
+    if peft is None:
+        return "full fine-tuning trains its own copy of the model"
+    if str(getattr(peft, "peft_type", "")).split(".")[-1] != "LORA":
+        return f"{type(peft).__name__} is not a LoRA adapter"
+    if getattr(peft, "use_dora", False):
+        return "DoRA adapters are not decoded by the rollout engine"
+    if getattr(peft, "bias", "none") != "none":
+        return f"LoRA bias={peft.bias!r} trains the base model's biases"
+    if getattr(peft, "modules_to_save", None):
+        return "modules_to_save trains copies of base modules"
+    args = config.args
+    if getattr(args, "use_vllm", False):
+        return "it generates with vLLM"
+    if getattr(args, "use_transformers_continuous_batching", False):
+        return "it generates with transformers' continuous batching"
+    # The generation settings GRPOTrainer builds from its args (its `generation_config` without vLLM).
+    kwargs = {"max_new_tokens": args.max_completion_length, "do_sample": True, "temperature": args.temperature,
+              "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
+              "repetition_penalty": args.repetition_penalty, **(args.generation_kwargs or {})}
+    try:
+        Sampling.of(GenerationConfig(**kwargs))
+    except (Ungangable, ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class GangKey:
+    """What members of one gang must share: the base model, and the settings a trainer applies to the whole model."""
+
+    model_key: str
+    disable_dropout: bool
+    gradient_checkpointing: bool
+    cast_lm_head_to_fp32: bool
+    extra: tuple[Any, ...] = field(default=())
+
+
+def gang_key(config: Any) -> GangKey:
+    args = config.args
+    return GangKey(
+        model_key=config.model_key,
+        disable_dropout=bool(args.disable_dropout),
+        gradient_checkpointing=bool(args.gradient_checkpointing),
+        cast_lm_head_to_fp32=bool(getattr(args, "cast_lm_head_to_fp32", False)),
+        extra=(repr(args.gradient_checkpointing_kwargs),),
+    )

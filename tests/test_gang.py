@@ -1,0 +1,288 @@
+"""Gangs: several trials trained in lockstep on one device, their rollouts decoded together by the rollout engine.
+
+What must hold: each row is decoded through its own trial's adapter (greedy rollouts in a gang are the trial's
+``generate`` rollouts, token for token); each trial samples from its own stream (its completions and its trained
+weights do not depend on who shares its gang); a gang is deterministic; a failing member fails alone; and the study
+around it (pruning, ops, crash and rerun) works as for trials trained one at a time."""
+
+import math
+
+import optuna
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import rfopt
+from rfopt import schema
+from rfopt.chunks import ChunkPlan, trial_schedule
+from rfopt.gang import Gang, GangMember, refusal
+from rfopt.models import ModelPool
+from rfopt.rollouts import Request, RolloutEngine, Sampling
+from rfopt.runner import TrialRunner
+from rfopt.scheduler import LiveTrial, next_gang
+from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, reward_vowels, trial_config
+
+QUESTIONS = ["What is 2+3?", "Tell me a story about a cat", "hi", "Count: 1 2 3"]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model):
+    """The tiny model with three random LoRA adapters of different ranks and targets, and its tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False),
+                           adapter_name="a")
+    model.add_adapter("b", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.add_adapter("c", LoraConfig(r=16, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    return model, tokenizer
+
+
+def _ids(tokenizer, questions=QUESTIONS):
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"] for q in questions]
+
+
+def _sampling(tokenizer, **kw):
+    return Sampling(**{"max_new_tokens": 16, "eos_token_ids": (tokenizer.eos_token_id,),
+                       "pad_token_id": tokenizer.pad_token_id, **kw})
+
+
+def _generate_alone(model, tokenizer, adapter, rows, max_new_tokens=16):
+    """What ``model.generate`` decodes greedily through one adapter, cut after the first EOS."""
+    model.set_adapter(adapter)
+    model.eval()
+    width = max(map(len, rows))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    completions = []
+    for row in out[:, width:].tolist():
+        end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        completions.append(row[:end])
+    return completions
+
+
+# ---------------------------------------------------------------------- the rollout engine
+def test_each_row_is_decoded_through_its_own_adapter_as_generate_decodes_it(adapters):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    greedy = _sampling(tokenizer, do_sample=False)
+    together = RolloutEngine(model).generate([Request(name, rows, greedy) for name in "abc"])
+    for name, got in zip("abc", together):
+        assert got == _generate_alone(model, tokenizer, name, rows), name
+    assert together[0] != together[1] != together[2]  # the adapters do differ
+
+
+def test_a_requests_samples_do_not_depend_on_who_shares_the_batch(adapters):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    sampling = _sampling(tokenizer, temperature=0.9, top_k=20, top_p=0.95, repetition_penalty=1.1)
+    engine = RolloutEngine(model)
+    alone = engine.generate([Request("a", rows, sampling, seed=5)])[0]
+    partnered = engine.generate([Request("b", rows[:2], _sampling(tokenizer, temperature=1.3), seed=9),
+                                 Request("a", rows, sampling, seed=5), Request("c", rows[1:], sampling, seed=5)])
+    assert partnered[1] == alone
+    assert engine.generate([Request("a", rows, sampling, seed=6)])[0] != alone  # the seed is what it samples from
+
+
+def test_a_partner_whose_adapter_always_ends_at_once_changes_no_other_completion(adapters, tiny_model):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    model.add_adapter("eos", LoraConfig(r=2, lora_alpha=2, target_modules=["lm_head"], lora_bias=True))
+    try:
+        for module in model.modules():
+            if hasattr(module, "lora_B") and "eos" in module.lora_B:
+                with torch.no_grad():
+                    module.lora_B["eos"].bias.zero_()
+                    module.lora_B["eos"].bias[tokenizer.eos_token_id] = 1e4
+        sampling = _sampling(tokenizer)
+        engine = RolloutEngine(model)
+        with_plain = engine.generate([Request("b", rows, sampling, seed=3), Request("a", rows, sampling, seed=3)])
+        with_eos = engine.generate([Request("eos", rows, sampling, seed=3), Request("a", rows, sampling, seed=3)])
+    finally:
+        model.delete_adapter("eos")
+    assert with_eos[0] == [[tokenizer.eos_token_id]] * len(rows)  # one token each
+    assert with_eos[1] == with_plain[1]
+
+
+def test_a_request_that_cannot_be_sampled_fails_alone(adapters):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    model.add_adapter("nan", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj"], init_lora_weights=False))
+    try:
+        for module in model.modules():
+            if hasattr(module, "lora_A") and "nan" in module.lora_A:
+                with torch.no_grad():
+                    module.lora_A["nan"].weight.fill_(math.nan)
+        sampling = _sampling(tokenizer)
+        engine = RolloutEngine(model)
+        out = engine.generate([Request("nan", rows, sampling, seed=1), Request("a", rows, sampling, seed=3)])
+    finally:
+        model.delete_adapter("nan")
+    assert isinstance(out[0], RuntimeError)
+    assert out[1] == engine.generate([Request("a", rows, sampling, seed=3)])[0]
+
+
+def test_generation_settings_the_engine_does_not_implement_make_a_trial_train_alone(tiny_model):
+    assert refusal(trial_config(tiny_model)) is None
+    assert "num_beams" in refusal(trial_config(tiny_model, generation_kwargs={"num_beams": 2}))
+    assert "DoRA" in refusal(trial_config(tiny_model, peft=lora_config(use_dora=True)))
+    assert "full fine-tuning" in refusal(rfopt.TrialConfig(model=str(tiny_model), reward_funcs=[reward_len],
+                                                           args=trial_config(tiny_model).args, peft_config=None))
+
+
+# ---------------------------------------------------------------------- gangs of runners
+def _train(tiny_model, members, chunks=2, **grpo):
+    """Train `members` ((trial number, learning rate, extra GRPO settings)) together for `chunks` chunks; their
+    adapters' weights and per-chunk metrics."""
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    runners = []
+    for number, lr, extra in members:
+        config = trial_config(tiny_model, learning_rate=lr, **{**grpo, **extra})
+        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                   "/tmp/rfopt-test-gang"))
+    for runner in runners:
+        runner.setup()
+    engine = pool.engine(runners[0].config)
+    metrics = {r.number: [] for r in runners}
+    decodes = 0
+    for _ in range(chunks):
+        gang = Gang(engine, [GangMember(r) for r in runners])
+        gang.train()
+        decodes += gang.decodes
+        for member in gang.members:
+            assert member.error is None, member.error
+            metrics[member.number].append({k: v for k, v in member.result.values.items() if "time" not in k})
+    return {r.number: r.trainable_weights() for r in runners}, metrics, decodes
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_trial_trains_the_same_alone_and_beside_any_partners(tiny_model):
+    trio, trio_metrics, decodes = _train(tiny_model, [(0, 5e-3, {}), (1, 1e-2, {}), (2, 2e-3, {})])
+    again, again_metrics, _ = _train(tiny_model, [(0, 5e-3, {}), (1, 1e-2, {}), (2, 2e-3, {})])
+    alone, _, _ = _train(tiny_model, [(1, 1e-2, {})])
+    others, _, _ = _train(tiny_model, [(1, 1e-2, {}), (7, 3e-2, {"temperature": 0.5, "max_completion_length": 5})])
+    assert all(_same(trio[n], again[n]) for n in trio) and trio_metrics == again_metrics  # deterministic
+    assert _same(trio[1], alone[1]) and _same(trio[1], others[1])
+    assert not _same(trio[0], trio[1])  # the learning rates do differ
+    # 2 chunks of 4 steps (one prompt x 4 completions a step), one generation per step: one batched decode per step
+    # for the whole gang, not one per member.
+    assert decodes == 8
+
+
+def test_gang_members_keep_their_own_gradient_accumulation_and_temperature(tiny_model):
+    """Each trainer's accelerate gradient state, fused LM head (temperature) and RNG are its own while it runs."""
+    mixed, _, _ = _train(tiny_model, [(0, 5e-3, {"gradient_accumulation_steps": 2, "temperature": 0.7}),
+                                      (1, 1e-2, {"gradient_accumulation_steps": 1, "temperature": 1.2})], chunks=1,
+                         per_device_train_batch_size=4)
+    first, _, _ = _train(tiny_model, [(0, 5e-3, {"gradient_accumulation_steps": 2, "temperature": 0.7})], chunks=1,
+                         per_device_train_batch_size=4)
+    second, _, _ = _train(tiny_model, [(1, 1e-2, {"gradient_accumulation_steps": 1, "temperature": 1.2})], chunks=1,
+                          per_device_train_batch_size=4)
+    assert _same(mixed[0], first[0]) and _same(mixed[1], second[1])
+
+
+def test_the_rollout_hook_gets_the_generation_batch_and_the_model_is_put_back(tiny_model):
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    config = trial_config(tiny_model)
+    runner = TrialRunner(0, config, plan, trial_schedule(plan, config.args), dataset, pool, "/tmp/rfopt-test-gang")
+    runner.setup()
+    engine = pool.engine(config)
+    seen = []
+    generate = engine.generate
+    engine.generate = lambda requests, **kw: seen.append([len(r.prompt_ids) for r in requests]) or generate(requests,
+                                                                                                           **kw)
+    model = engine.model
+    base = model.get_base_model()
+    Gang(engine, [GangMember(runner)]).train()
+    # One chunk of 4 steps: a request per step of per_device_train_batch_size (4) completions.
+    assert seen == [[4]] * 4
+    assert "forward" not in vars(base) and "forward" not in vars(model)  # no trainer's fused LM head is left
+
+
+# ---------------------------------------------------------------------- choosing gangs
+def test_gangs_are_trials_at_the_same_progress_on_one_base_model_split_evenly():
+    def trial(number, done=0, key="m", gang="k"):
+        return LiveTrial(number, done, 4, key, gang_key=gang)
+
+    seven = [trial(n) for n in range(7)]
+    assert [t.number for t in next_gang(seven, 4)] == [0, 1, 2, 3]
+    assert [t.number for t in next_gang(seven[4:], 4)] == [4, 5, 6]
+    assert [t.number for t in next_gang([trial(n) for n in range(5)], 4)] == [0, 1, 2]  # 3 + 2, not 4 + 1
+    mixed = [trial(0, done=1), trial(1), trial(2, gang="other"), trial(3), trial(4, gang=None)]
+    assert [t.number for t in next_gang(mixed, 4)] == [1, 3]
+    assert [t.number for t in next_gang([trial(4, gang=None), trial(5)], 4)] == [4]  # trains alone
+    assert [t.number for t in next_gang(seven, 4, planned={0: (0, 5, 6)})] == [0, 5, 6]  # stored before a crash
+    assert [t.number for t in next_gang(seven, 1)] == [0]
+
+
+# ---------------------------------------------------------------------- studies in gangs
+def _study(tmp_path, name="gang"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return rfopt.create_study(study_name=name, storage=f"sqlite:///{tmp_path / 'gang.db'}", num_chunks=2,
+                              checkpoint_dir=tmp_path / "ck")
+
+
+def test_a_gang_study_run_twice_ends_identically_and_stores_who_trained_together(tiny_model, tmp_path):
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
+    train, test = prompts_dataset(8), prompts_dataset(2, "E")
+    first, second = _study(tmp_path / "a"), _study(tmp_path / "b")
+    first.optimize(configs, train, test, gang_size=3, show_progress_bar=False)
+    second.optimize(configs, train, test, gang_size=3, show_progress_bar=False)
+    for a, b in zip(first.trials, second.trials):
+        assert a.state == b.state == optuna.trial.TrialState.COMPLETE
+        assert a.intermediate_values == b.intermediate_values
+    for a, b in zip(first.trials, second.trials):
+        assert _same(_adapter(first, a.number), _adapter(second, b.number))
+    plans = {schema.gang_plan(t, 0).numbers for t in first.trials}
+    assert plans == {(0, 1, 2)}
+
+
+def _adapter(study, number):
+    from safetensors.torch import load_file
+
+    path = schema.TrialRecord(study.trials[number]).adapter
+    return load_file(f"{path}/adapter_model.safetensors")
+
+
+def test_a_member_whose_reward_raises_fails_alone_and_the_gang_goes_on(tiny_model, tmp_path):
+    configs = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=1e-2),
+               trial_config(tiny_model, rewards=(reward_len, reward_raises))]
+    study = _study(tmp_path)
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), gang_size=3, show_progress_bar=False)
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "COMPLETE", "FAIL"]
+    reason = schema.TrialRecord(study.trials[2]).fail_reason
+    assert "reward_raises" in reason and "reward server unreachable" in reason
+
+
+def test_pruning_and_trials_that_cannot_gang_work_beside_gangs(tiny_model, tmp_path):
+    configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3, 1e-2)] + [
+        rfopt.TrialConfig(model=str(tiny_model), reward_funcs=[reward_len, reward_vowels],
+                          args=trial_config(tiny_model).args, peft_config=None)]
+    study = rfopt.create_study(study_name="gang", storage=f"sqlite:///{tmp_path / 'gang.db'}", num_chunks=2,
+                               checkpoint_dir=tmp_path / "ck",
+                               pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), gang_size=4, show_progress_bar=False)
+    states = sorted(t.state.name for t in study.trials)
+    assert states.count("COMPLETE") == 2 and states.count("PRUNED") == 2
+    assert schema.gang_plan(study.trials[3], 0) is None  # full fine-tuning trains alone
+    assert schema.gang_plan(study.trials[0], 0).numbers == (0, 1, 2)
+
+
+def test_gang_size_must_be_a_whole_number(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    with pytest.raises(ValueError, match="gang_size=0"):
+        study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), gang_size=0)
+
