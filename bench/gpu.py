@@ -13,6 +13,10 @@ tokenizer; the prompts are rfopt's synthetic arithmetic set. One run measures, o
 - how busy the GPU was during (b) (``torch.cuda.utilization()`` sampled in a thread; needs pynvml, else "n/a");
 - exactness: one trial trained in chunks vs straight through, ``torch.use_deterministic_algorithms(True)``;
 - the same sweep as a study on SQLite run by 1, 2 and 4 ``rfopt worker`` processes sharing the GPU;
+- one trial over several devices: the sweep with ``--devices-per-trial K`` on K GPUs against one GPU with the same
+  global batch (``--devices-per-trial 1``), wall times and the largest difference in per-chunk values (needs K GPUs);
+- the Ray path: the sweep by ``rfopt run --ray --workers N`` on a local Ray cluster (an actor per GPU), and Ray's
+  start-up alone (needs ``pip install 'rfopt[ray]'``);
 - gangs (issue 23): the same configs as a full study (evaluation after every chunk, adapters saved) by plain TRL one
   after another against ``optimize(..., gang_size=G)`` for G in 1, 2, 4 (bench/gang.py's functions), with each gang
   run's time by part and peak GPU memory against `rfopt.models.gang_memory`'s estimate, and the rollout engine's
@@ -20,6 +24,7 @@ tokenizer; the prompts are rfopt's synthetic arithmetic set. One run measures, o
 
     python bench/gpu.py                    # on the GPU machine: see bench/gpu.md
     python bench/gpu.py --dry-run          # the same code path on the CPU, tiny model, well under two minutes
+    python bench/gpu.py --dry-run --workers none --data-parallel 2 --ray 1   # the new paths, as two CPU processes
 
 It prints one table and writes the figures as JSON (default ``/tmp/rfopt-bench/gpu-results.json``, outside the
 repository: results are not committed).
@@ -55,6 +60,10 @@ import throughput  # noqa: E402  (bench/throughput.py: its comparison functions;
 
 QWEN_CONFIG = BENCH / "qwen2.5-0.5b-config.json"
 WORKER_COUNTS = (1, 2, 4)
+DATA_PARALLEL = (2,)
+"""Devices per trial measured by default where the machine has that many GPUs."""
+RAY_WORKERS = (1,)
+"""Ray worker counts measured by default (a GPU each) where Ray is installed."""
 GANG_SIZES = (1, 2, 4)
 
 
@@ -287,34 +296,84 @@ def measure_exactness(setup: throughput.Setup, workdir: Path) -> dict[str, Any]:
         torch.use_deterministic_algorithms(False)
 
 
-def measure_workers(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) -> dict[str, Any]:
-    """The same sweep as a study on SQLite, run by `count` ``rfopt worker`` processes sharing the device."""
+def _sweep(sizes: Sizes, source: Path, where: Path, argv: list[str], label: str) -> tuple[float, Any]:
+    """Run the sweep (bench/gpu_study.py, a study on SQLite in `where`) with ``rfopt <argv>``; its wall time and the
+    finished study. Raises unless every trial completed."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    where.mkdir(parents=True)
+    storage = f"sqlite:///{where / 'study.db'}"
+    # The repository on the workers' path: on the GPU machine rfopt is not installed, only carried.
+    path = os.pathsep.join(p for p in (str(BENCH.parent), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, RFOPT_BENCH_GPU_MODEL=str(source),
+               RFOPT_BENCH_GPU_DRY=str(int(sizes is DRY)))
+    command = [sys.executable, "-m", "rfopt.cli", argv[0], str(BENCH / "gpu_study.py"), "--storage", storage,
+               "--checkpoint-dir", str(where / "ck"), "--precision", sizes.precision, *argv[1:]]
+    started = time.perf_counter()
+    with open(where / "output.log", "wb") as log:
+        code = subprocess.run(command, cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.perf_counter() - started
+    study = optuna.load_study(study_name="gpu-bench", storage=storage)
+    complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    if code != 0 or complete != sizes.configs:
+        tail = (where / "output.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{label}: exit {code}, {complete}/{sizes.configs} trials complete\n{tail}")
+    print(f"  {label}: {wall:.1f} s", flush=True)
+    return wall, study
+
+
+def measure_workers(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) -> dict[str, Any]:
+    """The same sweep as a study on SQLite, run by `count` ``rfopt worker`` processes sharing the device."""
     result: dict[str, Any] = {}
     for count in counts:
-        where = workdir / f"workers-{count}"
-        where.mkdir(parents=True)
-        storage = f"sqlite:///{where / 'study.db'}"
-        # The repository on the workers' path: on the GPU machine rfopt is not installed, only carried.
-        path = os.pathsep.join(p for p in (str(BENCH.parent), os.environ.get("PYTHONPATH")) if p)
-        env = dict(os.environ, PYTHONPATH=path, RFOPT_BENCH_GPU_MODEL=str(source),
-                   RFOPT_BENCH_GPU_DRY=str(int(sizes is DRY)))
-        argv = [sys.executable, "-m", "rfopt.cli", "worker", str(BENCH / "gpu_study.py"), "--storage", storage,
-                "--checkpoint-dir", str(where / "ck"), "--devices", ",".join([sizes.device] * count),
-                "--precision", sizes.precision]
-        started = time.perf_counter()
-        with open(where / "output.log", "wb") as log:
-            code = subprocess.run(argv, cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-        wall = time.perf_counter() - started
-        study = optuna.load_study(study_name="gpu-bench", storage=storage)
-        complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-        if code != 0 or complete != sizes.configs:
-            tail = (where / "output.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{count} worker(s): exit {code}, {complete}/{sizes.configs} trials complete\n{tail}")
+        wall, _ = _sweep(sizes, source, workdir / f"workers-{count}",
+                         ["worker", "--devices", ",".join([sizes.device] * count)], f"{count} worker(s)")
         result[str(count)] = {"wall_s": wall}
-        print(f"  {count} worker(s): {wall:.1f} s", flush=True)
+    return result
+
+
+def devices_for(sizes: Sizes, count: int) -> list[str]:
+    """`count` devices for one data-parallel worker: ``cuda:0`` ... on the GPU, the CPU `count` times in the dry run."""
+    return [f"cuda:{i}" for i in range(count)] if sizes.device == "cuda" else ["cpu"] * count
+
+
+def measure_data_parallel(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) -> dict[str, Any]:
+    """The sweep with each trial over K devices, against one device with the same global batch (rollouts sampled per
+    row in both): wall times, and the largest difference between the two runs' per-chunk values."""
+    if not counts:
+        return {}
+    one, reference = _sweep(sizes, source, workdir / "dp-1", ["worker", "--devices", devices_for(sizes, 1)[0],
+                                                              "--devices-per-trial", "1"], "1 device per trial")
+    result: dict[str, Any] = {}
+    for count in counts:
+        wall, study = _sweep(sizes, source, workdir / f"dp-{count}",
+                             ["worker", "--devices", ",".join(devices_for(sizes, count)), "--devices-per-trial",
+                              str(count)], f"{count} devices per trial")
+        result[str(count)] = {"wall_s": wall, "wall_s_one_device": one,
+                              "max_abs_value_diff": max_value_diff(reference.trials, study.trials)}
+    return result
+
+
+def max_value_diff(a: list[Any], b: list[Any]) -> float:
+    """The largest difference between two studies' per-chunk values, trial by trial."""
+    return max((abs(x.intermediate_values[step] - y.intermediate_values[step]) for x, y in zip(a, b, strict=True)
+                for step in x.intermediate_values), default=0.0)
+
+
+def measure_ray(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) -> dict[str, Any]:
+    """The sweep by ``rfopt run --ray --workers N`` on a local Ray cluster the command starts (a GPU per actor where
+    there are GPUs), and Ray's start-up alone (bench/workers.py's probe)."""
+    if not counts:
+        return {}
+    import workers  # bench/workers.py
+
+    result: dict[str, Any] = {"startup_s": workers._ray_startup()}
+    print(f"  Ray start-up alone: {result['startup_s']:.1f} s", flush=True)
+    for count in counts:
+        wall, _ = _sweep(sizes, source, workdir / f"ray-{count}", ["run", "--no-progress", "--ray", "--workers",
+                                                                   str(count)], f"Ray, {count} worker(s)")
+        result[str(count)] = {"wall_s": wall}
     return result
 
 
@@ -379,6 +438,19 @@ def print_table(record: dict[str, Any]) -> None:
         entry = w.get(str(count))
         rows.append((f"sweep with {count} worker(s) sharing the device, wall",
                      f"{entry['wall_s']:.1f} s" if entry else "not run"))
+    dp = record["data_parallel"]
+    for count in sorted({*DATA_PARALLEL, *map(int, dp)}):
+        entry = dp.get(str(count))
+        rows.append((f"sweep with {count} devices per trial, wall (1 device)",
+                     f"{entry['wall_s']:.1f} s ({entry['wall_s_one_device']:.1f} s), per-chunk values differ by at "
+                     f"most {entry['max_abs_value_diff']:.3g}" if entry else "not run"))
+    ray = record["ray"]
+    rows.append(("Ray start-up alone (init, one actor, shutdown)",
+                 f"{ray['startup_s']:.1f} s" if "startup_s" in ray else "not run"))
+    for count in sorted({*RAY_WORKERS, *(int(k) for k in ray if k.isdigit())}):
+        entry = ray.get(str(count))
+        rows.append((f"sweep on a local Ray cluster, {count} worker(s), wall",
+                     f"{entry['wall_s']:.1f} s" if entry else "not run"))
     gangs = record.get("gangs") or {}
     if gangs:
         rows.append(("full study, plain TRL one after another, wall", f"{gangs['plain_wall_s']:.1f} s"))
@@ -415,6 +487,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON result path (default: %(default)s)")
     parser.add_argument("--workers", default=",".join(map(str, WORKER_COUNTS)),
                         help="worker counts for the sweep, comma-separated, or 'none' (default: %(default)s)")
+    parser.add_argument("--data-parallel", metavar="K", help="devices per trial for the data-parallel sweep, "
+                        "comma-separated, or 'none' (default: 2 where there are 2 GPUs; none in the dry run)")
+    parser.add_argument("--ray", metavar="N", help="Ray worker counts for the sweep on a local Ray cluster, or 'none' "
+                        "(default: 1 where Ray is installed; none in the dry run)")
     parser.add_argument("--gangs", default=",".join(map(str, GANG_SIZES)),
                         help="gang sizes of the full-study comparison, comma-separated, or 'none' (default: "
                         "%(default)s)")
@@ -425,6 +501,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--workers {args.workers!r}: give counts such as 1,2,4, or none")
     if any(count < 1 for count in args.workers):
         parser.error("--workers: every count must be >= 1")
+    for flag in ("data_parallel", "ray"):
+        value = getattr(args, flag)
+        if value in (None, "none"):
+            setattr(args, flag, None if value is None else [])
+            continue
+        try:
+            counts = [int(x) for x in value.split(",")]
+        except ValueError:
+            parser.error(f"--{flag.replace('_', '-')} {value!r}: give counts such as 2, or none")
+        if any(count < 1 for count in counts) or (flag == "data_parallel" and any(c < 2 for c in counts)):
+            parser.error(f"--{flag.replace('_', '-')}: every count must be >= {2 if flag == 'data_parallel' else 1}")
+        setattr(args, flag, counts)
     try:
         args.gangs = [] if args.gangs == "none" else [int(x) for x in args.gangs.split(",")]
     except ValueError:
@@ -432,6 +520,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if any(size < 1 for size in args.gangs):
         parser.error("--gangs: every size must be >= 1")
     return args
+
+
+def default_counts(args: argparse.Namespace, sizes: Sizes, gpus: int, has_ray: bool) -> tuple[list[int], list[int]]:
+    """Devices per trial and Ray worker counts to measure: those given, else what this machine can run (K devices
+    per trial needs K GPUs; Ray needs Ray and an actor per GPU); the dry run measures neither unless asked."""
+    data_parallel, ray = args.data_parallel, args.ray
+    if data_parallel is None:
+        data_parallel = [] if sizes is DRY else [k for k in DATA_PARALLEL if k <= gpus]
+    if ray is None:
+        ray = [] if sizes is DRY or not has_ray else [n for n in RAY_WORKERS if n <= max(gpus, 1)]
+    if sizes is not DRY and any(k > gpus for k in data_parallel):
+        raise SystemExit(f"--data-parallel {data_parallel}: this machine has {gpus} GPU(s)")
+    if ray and not has_ray:
+        raise SystemExit("--ray: Ray is not installed here (pip install 'rfopt[ray]')")
+    return data_parallel, ray
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -458,6 +561,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         exactness = measure_exactness(setup, workdir / "exactness")
         print("workers sweep:", "skipped (--workers none)" if not args.workers else "", flush=True)
         workers = measure_workers(sizes, source, workdir, args.workers)
+        import importlib.util
+
+        gpus = torch.cuda.device_count() if sizes.device == "cuda" else 0
+        data_parallel, ray = default_counts(args, sizes, gpus, importlib.util.find_spec("ray") is not None)
+        print("one trial over several devices:", "skipped" if not data_parallel else "", flush=True)
+        parallel = measure_data_parallel(sizes, source, workdir, data_parallel)
+        print("Ray:", "skipped" if not ray else "", flush=True)
+        on_ray = measure_ray(sizes, source, workdir, ray)
         print("gangs:", "skipped (--gangs none)" if not args.gangs else "", flush=True)
         gangs = measure_gangs(setup, workdir / "gangs", args.gangs)
         record = {
@@ -468,6 +579,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "round_robin": round_robin,
             "exactness": exactness,
             "workers": workers,
+            "data_parallel": parallel,
+            "ray": on_ray,
             "gangs": gangs,
             "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                         "cuda": torch.version.cuda, "transformers": transformers.__version__, "trl": trl.__version__,

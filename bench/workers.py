@@ -8,7 +8,10 @@ from the command's start to its exit (so it includes Python start-up, model load
 - ``run, 1 thread``: ``rfopt run`` in one process, torch on 1 thread (no leases: the baseline loop);
 - ``1 worker, 1 thread``: ``rfopt worker --devices cpu``;
 - ``2 workers, 1 thread each``: ``rfopt worker --devices cpu,cpu`` (two processes, both cores);
-- with ``--two-threads``, also ``1 worker, 2 threads``: one process with torch on both cores.
+- with ``--two-threads``, also ``1 worker, 2 threads``: one process with torch on both cores;
+- with ``--ray``, also ``rfopt run --ray --workers 1`` and ``--workers 2``: the same sweep on a local Ray cluster
+  (started by the command, one CPU per worker actor), and Ray's start-up cost alone: ``ray.init`` of a local
+  cluster, one actor ready, ``ray.shutdown`` (needs ``pip install 'rfopt[ray]'``).
 
 Every 1-thread configuration must end with the same per-chunk values, metrics, adapters and
 checkpoints (checked; torch on 2 threads sums in another order, so its numbers differ). Per unit it
@@ -21,6 +24,7 @@ checkpoints). Then the lease operations alone, timed on the same database file: 
     python bench/workers.py                      # about 2 minutes on 2 idle cores
     python bench/workers.py --trials 4 --chunks 3 --storage-dir /tmp/rfopt-bench-workers
     python bench/workers.py --postgres           # lease operations on PostgreSQL too
+    python bench/workers.py --trials 4 --ray     # the 4-trial sweep: run, workers by hand, Ray with 1 and 2 workers
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def main() -> None:
     parser.add_argument("--storage-dir", help="where studies and checkpoints go (default: a temporary directory)")
     parser.add_argument("--lease-ops", type=int, default=200, help="units of lease operations to time")
     parser.add_argument("--two-threads", action="store_true", help="also time one worker with torch on 2 threads")
+    parser.add_argument("--ray", action="store_true", help="also run the sweep on a local Ray cluster with 1 and 2 "
+                        "worker actors (rfopt run --ray), and time Ray's start-up alone")
     parser.add_argument("--postgres", action="store_true", help="also time the lease operations on a throwaway "
                         "PostgreSQL server (tests/pg_server.py; needs Debian's postgresql package)")
     args = parser.parse_args()
@@ -60,6 +66,8 @@ def main() -> None:
         ("1 worker, 1 thread", "worker", "cpu", 1),
         ("2 workers, 1 thread each", "worker", "cpu,cpu", 1),
     ] + [("1 worker, 2 threads", "worker", "cpu", 2)] * args.two_threads
+    setups += [("Ray, 1 worker actor", "ray", "1", 1), ("Ray, 2 worker actors", "ray", "2", 1)] * args.ray
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"sweep: tests/tiny_study.py, {args.trials} trials x {args.chunks} chunks = {args.trials * args.chunks} "
           f"units; {os.cpu_count()} CPUs; results in {root}")
     results = []
@@ -75,6 +83,10 @@ def main() -> None:
     for label, _, wall, per_unit, gap, units in results:
         print(f"{label:26} {wall:7.1f} {units / wall * 60:9.1f} {per_unit:21.3f} {gap * 1000:22.1f}"
               f"   ({base / wall:.2f}x of run)")
+    if args.ray:
+        print(f"Ray start-up alone (ray.init of a local cluster, one actor ready, ray.shutdown): "
+              f"{_ray_startup():.1f} s (inside each Ray row above)")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print()
     _lease_costs(f"sqlite:///{root / 'leases.db'}", "SQLite", root, args.lease_ops)
     if args.postgres:
@@ -94,9 +106,12 @@ def _sweep(model: Path, where: Path, command: str, devices: str, threads: int, a
                MKL_NUM_THREADS=str(threads), RFOPT_TEST_TINY_MODEL=str(model), RFOPT_TEST_TRIALS=str(args.trials),
                RFOPT_TEST_CHUNKS=str(args.chunks), RFOPT_EVENT_LOG=str(log))
     storage = f"sqlite:///{where / 'study.db'}"
-    argv = [sys.executable, "-m", "rfopt.cli", command, str(TESTS / "tiny_study.py"), "--storage", storage,
-            "--checkpoint-dir", str(where / "ck")]
-    argv += ["--no-progress"] if command == "run" else ["--devices", devices]
+    argv = [sys.executable, "-m", "rfopt.cli", "run" if command == "ray" else command, str(TESTS / "tiny_study.py"),
+            "--storage", storage, "--checkpoint-dir", str(where / "ck")]
+    if command == "ray":
+        argv += ["--no-progress", "--ray", "--workers", devices]
+    else:
+        argv += ["--no-progress"] if command == "run" else ["--devices", devices]
     started = time.perf_counter()
     with open(where / "output.log", "wb") as out:
         code = subprocess.run(argv, cwd=where, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
@@ -115,8 +130,18 @@ def _sweep(model: Path, where: Path, command: str, devices: str, threads: int, a
         elif point == "unit-started" and pid in last_commit:
             gaps.append(at - last_commit.pop(pid))
     units = sum(point == "unit-committed" for point, *_ in rows)
-    print(f"  {command} --devices {devices} with {threads} thread(s): {wall:.1f} s, {units} units")
+    how = f"run --ray --workers {devices}" if command == "ray" else f"{command} --devices {devices}"
+    print(f"  {how} with {threads} thread(s): {wall:.1f} s, {units} units")
     return wall, per_unit, statistics.mean(gaps), units
+
+
+def _ray_startup() -> float:
+    """Seconds for a new process to start a local Ray cluster, get one actor ready and shut the cluster down."""
+    code = ("import time; t = time.perf_counter(); import ray; ray.init(num_cpus=1, logging_level='ERROR'); "
+            "A = ray.remote(num_cpus=1)(type('A', (), {'ping': lambda self: 1})); ray.get(A.remote().ping.remote()); "
+            "ray.shutdown(); print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[-1])
 
 
 def _check_same(results) -> None:

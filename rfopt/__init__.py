@@ -12,6 +12,7 @@ chunk's evaluation to Optuna, and lets Optuna's pruners stop losers at rung boun
 """
 
 from .checkpoints import CheckpointError, CheckpointStore
+from .cluster import RayCluster
 from .chunks import ChunkPlan, PlanError, TrialSchedule, trial_schedule
 from .config import ConfigError, TrialConfig
 from .evaluation import EvalResult, EvalSettings, RewardFunctionError
@@ -34,6 +35,7 @@ __all__ = [
     "ModelUnavailableError",
     "PlanError",
     "PopulationBasedTraining",
+    "RayCluster",
     "RewardFunctionError",
     "StorageLocationError",
     "StorageRefusedError",

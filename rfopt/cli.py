@@ -103,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
               rfopt run arithmetic --fast --storage sqlite:///smoke.db
               rfopt run gsm8k_lite --device cuda --study gsm8k-2
               rfopt run my_study.py --n-trials 4 --timeout 3600  # 4 new trials; no chunk starts after an hour
+              rfopt run my_study.py --ray                       # one worker per CPU of a new local Ray cluster
+              rfopt run my_study.py --ray auto --storage postgresql://rfopt@db/rfopt --checkpoint-dir s3://b/rfopt
             """
         ),
     )
@@ -120,6 +122,20 @@ def _parser() -> argparse.ArgumentParser:
                      "PostgreSQL study needs one)")
     run.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="train on a Ray cluster: one worker per "
+                     "GPU of the cluster (else per --cpus-per-worker CPUs), each a Ray actor sharing the study through "
+                     "its storage. ADDRESS as ray.init takes it (auto, ray://head:10001); none: $RAY_ADDRESS, else a "
+                     "new local cluster (give --ray after the study file, or --ray=ADDRESS). Needs pip install "
+                     "'rfopt[ray]'; on several nodes, PostgreSQL and a shared --checkpoint-dir")
+    run.add_argument("--workers", type=_positive_int, metavar="N", help="with --ray: actors to start (default: one "
+                     "per GPU, else one per --cpus-per-worker CPUs)")
+    run.add_argument("--cpus-per-worker", type=_positive_float, default=1.0, metavar="N",
+                     help="with --ray: each CPU worker's share of a node's CPUs (default: %(default)s)")
+    run.add_argument("--lease-seconds", type=_positive_seconds, default=30.0, metavar="SECONDS",
+                     help="with --ray: a dead worker's unit is trained again after this (default: %(default)s)")
+    run.add_argument("--devices-per-trial", type=_positive_int, default=1, metavar="K",
+                     help="with --ray: train each trial over K workers' devices at once, as one data-parallel job "
+                     "(default: %(default)s)")
     run.set_defaults(handler=_cmd_run)
 
     worker = _command(
@@ -157,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--lease-seconds", type=_positive_seconds, default=30.0, metavar="SECONDS",
                         help="how long a unit's lease lasts without a renewal, more than 0: a dead worker's unit is "
                         "taken over after this (default: %(default)s)")
+    worker.add_argument("--devices-per-trial", type=_positive_int, metavar="K", help="train each trial over K of the "
+                        "listed devices at once, as one data-parallel job (its batch split over them; rollouts "
+                        "sampled per row, so K devices match one); the devices form groups of K, one worker each")
+    worker.add_argument("--data-parallel-rank", help=argparse.SUPPRESS)  # RANK/K@ADDRESS:PORT, for the group's processes
     worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
     worker.set_defaults(handler=_cmd_worker)
 
@@ -328,6 +348,17 @@ def _port(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    """``--cpus-per-worker``: a number more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -439,6 +470,19 @@ def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, A
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    executor = None
+    if args.ray is not None:
+        import rfopt
+
+        if args.device != "cpu":
+            raise ValueError(f"--device {args.device} with --ray: each worker trains on the device Ray gives it (a "
+                             "GPU each where the cluster has GPUs); leave --device out")
+        executor = rfopt.RayCluster(address=args.ray or None, num_workers=args.workers,
+                                    cpus_per_worker=args.cpus_per_worker, lease_seconds=args.lease_seconds,
+                                    devices_per_trial=args.devices_per_trial)
+    elif args.workers is not None or args.devices_per_trial != 1:
+        raise ValueError("--workers and --devices-per-trial are for --ray; to start workers on this machine use "
+                         "rfopt worker --devices ... [--devices-per-trial K]")
     spec, study, space, train, evaluation = _open_study_file(args, "study")
     study.optimize(
         space,
@@ -454,6 +498,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         precision=args.precision,
         show_progress_bar=not args.no_progress,
         report_to=args.report_to,
+        executor=executor,
         gang_size=_gang_size(args, spec),
     )
     _print_summary(study, args.storage)
@@ -462,6 +507,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     devices = _devices(args.devices)
+    group = _data_parallel(args, devices)
+    if group is not None:
+        group.start(devices[0])  # before the study file builds its configs: Accelerate reads the group once
     if len(devices) > 1:  # one process per device, each this same command on its one device
         import subprocess
 
@@ -486,10 +534,22 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 base += [flag, str(value)]
         for tracker in args.report_to or ():
             base += ["--report-to", tracker]
-        print(f"rfopt: {len(devices)} workers on {', '.join(devices)}", file=sys.stderr)
+        per_trial = args.devices_per_trial or 1
+        if len(devices) % per_trial:
+            raise ValueError(f"--devices {args.devices} --devices-per-trial {per_trial}: {len(devices)} devices do "
+                             f"not form groups of {per_trial}; list a multiple of {per_trial}")
+        ranks = [[] for _ in devices]
+        if args.devices_per_trial is not None:
+            for start in range(0, len(devices), per_trial):
+                port = _free_port()
+                for rank in range(per_trial):
+                    ranks[start + rank] = ["--data-parallel-rank", f"{rank}/{per_trial}@127.0.0.1:{port}"]
+        workers = len(devices) // per_trial
+        print(f"rfopt: {workers} workers on {', '.join(devices)}"
+              + (f", {per_trial} devices per trial" if per_trial > 1 else ""), file=sys.stderr)
         child_env = dict(os.environ, **{WORKER_PARENT: str(os.getpid())})  # each ends with this process
-        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d], env=child_env)
-                     for d in devices]
+        processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d, *rank], env=child_env)
+                     for d, rank in zip(devices, ranks)]
         try:
             codes = [p.wait() for p in processes]
         except BaseException:  # Ctrl-C or a signal to this process alone: its workers stop too, as after a Ctrl-C
@@ -512,10 +572,41 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         precision=args.precision,
         lease_seconds=args.lease_seconds,
         report_to=args.report_to,
+        data_parallel=group,
         gang_size=_gang_size(args, spec),
     )
-    print(study.leaderboard_text())
+    if group is not None:
+        group.stop()
+    if group is None or group.lead:
+        print(study.leaderboard_text())
     return 0
+
+
+def _data_parallel(args: argparse.Namespace, devices: list[str]) -> Any:
+    """This process's place in a data-parallel group: from ``--data-parallel-rank`` (a process of a group the command
+    started), or rank 0 of 1 for ``--devices-per-trial 1`` on one device (one device, rollouts sampled per row, as a
+    group's trial)."""
+    from rfopt.parallel import DataParallel
+
+    if args.data_parallel_rank:
+        place, _, where = args.data_parallel_rank.partition("@")
+        rank, _, world = place.partition("/")
+        address, _, port = where.rpartition(":")
+        return DataParallel(int(rank), int(world), address, int(port))
+    if args.devices_per_trial is not None and len(devices) == 1:
+        if args.devices_per_trial != 1:
+            raise ValueError(f"--devices-per-trial {args.devices_per_trial} needs that many devices in --devices "
+                             f"(got {devices[0]})")
+        return DataParallel(0, 1)
+    return None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _gang_size(args: argparse.Namespace, spec: Any) -> int:

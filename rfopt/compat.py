@@ -33,6 +33,14 @@ Kept for exactness or correctness (none of them is a speed trick):
     ``model`` with, given ``args.model_init_kwargs``: ``dtype`` defaults to float32 and may be a name
     (``"bfloat16"``), the architecture comes from the model's config. Buys: ``args.model_init_kwargs`` mean in a
     trial what they mean to TRL, with no copy of TRL's rules to drift from them.
+``trainer_generate_call``  `extra_logits_processor` shadows ``generate`` on the model instance that
+    ``GRPOTrainer`` generates with (it calls ``unwrapped_model.generate(..., generation_config=...)`` and passes no
+    processor) to add one: custom processors run after transformers' own and before its sampling warpers. Buys:
+    rollouts sampled per row in data-parallel trials, the same however the batch is split (`rfopt.parallel`).
+``ddp_ignored_parameters``  `data_parallel_model` lists every parameter but the active adapter's with
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`` (torch), so DDP broadcasts and reduces
+    only the trial's adapter: the lead of a data-parallel group holds other trials' adapters on the shared base,
+    the other ranks do not. Buys: data-parallel trials on a shared base model.
 ``plain_object_state``  `object_state` and `object_from_state` store an instance (a per-trial
     ``TrainerCallback``; a callable reward such as ``trl.rewards.get_soft_overlong_punishment(...)`` returns, an
     instance of a private TRL class) as pickle stores a plain object: its class, then its instance attributes,
@@ -279,6 +287,61 @@ def object_from_state(cls: type, state: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------------- Optuna
+@contextmanager
+def extra_logits_processor(model: Any, make: Callable[[Any, int], Any]) -> Iterator[None]:
+    """While the block runs, every ``model.generate(...)`` call also gets the logits processor ``make(generation_config,
+    rows)`` (``rows``: the call's batch size), after transformers' own processors and before its sampling warpers.
+
+    Entry ``trainer_generate_call``: `GRPOTrainer` calls ``generate`` on the unwrapped model (the one rfopt gives
+    it) with ``generation_config=`` and no ``logits_processor``; an instance attribute shadows the method for the
+    block. Buys: per-row sampling streams for data-parallel trials (`rfopt.parallel`)."""
+    from transformers import LogitsProcessorList
+
+    check_version("transformers")
+    check_version("trl")
+    original = model.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        inputs = kwargs.get("input_ids", args[0] if args else None)
+        rows = inputs.shape[0]
+        config = kwargs.get("generation_config") or model.generation_config
+        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), make(config, rows)])
+        return original(*args, **kwargs)
+
+    model.generate = generate
+    try:
+        yield
+    finally:
+        del model.generate
+
+
+@contextmanager
+def data_parallel_model(model: Any) -> Iterator[None]:
+    """While the block runs, DDP (which the Trainer wraps the model in under ``torch.distributed``) syncs and reduces
+    only the model's trainable parameters: the active trial's adapter.
+
+    Entry ``ddp_ignored_parameters``: ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`` (torch;
+    it sets ``_ddp_params_and_buffers_to_ignore`` on the module, which DDP reads at construction). DDP broadcasts
+    every parameter and buffer from rank 0 when it wraps a model; the lead of a data-parallel group holds other
+    trials' adapters on the shared base too, which the other ranks do not, and the broadcast would not match.
+    Buys: data-parallel trials on a shared base model (`rfopt.parallel`)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    ignored = [name for name, _ in model.named_parameters() if name not in trainable]
+    ignored += [name for name, _ in model.named_buffers()]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
+    try:
+        yield
+    finally:
+        model.__dict__.pop("_ddp_params_and_buffers_to_ignore", None)
+
+
 def storage_of(study: Any) -> Any:
     """An `optuna.Study`'s storage (``Study._storage``; entry ``optuna_ids``)."""
     return study._storage

@@ -23,6 +23,7 @@ studies of the same name keep apart.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -50,6 +51,7 @@ from .checkpoints import (
     normalize_location,
 )
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, rows_left_out, trial_schedule
+from .cluster import RayCluster
 from .compat import storage_of
 from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
@@ -58,6 +60,7 @@ from .driver import drive
 from .evaluation import EvalSettings, reward_columns, reward_name
 from .gang import DEFAULT_GANG_SIZE
 from .models import ModelPool
+from .parallel import DataParallel, DataParallelRunner, follow, lead_done
 from .pruning import PopulationBasedTraining
 from .roster import Roster, explorable
 from .schema import TrialRecord, study_record
@@ -197,6 +200,7 @@ class Study:
         precision: str = "auto",
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
+        executor: RayCluster | None = None,
         gang_size: int = DEFAULT_GANG_SIZE,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
@@ -238,10 +242,21 @@ class Study:
                 ``"wandb"``, ``"mlflow"``, ``"trackio"``, a list, ``"none"``): one run per trial, named
                 ``<study>-trial-<n>``, grouped by study (`rfopt.trackers`). Stored on the study: None takes the stored
                 value (none for a new study); a value given replaces it for this and later runs.
+            executor: None (train here), or `rfopt.RayCluster(...)`: one worker per device of a Ray cluster trains the
+                study (`rfopt.cluster`), each device its own (`device` is left out); this process shows the progress
+                and calls `on_unit` and `callbacks` as units and trials commit and end.
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
                 batch (`rfopt.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL.
         """
         _check_gang_size(gang_size)
+        if executor is not None:
+            return self._run_on(executor, space, train_dataset, eval_dataset, device=device, n_trials=n_trials,
+                                n_trials_total=n_trials_total, timeout=timeout, callbacks=callbacks, catch=catch,
+                                max_concurrent=max_concurrent, given={"num_chunks": num_chunks, "objective": objective,
+                                                                      "eval_settings": eval_settings,
+                                                                      "chunk_seed": chunk_seed},
+                                precision=precision, report_to=report_to, on_unit=on_unit,
+                                show_progress_bar=show_progress_bar, gang_size=gang_size)
         pool = ModelPool(device, precision)  # checks the device before anything is written
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
@@ -282,6 +297,7 @@ class Study:
         poll_seconds: float = 1.0,
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
+        data_parallel: DataParallel | None = None,
         gang_size: int = DEFAULT_GANG_SIZE,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
@@ -293,6 +309,10 @@ class Study:
         its lease taken stops the chunk at the next step. A unit whose worker died is trained by another once the
         lease expires (`lease_seconds`). Returns when no trial is left to train (paused trials wait for a resume).
 
+        `data_parallel`: this process's place in a group of processes that train each trial together, one device
+        each (`rfopt.parallel`; the group joined with `DataParallel.start` before anything else). Rank 0 is the
+        worker; the other ranks follow its chunks and return when it does.
+
             >>> study.work(space, train, test, n_trials_total=16, device="cuda:1")   # doctest: +SKIP
         """
         from .leases import Leases
@@ -300,6 +320,11 @@ class Study:
         if lease_seconds <= 0 or poll_seconds <= 0:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
         _check_gang_size(gang_size)
+        if data_parallel is not None and gang_size > 1:
+            raise ValueError(f"gang_size={gang_size} with devices per trial ({data_parallel.world_size}): a gang trains "
+                             "several trials in lockstep in one process, a data-parallel trial one trial over "
+                             "processes, each with its own rollouts; give gang_size=1 (--gang-size 1), or leave "
+                             "--devices-per-trial out")
         pool = ModelPool(device, precision)  # checks the device before anything is written
         if max_concurrent is None and isinstance(as_space(space), ListSpace):  # the same for every worker
             max_concurrent = max(1, min(len(as_space(space).configs), 8))
@@ -308,18 +333,63 @@ class Study:
                                                "eval_settings": eval_settings, "chunk_seed": chunk_seed}, report_to)
         pool.check_room(checked.configs)
         _say_placement(pool.placement, checked)
-        leases = Leases(self.optuna)
-        with self._presence("worker"):  # refuses to start beside an `optimize` (rfopt run), which takes no leases
-            with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity, plan
-                store = self._claim()
-                space, n_trials = self._record(checked)
-            max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
-            trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
-                                LeasedCoordinator(leases, lease_seconds), max_concurrent,
-                                more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,
-                                gang_size=gang_size)
+        if data_parallel is not None and not data_parallel.lead:
+            workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
+            try:
+                follow(data_parallel, pool, train_dataset, workdir)
+            finally:
+                pool.close()
+                shutil.rmtree(workdir, ignore_errors=True)
+            return
+        try:  # a data-parallel lead tells its group when it is done, however it ends
+            leases = Leases(self.optuna)
+            with self._presence("worker"):  # refuses to start beside an `optimize` (rfopt run), which takes no leases
+                with leases.holding(ASK_LEASE, lease_seconds):  # one worker at a time gives the study its identity, plan
+                    store = self._claim()
+                    space, n_trials = self._record(checked)
+                max_concurrent = checked.max_concurrent or max(1, min(n_trials_total or n_trials or 8, 8))
+                trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
+                                    LeasedCoordinator(leases, lease_seconds), max_concurrent,
+                                    more_to_ask=self._more_to_ask(space, checked, n_trials), poll_seconds=poll_seconds,
+                                    data_parallel=data_parallel, gang_size=gang_size)
+        finally:
+            if data_parallel is not None:
+                lead_done(data_parallel)
         if not trained and not checked.timed_out():
             logger.warning("%s", self._nothing_done(space))
+
+    def _run_on(self, executor: RayCluster, space: Any, train_dataset: Any, eval_dataset: Any, *, device: str,
+                n_trials: int | None, n_trials_total: int | None, timeout: float | None, callbacks: Any, catch: Any,
+                max_concurrent: int | None, given: dict[str, Any], precision: str, report_to: Any, on_unit: Any,
+                show_progress_bar: bool, gang_size: int) -> None:
+        """`optimize` on a cluster: the same checks here, then one `work` per device there (`rfopt.cluster`)."""
+        from .cluster import WorkerJob
+
+        if device != "cpu":
+            raise ValueError(f"device={device!r}: on a cluster each worker trains on the device Ray gives it (a GPU "
+                             "each where the cluster has GPUs: RayCluster(gpus=...)); leave device out")
+        checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
+                              max_concurrent, given, report_to)
+        space = checked.space
+        if isinstance(space, ListSpace):
+            if n_trials is not None:
+                raise ValueError("n_trials with a list of configs: on a cluster the workers run every config not run "
+                                 "yet; leave n_trials out")
+            concurrent = checked.max_concurrent or max(1, min(len(space), 8))
+        else:  # n_trials counts this call's new trials: the workers share them as a study total
+            started = sum(t.state != TrialState.WAITING and TrialRecord(t).lineage is None
+                          for t in self.optuna.get_trials(deepcopy=False))
+            total = n_trials_total if n_trials is None else started + n_trials
+            if n_trials is not None and n_trials_total is not None:
+                total = min(total, n_trials_total)
+            n_trials_total = total
+            concurrent = checked.max_concurrent or max(1, min(n_trials or n_trials_total or 8, 8))
+        settings = {name: value for name, value in given.items() if value is not None}
+        job = WorkerJob.of(self, self._requested, space, (train_dataset, eval_dataset), dict(
+            n_trials_total=n_trials_total, timeout=timeout, catch=checked.catch, max_concurrent=concurrent,
+            precision=precision, report_to=report_to, lease_seconds=executor.lease_seconds,
+            poll_seconds=executor.poll_seconds, gang_size=gang_size, **settings))
+        executor.run(self, job, callbacks=checked.callbacks, on_unit=on_unit, show_progress_bar=show_progress_bar)
 
     def _more_to_ask(self, space: Any, checked: _Plan, n_trials: int | None) -> Callable[[Roster], bool]:
         """Whether this run starts another new trial: `n_trials` counts this run's, `n_trials_total` the study's; a
@@ -340,13 +410,16 @@ class Study:
         return more
 
     def _run(self, space, checked, store, pool, train_dataset, eval_dataset, on_unit, coordinator, max_concurrent, *,
-             more_to_ask, progress=None, poll_seconds: float = 1.0, gang_size: int = 1) -> int:
+             more_to_ask, progress=None, poll_seconds: float = 1.0, data_parallel: DataParallel | None = None,
+             gang_size: int = 1) -> int:
         """Drive the study until nothing is left to do here; return how many units this call committed."""
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
         ctx = Context(study=self.optuna, store=store, plan=checked.plan, train_dataset=train_dataset,
                       eval_dataset=eval_dataset, objective=checked.objective, settings=checked.settings, pool=pool,
                       workdir=workdir, tracking=Tracking(checked.report_to, self.study_name) if checked.report_to
                       else None, subscribers=[publish_unit])
+        if data_parallel is not None:
+            ctx.runner_class = functools.partial(DataParallelRunner, group=data_parallel)
         if on_unit is not None:
             ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
         if progress is not None:

@@ -107,6 +107,8 @@ class Context:
     """In-process listeners of each optimizer step of a unit in flight (the progress bar); see `rfopt.progress`."""
     progress_seconds: float = INTERVAL_SECONDS
     """At most one write of a trial's in-chunk progress record in this many seconds."""
+    runner_class: Callable[..., TrialRunner] = TrialRunner
+    """What trains a trial: `TrialRunner` on one device, a data-parallel runner over several (`rfopt.parallel`)."""
 
 
 @dataclass
@@ -150,8 +152,8 @@ class Live:
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
                  ) -> TrialRunner:
-    return TrialRunner(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
-                       tracking=ctx.tracking)
+    return ctx.runner_class(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
+                            tracking=ctx.tracking)
 
 
 # ---------------------------------------------------------------------- 1. load

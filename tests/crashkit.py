@@ -144,3 +144,23 @@ def assert_same_study(reference: str, ref_checkpoints: Path | str, got: str, got
             assert same_tensors(adapter(trial), adapter(ref)), f"trial {trial.number}: adapter weights differ"
         assert same_tensors(final_checkpoint(got_checkpoints, trial.number),
                             final_checkpoint(ref_checkpoints, ref.number)), f"trial {trial.number}: checkpoint differs"
+
+
+def assert_same_study_but_summation_order(reference: str, got: str, tolerance: float, name: str = "tiny"):
+    """Every trial of `got` ended as in `reference` with the same per-chunk values and rollouts' rewards, and losses
+    and adapters within `tolerance` (absolute): what a data-parallel trial promises against one device."""
+    import pytest
+
+    expected, actual = trials(reference, name), trials(got, name)
+    assert len(actual) == len(expected)
+    for one, two in zip(expected, actual):
+        assert two.state == one.state, f"trial {one.number}: {two.state} != {one.state}"
+        assert two.intermediate_values == one.intermediate_values, f"trial {one.number}"
+        for chunk, metrics in train_metrics(one).items():
+            got_train, want = train_metrics(two)[chunk]["train"], metrics["train"]
+            assert (got_train["reward"], got_train["reward_std"]) == (want["reward"], want["reward_std"])
+            assert got_train["loss"] == pytest.approx(want["loss"], abs=tolerance)
+        if one.state == optuna.trial.TrialState.COMPLETE:
+            a, b = adapter(one), adapter(two)
+            assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= tolerance
+            assert any(k.endswith("lora_B.weight") and a[k].abs().max() > 1e-4 for k in a)  # it did train

@@ -15,7 +15,7 @@ LAYERS = [
     {"storage", "schema", "checkpoints", "leases"},
     # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
     # a study's times and costs, charts
-    {"config", "configform", "spaces", "models", "runner", "gang", "progress", "scheduler", "pruning", "ops", "timeline",
+    {"config", "configform", "spaces", "models", "runner", "parallel", "gang", "progress", "scheduler", "pruning", "ops", "timeline",
      "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},
@@ -25,6 +25,8 @@ LAYERS = [
     {"driver"},
     # what a person sees in a terminal; study files
     {"display", "studyfile"},
+    # workers placed by a cluster manager (Ray)
+    {"cluster"},
     # the public API
     {"study"},
     # front ends (rfopt's dashboard pages are rendered by `pages`)

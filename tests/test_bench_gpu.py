@@ -5,22 +5,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path):
     out = tmp_path / "gpu.json"
-    # One worker count (2) keeps it short; the full sweep is the same code with more counts.
+    # One worker count (2) keeps it short; the full sweep is the same code with more counts. The data-parallel trial
+    # runs as two CPU processes, Ray as a local cluster of one CPU worker.
     run = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--workers", "2", "--gangs", "2",
-         "--out", str(out)],
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--workers", "2", "--data-parallel", "2",
+         "--ray", "1", "--gangs", "2", "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     table = run.stdout
     for row in ("wall ratio b/a (model loading excluded)", "swap, median", "checkpoint save per unit, median",
                 "peak GPU memory, round-robin (b)", "GPU busy during (b)", "exactness, chunks vs straight",
-                "sweep with 2 worker(s) sharing the device, wall", "sweep with 4 worker(s) sharing the device, wall"):
+                "sweep with 2 worker(s) sharing the device, wall", "sweep with 4 worker(s) sharing the device, wall",
+                "sweep with 2 devices per trial, wall (1 device)", "Ray start-up alone (init, one actor, shutdown)",
+                "sweep on a local Ray cluster, 1 worker(s), wall"):
         assert row in table, row
     assert "n/a (cpu)" in table
     record = json.loads(out.read_text())
@@ -33,9 +38,31 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
     assert record["exactness"]["max_abs_diff"] == 0.0
     assert rr["max_abs_weight_diff_a_vs_b"] == 0.0
     assert set(record["workers"]) == {"2"} and record["workers"]["2"]["wall_s"] > 0
+    # Two devices per trial (each half of the batch; rollouts sampled per row) end with one device's values.
+    parallel = record["data_parallel"]["2"]
+    assert parallel["wall_s"] > 0 and parallel["wall_s_one_device"] > 0 and parallel["max_abs_value_diff"] == 0.0
+    assert record["ray"]["startup_s"] > 0 and record["ray"]["1"]["wall_s"] > 0
+
     # Gangs: the full study in gangs of 2 against plain TRL, by part, and the engine's generation throughput.
     assert "full study in gangs of 2, wall ratio to plain TRL" in table and "generation, 2 trial(s)" in table
     gangs = record["gangs"]
     assert gangs["plain_wall_s"] > 0 and gangs["runs"]["2"]["ratio_wall"] > 0
     assert gangs["runs"]["2"]["parts_s"]["rollout_decode"] > 0 and gangs["runs"]["2"]["estimate_bytes"] > 0
     assert {g["gang_size"] for g in gangs["generation"]} == {2, 8}
+
+
+def test_gpu_benchmark_measures_what_the_machine_can_run_unless_told():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    plain = gpu.parse_args([])
+    assert gpu.default_counts(plain, gpu.GPU, gpus=1, has_ray=True) == ([], [1])  # 2 per trial needs 2 GPUs
+    assert gpu.default_counts(plain, gpu.GPU, gpus=2, has_ray=False) == ([2], [])
+    assert gpu.default_counts(gpu.parse_args(["--dry-run"]), gpu.DRY, gpus=0, has_ray=True) == ([], [])
+    assert gpu.default_counts(gpu.parse_args(["--data-parallel", "none", "--ray", "none"]), gpu.GPU, 4, True) == ([], [])
+    with pytest.raises(SystemExit, match="this machine has 1 GPU"):
+        gpu.default_counts(gpu.parse_args(["--data-parallel", "2"]), gpu.GPU, gpus=1, has_ray=True)
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--data-parallel", "1"])  # one device per trial is the reference, always run

@@ -294,3 +294,45 @@ def test_optuna_dashboards_page_has_a_body_end_where_the_link_to_rfopt_goes():
     linked = compat.with_backlink(page, b"<a id='x'></a>")
     assert linked is not None and linked.count(b"<a id='x'></a></body>") == 1
     assert compat.with_backlink(b"<html>no end</html>", b"<a></a>") is None
+
+
+# ---------------------------------------------------------------------- trainer_generate_call, ddp_ignored_parameters
+def test_grpo_generates_on_the_unwrapped_model_with_a_generation_config_and_custom_processors_come_before_warpers():
+    from transformers import GenerationMixin
+    from trl import GRPOTrainer
+
+    generating = inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert "unwrapped_model.generate(" in generating and "generation_config=self.generation_config" in generating
+    assert "logits_processor" not in generating  # rfopt's processor is the only custom one
+    processors = inspect.getsource(GenerationMixin._get_logits_processor)
+    assert processors.index("_merge_criteria_processor_list(processors, logits_processor)") < processors.index(
+        "TemperatureLogitsWarper(")
+
+
+def test_an_extra_logits_processor_decides_what_generate_samples_and_comes_off_after(tiny_model):
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    inputs = torch.tensor([[1, 2, 3], [1, 2, 4]])
+
+    class Only7:
+        def __call__(self, input_ids, scores):
+            return torch.full_like(scores, float("-inf")).index_fill_(1, torch.tensor([7]), 0.0)
+
+    seen = []
+    with compat.extra_logits_processor(model, lambda config, rows: seen.append(rows) or Only7()):
+        out = model.generate(input_ids=inputs, generation_config=GenerationConfig(
+            do_sample=True, max_new_tokens=3, temperature=0.5, top_k=5, pad_token_id=0))
+    assert seen == [2] and out[:, 3:].eq(7).all()
+    assert "generate" not in vars(model)  # the class's method again
+
+
+def test_ddp_reads_the_parameters_to_ignore_from_the_attribute_rfopt_sets():
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    module = torch.nn.Linear(2, 2)
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ["bias"])
+    assert module._ddp_params_and_buffers_to_ignore == ["bias"]
+    assert "_ddp_params_and_buffers_to_ignore" in inspect.getsource(DistributedDataParallel.__init__)
