@@ -14,11 +14,14 @@ chunk's evaluation to Optuna, and lets Optuna's pruners stop losers at rung boun
 from .checkpoints import CheckpointError, CheckpointStore
 from .cluster import RayCluster
 from .chunks import ChunkPlan, PlanError, TrialSchedule, trial_schedule
+from .compat import CompatError
 from .config import ConfigError, TrialConfig
+from .errors import Refusal, RfoptError
 from .evaluation import EvalResult, EvalSettings, RewardFunctionError
 from .models import ModelUnavailableError
+from .ops import OpError
 from .pruning import PopulationBasedTraining
-from .runner import TrialRunner
+from .runner import TrialDiverged, TrialRunner
 from .spaces import grid
 from .storage import StorageLocationError, StorageRefusedError, StorageUnavailableError
 from .study import LeaderboardRow, Study, StudyDeletedError, StudyNameError, create_study, load_study
@@ -28,15 +31,19 @@ __all__ = [
     "CheckpointError",
     "CheckpointStore",
     "ChunkPlan",
+    "CompatError",
     "ConfigError",
     "EvalResult",
     "EvalSettings",
     "LeaderboardRow",
     "ModelUnavailableError",
+    "OpError",
     "PlanError",
     "PopulationBasedTraining",
     "RayCluster",
+    "Refusal",
     "RewardFunctionError",
+    "RfoptError",
     "StorageLocationError",
     "StorageRefusedError",
     "StorageUnavailableError",
@@ -45,6 +52,7 @@ __all__ = [
     "StudyNameError",
     "StudySpec",
     "TrialConfig",
+    "TrialDiverged",
     "TrialRunner",
     "TrialSchedule",
     "create_study",

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from .crashpoints import reach
+from .errors import RfoptError
 from .state import RngState, TrialState, UnitReport
 
 Location = Path | str
@@ -63,7 +64,7 @@ _LOCAL_PROTOCOLS = ("file", "local")
 OWNER_FILE = "rfopt-study.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RfoptError, RuntimeError):
     """A checkpoint that is missing, unreadable, corrupt or could not be written; names the trial and the file."""
 
 

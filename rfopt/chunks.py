@@ -25,8 +25,10 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import Refusal
 
-class PlanError(ValueError):
+
+class PlanError(Refusal):
     """A chunk plan that cannot work (more chunks than steps, batch sizes that do not divide), with the fix."""
 
 

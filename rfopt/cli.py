@@ -67,10 +67,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _error_text(exc: Exception) -> str:
-    """The error as a person reads it: rfopt's own errors (ValueError, LookupError, OSError, RuntimeError and their
-    kin) say what and how to fix; anything else, from a library or a study file, is named by its type too."""
+    """The error as a person reads it: rfopt's own errors (`RfoptError`; ValueError, LookupError, OSError,
+    RuntimeError and their kin) say what and how to fix; anything else, from a library or a study file, is named by
+    its type too."""
+    from .errors import RfoptError
+
     text = str(exc).strip()
-    if text and isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and not isinstance(exc, KeyError):
+    if text and (isinstance(exc, RfoptError) or isinstance(exc, (ValueError, LookupError, OSError, RuntimeError))
+                 and not isinstance(exc, KeyError)):
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

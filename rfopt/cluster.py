@@ -34,6 +34,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from .errors import Refusal, RfoptError
 from .roster import Progress
 from .schema import TrialRecord
 from .storage import redact
@@ -45,11 +46,11 @@ GRACE_SECONDS = 10.0
 released."""
 
 
-class ClusterStorageError(ValueError):
+class ClusterStorageError(Refusal):
     """A study whose storage the cluster's workers cannot share (SQLite across nodes, an in-memory study)."""
 
 
-class StorageUnreachableError(RuntimeError):
+class StorageUnreachableError(RfoptError, RuntimeError):
     """The cluster's workers cannot connect to the study's storage."""
 
 

@@ -91,6 +91,8 @@ from typing import Any
 
 import optuna
 
+from .errors import RfoptError
+
 TESTED: dict[str, str] = {
     "transformers": "~=5.23.0",
     "trl": "~=1.16.0",
@@ -101,7 +103,7 @@ TESTED: dict[str, str] = {
 }
 """The versions each patched library was checked against (compatible-release ranges, as pinned in pyproject.toml)."""
 
-class CompatError(RuntimeError):
+class CompatError(RfoptError, RuntimeError):
     """A library that rfopt patches moved: the symbol or call site a correctness patch relies on is gone."""
 
 

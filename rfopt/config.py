@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compat
+from .errors import Refusal
 from .evaluation import reward_name
 
 RewardFunc = Callable[..., list]
@@ -102,7 +103,7 @@ _RFOPT_EQUIVALENTS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(Refusal):
     """A trial configuration that rfopt refuses before any training, with the field and the fix."""
 
 

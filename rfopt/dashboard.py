@@ -82,6 +82,7 @@ import optuna
 from . import compat, ops, pages
 from .artifacts import StudyArtifacts
 from .configform import form_fields
+from .errors import Refusal
 from .schema import TrialRecord, json_safe, study_attrs, study_record
 
 logger = logging.getLogger("rfopt")
@@ -297,7 +298,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
             with _FIRST_IMPORT:
                 made = ops.clone_in_study(study, number, overrides, warm_start=warm_start, by=by(),
                                           check_only=check_only)
-        except ValueError as exc:  # OpError, ConfigError, a bad FIELD=VALUE: nothing was written
+        except Refusal as exc:  # OpError, ConfigError (a bad FIELD=VALUE too): nothing was written
             return fail(400, str(exc))
         if check_only:
             return {"trial": None, "parent": number, "overrides": dict(made.overrides), "warm_start": warm_start,

@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import RfoptError
 
-class RewardFunctionError(RuntimeError):
+
+class RewardFunctionError(RfoptError, RuntimeError):
     """A reward function that raised or returned something unusable, named with the fix."""
 
 

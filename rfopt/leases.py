@@ -45,6 +45,7 @@ import optuna
 import sqlalchemy as sa
 
 from .compat import storage_of
+from .errors import RfoptError
 from .storage import engine_of, is_schema_race, is_unreachable, retry
 
 logger = logging.getLogger("rfopt")
@@ -84,11 +85,11 @@ PRESENCE = sa.Table(
 )
 
 
-class LeaseLost(RuntimeError):
+class LeaseLost(RfoptError, RuntimeError):
     """This worker's lease expired or was taken over: it must not commit the unit it worked on."""
 
 
-class StudyBusyError(RuntimeError):
+class StudyBusyError(RfoptError, RuntimeError):
     """Another process runs the study in a way this one cannot join: `rfopt run` takes no leases, so it shares a study
     with no other process, and workers share one only with workers."""
 

@@ -50,6 +50,7 @@ from .checkpoints import CheckpointStore
 from .chunks import ChunkPlan, trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import ConfigError, TrialConfig, check_model, override_dict
+from .errors import Refusal
 from .leases import requests_lock, seen_on
 from .schema import (
     AppliedOp,
@@ -68,7 +69,7 @@ logger = logging.getLogger("rfopt")
 _WARM_SAFE_PEFT_FIELDS = {"lora_alpha", "lora_dropout"}
 
 
-class OpError(ValueError):
+class OpError(Refusal):
     """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides."""
 
 

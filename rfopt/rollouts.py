@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import RfoptError
 
-class Ungangable(ValueError):
+
+class Ungangable(RfoptError, ValueError):
     """A trial whose generation the rollout engine cannot do exactly as ``generate`` would: it trains alone."""
 
 
@@ -111,7 +113,7 @@ class Request:
     seed: int = 0
 
 
-class Aborted(RuntimeError):
+class Aborted(RfoptError, RuntimeError):
     """Decoding was stopped between two tokens (`RolloutEngine.generate`'s `should_stop`)."""
 
 

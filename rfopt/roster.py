@@ -31,6 +31,7 @@ from . import crashpoints, gang, ops, schema, unit
 from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import ConfigError, TrialConfig, override_dict
+from .errors import PrunerFailed, StaleRead
 from .evaluation import EvalPrompts
 from .leases import LeaseLost
 from .pruning import Member, PopulationBasedTraining, decide, plan_step
@@ -274,8 +275,12 @@ class Roster:
             try:
                 decisions = decide(self.study, [live.number for live in pending], step, self.study.pruner,
                                    n_steps=n_steps)
-            except ValueError as exc:  # a peer ended elsewhere since the last read; the next round reads again
+            except StaleRead as exc:  # a peer ended elsewhere since the last read; the next round reads again
                 logger.info("rung decision at step %d deferred: %s", step, exc)
+                return
+            except PrunerFailed as exc:  # the judged trial fails with the pruner's exception, as in Optuna
+                self.fail(exc.trial_number, str(exc))
+                self._raise_uncaught(exc.__cause__)
                 return
             for decision in decisions:
                 live = self.live.get(decision.trial_number)

@@ -47,6 +47,7 @@ from typing import Any
 from . import compat
 from .chunks import ChunkPlan, TrialSchedule
 from .config import TrialConfig
+from .errors import RfoptError
 from .evaluation import EvalResult, EvalSettings, checked_reward, evaluate
 from .models import ModelPool, adapter_name
 from .state import RngState, TrialState
@@ -57,11 +58,11 @@ _NO_STATE = -1
 """`TrialRunner.units_done` after a chunk stopped midway: the weights and optimizer are no unit's."""
 
 
-class TrialDiverged(RuntimeError):
+class TrialDiverged(RfoptError, RuntimeError):
     """Training produced a NaN or infinite loss or gradient."""
 
 
-class ChunkAborted(RuntimeError):
+class ChunkAborted(RfoptError, RuntimeError):
     """A chunk was stopped before its end (its `should_stop` said so); the runner holds no unit's state now."""
 
 

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+from .errors import RfoptError
+
 __all__ = ["SMOLLM2", "ModelUnavailableError", "check_smollm2", "smollm2_path"]
 
 #: Model name that configs may use (``TrialConfig(model="smollm2")``); the engine resolves it
@@ -43,7 +45,7 @@ _CHATML_TEMPLATE = (
 logger = logging.getLogger(__name__)
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(RfoptError, RuntimeError):
     """The offline default model cannot be provided; the message says how to fix it."""
 
 

@@ -44,6 +44,7 @@ import tenacity
 from optuna.storages import BaseStorage
 
 from . import compat
+from .errors import Refusal, RfoptError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
@@ -58,16 +59,16 @@ SQLITE_BUSY_SECONDS = 10.0
 T = TypeVar("T")
 
 
-class StorageUnavailableError(RuntimeError):
+class StorageUnavailableError(RfoptError, RuntimeError):
     """The study's database stayed unreachable past the retry budget."""
 
 
-class StorageLocationError(ValueError):
+class StorageLocationError(Refusal):
     """A storage URL that names no usable database: malformed, or a SQLite file that cannot be there (or, where it
     must exist, is not)."""
 
 
-class StorageRefusedError(RuntimeError):
+class StorageRefusedError(RfoptError, RuntimeError):
     """The database refuses a call for a reason waiting does not fix (`refusal`): raised at once, not retried."""
 
 

@@ -57,6 +57,7 @@ from .config import ConfigError, TrialConfig, importing_user_file, study_on_impo
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .display import Progress
 from .driver import drive
+from .errors import Refusal, RfoptError
 from .evaluation import EvalSettings, reward_columns, reward_name
 from .gang import DEFAULT_GANG_SIZE
 from .models import ModelPool
@@ -812,11 +813,11 @@ def load_study(
     return Study(study, checkpoint_dir)
 
 
-class StudyDeletedError(RuntimeError):
+class StudyDeletedError(RfoptError, RuntimeError):
     """The study was deleted from its storage while this process ran it."""
 
 
-class StudyNameError(ValueError):
+class StudyNameError(Refusal):
     """A study name that cannot be a folder's name as it is (it would choose where files go)."""
 
 

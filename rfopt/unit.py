@@ -39,6 +39,7 @@ from .checkpoints import CheckpointError, CheckpointStore
 from .chunks import ChunkPlan, TrialSchedule
 from .config import TrialConfig
 from .crashpoints import reach
+from .errors import RfoptError
 from .evaluation import EvalResult, EvalSettings
 from .gang import Gang, GangMember, evaluate_members, gang_key
 from .models import ModelPool, adapter_name
@@ -69,7 +70,7 @@ class Claim(Protocol):
         """Raise `LeaseLost` unless the right still holds; called before the trial is told COMPLETE."""
 
 
-class CallbackFailed(Exception):
+class CallbackFailed(RfoptError):
     """A user callback raised after a unit was committed: not the trial's failure; its cause is re-raised to the
     caller."""
 

@@ -1,16 +1,23 @@
-"""The package's shape, checked: imports point down the layers, one module spells the storage keys, and only the
-compatibility module touches other libraries' private internals."""
+"""The package's shape, checked: imports point down the layers, one module spells the storage keys, only the
+compatibility module touches other libraries' private internals, and every rfopt exception has one root."""
 
 import ast
+import importlib
+import inspect
+import pkgutil
 import re
 from pathlib import Path
+
+import rfopt
+from rfopt.errors import RfoptError
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rfopt"
 
 # Lowest first. A module may import modules of its own layer or of a lower one, never of a higher one.
 LAYERS = [
     # foundations: no rfopt imports but among themselves
-    {"compat", "crashpoints", "smollm2", "tiny", "state", "chunks", "evaluation", "rewards", "trackers", "rollouts"},
+    {"errors", "compat", "crashpoints", "smollm2", "tiny", "state", "chunks", "evaluation", "rewards", "trackers",
+     "rollouts"},
     # storage: Optuna storage and retries, the rfopt:* keys, checkpoints, leases (never training)
     {"storage", "schema", "checkpoints", "leases"},
     # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
@@ -115,3 +122,16 @@ def test_only_the_compatibility_module_reaches_into_other_libraries_private_inte
                 if private and not node.module.startswith("rfopt"):
                     found.append(f"{where}: from {node.module} import {', '.join(a.name for a in node.names)}")
     assert found == []
+
+
+def test_every_exception_class_rfopt_defines_derives_from_rfopt_error():
+    """``except rfopt.RfoptError`` catches every error rfopt raises on purpose (a class added in any module, the
+    study packages included, must be rooted in `rfopt.errors`)."""
+    defined = []
+    for info in pkgutil.walk_packages(rfopt.__path__, "rfopt."):
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == info.name and issubclass(cls, BaseException) and not issubclass(cls, Warning):
+                defined.append(cls)
+    assert len(defined) >= 15  # the walk found them
+    assert [f"{c.__module__}.{c.__qualname__}" for c in defined if not issubclass(c, RfoptError)] == []

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
-from rfopt import schema
+from rfopt import ops, schema
 from rfopt.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
 from rfopt.charts import best_trial, colour, comparison
 from rfopt.chunks import ChunkPlan, TrialSchedule
@@ -188,6 +188,20 @@ def test_refused_op_answers_400_with_the_reason_and_changes_nothing(study, numbe
     assert got == status
     assert message in answer["error"]
     assert _snapshot(study) == before
+
+
+def test_only_rfopts_refusals_are_answered_as_the_users_mistake(study, monkeypatch):
+    """A clone refused by rfopt answers 400 with the reason; a ValueError from anywhere else is a bug (500), not a
+    message telling the user what to fix."""
+    def broken(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(ops, "clone_in_study", broken)
+    with serving(study.optuna._storage) as server:
+        status, answer, _ = call(server, "POST", api(study, 1, "clone"), {"set": ["learning_rate=0.004"]})
+        refused, reason, _ = call(server, "POST", api(study, 1, "clone"), {"set": ["learning_rate"]})
+    assert status == 500 and "an internal bug" not in str(answer)
+    assert refused == 400 and "expected FIELD=VALUE" in reason["error"]
 
 
 def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in_every_other_way(study):

@@ -131,6 +131,31 @@ def test_catch_decides_whether_a_failing_trial_ends_the_run(tiny_model, tmp_path
     assert _states(optuna_like) == [TrialState.FAIL, TrialState.COMPLETE]
 
 
+class _RaisesJudgingTrialOne(optuna.pruners.BasePruner):
+    def prune(self, study, trial):
+        if trial.number == 1:
+            raise ValueError("my pruner cannot judge trial 1")
+        return False
+
+
+def test_a_pruner_that_raises_fails_the_trial_it_judges_as_in_optuna(tiny_model, tmp_path):
+    """A trial whose ``should_prune()`` raises fails in Optuna, and `catch` decides whether the run goes on. A rung
+    decision is the same call: the pruner's ValueError is not taken for "a peer ended elsewhere" and deferred."""
+    configs = [trial_config(tiny_model, rewards=(reward_len,))] * 2
+    alone = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'a.db'}",
+                               pruner=_RaisesJudgingTrialOne())
+    _run(alone, configs)
+    assert _states(alone) == [TrialState.COMPLETE, TrialState.FAIL]
+    reason = trial_attrs(alone.optuna.trials[1])["rfopt:fail_reason"]
+    assert "_RaisesJudgingTrialOne.prune raised ValueError: my pruner cannot judge trial 1" in reason
+
+    optuna_like = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'b.db'}",
+                                     pruner=_RaisesJudgingTrialOne())
+    with pytest.raises(ValueError, match="my pruner cannot judge trial 1"):
+        _run(optuna_like, configs, catch=())
+    assert _states(optuna_like) == [TrialState.RUNNING, TrialState.FAIL]  # the other left resumable
+
+
 # ---------------------------------------------------------------------- an Optuna study to its user
 def test_optunas_study_attributes_work_on_an_rfopt_study(tiny_model, storage):
     study = rfopt.create_study(study_name="attrs", storage=storage, sampler=_sampler())

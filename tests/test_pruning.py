@@ -30,6 +30,7 @@ from optuna.pruners import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt.errors import PrunerFailed, StaleRead
 from rfopt.pruning import PruneDecision, decide, decision_key, load_decision
 from rfopt.pruning._halving import Brackets, successive_halving
 from rfopt.schema import trial_attrs
@@ -390,8 +391,52 @@ class WritesToStorage(BasePruner):
 def test_a_pruner_cannot_write_through_the_view(tmp_path):
     study = new_study(tmp_path, "write")
     study.ask().report(0.5, 0)
-    with pytest.raises(AttributeError, match="read-only view"):
+    with pytest.raises(PrunerFailed, match="WritesToStorage.prune raised AttributeError: .*read-only view") as raised:
         decide(study, [0], 0, WritesToStorage(), n_steps=4)
+    assert isinstance(raised.value.__cause__, AttributeError)
+
+
+class RaisesForTrialOne(BasePruner):
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        if trial.number == 1:
+            raise ValueError("this pruner cannot judge trial 1")
+        return False
+
+
+def test_a_pruner_that_raises_names_its_trial_and_is_never_taken_for_a_stale_read(tmp_path):
+    """Only `StaleRead` means "read again next round" to the engine: a pruner's own ValueError is `PrunerFailed`,
+    with the trial it was judging, so that trial fails (as in Optuna) instead of being deferred round after round."""
+    study = new_study(tmp_path, "raises")
+    for _ in range(3):
+        study.ask().report(0.5, 0)
+    with pytest.raises(PrunerFailed, match="trial 1, step 0: RaisesForTrialOne.prune raised ValueError: this pruner "
+                                           "cannot judge trial 1") as raised:
+        decide(study, [0, 1, 2], 0, RaisesForTrialOne(), n_steps=4)
+    assert not isinstance(raised.value, StaleRead) and isinstance(raised.value.__cause__, ValueError)
+    assert (raised.value.trial_number, raised.value.step) == (1, 0)
+    assert not load_decision(study.trials[0], 0).prune  # judged before it: stored, as always
+    assert load_decision(study.trials[1], 0) is None and load_decision(study.trials[2], 0) is None
+
+
+def test_a_trial_that_ends_elsewhere_while_its_rung_is_decided_is_a_stale_read(tmp_path, monkeypatch):
+    from rfopt.pruning import _decide
+
+    study = new_study(tmp_path, "stale")
+    for _ in range(2):
+        study.ask().report(0.5, 0)
+    write = _decide.write_decision
+
+    def failed_meanwhile(ref, decision):  # another process fails trial 1 between the read and the write
+        if decision.trial_number == 1:
+            study.tell(1, state=TrialState.FAIL)
+        write(ref, decision)
+
+    monkeypatch.setattr(_decide, "write_decision", failed_meanwhile)
+    with pytest.raises(StaleRead, match="trial 1 ended in another process while step 0 was being decided"):
+        decide(study, [0, 1], 0, NopPruner(), n_steps=4)
+    monkeypatch.setattr(_decide, "write_decision", write)
+    with pytest.raises(StaleRead, match="trial 1 is FAIL with no decision stored for step 0"):
+        decide(study, [0, 1], 0, NopPruner(), n_steps=4)  # read again: the ended trial is named, nothing decided
 
 
 def test_decisions_need_only_storage_a_reloaded_study_and_a_new_pruner(tmp_path):
@@ -447,7 +492,7 @@ def test_deciding_before_a_trial_reported_the_step_names_trial_and_step(tmp_path
     with pytest.raises(ValueError, match="trial 9: no such trial"):
         decide(study, [9], 0, MedianPruner(), n_steps=4)
     study.tell(2, state=TrialState.PRUNED)
-    with pytest.raises(ValueError, match="trial 2 is PRUNED with no decision stored for step 1"):
+    with pytest.raises(StaleRead, match="trial 2 is PRUNED with no decision stored for step 1"):
         decide(study, [2], 1, MedianPruner(), n_steps=4)
 
 
@@ -493,8 +538,9 @@ def test_wilcoxon_without_scipy_says_what_to_install(tmp_path):
             t.report(value(t.number, step), step)
     # One value per trial is below n_startup_steps: decided without scipy.
     assert not any(d.prune for d in decide(study, [0, 1, 2], 0, WilcoxonPruner(), n_steps=4))
-    with pytest.raises(ImportError, match="needs scipy"):
+    with pytest.raises(PrunerFailed, match="needs scipy") as raised:
         decide(study, [0, 1, 2], 1, WilcoxonPruner(), n_steps=4)
+    assert isinstance(raised.value.__cause__, ImportError)
 
 
 # What samplers see of a study pruned at rungs (README: "What samplers see"). Optuna 5.0 private

@@ -23,6 +23,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.compat import patience_gate, percentile_helpers, pruner_settings, storage_of, trial_id_of
+from rfopt.errors import PrunerFailed, StaleRead
 from rfopt.schema import PruneDecision, TrialRef, load_decision, write_decision
 from rfopt.pruning._halving import Brackets, successive_halving
 from rfopt.pruning._view import StepView, cut_at, step_view
@@ -55,6 +56,12 @@ def decide(
     Returns:
         One decision per entry of ``trial_numbers``, in that order.
 
+    Raises:
+        StaleRead: a trial ended in another process since it was read (it is finished with no decision stored for
+            ``step``, or it ended before its decision was written): read the study again and decide then.
+        PrunerFailed: the pruner raised judging a trial (``trial_number``; the pruner's exception is its cause).
+        ValueError: a call that can never be decided (a step outside the plan, a trial that has not reported it).
+
     Example::
 
         # every live trial has reported step 2
@@ -85,7 +92,10 @@ def decide(
             peers=verdict.peers,
             pruner=type(pruner).__name__,
         )
-        write_decision(TrialRef(storage_of(study), trial_id_of(trials[number]), number), decision)
+        try:
+            write_decision(TrialRef(storage_of(study), trial_id_of(trials[number]), number), decision)
+        except optuna.exceptions.UpdateFinishedTrialError as e:
+            raise StaleRead(f"trial {number} ended in another process while step {step} was being decided") from e
         decided[number] = decision
     return [decided[n] for n in trial_numbers]
 
@@ -117,8 +127,8 @@ def _stored_or_check(
             f"trial {number} has not reported step {step}; decide only once it has "
             f"(its last reported step is {trial.last_step})."
         )
-    if trial.state.is_finished():
-        raise ValueError(
+    if trial.state.is_finished():  # told elsewhere (a stop, a failure) since the caller read it
+        raise StaleRead(
             f"trial {number} is {trial.state.name} with no decision stored for step {step}; "
             "decide before telling the trial's final state."
         )
@@ -225,9 +235,15 @@ def _judge_by_view(pruner: BasePruner, at: _Step, trial: FrozenTrial) -> _Verdic
     try:
         prune = bool(pruner.prune(view, running))
     except ImportError as e:
-        raise ImportError(
+        raise PrunerFailed(
             f"trial {trial.number}, step {at.step}: {name}.prune needs a package that is not "
-            f"installed ({e}). Install it (WilcoxonPruner needs scipy) or use another pruner."
+            f"installed ({e}). Install it (WilcoxonPruner needs scipy) or use another pruner.",
+            trial.number, at.step,
+        ) from e
+    except Exception as e:  # the user's pruner (or Optuna's): its trial fails with it, as should_prune() would
+        raise PrunerFailed(
+            f"trial {trial.number}, step {at.step}: {name}.prune raised {type(e).__name__}: {e}",
+            trial.number, at.step,
         ) from e
     peers = tuple(t.number for t in view.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     explain = _EXPLAIN.get(type(pruner))  # exact types only: a subclass may decide differently

@@ -9,6 +9,8 @@ from typing import NamedTuple, Union
 
 import datasets
 
+from rfopt.errors import RfoptError
+
 #: A Hub dataset id (``"openai/gsm8k"``), a local file or directory, or ``{split: path}``.
 Source = Union[str, os.PathLike, Mapping[str, Union[str, os.PathLike]]]
 
@@ -16,7 +18,7 @@ Source = Union[str, os.PathLike, Mapping[str, Union[str, os.PathLike]]]
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-class DatasetUnavailableError(RuntimeError):
+class DatasetUnavailableError(RfoptError, RuntimeError):
     """A loader could not get its rows: Hub unreachable, local file missing, or a column missing.
 
     The message names the dataset, the reason, and how to fix it; the underlying `datasets`

@@ -1,0 +1,52 @@
+"""The root of rfopt's exceptions, and the two that the engine itself uses as signals.
+
+Every exception class rfopt defines derives from `RfoptError`, so ``except rfopt.RfoptError`` catches any error rfopt
+raised on purpose (as ``optuna.exceptions.OptunaError`` does for Optuna). Each class stays in the module that raises
+it, and keeps the builtin base users caught it by before (``ValueError`` for a refused input, ``RuntimeError`` for
+a failure while running):
+
+- `Refusal` (a ``ValueError``): rfopt refuses an input or a request before writing anything; the message names the
+  field and the fix. `rfopt.ConfigError`, `rfopt.PlanError`, `rfopt.OpError`, `rfopt.StorageLocationError`,
+  `rfopt.StudyNameError`, ``rfopt.cluster.ClusterStorageError``. The dashboard answers these with 400 and the
+  message; any other exception is a bug, not the user's mistake.
+- ``RuntimeError`` kin: `rfopt.CheckpointError`, `rfopt.RewardFunctionError`, `rfopt.ModelUnavailableError`,
+  `rfopt.StorageUnavailableError`, `rfopt.StorageRefusedError`, `rfopt.StudyDeletedError`, `rfopt.TrialDiverged`,
+  `rfopt.CompatError`, ``rfopt.leases.StudyBusyError``, ``rfopt.cluster.StorageUnreachableError``,
+  ``rfopt.studies.data.DatasetUnavailableError``; and the engine's own ``LeaseLost``, ``ChunkAborted``,
+  ``rfopt.rollouts.Aborted`` (and ``rfopt.rollouts.Ungangable``, a ``ValueError``).
+- `StaleRead`: what the engine read of a study changed under it (a trial ended in another process); the one signal
+  that means "read again next round". Nothing else is deferred that way: a user's pruner that raises fails its trial.
+- `PrunerFailed`: the study's pruner raised while judging a trial; the trial fails with that exception, as a trial
+  whose ``should_prune()`` raises fails in Optuna.
+
+    >>> try:                                                                       # doctest: +SKIP
+    ...     study.clone_trial(3, {"learning_rat": 2e-6})
+    ... except rfopt.RfoptError as exc:
+    ...     print(exc)   # clone of trial 3: learning_rat: unknown field; use a GRPOConfig field ...
+"""
+
+from __future__ import annotations
+
+
+class RfoptError(Exception):
+    """The root of every exception class rfopt defines."""
+
+
+class Refusal(RfoptError, ValueError):
+    """An input or a request that rfopt refuses before anything is written; the message names the field and the fix,
+    so the fix can be applied and the call repeated."""
+
+
+class StaleRead(RfoptError, ValueError):
+    """What was read of the study is out of date: a trial ended in another process since (a worker, the dashboard's
+    "Fail trial" button, a stop). The caller reads the study again and retries; nothing was decided or written."""
+
+
+class PrunerFailed(RfoptError, RuntimeError):
+    """The study's pruner raised while judging trial `trial_number` at `step`; the pruner's exception is the cause
+    (``__cause__``). The trial fails with it, as a trial whose ``should_prune()`` raises fails in Optuna."""
+
+    def __init__(self, message: str, trial_number: int, step: int) -> None:
+        super().__init__(message)
+        self.trial_number = trial_number
+        self.step = step
