@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from . import compat
-from .errors import Refusal
+from .errors import ConfigError
+from .params import field_path
 from .evaluation import reward_name
 
 RewardFunc = Callable[..., list]
@@ -101,10 +102,6 @@ _REWARD_MODELS = ("reward models are not supported yet; wrap the model in a rewa
 _RFOPT_EQUIVALENTS = {
     "get_soft_overlong_punishment": "rfopt.rewards.soft_overlong_punishment(max_completion_length, soft_punish_cache)",
 }
-
-
-class ConfigError(Refusal):
-    """A trial configuration that rfopt refuses before any training, with the field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -557,27 +554,20 @@ def _moved_path(path: str) -> str:
 
 # ---------------------------------------------------------------------- overrides
 _OWN_FIELDS = ("model", "reward_funcs")
-# Bare override names that mean a PEFT field, and the names of the first rfopt; the others go to the GRPOConfig or
-# the TrialConfig.
-_OVERRIDE_ALIASES = {"lora_r": "peft_config.r", "r": "peft_config.r", "lora_alpha": "peft_config.lora_alpha",
-                     "lora_dropout": "peft_config.lora_dropout", "rewards": "reward_funcs"}
-_OLD_PREFIXES = {"grpo.": "args.", "peft.": "peft_config."}
 
 
 def override_dict(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`data` (a `TrialConfig.to_dict()`) with fields changed by name, and the overrides as the typed values they
-    became; `ConfigError` naming the field if a name or a value's type is wrong. Needs nothing imported that the
-    config names: the dashboard clones trials of studies whose code it cannot import."""
+    """`data` (a `TrialConfig.to_dict()`) with fields changed by name (`rfopt.params.field_path` says which field a
+    name means), and the overrides as the typed values they became; `ConfigError` naming the field if a name or a
+    value's type is wrong. Needs nothing imported that the config names: the dashboard clones trials of studies whose
+    code it cannot import."""
     from trl import GRPOConfig
 
     data = current_layout(json.loads(json.dumps(data)))  # a deep copy
     typed: dict[str, Any] = {}
     grpo_fields = {f.name for f in dataclasses.fields(GRPOConfig) if f.init}
     for name, value in overrides.items():
-        target = _OVERRIDE_ALIASES.get(name, name)
-        for old, new in _OLD_PREFIXES.items():
-            if target.startswith(old):
-                target = new + target[len(old):]
+        target = field_path(name)
         if target.startswith("peft_config."):
             key = target[len("peft_config."):]
             if data["peft_config"] is None:
@@ -586,7 +576,7 @@ def override_dict(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tupl
             if key not in {f.name for f in dataclasses.fields(peft_class) if f.init}:
                 raise ConfigError(f"{name}: {peft_class.__name__} has no field {key!r}")
             data["peft_config"][key] = typed[name] = _jsonable(typed_value(peft_class, key, value, name))
-        elif target.startswith("args.") or target in grpo_fields:
+        elif target.startswith("args."):
             key = target.removeprefix("args.")
             if key not in grpo_fields:
                 raise ConfigError(f"{name}: GRPOConfig has no field {key!r}")
@@ -641,13 +631,19 @@ def _parse_text(config_class: type, field_name: str, hint: Any, text: str, name:
 
     from transformers import HfArgumentParser
 
+    if _accepts(hint, text) and not any(m in (bool, int, float) for m in _members(hint)):
+        # A union of str with a list or dict (PEFT's target_modules: str | list[str] | None), which transformers'
+        # parser narrows to one member, depending on the order Python's typing cache keeps the union in: a list or
+        # dict as its JSON text (as a param holds it), anything else the text itself.
+        decoded = json.loads(text) if _is_json(text) else None
+        return decoded if isinstance(decoded, (list, dict)) and _accepts(hint, decoded) else text
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     one = dataclasses.make_dataclass(
         "Override", [(field_name, hint, dataclasses.field(default=None, metadata=fields[field_name].metadata))]
     )
-    parser = HfArgumentParser(one, exit_on_error=False)
     items = json.loads(text) if text.startswith("[") and _is_json(text) else [text]
     try:
+        parser = HfArgumentParser(one, exit_on_error=False)
         (parsed,) = parser.parse_args_into_dataclasses(args=[f"--{field_name}", *map(str, items)])
     except (argparse.ArgumentError, ValueError, TypeError, SystemExit):
         raise ConfigError(f"{name}: expected {_type_name(hint)}, got {text!r}") from None

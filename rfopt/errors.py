@@ -1,9 +1,10 @@
 """The root of rfopt's exceptions, and the two that the engine itself uses as signals.
 
 Every exception class rfopt defines derives from `RfoptError`, so ``except rfopt.RfoptError`` catches any error rfopt
-raised on purpose (as ``optuna.exceptions.OptunaError`` does for Optuna). Each class stays in the module that raises
-it, and keeps the builtin base users caught it by before (``ValueError`` for a refused input, ``RuntimeError`` for
-a failure while running):
+raised on purpose (as ``optuna.exceptions.OptunaError`` does for Optuna). Each class lives in the module that raises
+it (`ConfigError`, raised by every module that reads configs, overrides or param names, lives here), and keeps the
+builtin base users caught it by before (``ValueError`` for a refused input, ``RuntimeError`` for a failure while
+running):
 
 - `Refusal` (a ``ValueError``): rfopt refuses an input or a request before writing anything; the message names the
   field and the fix. `rfopt.ConfigError`, `rfopt.PlanError`, `rfopt.OpError`, `rfopt.StorageLocationError`,
@@ -35,6 +36,11 @@ class RfoptError(Exception):
 class Refusal(RfoptError, ValueError):
     """An input or a request that rfopt refuses before anything is written; the message names the field and the fix,
     so the fix can be applied and the call repeated."""
+
+
+class ConfigError(Refusal):
+    """A trial configuration that rfopt refuses before any training, with the field and the fix (``rfopt.ConfigError``;
+    here, below every module that reads configs, overrides or param names)."""
 
 
 class StaleRead(RfoptError, ValueError):

@@ -34,9 +34,7 @@ running (the Python API, the ``rfopt`` command line, the dashboard):
 from __future__ import annotations
 
 import datetime
-import json
 import logging
-import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +50,7 @@ from .compat import storage_of, trial_id_of
 from .config import ConfigError, TrialConfig, check_model, override_dict
 from .errors import Refusal
 from .leases import requests_lock, seen_on
+from .params import admits, field_path, param_holding, param_name, param_value
 from .schema import (
     AppliedOp,
     Cancel,
@@ -440,7 +439,7 @@ def clone(
     explored = dict(params or {})
     params, distributions = _clone_params(study, parent.trial, overrides, notes)
     params.update({name: value for name, value in explored.items()
-                   if name in distributions and _admits(distributions[name], value)})
+                   if name in distributions and admits(distributions[name], value)})
     if state is not None:  # before the clone exists: whoever starts it, the moment it is enqueued, finds them
         checkpoints.save_warm_start(lineage.token, state.weights, parent_number, start_unit)
         crashpoints.reach("clone-weights-saved", trial=parent_number, unit=start_unit)
@@ -534,11 +533,12 @@ def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrid
     """The clone's Optuna params: the parent's, with every overridden value recorded, so that Optuna's parameter views
     (optuna-dashboard's, `trials_dataframe`, `best_params`, importance) describe the clone and not its parent.
 
-    Each overridden value goes to the param `param_holding` names: its own param where that holds it (a number
-    outside the range widens it); a new param for a field the study has none for; and for a categorical param that
-    cannot gain the value as a choice (Optuna fixes a categorical's choices once trials have it), an alternate param
-    ``<name>#2`` (``#3``, ...), said in `notes` (shown where the clone is made) and on the leaderboard and page
-    (`held_as`). The parent's value of that field never stays in the clone's params.
+    Each overridden value goes to the param `rfopt.params.param_holding` names for its field's param (named as a list
+    study names it, `rfopt.params`): that param where it holds the value (a number outside the range widens it); a
+    new param for a field the study has none for; and for a categorical param that cannot gain the value as a choice
+    (Optuna fixes a categorical's choices once trials have it), an alternate param ``<name>#2`` (``#3``, ...), said in
+    `notes` (shown where the clone is made) and on the leaderboard and page (`held_as`). The parent's value of that
+    field never stays in the clone's params.
     """
     params = dict(parent.params)
     distributions = dict(parent.distributions)
@@ -547,8 +547,9 @@ def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrid
         for name, dist in trial.distributions.items():
             known.setdefault(name, dist)
     for given, value in overrides.items():
-        name = _param_name(given)
-        value = _param_value(value)
+        path = field_path(given)
+        name = path if path in known else param_name(path)  # a list study's param may be the field's path
+        value = param_value(value)
         study_dist = distributions.get(name) or known.get(name)
         held = param_holding(name, value, {**known, **distributions})
         params.pop(name, None)
@@ -567,32 +568,6 @@ def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrid
     return params, distributions
 
 
-ALTERNATE_PARAM = "{name}#{index}"
-"""The param that holds a clone's value of field `name` which `name`'s categorical cannot hold (index 2, 3, ...)."""
-
-
-def param_holding(name: str, value: Any, distributions: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """``(param name, distribution)`` under which a trial's Optuna params hold `value` of the field whose param is
-    `name`, beside the study's `distributions` (by param name): `name` itself where its distribution holds the value
-    or widens to hold it (`_holding`), or where the study has no such param; else (a categorical that cannot gain a
-    choice) the first alternate ``name#2``, ``name#3``, ... (`ALTERNATE_PARAM`) whose distribution holds the value,
-    or that is new (a one-choice categorical). So a clone that trains another model reads ``model#2='...'`` in its
-    params, never its parent's model.
-
-        >>> param_holding("model", "m2", {"model": CategoricalDistribution(["m1"])})          # doctest: +SKIP
-        ('model#2', CategoricalDistribution(choices=('m2',)))
-    """
-    dist = _holding(distributions.get(name), value)
-    if dist is not None:
-        return name, dist
-    for index in range(2, 10_000):
-        alternate = ALTERNATE_PARAM.format(name=name, index=index)
-        dist = _holding(distributions.get(alternate), value)
-        if dist is not None:
-            return alternate, dist
-    return None
-
-
 def held_as(trial: optuna.trial.FrozenTrial) -> dict[str, str]:
     """For a clone whose overridden values Optuna's params hold under an alternate name (`param_holding`): the field's
     param name -> the param that holds it (``{"model": "model#2"}``); empty for any other trial."""
@@ -601,7 +576,8 @@ def held_as(trial: optuna.trial.FrozenTrial) -> dict[str, str]:
         return {}
     found = {}
     for given in lineage.overrides:
-        name = _param_name(given)
+        path = field_path(given)
+        name = path if path in trial.params else param_name(path)
         if name in trial.params:
             continue
         holder = next((p for p in trial.params
@@ -616,58 +592,6 @@ def _shown(dist: Any) -> str:
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return f"choices {list(dist.choices)}"
     return f"a range {dist.low}..{dist.high}{' (log)' if dist.log else ''}"
-
-
-def _param_name(override: str) -> str:
-    """The param name of an override, as list and grid studies name their params (`learning_rate`, `lora_r`)."""
-    name = override.removeprefix("args.").removeprefix("grpo.")
-    name = name.removeprefix("peft_config.").removeprefix("peft.")
-    return {"r": "lora_r", "reward_funcs": "rewards"}.get(name, name)
-
-
-def _param_value(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return json.dumps(value, sort_keys=True)
-
-
-def _holding(dist: Any, value: Any) -> Any:
-    """A distribution that holds `value` and that Optuna accepts beside `dist` (the study's own for the param, or
-    None for a new param); None if there is none."""
-    from optuna.distributions import (
-        CategoricalDistribution,
-        FloatDistribution,
-        IntDistribution,
-    )
-
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if dist is None:
-        if not number:
-            return CategoricalDistribution([value])
-        return IntDistribution(value, value) if isinstance(value, int) else FloatDistribution(value, value)
-    if _admits(dist, value):
-        return dist
-    if isinstance(dist, CategoricalDistribution) or not number or (dist.log and value <= 0):
-        return None
-    low, high = min(dist.low, value), max(dist.high, value)
-    if isinstance(dist, IntDistribution):
-        if not isinstance(value, int):
-            return None
-        on_grid = (value - dist.low) % dist.step == 0
-        return IntDistribution(low, high, log=dist.log, step=dist.step if on_grid else 1)
-    return FloatDistribution(float(low), float(high), log=dist.log)  # no step: a widened range need not keep its grid
-
-
-def _admits(dist: Any, value: Any) -> bool:
-    """Whether an Optuna distribution holds `value` (from its public fields)."""
-    if isinstance(dist, optuna.distributions.CategoricalDistribution):
-        return value in dist.choices
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if not dist.low <= value <= dist.high:
-        return False
-    step = getattr(dist, "step", None)
-    return step is None or abs((value - dist.low) / step - round((value - dist.low) / step)) < 1e-8
 
 
 def _trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import optuna
 
 from . import compat, schema
 from .config import ConfigError, TrialConfig, grpo_default
+from .params import distribution, field_path, fields, override_name, param_name, param_value
 from .schema import TrialRecord
 
 SpaceFunction = Callable[[optuna.Trial], TrialConfig]
@@ -54,8 +54,12 @@ class ListSpace:
             if not isinstance(config, TrialConfig):
                 raise ConfigError(f"configs[{i}]: expected a TrialConfig, got {type(config).__name__}")
         self.configs = list(configs)
-        self.params = _varying_params([c.to_dict() for c in self.configs])
-        self.distributions = {name: _distribution(values, None) for name, values in self.params.items()}
+        varying = _varying_fields([c.to_dict() for c in self.configs])
+        self.params = {name: values for name, (_, values) in varying.items()}
+        """The list's params (the fields that differ between its configs): name -> value per config."""
+        self.paths = {name: path for name, (path, _) in varying.items()}
+        """The config field each param is (`rfopt.params`)."""
+        self.distributions = {name: _distribution(name, values, None) for name, values in self.params.items()}
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -84,7 +88,7 @@ class ListSpace:
                     f"({changed}); a config that has run cannot change. Keep it as it was and append the changed "
                     "config at the end of the list (it becomes a new trial), or use a new study name"
                 )
-        self.distributions = {name: _distribution(values, existing.get(name), name)
+        self.distributions = {name: _distribution(name, values, existing.get(name))
                               for name, values in self.params.items()}
         return waiting + sum(index not in listed for index in range(len(self.configs)))
 
@@ -113,9 +117,10 @@ class ListSpace:
         return TrialConfig.from_json(record.config_json)
 
     def overrides_for(self, parent: optuna.trial.FrozenTrial, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The clone overrides that give trial `parent`'s config the Optuna `params` (a list's params are named
-        after the config fields they vary)."""
-        return {name: value for name, value in params.items() if parent.params.get(name) != value}
+        """The clone overrides that give trial `parent`'s config the Optuna `params`: each param's field, by the name
+        an override gives it (`rfopt.params.override_name`: ``lora_r``, ``peft_config.target_modules``)."""
+        return {override_name(self.paths.get(name) or field_path(name)): value for name, value in params.items()
+                if parent.params.get(name) != value}
 
 
 class FunctionSpace:
@@ -128,7 +133,11 @@ class FunctionSpace:
         stored = TrialRecord(trial).config_json
         if stored is not None:  # enqueued (e.g. a clone): the stored config wins
             return TrialConfig.from_json(stored)
-        config = self.function(trial)
+        return self.checked(self.function(trial))
+
+    @staticmethod
+    def checked(config: Any) -> TrialConfig:
+        """What the space function returned, if it is a `TrialConfig`; else `ConfigError`."""
         if not isinstance(config, TrialConfig):
             raise ConfigError(
                 f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
@@ -141,13 +150,9 @@ class FunctionSpace:
         stored = TrialRecord(parent).config_json
         if stored is None:
             raise ConfigError(f"trial {parent.number} has no rfopt config")
-        config = self.function(optuna.trial.FixedTrial(dict(params), number=parent.number))
-        if not isinstance(config, TrialConfig):
-            raise ConfigError(
-                f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
-            )
-        before = _flatten(TrialConfig.config_dict(stored))
-        after = _flatten(TrialConfig.config_dict(config.to_json()))
+        config = self.checked(self.function(optuna.trial.FixedTrial(dict(params), number=parent.number)))
+        before = fields(TrialConfig.config_dict(stored))
+        after = fields(TrialConfig.config_dict(config.to_json()))
         return {name: after.get(name) for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)}
 
 
@@ -166,42 +171,13 @@ def as_space(space: Any) -> ListSpace | FunctionSpace:
     )
 
 
-def _distribution(values: list[Any], existing: Any, name: str = "") -> optuna.distributions.BaseDistribution:
-    """The Optuna distribution of a list param: a range for numbers, else categorical; the study's own where its
-    trials have the param already (Optuna refuses another kind, or other choices, under the same name)."""
-    from optuna.distributions import (
-        CategoricalDistribution,
-        FloatDistribution,
-        IntDistribution,
-    )
-
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
-    if isinstance(existing, CategoricalDistribution) or (existing is None and not numbers):
-        choices = sorted(set(values), key=_sort_key)
-        if existing is None:
-            return CategoricalDistribution(choices)
-        new = [v for v in choices if v not in existing.choices]
-        if new:
-            raise ConfigError(
-                f"{name}: the list now gives {new}, which the study's trials did not have as choices of this param "
-                f"({list(existing.choices)}); Optuna cannot add a choice to a categorical param once trials have it. "
-                "Use a new study name for the larger list"
-            )
-        return existing
-    if not numbers:
-        raise ConfigError(f"{name}: the study's trials have it as a number range, the list now gives {values}; "
-                          "use a new study name for this list")
-    low, high = min(values), max(values)
-    if isinstance(existing, IntDistribution) or (existing is None and all(isinstance(v, int) for v in values)):
-        if not all(isinstance(v, int) for v in values):
-            raise ConfigError(f"{name}: the study's trials have it as whole numbers, the list now gives {values}; "
-                              "use a new study name for this list")
-        if existing is not None:
-            low, high = min(low, existing.low), max(high, existing.high)
-        return IntDistribution(low, high)
-    if existing is not None:
-        low, high = min(low, existing.low), max(high, existing.high)
-    return FloatDistribution(float(low), float(high))
+def _distribution(name: str, values: list[Any], existing: Any) -> optuna.distributions.BaseDistribution:
+    """The Optuna distribution of a list param (`rfopt.params.distribution`): a range for numbers, else categorical;
+    the study's own where its trials have the param already, widened to the list's values where a range can be."""
+    try:
+        return distribution(values, existing, name=name, given="the list now gives")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; use a new study name for this list") from None
 
 
 def _suggest(trial: optuna.Trial, name: str, dist: optuna.distributions.BaseDistribution) -> None:
@@ -218,59 +194,22 @@ def _suggest(trial: optuna.Trial, name: str, dist: optuna.distributions.BaseDist
 
 def _changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     """``learning_rate 0.001 -> 0.005, ...``: the leaf fields that differ between two config dicts."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = fields(old), fields(new)
     names = [n for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)]
     return ", ".join(f"{n.split('.', 1)[-1]} {a.get(n)!r} -> {b.get(n)!r}" for n in names[:4]) + (
         ", ..." if len(names) > 4 else "")
 
 
-def _varying_params(dicts: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The leaf fields that differ between configs, as Optuna params (name -> value per config; `_distribution` says
-    which distribution each gets)."""
-    flat = [_flatten(d) for d in dicts]
-    names = sorted(set().union(*flat))
-    params: dict[str, list[Any]] = {}
-    for name in names:
+def _varying_fields(dicts: list[dict[str, Any]]) -> dict[str, tuple[str, list[Any]]]:
+    """The fields that differ between configs, as Optuna params: param name -> (field path, value per config);
+    `_distribution` says which distribution each gets."""
+    flat = [fields(d) for d in dicts]
+    paths = sorted(set().union(*flat))
+    params: dict[str, tuple[str, list[Any]]] = {}
+    for path in paths:
         # A GRPOConfig field a config leaves at its default is not stored: its value is the declared default.
-        default = grpo_default(name.split(".", 1)[1]) if name.startswith("args.") else None
-        values = [_param_value(f.get(name, default)) for f in flat]
+        default = grpo_default(path.split(".", 1)[1]) if path.startswith("args.") else None
+        values = [param_value(f.get(path, default)) for f in flat]
         if len({json.dumps(v) for v in values}) > 1:
-            params[_short(name, names)] = values
+            params[param_name(path, paths)] = (path, values)
     return params
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and key in ("args", "peft_config", "model_init_kwargs"):
-            out.update(_flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def _param_value(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return json.dumps(value, sort_keys=True)
-
-
-# Param names of fields that are not their field's name: kept from the first rfopt, so that a list study that ran
-# keeps its params.
-_PARAM_NAMES = {"peft_config.r": "lora_r", "reward_funcs": "rewards", "quantization_config": "quantization"}
-
-
-def _short(name: str, names: list[str]) -> str:
-    """``args.learning_rate`` -> ``learning_rate``, ``args.model_init_kwargs.dtype`` -> ``dtype`` and
-    ``peft_config.r`` -> ``lora_r`` when that is unambiguous."""
-    if name in _PARAM_NAMES:
-        return _PARAM_NAMES[name]
-    tail = name.rsplit(".", 1)[-1]
-    if sum(n.rsplit(".", 1)[-1] == tail for n in names) == 1:
-        return tail
-    return name
-
-
-def _sort_key(value: Any) -> tuple[str, Any]:
-    return (type(value).__name__, "" if value is None else value)

@@ -1045,11 +1045,7 @@ def _sample_config(space: Any, direction: Any) -> _Sample | None:
         return None
     finally:
         optuna.logging.set_verbosity(verbosity)
-    if not isinstance(config, TrialConfig):
-        raise ConfigError(
-            f"the search space function returned {type(config).__name__}; it must return an rfopt.TrialConfig"
-        )
-    return _Sample(config, dict(trial.params), dict(trial.distributions))
+    return _Sample(space.checked(config), dict(trial.params), dict(trial.distributions))
 
 
 def _searched_params(space: Any, draws: int) -> set[str]:

@@ -22,8 +22,8 @@ LAYERS = [
     {"storage", "schema", "checkpoints", "leases"},
     # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
     # a study's times and costs, charts
-    {"config", "configform", "spaces", "models", "runner", "parallel", "gang", "progress", "scheduler", "pruning", "ops", "timeline",
-     "charts"},
+    {"params", "config", "configform", "spaces", "models", "runner", "parallel", "gang", "progress", "scheduler",
+     "pruning", "ops", "timeline", "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},
     # live trials reconciled with storage; who may work on which trial
