@@ -779,7 +779,7 @@ def _cmd_withdraw(args: argparse.Namespace) -> int:
 def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
     from rfopt import ops
-    from rfopt.config import parse_assignments
+    from rfopt.overrides import parse_assignments
 
     overrides = parse_assignments(args.set)
     study = rfopt.load_study(args.study_name, _existing_storage(args.storage))

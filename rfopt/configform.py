@@ -1,9 +1,9 @@
 """A stored trial config as a form (the dashboard's clone form), and how its objective weighs its rewards.
 
 `form_fields` lists every field a clone may change, typed, with the trial's value, its default and TRL's (or PEFT's)
-help: each `GRPOConfig` field but the ones rfopt sets itself or the device decides (`rfopt.config.PLUMBING_FIELDS`,
+help: each `GRPOConfig` field but the ones rfopt sets itself or the device decides (`rfopt.codec.PLUMBING_FIELDS`,
 ``use_cpu``, ``bf16``, ``fp16``), each field of the trial's PEFT config (``peft_config.<field>``), ``model`` and
-``reward_funcs``. A field's name is the override name `rfopt.config.override_dict` takes, so the page sends back the
+``reward_funcs``. A field's name is the override name `rfopt.overrides.override_dict` takes, so the page sends back the
 fields a person changed, typed, as overrides; the server checks them as the command line's are checked.
 
 Nothing the config names is imported: the dashboard shows trials of studies whose code it cannot import.
@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import PLACEMENT_FIELDS, PLUMBING_FIELDS, TrialConfig, grpo_default
+from .codec import PLACEMENT_FIELDS, PLUMBING_FIELDS, grpo_default
+from .config import TrialConfig
 
 _DERIVED = {"generation_batch_size", "steps_per_generation"}
 _PEFT_MAIN = ("r", "lora_alpha", "lora_dropout", "target_modules")

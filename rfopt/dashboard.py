@@ -274,7 +274,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
 
     @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/clone")
     def clone(study_id: int, number: int) -> Any:
-        from .config import parse_assignments
+        from .overrides import parse_assignments
 
         body = json_body()
         study = study_or_404(study_id)

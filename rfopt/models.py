@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import compat
-from .config import ConfigError, TokenizerSpec, TrialConfig
+from .codec import TokenizerSpec
+from .config import TrialConfig
+from .errors import ConfigError
 from .rollouts import RolloutEngine
 from .smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 

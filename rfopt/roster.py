@@ -30,8 +30,9 @@ from optuna.trial import FrozenTrial, TrialState
 from . import crashpoints, gang, ops, schema, unit
 from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
-from .config import ConfigError, TrialConfig, override_dict
-from .errors import PrunerFailed, StaleRead
+from .config import TrialConfig
+from .errors import ConfigError, PrunerFailed, StaleRead
+from .overrides import override_dict
 from .evaluation import EvalPrompts
 from .leases import LeaseLost
 from .pruning import Member, PopulationBasedTraining, decide, plan_step

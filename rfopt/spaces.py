@@ -20,7 +20,9 @@ from typing import Any
 import optuna
 
 from . import compat, schema
-from .config import ConfigError, TrialConfig, grpo_default
+from .codec import grpo_default
+from .config import TrialConfig
+from .errors import ConfigError
 from .params import distribution, field_path, fields, override_name, param_name, param_value
 from .schema import TrialRecord
 

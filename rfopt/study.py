@@ -53,7 +53,9 @@ from .checkpoints import (
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, rows_left_out, trial_schedule
 from .cluster import RayCluster
 from .compat import storage_of
-from .config import ConfigError, TrialConfig, importing_user_file, study_on_import
+from .config import TrialConfig
+from .errors import ConfigError
+from .usercode import importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .display import Progress
 from .driver import drive

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, load_file_module
+from .errors import ConfigError
+from .usercode import load_file_module
 from .evaluation import EvalSettings
 
 BUILTIN_PACKAGE = "rfopt.studies"

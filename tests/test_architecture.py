@@ -20,9 +20,11 @@ LAYERS = [
      "rollouts"},
     # storage: Optuna storage and retries, the rfopt:* keys, checkpoints, leases (never training)
     {"storage", "schema", "checkpoints", "leases"},
+    # how a config is written down: user code by import path, params' names, JSON codecs, FIELD=VALUE overrides
+    {"usercode", "params", "codec", "overrides"},
     # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
     # a study's times and costs, charts
-    {"params", "config", "configform", "spaces", "models", "runner", "parallel", "gang", "progress", "scheduler",
+    {"config", "configform", "spaces", "models", "runner", "parallel", "gang", "progress", "scheduler",
      "pruning", "ops", "timeline", "charts"},
     # one unit of work; the artifacts published after it
     {"unit", "artifacts"},

@@ -149,3 +149,25 @@ def test_a_wrong_type_in_a_trial_config_is_refused_naming_the_field_and_what_to_
         config = _config(**{field: value})
         config.validate()
         config.to_json()
+
+
+def test_names_that_moved_out_of_the_config_module_are_importable_from_it_as_before():
+    """rfopt.config was split by tenant (rfopt.codec, rfopt.overrides, rfopt.usercode); what it offered stays."""
+    import rfopt.codec
+    import rfopt.config
+    import rfopt.errors
+    import rfopt.overrides
+    import rfopt.usercode
+
+    moved = {rfopt.codec: ["PLACEMENT_FIELDS", "PLUMBING_FIELDS", "TokenizerSpec", "callback_from_json",
+                           "callback_to_json", "current_layout", "grpo_default", "grpo_to_dict", "instance_from_json",
+                           "instance_to_json", "reward_from_json", "reward_to_json"],
+             rfopt.overrides: ["override_dict", "parse_assignments", "typed_value"],
+             rfopt.usercode: ["import_path", "importing_user_file", "load_file_module", "resolve_import",
+                              "study_on_import"],
+             rfopt.errors: ["ConfigError"]}
+    for module, names in moved.items():
+        for name in names:
+            assert getattr(rfopt.config, name) is getattr(module, name), name
+    assert {"TrialConfig", "UNSUPPORTED_TRAINER_ARGUMENTS", "check_model", "check_training_values"} <= set(
+        rfopt.config.__all__)

@@ -9,7 +9,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from rfopt_testkit import lora_config, reward_len, reward_vowels, trial_config
 
 from rfopt import ConfigError, TrialConfig, ops
-from rfopt.config import override_dict
+from rfopt.overrides import override_dict
 from rfopt.params import (
     ALIASES,
     OLD_PREFIXES,

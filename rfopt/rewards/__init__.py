@@ -22,7 +22,7 @@ reward                         gives                                            
 =============================  =========================================================  ==============
 
 Factory products carry ``rfopt_factory = (import path, kwargs)``, from which rfopt stores a
-trial's rewards by import path and rebuilds them (``rfopt.config``).
+trial's rewards by import path and rebuilds them (``rfopt.codec``).
 
 >>> from rfopt import rewards
 >>> rewards.correctness(["Q"], [[{"role": "assistant", "content": "<answer>$1,200</answer>"}]], answer=["#### 1200"])
