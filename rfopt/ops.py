@@ -49,8 +49,8 @@ from .chunks import ChunkPlan, trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import TrialConfig, check_model
 from .errors import ConfigError, Refusal
-from .overrides import override_dict
 from .leases import requests_lock, seen_on
+from .overrides import override_dict
 from .params import admits, field_path, param_holding, param_name, param_value
 from .schema import (
     AppliedOp,

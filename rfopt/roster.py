@@ -32,9 +32,9 @@ from .chunks import trial_schedule
 from .compat import storage_of, trial_id_of
 from .config import TrialConfig
 from .errors import ConfigError, PrunerFailed, StaleRead
-from .overrides import override_dict
 from .evaluation import EvalPrompts
 from .leases import LeaseLost
+from .overrides import override_dict
 from .pruning import Member, PopulationBasedTraining, decide, plan_step
 from .runner import ChunkAborted
 from .scheduler import LiveTrial, completed_rungs

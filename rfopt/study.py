@@ -54,12 +54,10 @@ from .chunks import ChunkPlan, PlanError, dataset_fingerprint, rows_left_out, tr
 from .cluster import RayCluster
 from .compat import storage_of
 from .config import TrialConfig
-from .errors import ConfigError
-from .usercode import importing_user_file, study_on_import
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .display import Progress
 from .driver import drive
-from .errors import Refusal, RfoptError
+from .errors import ConfigError, Refusal, RfoptError
 from .evaluation import EvalSettings, reward_columns, reward_name
 from .gang import DEFAULT_GANG_SIZE
 from .models import ModelPool
@@ -72,6 +70,7 @@ from .storage import describe, engine_of, open_storage
 from .trackers import Tracking
 from .trackers import normalize as trackers_of
 from .unit import Context, UnitCommitted
+from .usercode import importing_user_file, study_on_import
 
 logger = logging.getLogger("rfopt")
 

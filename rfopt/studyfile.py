@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .usercode import load_file_module
 from .evaluation import EvalSettings
+from .usercode import load_file_module
 
 BUILTIN_PACKAGE = "rfopt.studies"
 """Where the ready-made studies live: ``rfopt run arithmetic`` runs ``rfopt/studies/arithmetic.py``."""
