@@ -249,7 +249,7 @@ class WorkerJob:
         """The job for `study`'s `space` (a `FunctionSpace` or `ListSpace`), with the checkpoint location the caller
         gave (None: the study's); `ClusterStorageError` if its storage is not a database other processes can open."""
         from .compat import storage_of
-        from .config import import_path
+        from .usercode import import_path
         from .spaces import ListSpace
         from .storage import engine_of
 
@@ -286,7 +286,8 @@ class WorkerJob:
         return WorkerJob(self.study_name, self.storage, self.checkpoint_dir, self.space_ref, self.work_kwargs)
 
     def space(self) -> Any:
-        from .config import TrialConfig, resolve_import
+        from .config import TrialConfig
+        from .usercode import resolve_import
 
         if isinstance(self.space_ref, str):
             return resolve_import(self.space_ref)
