@@ -20,6 +20,7 @@ A member that raises (a reward function, a sampling error of its own) leaves the
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -211,17 +212,18 @@ def evaluate_members(engine: RolloutEngine, runners: list[TrialRunner], eval_dat
     tokenizer = runners[0].tokenizer
     prompts = EvalPrompts.of(eval_dataset, tokenizer)
     ids = prompts.token_ids(tokenizer)
-    eos = tuple(eos_token_ids(engine.model, tokenizer))
-    samplings = [
-        Sampling(max_new_tokens=settings.max_new_tokens or r.config.args.max_completion_length, eos_token_ids=eos,
-                 pad_token_id=tokenizer.pad_token_id, do_sample=settings.temperature > 0,
-                 temperature=settings.temperature if settings.temperature > 0 else 1.0, top_p=settings.top_p)
-        for r in runners
-    ]
+    eos = eos_token_ids(engine.model, tokenizer)
+    samplings: list[Sampling | None] = []
+    for runner in runners:
+        try:
+            samplings.append(_eval_sampling(engine.model, tokenizer, settings,
+                                            settings.max_new_tokens or runner.config.args.max_completion_length, eos))
+        except Ungangable:  # the model's own generation config asks for what the engine does not do
+            samplings.append(None)
     completions: list[list[list[int]] | Exception] = [[] for _ in runners]
     for start in range(0, len(ids), settings.batch_size):
         rows = ids[start:start + settings.batch_size]
-        live = [i for i, done in enumerate(completions) if not isinstance(done, Exception)]
+        live = [i for i, done in enumerate(completions) if not isinstance(done, Exception) and samplings[i]]
         outs = engine.generate([Request(adapter_name(runners[i].number), rows, samplings[i], seed=settings.seed + start)
                                 for i in live])
         for i, out in zip(live, outs):
@@ -230,16 +232,31 @@ def evaluate_members(engine: RolloutEngine, runners: list[TrialRunner], eval_dat
             else:
                 completions[i].extend(out)  # type: ignore[union-attr]
     results: list[EvalResult | Exception] = []
-    for runner, done in zip(runners, completions):
+    for runner, sampling, done in zip(runners, samplings, completions):
         if isinstance(done, Exception):
             results.append(done)
             continue
         try:
-            results.append(scored(prompts, done, tokenizer, list(runner.config.reward_funcs),
-                                  runner.config.args.reward_weights, settings, runner.trainer_state()))
+            if sampling is None:
+                results.append(runner.evaluate(eval_dataset, settings))
+            else:
+                results.append(scored(prompts, done, tokenizer, list(runner.config.reward_funcs),
+                                      runner.config.args.reward_weights, settings, runner.trainer_state()))
         except Exception as exc:  # noqa: BLE001 - this member's reward functions failed: it fails alone
             results.append(exc)
     return results
+
+
+def _eval_sampling(model: Any, tokenizer: Any, settings: EvalSettings, max_new_tokens: int, eos: list[int]
+                   ) -> Sampling:
+    """What `rfopt.evaluation.evaluate` decodes with: the model's generation config with evaluation's settings over
+    it, as ``model.generate(**settings)`` merges them (a model whose config has a repetition penalty keeps it)."""
+    config = copy.deepcopy(model.generation_config)
+    sampling = settings.temperature > 0
+    config.update(max_new_tokens=max_new_tokens, do_sample=sampling,
+                  temperature=settings.temperature if sampling else None, top_p=settings.top_p if sampling else None,
+                  top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=list(eos))
+    return Sampling.of(config)
 
 
 def refusal(config: Any) -> str | None:

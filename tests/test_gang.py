@@ -192,6 +192,33 @@ def test_gang_members_keep_their_own_gradient_accumulation_and_temperature(tiny_
     assert _same(mixed[0], first[0]) and _same(mixed[1], second[1])
 
 
+def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_model):
+    from rfopt.evaluation import EvalSettings
+    from rfopt.gang import evaluate_members
+
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    runners = []
+    for number, lr in enumerate((5e-3, 3e-2, 1e-2)):
+        config = trial_config(tiny_model, learning_rate=lr)
+        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                   "/tmp/rfopt-test-gang"))
+    for runner in runners:
+        runner.setup()
+    engine = pool.engine(runners[0].config)
+    Gang(engine, [GangMember(r) for r in runners]).train()  # the adapters differ after a chunk
+    evals = prompts_dataset(5, "E")
+    for settings in (EvalSettings(batch_size=2, num_samples=5), EvalSettings(temperature=0.8, batch_size=2)):
+        together = evaluate_members(engine, runners, evals, settings)
+        for runner, result in zip(runners, together):
+            alone = runner.evaluate(evals, settings)
+            if settings.temperature == 0:  # greedy: the same completions, scores and samples
+                assert result.metrics == alone.metrics and result.samples == alone.samples
+            else:  # sampled from each member's own stream: scored the same way, on other draws
+                assert result.metrics.keys() == alone.metrics.keys()
+
+
 def test_the_rollout_hook_gets_the_generation_batch_and_the_model_is_put_back(tiny_model):
     dataset = prompts_dataset(8)
     plan = ChunkPlan.build(len(dataset), 2, seed=0)
