@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -32,6 +34,29 @@ from .scheduler import next_gang
 from .schema import study_record
 
 logger = logging.getLogger("rfopt")
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """Remember every SIGINT while the loop runs. Python raises a Ctrl-C's KeyboardInterrupt wherever the main thread
+    is, and where that is a weakref callback or a ``__del__`` (as garbage collection inside torch or sqlite runs them)
+    it only prints "Exception ignored" and goes on: the study would run to its end. The remembered signal stops the
+    loop before its next unit. Off the main thread, or with a handler of the caller's own, nothing changes."""
+    seen = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield seen
+        return
+
+    def handler(signum, frame):
+        seen.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def drive(
@@ -48,8 +73,10 @@ def drive(
     """Run the study's units until none is left for this process (see the module docstring)."""
     study = roster.study
     started = time.time()
-    with compat.optimize_loop(study):  # study.stop() (GridSampler calls it) stops asking, as in optuna.Study.optimize
+    with compat.optimize_loop(study), _interrupts() as interrupted:  # study.stop() stops asking, as in Study.optimize
         while True:
+            if interrupted.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see `_interrupts`)
+                raise KeyboardInterrupt
             if deadline is not None and time.monotonic() >= deadline:
                 logger.info("timeout: no unit starts after it; the live trials stay resumable")
                 return
