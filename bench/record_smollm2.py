@@ -75,6 +75,7 @@ def main() -> None:
         max_concurrent=len(CONFIGS),
         objective="reward",
         eval_settings=rfopt.EvalSettings(max_new_tokens=64, temperature=0.0, batch_size=16, seed=0, num_samples=2),
+        gang_size=1,  # the curves were recorded one trial at a time (before gangs), as plain TRL trains
     )
     wall = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)

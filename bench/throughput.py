@@ -435,6 +435,7 @@ def run_study(setup: Setup, out_dir: Path) -> SideResult:
                 show_progress_bar=False,
                 device=setup.device,
                 precision=setup.precision,
+                gang_size=1,  # round-robin, one trial at a time, as plain TRL trains; bench/gang.py times gangs
             )
     load = sum(s for s, _ in loads)
     result.load = Clock(wall=load, cpu=load)  # CPU time of the load is not separable; count it as wall

@@ -314,7 +314,7 @@ def _plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, sta
     parser.add_argument("--gang-size", type=_positive_int, metavar="N",
                         help="trials of one base model trained at once, in lockstep, their rollouts generated in one "
                         "batch; 1 trains one trial at a time, bit for bit as plain TRL (default: the study file's, "
-                        f"else {DEFAULT_GANG_SIZE}; see the README, Gangs)")
+                        f"else {DEFAULT_GANG_SIZE}, or 1 with --devices-per-trial; see the README, Gangs)")
     parser.add_argument("--report-to", action="append", metavar="TRACKER",
                         help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "
                         "mlflow, trackio, all, none); repeat for several. One run per trial, <study>-trial-<n>, "
@@ -613,11 +613,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _gang_size(args: argparse.Namespace, spec: Any) -> int:
-    """``--gang-size``, else the study file's, else rfopt's default."""
-    if args.gang_size is not None:
-        return args.gang_size
-    return spec.gang_size if spec.gang_size is not None else DEFAULT_GANG_SIZE
+def _gang_size(args: argparse.Namespace, spec: Any) -> int | None:
+    """``--gang-size``, else the study file's, else None: rfopt's default (`rfopt.gang.DEFAULT_GANG_SIZE`)."""
+    return args.gang_size if args.gang_size is not None else spec.gang_size
 
 
 def _interrupt(processes: list[Any], seconds: float = 60.0) -> None:

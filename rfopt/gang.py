@@ -1,16 +1,19 @@
 """Gangs: several trials of one device trained in lockstep, their rollouts decoded together (`rfopt.rollouts`).
 
 Each member keeps its own `GRPOTrainer`, optimizer, LR scheduler, random state and adapter (its `TrialRunner`),
-exactly as when it trains alone. The members' chunks run in threads of one process, one member at a time, in a
-fixed order (the baton): a member runs until its trainer asks for rollouts (TRL's ``rollout_func`` hook) or its
-chunk ends, and then hands the baton to the next member that can run. When every member still training waits for
-rollouts, the device's `RolloutEngine` decodes all their requests in one batch, and the first member in order runs
-again. So a gang is deterministic, and its generation costs about one batched decode per step instead of one per
-member.
+exactly as when it trains alone. The members' chunks run as greenlets (coroutines with their own stack) in the
+caller's thread, one member at a time, in a fixed order: a member runs until its trainer asks for rollouts (TRL's
+``rollout_func`` hook) or its chunk ends, and then the next member runs. When every member still training waits for
+rollouts, the device's `RolloutEngine` decodes all their requests in one batch, and the members run again in order.
+So a gang is deterministic, and its generation costs about one batched decode per step instead of one per member.
+Greenlets and not threads, because torch's CPU kernels pay ~75 us more per small operation in a second thread that
+uses OpenMP (libgomp stops spin-waiting once a process has more OpenMP threads than cores; measured: a 4x576 by
+576x16 linear, 5 us in the main thread, 79 us in another, 2 intra-op threads), and a member's step and a decode are
+each ~100,000 small operations (BENCHMARKS.md, "Gangs").
 
-What a member's code changes in process-wide state stays its own: at each hand-over the baton swaps the random
+What a member's code changes in process-wide state stays its own: at each switch the gang swaps the random
 states (Python, NumPy, torch: each member draws from its own stream), accelerate's gradient state, the shared model's
-instance ``forward`` (each trainer wraps it with its own fused LM head) and the active adapter. Settings that a
+instance ``forward`` (each trainer wraps it with its own fused LM head), torch's grad mode and the active adapter. Settings that a
 trainer applies to the whole model (dropout, gradient checkpointing) must be the same for every member
 (`gang_key`), and the model is put back once, when the gang is done.
 
@@ -21,6 +24,7 @@ A member that raises (a reward function, a sampling error of its own) leaves the
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,8 +38,10 @@ from .runner import ChunkMetrics, StepDone, TrialRunner
 from .state import RngState
 
 
-DEFAULT_GANG_SIZE = 1
-"""``gang_size`` when a run gives none (`Study.optimize`, ``rfopt run``): chosen from the benchmarks (BENCHMARKS.md)."""
+DEFAULT_GANG_SIZE = 4
+"""``gang_size`` when a run gives none (`Study.optimize`, ``rfopt run``, a study file): chosen from the benchmarks
+(BENCHMARKS.md, "Gangs"). Memory planning trains fewer at once where the device is short (`rfopt.models.gang_memory`);
+``gang_size=1`` trains one trial at a time, bit for bit as plain TRL."""
 
 
 @dataclass
@@ -56,20 +62,27 @@ class GangMember:
 
 @dataclass
 class _Context:
-    """The process-wide state one member's code sees while it holds the baton."""
+    """The process-wide state one member's code sees while it runs."""
 
     rng: RngState
     gradient: dict[str, Any]
     forward: dict[Any, Any]
+    grad_enabled: bool = True
+    """torch's grad mode: per thread, so shared by the members, which all run in the caller's thread."""
 
     @classmethod
     def capture(cls, model: Any) -> _Context:
-        return cls(RngState.capture(), compat.gradient_state(), compat.forward_patches(model))
+        import torch
+
+        return cls(RngState.capture(), compat.gradient_state(), compat.forward_patches(model), torch.is_grad_enabled())
 
     def restore(self) -> None:
+        import torch
+
         self.rng.restore()
         compat.set_gradient_state(self.gradient)
         compat.set_forward_patches(self.forward)
+        torch.set_grad_enabled(self.grad_enabled)
 
 
 class Gang:
@@ -84,12 +97,12 @@ class Gang:
             raise ValueError("a gang needs at least one member")
         self.engine = engine
         self.members = members
-        self._cond = threading.Condition()
-        self._holder: int | None = None
         self._pending: dict[int, Request] = {}
         self._responses: dict[int, Any] = {}
         self._done: set[int] = set()
         self._contexts: dict[int, _Context] = {}
+        self._greenlets: dict[int, Any] = {}
+        self._caller: Any = None
         self._aborted = threading.Event()
         self.decodes = 0
         """Batched decodes this gang ran (one per generation cycle of its members)."""
@@ -97,28 +110,25 @@ class Gang:
     # ------------------------------------------------------------------ the run
     def train(self) -> None:
         """Train each member's next chunk; returns when every member has its `result` or `error`."""
+        import greenlet
+
         model = self.engine.model
         members = self.members
         for member in members:
             member.result = member.error = None
         args = members[0].runner.chunk_args(report=False)
         outside = _Context.capture(model)
-        self._contexts = {i: _Context(outside.rng, dict(outside.gradient), dict(outside.forward))
+        self._contexts = {i: _Context(outside.rng, dict(outside.gradient), dict(outside.forward), outside.grad_enabled)
                           for i in range(len(members))}
-        self._holder = 0
-        threads = [threading.Thread(target=self._body, args=(i,), name=f"rfopt-gang-trial-{m.number}", daemon=True)
-                   for i, m in enumerate(members)]
+        self._caller = greenlet.getcurrent()
+        self._greenlets = {i: greenlet.greenlet(functools.partial(self._body, i)) for i in range(len(members))}
+        self._done, self._pending, self._responses = set(), {}, {}
         with compat.restore_shared_model(model, args):
             try:
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    while thread.is_alive():
-                        thread.join(timeout=0.2)
-            except BaseException:  # Ctrl-C in the main thread: stop every member, then let it through
+                self._drive()
+            except BaseException:  # Ctrl-C: every member stops at its next step (a waiting one hears `Aborted`)
                 self.abort()
-                for thread in threads:
-                    thread.join()
+                self._drive()
                 raise
             finally:
                 outside.restore()
@@ -127,11 +137,47 @@ class Gang:
         """Stop every member at its next optimizer step (or the engine at its next token)."""
         self._aborted.set()
 
-    # ------------------------------------------------------------------ one member's thread
+    def _drive(self) -> None:
+        """Rounds until every member is done: each member able to run runs, in order, until its trainer asks for
+        rollouts or its chunk ends; then one batched decode answers every request."""
+        while len(self._done) < len(self.members):
+            for i in range(len(self.members)):
+                if i not in self._done and i not in self._pending:  # to start, or answered: it goes on
+                    self._run(i)
+            if not self._pending:  # every member ran until it was done
+                continue
+            batch = sorted(self._pending)
+            requests = [self._pending.pop(j) for j in batch]
+            try:
+                if self._aborted.is_set():
+                    raise Aborted("the gang was stopped")
+                outs: list[Any] = self.engine.generate(requests, should_stop=self._aborted.is_set)
+            except BaseException as exc:  # noqa: BLE001 - stopped, or the engine failed: every waiting member hears
+                heard = exc if isinstance(exc, Exception) else Aborted("interrupted")
+                self._responses.update(zip(batch, [heard] * len(batch)))
+                if not isinstance(exc, Exception):  # Ctrl-C: the members stop, and it goes on up
+                    raise
+                continue
+            self.decodes += 1
+            self._responses.update(zip(batch, outs))
+
+    def _run(self, i: int) -> None:
+        """Member `i` runs, with its own process-wide state, until it asks for rollouts or its chunk ends."""
+        member = self.members[i]
+        self._contexts[i].restore()
+        member.runner.pool.activate(member.number, member.runner.config)
+        self._greenlets[i].switch()
+        if self._greenlets[i].dead:
+            self._done.add(i)
+            if isinstance(member.error, KeyboardInterrupt):  # Ctrl-C while this member ran: it stopped, not failed
+                member.error = Aborted("interrupted")
+                if not self._aborted.is_set():
+                    raise KeyboardInterrupt
+
+    # ------------------------------------------------------------------ one member's code
     def _body(self, i: int) -> None:
         member = self.members[i]
         try:
-            self._wait_turn(i)
             member.result = member.runner.train_chunk(
                 should_stop=lambda: self._aborted.is_set() or bool(member.should_stop and member.should_stop()),
                 rollout_func=lambda prompts, trainer: self._rollout(i, prompts, trainer),
@@ -139,11 +185,9 @@ class Gang:
             )
         except BaseException as exc:  # noqa: BLE001 - the member's own failure; the gang goes on
             member.error = exc
-        finally:
-            self._hand_over(i, finished=True)
 
     def _rollout(self, i: int, prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        """TRL's ``rollout_func`` for member `i`: queue its request, hand the baton on, and wait for the completions."""
+        """TRL's ``rollout_func`` for member `i`: queue its request, let the others run, and take the completions."""
         if self._aborted.is_set():
             raise Aborted("the gang was stopped")
         request = Request(
@@ -152,56 +196,13 @@ class Gang:
             sampling=Sampling.of(trainer.generation_config),
             seed=seed_from_stream(),  # from this member's own stream: its draws do not depend on the others
         )
-        with self._cond:
-            self._pending[i] = request
-        self._hand_over(i, finished=False)
-        self._wait_turn(i)
+        self._pending[i] = request
+        self._contexts[i] = _Context.capture(self.engine.model)
+        self._caller.switch()  # back to `_drive`; it resumes this member once the batch is decoded
         out = self._responses.pop(i)
         if isinstance(out, BaseException):
             raise out
         return {"prompt_ids": request.prompt_ids, "completion_ids": out, "logprobs": None}
-
-    # ------------------------------------------------------------------ the baton
-    def _wait_turn(self, i: int) -> None:
-        with self._cond:
-            while self._holder != i:
-                self._cond.wait()
-        self._contexts[i].restore()
-        member = self.members[i]
-        member.runner.pool.activate(member.number, member.runner.config)
-
-    def _hand_over(self, i: int, *, finished: bool) -> None:
-        if not finished:
-            self._contexts[i] = _Context.capture(self.engine.model)
-        with self._cond:
-            if finished:
-                self._done.add(i)
-            following = self._next_runnable(i)
-            if following is not None or not self._pending:
-                self._holder = following
-                self._cond.notify_all()
-                return
-            batch = sorted(self._pending)
-            requests = [self._pending.pop(j) for j in batch]
-        # Every member still training waits for rollouts: decode them together (nobody else runs meanwhile).
-        try:
-            outs: list[Any] = self.engine.generate(requests, should_stop=self._aborted.is_set)
-        except BaseException as exc:  # noqa: BLE001 - stopped, or the engine itself failed: every waiting member hears
-            outs = [exc] * len(requests)
-        self.decodes += 1
-        with self._cond:
-            self._responses.update(zip(batch, outs))
-            self._holder = batch[0]
-            self._cond.notify_all()
-
-    def _next_runnable(self, i: int) -> int | None:
-        """The next member after `i`, in order and round again, that neither finished nor waits for rollouts."""
-        n = len(self.members)
-        for step in range(1, n + 1):
-            j = (i + step) % n
-            if j not in self._done and j not in self._pending:
-                return j
-        return None
 
 
 def evaluate_members(engine: RolloutEngine, runners: list[TrialRunner], eval_dataset: Any, settings: EvalSettings

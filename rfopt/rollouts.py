@@ -36,7 +36,8 @@ class Ungangable(RfoptError, ValueError):
 
 _IGNORED = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
             "pad_token_id", "bos_token_id", "eos_token_id", "cache_implementation", "disable_compile",
-            "use_cache", "return_dict_in_generate", "output_scores", "output_logits"}
+            "use_cache", "return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
+            "output_hidden_states"}
 """`GenerationConfig` fields the engine implements (the first six), or that change nothing it decodes."""
 
 

@@ -203,7 +203,7 @@ class Study:
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
         executor: RayCluster | None = None,
-        gang_size: int = DEFAULT_GANG_SIZE,
+        gang_size: int | None = None,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -248,10 +248,12 @@ class Study:
                 study (`rfopt.cluster`), each device its own (`device` is left out); this process shows the progress
                 and calls `on_unit` and `callbacks` as units and trials commit and end.
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
-                batch (`rfopt.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL.
+                batch (`rfopt.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
+                None: `rfopt.gang.DEFAULT_GANG_SIZE`.
         """
-        _check_gang_size(gang_size)
-        if executor is not None:
+        if executor is not None:  # each worker resolves a None gang_size (a data-parallel one trains alone)
+            if gang_size is not None:
+                _gang_size(gang_size)
             return self._run_on(executor, space, train_dataset, eval_dataset, device=device, n_trials=n_trials,
                                 n_trials_total=n_trials_total, timeout=timeout, callbacks=callbacks, catch=catch,
                                 max_concurrent=max_concurrent, given={"num_chunks": num_chunks, "objective": objective,
@@ -259,6 +261,7 @@ class Study:
                                                                       "chunk_seed": chunk_seed},
                                 precision=precision, report_to=report_to, on_unit=on_unit,
                                 show_progress_bar=show_progress_bar, gang_size=gang_size)
+        gang_size = _gang_size(gang_size)
         pool = ModelPool(device, precision)  # checks the device before anything is written
         checked = self._check(space, train_dataset, eval_dataset, n_trials, n_trials_total, timeout, callbacks, catch,
                               max_concurrent, {"num_chunks": num_chunks, "objective": objective,
@@ -300,7 +303,7 @@ class Study:
         on_unit: Callable[[int, int, float], None] | None = None,
         report_to: str | Sequence[str] | None = None,
         data_parallel: DataParallel | None = None,
-        gang_size: int = DEFAULT_GANG_SIZE,
+        gang_size: int | None = None,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
@@ -321,7 +324,7 @@ class Study:
 
         if lease_seconds <= 0 or poll_seconds <= 0:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
-        _check_gang_size(gang_size)
+        gang_size = _gang_size(gang_size, data_parallel)
         if data_parallel is not None and gang_size > 1:
             raise ValueError(f"gang_size={gang_size} with devices per trial ({data_parallel.world_size}): a gang trains "
                              "several trials in lockstep in one process, a data-parallel trial one trial over "
@@ -363,7 +366,7 @@ class Study:
     def _run_on(self, executor: RayCluster, space: Any, train_dataset: Any, eval_dataset: Any, *, device: str,
                 n_trials: int | None, n_trials_total: int | None, timeout: float | None, callbacks: Any, catch: Any,
                 max_concurrent: int | None, given: dict[str, Any], precision: str, report_to: Any, on_unit: Any,
-                show_progress_bar: bool, gang_size: int) -> None:
+                show_progress_bar: bool, gang_size: int | None) -> None:
         """`optimize` on a cluster: the same checks here, then one `work` per device there (`rfopt.cluster`)."""
         from .cluster import WorkerJob
 
@@ -1140,6 +1143,11 @@ __all__ = ["LeaderboardRow", "Study", "StudyDeletedError", "StudyNameError", "Un
            "create_study", "load_study"]
 
 
-def _check_gang_size(gang_size: Any) -> None:
+def _gang_size(gang_size: Any, data_parallel: DataParallel | None = None) -> int:
+    """The gang size a run trains with: the one given, else rfopt's default (1 for a trial over several devices,
+    which trains one trial at a time)."""
+    if gang_size is None:
+        return 1 if data_parallel is not None else DEFAULT_GANG_SIZE
     if not isinstance(gang_size, int) or isinstance(gang_size, bool) or gang_size < 1:
         raise ValueError(f"gang_size={gang_size!r}: give a whole number >= 1 (1 trains one trial at a time)")
+    return gang_size

@@ -401,3 +401,13 @@ def test_population_based_training_replaces_members_of_a_gang_with_warm_clones(t
     first_clone = clones[0]
     start = schema.TrialRecord(first_clone).start_unit
     assert len(schema.gang_plan(first_clone, start).numbers) > 1
+
+
+def test_output_flags_in_a_models_generation_config_do_not_make_its_evaluation_leave_the_batch():
+    """SmolLM2 loaded from its GGUF file carries ``output_attentions=False, output_hidden_states=False``; they change
+    no decoded token, so the engine takes the config (each member was evaluated alone before)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=4, eos_token_id=2, pad_token_id=2, output_attentions=False,
+                              output_hidden_states=False)
+    assert Sampling.of(config) == Sampling(max_new_tokens=4, eos_token_ids=(2,), pad_token_id=2, do_sample=False)

@@ -51,9 +51,11 @@ def test_a_grpo_trainer_call_renamed_to_trial_config_trains_the_same_adapter_bit
         "peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     }
 
-    # rfopt: the same call, renamed, as a one-trial study trained in 2 chunks.
+    # rfopt: the same call, renamed, as a one-trial study trained in 2 chunks, one trial at a time (a gang samples
+    # its rollouts through rfopt's engine, not TRL's generate).
     study = _study(tmp_path)
-    study.optimize([rfopt.TrialConfig(**kwargs)], train, evaluation, num_chunks=2, show_progress_bar=False)
+    study.optimize([rfopt.TrialConfig(**kwargs)], train, evaluation, num_chunks=2, show_progress_bar=False,
+                   gang_size=1)
     assert study.optuna.trials[0].state.name == "COMPLETE"
     chunked = load_file(str(study.export_best(tmp_path / "best") / "adapter_model.safetensors"))
 
