@@ -13,9 +13,9 @@ each ~100,000 small operations (BENCHMARKS.md, "Gangs").
 
 What a member's code changes in process-wide state stays its own: at each switch the gang swaps the random
 states (Python, NumPy, torch: each member draws from its own stream), accelerate's gradient state, the shared model's
-instance ``forward`` (each trainer wraps it with its own fused LM head), torch's grad mode and the active adapter. Settings that a
-trainer applies to the whole model (dropout, gradient checkpointing) must be the same for every member
-(`gang_key`), and the model is put back once, when the gang is done.
+instance ``forward`` (each trainer wraps it with its own fused LM head), torch's grad mode and the active adapter.
+Settings that a trainer applies to the whole model (dropout, gradient checkpointing) must be the same for every
+member (`gang_key`), and the model is put back once, when the gang is done.
 
 A member that raises (a reward function, a sampling error of its own) leaves the gang alone; the others go on.
 `Gang.abort` (Ctrl-C, a lost lease) stops every member at its next optimizer step or decoded token.

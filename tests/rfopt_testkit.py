@@ -183,3 +183,8 @@ def chromium(profile_dir, width: int = 1400, height: int = 1000):
                 "--disable-dev-shm-usage", f"--window-size={width},{height}", f"--user-data-dir={profile_dir}"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def reward_interrupted(completions, **kwargs):
+    """A Ctrl-C arriving while this reward runs."""
+    raise KeyboardInterrupt

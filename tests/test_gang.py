@@ -411,3 +411,27 @@ def test_output_flags_in_a_models_generation_config_do_not_make_its_evaluation_l
     config = GenerationConfig(max_new_tokens=4, eos_token_id=2, pad_token_id=2, output_attentions=False,
                               output_hidden_states=False)
     assert Sampling.of(config) == Sampling(max_new_tokens=4, eos_token_ids=(2,), pad_token_id=2, do_sample=False)
+
+
+def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tiny_model):
+    """Members run in the caller's thread, so a Ctrl-C lands in whichever member runs: the gang stops every member
+    at its next step (the one waiting for rollouts hears `Aborted`), then lets the KeyboardInterrupt through."""
+    from rfopt.rollouts import Aborted
+    from rfopt_testkit import reward_interrupted
+
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    runners = []
+    for number, rewards in enumerate([(reward_len,), (reward_len, reward_interrupted), (reward_len,)]):
+        config = trial_config(tiny_model, learning_rate=5e-3, rewards=rewards)
+        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                   "/tmp/rfopt-test-gang"))
+    for runner in runners:
+        runner.setup()
+    gang = Gang(pool.engine(runners[0].config), [GangMember(r) for r in runners])
+    with pytest.raises(KeyboardInterrupt):
+        gang.train()
+    assert isinstance(gang.members[1].error, Aborted)
+    assert all(isinstance(m.error, Aborted) or m.result is not None for m in gang.members)
+    assert all(g.dead for g in gang._greenlets.values())  # no member is left suspended

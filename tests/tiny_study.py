@@ -29,4 +29,7 @@ STUDY = rfopt.StudySpec(
     datasets=datasets,
     num_chunks=CHUNKS,
     max_concurrent=TRIALS,
+    # One trial at a time, as plain TRL: crashed, resumed and multi-worker runs reproduce the one-process reference
+    # bit for bit (workers' gangs depend on timing). The gang variants of those tests give --gang-size.
+    gang_size=1,
 )
