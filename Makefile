@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 $(BIN)/rfopt: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# Correctness rules and a complexity limit (pyproject.toml, [tool.ruff]); .ci/run runs it before the tests.
+lint: setup
+	$(BIN)/ruff check rfopt bench tests
 
 bench: setup
 	$(BIN)/python bench/throughput.py

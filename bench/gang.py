@@ -246,7 +246,7 @@ def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, 
         print(f"  G={g}: one batched call {tokens / batched:7.1f} tok/s; {g} engine calls {tokens / separate:7.1f} "
               f"tok/s; {g} x model.generate {tokens / generate:7.1f} tok/s; batched/generate speedup "
               f"{generate / batched:.2f}x", flush=True)
-    del engine, peft, model
+    engine = peft = model = None  # freed before the memory of what follows is read
     gc.collect()
     return results
 

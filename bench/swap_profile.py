@@ -167,7 +167,7 @@ def instrument(timeline: Timeline) -> Iterator[None]:
 
     GRPOTrainer.training_step = training_step
     original_log = GRPOTrainer.__dict__.get("_maybe_log_save_evaluate")
-    inherited_log = getattr(GRPOTrainer, "_maybe_log_save_evaluate")
+    inherited_log = GRPOTrainer._maybe_log_save_evaluate
 
     def maybe_log_save_evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -324,7 +324,7 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
         result.eval_seconds += probe.eval_seconds
         result.step_seconds += probe.step_seconds
         result.weights.append({k: v.detach().clone() for k, v in get_peft_model_state_dict(trainer.model).items()})
-        del trainer, trainer_box, model
+        trainer = trainer_box = model = None  # freed before the next config loads
         gc.collect()
     return result
 

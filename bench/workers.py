@@ -124,7 +124,7 @@ def _sweep(model: Path, where: Path, command: str, devices: str, threads: int, a
     starts = {(t, u): at for point, t, u, pid, at in rows if point == "unit-started"}
     per_unit = statistics.mean(at - starts[(t, u)] for point, t, u, pid, at in rows if point == "unit-committed")
     gaps, last_commit = [], {}
-    for point, t, u, pid, at in rows:
+    for point, _t, _u, pid, at in rows:
         if point == "unit-committed":
             last_commit[pid] = at
         elif point == "unit-started" and pid in last_commit:
@@ -148,7 +148,7 @@ def _check_same(results) -> None:
     from crashkit import assert_same_study
 
     (_, first, *_), rest = results[0], results[1:]
-    for label, where, *_ in rest:
+    for _label, where, *_ in rest:
         assert_same_study(f"sqlite:///{first / 'study.db'}", first / "ck", f"sqlite:///{where / 'study.db'}",
                           where / "ck")
     print("  every run ended with the same per-chunk values, metrics, adapters and checkpoints")

@@ -683,7 +683,6 @@ def _devices(spec: str) -> list[str]:
 def _cmd_status(args: argparse.Namespace) -> int:
     import rfopt
     from rfopt import ops
-    from rfopt.storage import open_storage
 
     storage = _existing_storage(args.storage)
     if args.study_name is None:

@@ -116,7 +116,7 @@ def create_app(
     return _Guard(_Backlink(app), token=token, loopback=loopback)
 
 
-def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
+def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:  # noqa: C901 - debt (issue 24)
     from bottle import HTTPResponse, redirect, request
 
     def fail(status: int, message: str) -> HTTPResponse:

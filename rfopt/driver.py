@@ -59,7 +59,7 @@ def _interrupts():
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def drive(
+def drive(  # noqa: C901 - one round of the loop, in the order the module docstring gives
     roster: Roster,
     coordinator,
     *,

@@ -265,7 +265,7 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
 
 
 # ---------------------------------------------------------------------- a gang's units
-def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseException | None]:
+def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseException | None]:  # noqa: C901
     """One unit of each member, trained in lockstep (`rfopt.gang`), evaluated together, checkpointed together (all of
     the gang's units durable or none: `CheckpointStore.save_gang`), then committed one by one.
 

@@ -10,7 +10,7 @@ from trl import GRPOTrainer
 from rfopt.chunks import ChunkPlan, trial_schedule
 from rfopt.models import ModelPool
 from rfopt.runner import TrialRunner
-from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_vowels, trial_config
+from rfopt_testkit import lora_config, prompts_dataset, reward_vowels, trial_config
 
 
 def _train_straight_through(model_path, config, plan, schedule, dataset):

@@ -111,7 +111,7 @@ def test_each_trial_on_the_shared_model_keeps_its_own_weights_and_output_through
     for number, config in configs.items():
         solo = ModelPool("cpu")
         model = solo.acquire(number, config)
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.requires_grad:  # distinct non-zero weights, so every adapter changes the output
                 with torch.no_grad():
                     p.copy_(torch.linspace(-0.05, 0.05, p.numel()).reshape(p.shape) * (number + 1))

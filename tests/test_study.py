@@ -4,7 +4,6 @@ import json
 
 import optuna
 import pytest
-import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

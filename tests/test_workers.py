@@ -259,7 +259,7 @@ def test_a_process_that_cannot_share_a_running_study_is_refused_at_once_and_the_
     call(spec.search_space(), train, evaluation, num_chunks=spec.num_chunks, max_concurrent=spec.max_concurrent,
          on_unit=second_processes, **({"show_progress_bar": False} if first == "run" else {}))
     me = f"{socket.gethostname()}:{os.getpid()}"
-    for name, (code, output) in refused.items():
+    for code, output in refused.values():
         assert code == 1, output[-3000:]
         line = next(line for line in output.splitlines() if line.startswith("rfopt: error:"))
         assert line.startswith(f"rfopt: error: study 'tiny' is being run by {me} (rfopt {first}, seen ")
