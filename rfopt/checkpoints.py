@@ -174,25 +174,37 @@ class CheckpointStore:
         self._name_latest(trial_number, name)
         return self._files.location(f"{_trial_key(trial_number)}/{name}")
 
-    def save_gang(self, entries: list[tuple[int, TrialState, UnitReport | None]], gang: str) -> list[Location]:
+    def save_gang(self, entries: list[tuple[int, TrialState, UnitReport | None]], gang: str
+                  ) -> dict[int, Location | CheckpointError]:
         """Write the checkpoints of a gang's units (`rfopt.gang`) so that they become the latest all together or not
         at all: every checkpoint is written first, then one gang record (``gangs/<gang>.json``, the commit point),
         then each trial's ``LATEST``. A crash before the record leaves every trial at its previous checkpoint (the
         gang trains the unit again, with the same members); after it, `load` finishes naming them. `gang` names the
-        record (unique per gang unit)."""
-        names = [(number, self._write_unit(number, state, report)) for number, state, report in entries]
+        record (unique per gang unit).
+
+        Returns each trial's new checkpoint, or the `CheckpointError` that kept its own from being written (its
+        previous checkpoint stays its latest; the others' are saved without it). Raises `CheckpointError` when the
+        gang record cannot be written (every trial keeps its previous checkpoint)."""
+        names, failed = [], {}
+        for number, state, report in entries:
+            try:
+                names.append((number, self._write_unit(number, state, report)))
+            except CheckpointError as exc:  # this trial's own write (a full disk, a late worker): it fails alone
+                failed[number] = exc
+        if not names:
+            return failed
         record = {"units": {str(number): name for number, name in names}}
-        reach("gang-units-written", trial=entries[0][0], unit=entries[0][1].units_done - 1)
+        reach("gang-units-written", trial=names[0][0], unit=entries[0][1].units_done - 1)
         try:
             self._files.write_pointer(_gang_key(gang), json.dumps(record).encode())  # the commit point
         except Exception as exc:  # noqa: BLE001 - as a failed checkpoint: the previous ones stay the latest
             raise CheckpointError(f"trials {[n for n, _ in names]}: writing the gang record {_gang_key(gang)} in "
                                   f"{self.root} failed ({exc}); their previous checkpoints are kept") from exc
-        reach("gang-saved", trial=entries[0][0], unit=entries[0][1].units_done - 1)
+        reach("gang-saved", trial=names[0][0], unit=entries[0][1].units_done - 1)
         for number, name in names:
             self._name_latest(number, name)
         self._files.remove(_gang_key(gang))
-        return [self._files.location(f"{_trial_key(number)}/{name}") for number, name in names]
+        return {**failed, **{number: self._files.location(f"{_trial_key(number)}/{name}") for number, name in names}}
 
     def _write_unit(self, trial_number: int, state: TrialState, report: UnitReport | None) -> str:
         """Write and publish the checkpoint's files (not yet named in ``LATEST``); returns its name."""

@@ -432,6 +432,8 @@ class Study:
         committed = []
         ctx.subscribers.append(committed.append)
         roster = Roster(ctx, space, callbacks=checked.callbacks, catch=checked.catch)
+        if progress is not None:  # one line per committed unit, a gang's several commits of one round included
+            ctx.subscribers.append(lambda event: progress(roster.progress()))
         try:
             drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
                   poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline,

@@ -91,6 +91,14 @@ def _installed(name: str) -> bool:
     return True if check is None else bool(check())  # a tracker rfopt has no check for: TRL decides
 
 
+_NAMES = ("TENSORBOARD_LOGGING_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_PROJECT", "WANDB_RUN_GROUP",
+          "MLFLOW_EXPERIMENT_NAME")
+"""The environment variables a chunk's trainer reads to find its trial's run."""
+
+_OPEN: list[dict[str, str | None]] = []
+"""The user's values of `_NAMES` saved by each chunk block open now (several in a gang, `rfopt.gang`)."""
+
+
 @dataclass(frozen=True)
 class Tracking:
     """Where one study's trials report: its ``report_to`` and name."""
@@ -101,8 +109,8 @@ class Tracking:
     def run_name(self, number: int) -> str:
         return f"{self.study}-trial-{number}"
 
-    def tensorboard_dir(self, number: int) -> str:
-        base = os.environ.get("TENSORBOARD_LOGGING_DIR") or "runs"
+    def tensorboard_dir(self, number: int, base: str | None = None) -> str:
+        base = base or os.environ.get("TENSORBOARD_LOGGING_DIR") or "runs"
         return os.path.join(base, self.study, f"trial-{number}")
 
     def wandb_id(self, number: int) -> str:
@@ -117,21 +125,24 @@ class Tracking:
         if not self.report_to:
             yield
             return
+        # The user's values, as they were before any chunk block: a gang's members open theirs one inside another.
+        saved = dict(_OPEN[0]) if _OPEN else {name: os.environ.get(name) for name in _NAMES}
         wanted: dict[str, str] = {}
         if self.uses("tensorboard"):
-            wanted["TENSORBOARD_LOGGING_DIR"] = self.tensorboard_dir(number)
+            wanted["TENSORBOARD_LOGGING_DIR"] = self.tensorboard_dir(number, saved["TENSORBOARD_LOGGING_DIR"])
         if self.uses("wandb"):
             wanted["WANDB_RUN_ID"] = self.wandb_id(number)
             wanted["WANDB_RESUME"] = "allow"
             for name in ("WANDB_PROJECT", "WANDB_RUN_GROUP"):
-                wanted[name] = os.environ.get(name) or self.study
+                wanted[name] = saved[name] or self.study
         if self.uses("mlflow"):
-            wanted["MLFLOW_EXPERIMENT_NAME"] = os.environ.get("MLFLOW_EXPERIMENT_NAME") or self.study
-        saved = {name: os.environ.get(name) for name in wanted}
+            wanted["MLFLOW_EXPERIMENT_NAME"] = saved["MLFLOW_EXPERIMENT_NAME"] or self.study
         os.environ.update(wanted)
+        _OPEN.append(saved)
         try:
             yield
         finally:
+            _OPEN.remove(saved)
             for name, value in saved.items():
                 if value is None:
                     os.environ.pop(name, None)

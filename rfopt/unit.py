@@ -291,8 +291,14 @@ def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseE
         # A unit a crash left durable was committed now: its rung is decided before the next gang forms, as it
         # would have been without the crash.
         return outcomes
-    for live, _ in ready:
-        live.runner.setup()  # its adapter on the shared model (a fresh trial's is made at its first unit)
+    for live, claim in list(ready):
+        try:
+            live.runner.setup()  # its adapter on the shared model (a fresh trial's is made at its first unit)
+        except Exception as exc:  # noqa: BLE001 - its model cannot be loaded, say: it fails alone
+            outcomes[live.number] = exc
+            ready.remove((live, claim))
+    if not ready:
+        return outcomes
     engine = ctx.pool.engine(ready[0][0].config)
     for live, claim in list(ready):
         why = ungangable_adapter(engine.model, adapter_name(live.number))
@@ -353,12 +359,16 @@ def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseE
     if not reports:
         return outcomes
     try:
-        ctx.store.save_gang([(live.number, live.runner.state(), report) for live, _, report in reports],
-                            gang=f"{plan.id}-{reports[0][2].unit}")
-    except Exception as exc:  # noqa: BLE001 - the checkpoints could not be written: the members fail, as alone
+        saved = ctx.store.save_gang([(live.number, live.runner.state(), report) for live, _, report in reports],
+                                    gang=f"{plan.id}-{reports[0][2].unit}")
+    except Exception as exc:  # noqa: BLE001 - the gang record could not be written: the members fail, as alone
         for live, _, _ in reports:
             outcomes[live.number] = exc
         return outcomes
+    for live, _, _ in reports:
+        if isinstance(saved[live.number], Exception):  # its own checkpoint could not be written: it fails alone
+            outcomes[live.number] = saved[live.number]
+    reports = [entry for entry in reports if not isinstance(saved[entry[0].number], Exception)]
     failed_callback: CallbackFailed | None = None
     for live, claim, report in reports:
         reach("checkpoint-saved", trial=live.number, unit=report.unit)

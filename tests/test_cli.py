@@ -61,7 +61,8 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     committed = [line for line in lines if " committed: " in line]
     assert len(committed) == 3 and committed[0].startswith("cli-demo: trial 0 chunk 1 committed: ")  # 2 + 1 pruned
     assert re.search(r"\d+/\d+ steps, \d+/\d+ chunks", committed[0]), committed[0]
-    assert lines[0].startswith("cli-demo: trial 0 chunk 1/2 step 0/4 · ")  # its first step started; then at most
+    assert lines[0].startswith("cli-demo: trial 0 chunk 1/2 step 0/4")  # its first step started (beside its gang's
+    # other members: "trial 1 chunk 1/2 loading"); then at most
     # one line every 30 s while chunks train
     # The closing samples give each reward function's score, not only the total.
     assert re.search(r"reward: +[-\d.e]+ \(longer [-\d.e]+\)", run.stdout), run.stdout

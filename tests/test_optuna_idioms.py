@@ -74,7 +74,8 @@ def test_timeout_stops_starting_units_and_a_rerun_finishes_the_same_trials(tiny_
     def slow_first_unit(number, unit, value):
         time.sleep(max(0.0, started + 1.5 - time.monotonic()))  # the timeout passes while the first unit commits
 
-    _run(study, _space(tiny_model), n_trials=2, num_chunks=4, timeout=1.0, on_unit=slow_first_unit)
+    # One trial at a time: a gang started before the deadline would train each member's unit (as it should).
+    _run(study, _space(tiny_model), n_trials=2, num_chunks=4, timeout=1.0, on_unit=slow_first_unit, gang_size=1)
     stopped = study.optuna.get_trials(deepcopy=False)
     assert [t.state for t in stopped] == [TrialState.RUNNING] * len(stopped)
     assert sum(len(t.intermediate_values) for t in stopped) == 1  # no unit started after the timeout

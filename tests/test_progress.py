@@ -239,7 +239,9 @@ def test_halt_stops_every_process_running_the_study_at_the_next_chunk_boundary_a
         if number == 0 and step == 0:
             ops.halt(study.optuna, by="me@host")
 
-    study.optimize(configs, TRAIN, EVAL, num_chunks=2, show_progress_bar=False, on_unit=halt_after_the_first_chunk)
+    # One trial at a time (a gang's members would all have trained their first chunk when trial 0's commits).
+    study.optimize(configs, TRAIN, EVAL, num_chunks=2, show_progress_bar=False, on_unit=halt_after_the_first_chunk,
+                   gang_size=1)
     trials = study.optuna.get_trials()
     assert [t.state for t in trials] == [TrialState.RUNNING, TrialState.RUNNING]
     assert [len(t.intermediate_values) for t in trials] == [1, 0]  # nothing started after the request

@@ -257,7 +257,7 @@ def test_a_process_that_cannot_share_a_running_study_is_refused_at_once_and_the_
     train, evaluation = spec.datasets()
     call = study.optimize if first == "run" else study.work
     call(spec.search_space(), train, evaluation, num_chunks=spec.num_chunks, max_concurrent=spec.max_concurrent,
-         on_unit=second_processes, **({"show_progress_bar": False} if first == "run" else {}))
+         gang_size=spec.gang_size, on_unit=second_processes, **({"show_progress_bar": False} if first == "run" else {}))
     me = f"{socket.gethostname()}:{os.getpid()}"
     for code, output in refused.values():
         assert code == 1, output[-3000:]
