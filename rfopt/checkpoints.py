@@ -51,11 +51,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .crashpoints import reach
 from .errors import RfoptError
-from .state import RngState, TrialState, UnitReport
+from .state import RngState, TrialSnapshot, UnitReport
 
 Location = Path | str
 """Where something in a store is: a `Path` in a local store, a URL string (``s3://bucket/prefix/...``) in an object store."""
@@ -164,7 +164,7 @@ class CheckpointStore:
         return self._files.location(f"{_trial_key(trial_number)}/adapter")
 
     # ------------------------------------------------------------------ resume checkpoints
-    def save(self, trial_number: int, state: TrialState, report: UnitReport | None = None) -> Location:
+    def save(self, trial_number: int, state: TrialSnapshot, report: UnitReport | None = None) -> Location:
         """Write `state` (and the report of the unit that produced it) durably as the trial's latest checkpoint.
 
         Returns the checkpoint's location. Raises `CheckpointError` if the write fails (e.g. the disk is full, an
@@ -174,7 +174,7 @@ class CheckpointStore:
         self._name_latest(trial_number, name)
         return self._files.location(f"{_trial_key(trial_number)}/{name}")
 
-    def save_gang(self, entries: list[tuple[int, TrialState, UnitReport | None]], gang: str
+    def save_gang(self, entries: list[tuple[int, TrialSnapshot, UnitReport | None]], gang: str
                   ) -> dict[int, Location | CheckpointError]:
         """Write the checkpoints of a gang's units (`rfopt.gang`) so that they become the latest all together or not
         at all: every checkpoint is written first, then one gang record (``gangs/<gang>.json``, the commit point),
@@ -206,7 +206,7 @@ class CheckpointStore:
         self._files.remove(_gang_key(gang))
         return {**failed, **{number: self._files.location(f"{_trial_key(number)}/{name}") for number, name in names}}
 
-    def _write_unit(self, trial_number: int, state: TrialState, report: UnitReport | None) -> str:
+    def _write_unit(self, trial_number: int, state: TrialSnapshot, report: UnitReport | None) -> str:
         """Write and publish the checkpoint's files (not yet named in ``LATEST``); returns its name."""
         from safetensors.torch import save_file
 
@@ -302,7 +302,7 @@ class CheckpointStore:
         except FileNotFoundError:
             return None
 
-    def load(self, trial_number: int) -> TrialState | None:
+    def load(self, trial_number: int) -> TrialSnapshot | None:
         """The trial's latest checkpoint, or None if it has none; `CheckpointError` if it is unreadable."""
         from safetensors.torch import load
 
@@ -424,8 +424,42 @@ def _warm_key(token: str) -> str:
 
 
 # ---------------------------------------------------------------------- where the files go
-# The store names everything by a key relative to its root ("trial-00003/unit-0002/state.json"); these two
-# classes are the only code that differs between a local directory and an object store.
+# The store names everything by a key relative to its root ("trial-00003/unit-0002/state.json"); the two
+# `CheckpointFiles` below are the only code that differs between a local directory and an object store.
+
+
+class CheckpointFiles(Protocol):
+    """Where a `CheckpointStore` keeps its files, by key relative to its root: `_LocalFiles` (a directory) and
+    `_ObjectFiles` (an fsspec object store). A directory becomes visible whole (`publish`); `write_pointer` is the
+    commit point (one small object written whole)."""
+
+    def create(self) -> None:
+        """Make the root where one must exist (nothing for an object store)."""
+
+    def location(self, key: str) -> Any:
+        """Where `key` is, as a person reads it (a path or a URL)."""
+
+    def read(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def names(self, key: str) -> list[str]:
+        """The entries directly under `key`, sorted; none when it is not there."""
+
+    def remove(self, key: str) -> None:
+        """Remove `key` and everything under it; gone already is not an error."""
+
+    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
+        """A new local directory to write `name` into before `publish`."""
+
+    def publish(self, staged: Path, key: str) -> None:
+        """Make the staged directory visible at `key`, whole (replacing what was there)."""
+
+    def write_pointer(self, key: str, data: bytes) -> None:
+        """Write one small object whole: the commit point of a save."""
+
+    def download(self, key: str, target: Path) -> None:
+        """Copy the directory at `key` to the local `target`."""
 
 
 class _LocalFiles:
@@ -571,13 +605,13 @@ class _ObjectFiles:
             self.fs.get_file(path, str(local))
 
 
-def _files_at(location: str | os.PathLike) -> _LocalFiles | _ObjectFiles:
+def _files_at(location: str | os.PathLike) -> CheckpointFiles:
     if is_url(location):
         return _ObjectFiles(str(location))
     return _LocalFiles(normalize_location(location) if "://" in str(location) else location)
 
 
-def _flatten(state: TrialState) -> tuple[dict[str, Any], dict[str, Any]]:
+def _flatten(state: TrialSnapshot) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     tensors: dict[str, Any] = {f"weights.{k}": v.detach().contiguous().cpu() for k, v in state.weights.items()}
@@ -614,7 +648,7 @@ def _flatten(state: TrialState) -> tuple[dict[str, Any], dict[str, Any]]:
     return tensors, meta
 
 
-def _unflatten(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialState:
+def _unflatten(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialSnapshot:
     import numpy as np
 
     weights = {k[len("weights.") :]: v for k, v in tensors.items() if k.startswith("weights.")}
@@ -637,7 +671,7 @@ def _unflatten(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialState:
             torch=tensors["rng.torch"],
             cuda=[tensors[f"rng.cuda.{i}"] for i in range(meta["rng"]["cuda_devices"])],
         )
-    return TrialState(
+    return TrialSnapshot(
         units_done=meta["units_done"],
         global_step=meta["global_step"],
         tokens_seen=meta["tokens_seen"],

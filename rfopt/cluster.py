@@ -35,7 +35,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .errors import Refusal, RfoptError
-from .roster import Progress
+from .roster import RunProgress
 from .schema import TrialRecord
 from .storage import redact
 
@@ -151,7 +151,7 @@ class RayCluster:
     def _wait(self, ray: Any, study: Any, groups: list[_Group], start: _GroupStarter, job: WorkerJob,
               callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
               on_unit: Callable[[int, int, float], None] | None, show_progress_bar: bool) -> None:
-        from .display import Progress as Bar
+        from .display import ProgressBar as Bar
 
         watcher = Watcher(study.optuna)
         finished_at: float | None = None
@@ -378,7 +378,7 @@ class Watcher:
         self._last: tuple[int, int, float] | None = None
 
     def poll(self, on_unit: Callable[[int, int, float], None] | None = None,
-             callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> Progress:
+             callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> RunProgress:
         trials = self.study.get_trials(deepcopy=False)
         counts: dict[str, int] = {}
         remaining = 0
@@ -401,7 +401,7 @@ class Watcher:
                 self._ended_seen.add(trial.number)
                 for callback in callbacks:
                     callback(self.study, copy.deepcopy(trial))
-        return Progress(done=self._done, total=self._done + remaining, counts=counts, best=self._best,
+        return RunProgress(done=self._done, total=self._done + remaining, counts=counts, best=self._best,
                         last=self._last)
 
 

@@ -17,9 +17,11 @@ the chunk at the next step and commits nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
 
 from .leases import Heartbeat, Lease, LeaseLost, Leases
+from .unit import Claim
 
 ASK_LEASE = "ask"
 """The lease a worker holds while it plans the study, enqueues configs or asks trials: one at a time."""
@@ -27,6 +29,22 @@ ASK_LEASE = "ask"
 
 def trial_lease(number: int) -> str:
     return f"trial-{number}"
+
+
+class Coordinator(Protocol):
+    """What the driver loop asks (see the module docstring): `LocalCoordinator` and `LeasedCoordinator`."""
+
+    shared: bool
+    """Whether other processes share the study (then the loop waits for their units instead of stopping)."""
+
+    def claim(self, number: int) -> AbstractContextManager[Claim | None]:
+        """This process's right to work on trial `number` for one unit; None when another process holds it."""
+
+    def asking(self) -> AbstractContextManager[bool]:
+        """Whether this process may ask Optuna for new trials now (one process at a time)."""
+
+    def busy(self) -> set[int]:
+        """The trials other processes are working on."""
 
 
 class _Unfenced:

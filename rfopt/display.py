@@ -9,13 +9,13 @@ import time
 from typing import Any, TextIO
 
 
-class Progress:
+class ProgressBar:
     """What a run shows while it trains: a tqdm bar over the optimizer steps of its units, advancing at every step,
     with what trains now (trial, chunk c of C, step s of S), live counts and the best value so far; or, when its
     stream is not a terminal (a log file, CI), plain lines instead of ``\r`` updates: one when a chunk commits and one
     at most every `plain_seconds` while a chunk trains.
 
-    It is handed each `rfopt.roster.Progress` the run reports (units and steps committed, trial states, the best value,
+    It is handed each `rfopt.roster.RunProgress` the run reports (units and steps committed, trial states, the best value,
     the last unit) and each step of a unit in flight (`rfopt.progress.UnitProgress`, via `step`); it keeps no count of
     its own but the steps of the units in flight.
     """
@@ -33,7 +33,7 @@ class Progress:
         self._last_line = -math.inf
         self._last_commit: Any = None
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> ProgressBar:
         if self.enabled and not self.plain:
             from tqdm.auto import tqdm
 

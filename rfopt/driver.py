@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from . import compat, schema
-from .roster import Progress, Roster
+from .roster import Roster, RunProgress
 from .scheduler import next_gang
 from .schema import study_record
 
@@ -66,7 +66,7 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
     max_concurrent: int,
     more_to_ask: Callable[[], bool],
     poll_seconds: float = 1.0,
-    on_progress: Callable[[Progress], None] | None = None,
+    on_progress: Callable[[RunProgress], None] | None = None,
     deadline: float | None = None,
     gang_size: int = 1,
 ) -> None:

@@ -39,7 +39,7 @@ from .chunks import ChunkPlan, TrialSchedule
 from .config import TrialConfig
 from .models import ModelPool
 from .runner import ChunkAborted, ChunkMetrics, StepDone, TrialRunner
-from .state import TrialState
+from .state import TrialSnapshot
 
 logger = logging.getLogger("rfopt")
 
@@ -122,7 +122,7 @@ class ChunkJob:
     plan: ChunkPlan
     schedule: TrialSchedule
     start_unit: int
-    state: TrialState
+    state: TrialSnapshot
 
 
 class DataParallelRunner(TrialRunner):

@@ -46,7 +46,7 @@ logger = logging.getLogger("rfopt")
 
 
 @dataclass(frozen=True)
-class Progress:
+class RunProgress:
     """Where a run stands, for a progress display: units and optimizer steps done and in all, trial states, the best
     value so far."""
 
@@ -522,7 +522,7 @@ class Roster:
     def resident_models(self) -> set[str]:
         return {live.config.model_key for live in self.live.values() if self.ctx.pool.has_base(live.config)}
 
-    def progress(self) -> Progress:
+    def progress(self) -> RunProgress:
         live_done = sum(live.committed - live.start_unit for live in self.live.values())
         remaining = sum(max(0, live.schedule.num_units - live.committed) for live in self.live.values())
         done = live_done + sum(self._ended_units.values())
@@ -530,7 +530,7 @@ class Roster:
             (live.committed - live.start_unit) * live.schedule.steps_per_chunk for live in self.live.values())
         steps_left = sum(max(0, live.schedule.num_units - live.committed) * live.schedule.steps_per_chunk
                          for live in self.live.values())
-        return Progress(done=done, total=done + remaining, counts=dict(self._counts), best=self._best, last=self._last,
+        return RunProgress(done=done, total=done + remaining, counts=dict(self._counts), best=self._best, last=self._last,
                         steps_done=steps_done, steps_total=steps_done + steps_left,
                         committed={n: live.committed for n, live in self.live.items()})
 

@@ -50,7 +50,7 @@ from .config import TrialConfig
 from .errors import RfoptError
 from .evaluation import EvalResult, EvalSettings, checked_reward, evaluate
 from .models import ModelPool, adapter_name
-from .state import RngState, TrialState
+from .state import RngState, TrialSnapshot
 from .trackers import Tracking
 
 
@@ -332,8 +332,8 @@ class TrialRunner:
             return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=adapter_name(self.number)).items()}
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def state(self) -> TrialState:
-        return TrialState(
+    def state(self) -> TrialSnapshot:
+        return TrialSnapshot(
             units_done=self.units_done,
             global_step=self.global_step,
             tokens_seen=self.tokens_seen,
@@ -357,7 +357,7 @@ class TrialRunner:
         else:
             model.load_state_dict(weights)
 
-    def load_state(self, state: TrialState) -> None:
+    def load_state(self, state: TrialSnapshot) -> None:
         """Continue from `state` (a checkpoint): weights, optimizer, scheduler, RNG and counters."""
         self.load_weights(state.weights)
         if state.optimizer is not None:

@@ -1,6 +1,6 @@
 """What a trial carries from one chunk unit to the next: the records a checkpoint holds.
 
-`TrialState` is everything a trial needs to continue exactly (weights, optimizer, scheduler, RNG,
+`TrialSnapshot` is everything a trial needs to continue exactly (weights, optimizer, scheduler, RNG,
 counters); `UnitReport` is what one unit commits to storage (its value, metrics and samples). The
 runner produces both, the checkpoint store writes and reads them, the engine commits the report.
 They live here, below all three, so that none of them imports another for its types.
@@ -42,8 +42,9 @@ class RngState:
 
 
 @dataclass
-class TrialState:
-    """Everything a trial needs to continue exactly (what a checkpoint holds)."""
+class TrialSnapshot:
+    """Everything a trial needs to continue exactly (what a checkpoint holds). Not Optuna's `TrialState` (a trial's
+    RUNNING/COMPLETE/... state), whose name it had."""
 
     units_done: int
     global_step: int

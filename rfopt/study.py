@@ -55,7 +55,7 @@ from .cluster import RayCluster
 from .compat import storage_of
 from .config import TrialConfig
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
-from .display import Progress
+from .display import ProgressBar
 from .driver import drive
 from .errors import ConfigError, Refusal, RfoptError
 from .evaluation import EvalSettings, reward_columns, reward_name
@@ -272,7 +272,7 @@ class Study:
             store = self._claim()
             space, n_trials = self._record(checked)
             max_concurrent = checked.max_concurrent or max(1, min(n_trials or 8, 8))
-            with Progress(self.study_name, enabled=show_progress_bar) as progress:
+            with ProgressBar(self.study_name, enabled=show_progress_bar) as progress:
                 trained = self._run(space, checked, store, pool, train_dataset, eval_dataset, on_unit,
                                     LocalCoordinator(), max_concurrent, progress=progress,
                                     more_to_ask=self._more_to_ask(space, checked, n_trials),

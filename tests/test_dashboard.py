@@ -544,7 +544,7 @@ def test_root_leads_to_rfopts_index_which_lists_each_study_and_optuna_dashboard_
 
 def test_the_clone_forms_fields_are_the_trials_config_typed_and_say_whether_a_warm_start_is_possible(study, tmp_path):
     from rfopt.checkpoints import CheckpointStore
-    from rfopt.state import TrialState as State
+    from rfopt.state import TrialSnapshot as State
 
     with serving(study.optuna._storage) as server:
         status, form, _ = call(server, "GET", api(study, 2, "config"))

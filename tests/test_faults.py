@@ -197,12 +197,12 @@ def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_cle
 def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
     import torch
 
-    from rfopt.state import TrialState
+    from rfopt.state import TrialSnapshot
 
     store = rfopt.CheckpointStore(checkpoint_root)
 
     def state(units):
-        return TrialState(units_done=units, global_step=units, tokens_seen=0, weights={"w": torch.full((2,), units)},
+        return TrialSnapshot(units_done=units, global_step=units, tokens_seen=0, weights={"w": torch.full((2,), units)},
                           optimizer=None, scheduler=None, rng=None)
 
     store.save(0, state(2))

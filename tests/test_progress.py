@@ -18,7 +18,7 @@ from rfopt import ops, schema
 from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.cli import _status_text
 from rfopt.compat import storage_of, trial_id_of
-from rfopt.display import Progress
+from rfopt.display import ProgressBar
 from rfopt.leases import Presence
 from rfopt.progress import ProgressPublisher, UnitProgress
 from rfopt.runner import StepDone
@@ -203,7 +203,7 @@ class _Run:
 
 def test_the_bar_advances_at_every_optimizer_step_of_the_units_in_flight():
     stream = io.StringIO()
-    with Progress("demo", stream=stream, plain=False) as bar:
+    with ProgressBar("demo", stream=stream, plain=False) as bar:
         bar(_Run(1, 4, 8, 32, {0: 1, 1: 0}))
         for step in range(1, 4):
             bar.step(UnitProgress(trial=1, unit=0, num_units=2, phase="training", step=step, steps=8, step_seconds=2.0))
@@ -215,7 +215,7 @@ def test_the_bar_advances_at_every_optimizer_step_of_the_units_in_flight():
 
 def test_not_in_a_terminal_the_progress_is_plain_lines_one_per_chunk_and_at_most_one_per_interval_while_training():
     stream = io.StringIO()
-    with Progress("demo", stream=stream, plain_seconds=3600) as bar:  # a StringIO is no terminal
+    with ProgressBar("demo", stream=stream, plain_seconds=3600) as bar:  # a StringIO is no terminal
         assert bar.plain
         bar(_Run(0, 4, 0, 32, {0: 0, 1: 0}))
         for step in range(1, 9):
