@@ -426,8 +426,8 @@ def test_a_full_disk_under_a_postgresql_database_stops_the_run_at_once_and_the_s
         text = output.read_text()
         assert "failed at once, not retried: the disk that holds the database is full" in text
         assert "DiskFull" in text and "retrying in" not in text
+        filler.unlink()  # first: a new connection to a database on a full disk may fail ("could not write init file")
         assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))  # left to resume, not failed
-        filler.unlink()
         code = crashkit_run(run_command(storage, "--checkpoint-dir", str(tmp_path / "ck")), tmp_path, env(tiny_model),
                             output)
         assert code == 0, output.read_text()[-3000:]
