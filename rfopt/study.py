@@ -425,6 +425,11 @@ class Study:
                       else None, subscribers=[publish_unit])
         if data_parallel is not None:
             ctx.runner_class = functools.partial(DataParallelRunner, group=data_parallel)
+        if gang_size > 1 and ctx.tracking is not None and (single := ctx.tracking.single_run_trackers()):
+            logger.warning("report_to %s: one trial at a time (gang_size 1 instead of %d): %s keep%s one active run "
+                           "per process, so gang members would write into each other's runs", ", ".join(single),
+                           gang_size, " and ".join(single), "s" if len(single) == 1 else "")
+            gang_size = 1
         if on_unit is not None:
             ctx.callbacks.append(lambda event: on_unit(event.trial.number, event.unit, event.value))
         if progress is not None:

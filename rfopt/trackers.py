@@ -119,6 +119,11 @@ class Tracking:
     def uses(self, name: str) -> bool:
         return name in self.report_to or "all" in self.report_to
 
+    def single_run_trackers(self) -> list[str]:
+        """The trackers used that keep one active run per process (a gang's members cannot each have their own)."""
+        return [name for name in ("wandb", "mlflow") if name in self.report_to or
+                ("all" in self.report_to and _installed(name))]
+
     @contextmanager
     def chunk(self, number: int) -> Iterator[None]:
         """The environment of trial `number`'s chunk trainer (built and trained inside this block)."""

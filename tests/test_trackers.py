@@ -95,3 +95,32 @@ def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_run
         assert [e.step for e in rewards] == list(range(1, len(stored) + 1)) and len(stored) == 4  # 2 chunks, one axis
         assert [e.value for e in rewards] == pytest.approx([row["reward"] for row in stored])
     assert study_attrs(study.optuna)["rfopt:report_to"] == ["tensorboard"]
+
+
+def test_trackers_with_one_active_run_per_process_are_named_so_a_gang_trains_one_trial_at_a_time(monkeypatch):
+    """wandb and MLflow keep one active run per process: a run reporting to them trains with gang_size 1
+    (`Study._run` says so in a warning); TensorBoard writes each member's own run."""
+    from rfopt import trackers
+    from rfopt.trackers import Tracking
+
+    assert Tracking(["wandb", "tensorboard"], "s").single_run_trackers() == ["wandb"]
+    assert Tracking(["mlflow"], "s").single_run_trackers() == ["mlflow"]
+    assert Tracking(["tensorboard"], "s").single_run_trackers() == []
+    monkeypatch.setattr(trackers, "_installed", lambda name: name == "mlflow")
+    assert Tracking(["all"], "s").single_run_trackers() == ["mlflow"]  # "all": those installed
+
+
+def test_a_run_reporting_to_a_one_run_tracker_trains_one_trial_at_a_time_and_says_so(
+        tiny_model, tmp_path, monkeypatch, caplog):
+    from rfopt.trackers import Tracking
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    monkeypatch.setattr(Tracking, "single_run_trackers", lambda self: ["wandb"])  # wandb is not installed here
+    study = rfopt.create_study(study_name="one-run", storage=f"sqlite:///{tmp_path / 's.db'}", num_chunks=2,
+                               report_to="tensorboard")
+    with caplog.at_level("WARNING", logger="rfopt"):
+        study.optimize(rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3]), TRAIN, EVAL,
+                       show_progress_bar=False)
+    assert "one trial at a time (gang_size 1 instead of 4)" in caplog.text
+    assert not [k for t in study.optuna.trials for k in t.system_attrs if k.startswith("rfopt:gang:")]
+    assert all(t.state.name == "COMPLETE" for t in study.optuna.trials)
