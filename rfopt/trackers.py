@@ -109,9 +109,9 @@ class Tracking:
     def run_name(self, number: int) -> str:
         return f"{self.study}-trial-{number}"
 
-    def tensorboard_dir(self, number: int, base: str | None = None) -> str:
-        base = base or os.environ.get("TENSORBOARD_LOGGING_DIR") or "runs"
-        return os.path.join(base, self.study, f"trial-{number}")
+    def tensorboard_dir(self, number: int, base: str | None) -> str:
+        """Trial `number`'s run under `base`, the user's ``TENSORBOARD_LOGGING_DIR`` (None: TensorBoard's ``runs``)."""
+        return os.path.join(base or "runs", self.study, f"trial-{number}")
 
     def wandb_id(self, number: int) -> str:
         return hashlib.sha1(f"{self.study}\0{number}".encode()).hexdigest()[:16]

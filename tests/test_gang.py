@@ -437,3 +437,14 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
     # stopped: at its next step (ChunkAborted), or while waiting for rollouts (Aborted); none failed of its own
     assert all(isinstance(m.error, (Aborted, ChunkAborted)) for m in gang.members), [m.error for m in gang.members]
     assert all(g.dead for g in gang._greenlets.values())  # no member is left suspended
+
+
+def test_a_run_that_names_no_gang_size_trains_in_gangs_of_the_default(tiny_model, tmp_path):
+    from rfopt.gang import DEFAULT_GANG_SIZE
+
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2, 2e-3, 3e-3])
+    study = _study(tmp_path, num_chunks=1)
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), show_progress_bar=False)
+    gangs = {tuple(map(tuple, t.system_attrs[k]["members"])) for t in study.trials for k in t.system_attrs
+             if k.startswith("rfopt:gang:")}
+    assert DEFAULT_GANG_SIZE == 4 and sorted(map(len, gangs)) == [2, 3]  # 5 trials, at most 4 at once, split evenly

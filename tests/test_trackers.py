@@ -124,3 +124,19 @@ def test_a_run_reporting_to_a_one_run_tracker_trains_one_trial_at_a_time_and_say
     assert "one trial at a time (gang_size 1 instead of 4)" in caplog.text
     assert not [k for t in study.optuna.trials for k in t.system_attrs if k.startswith("rfopt:gang:")]
     assert all(t.state.name == "COMPLETE" for t in study.optuna.trials)
+
+
+def test_each_gang_member_gets_its_own_tensorboard_run_where_the_user_set_no_directory(tmp_path, monkeypatch):
+    """A gang's members open their chunk blocks one inside another: the second must not read the first's directory
+    as the user's (it nested its run inside the first's)."""
+    import os
+
+    from rfopt.trackers import Tracking
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    tracking = Tracking(["tensorboard"], "s")
+    with tracking.chunk(0):
+        assert os.environ["TENSORBOARD_LOGGING_DIR"] == os.path.join("runs", "s", "trial-0")
+        with tracking.chunk(1):
+            assert os.environ["TENSORBOARD_LOGGING_DIR"] == os.path.join("runs", "s", "trial-1")
+    assert "TENSORBOARD_LOGGING_DIR" not in os.environ  # the user's (unset) value is back
