@@ -79,11 +79,12 @@ from wsgiref.simple_server import make_server as _wsgiref_server
 
 import optuna
 
-from . import compat, ops, pages
-from .artifacts import StudyArtifacts
-from .configform import form_fields
-from .errors import Refusal
-from .schema import TrialRecord, json_safe, study_attrs, study_record
+from .. import compat, ops
+from . import pages
+from ..artifacts import StudyArtifacts
+from ..configform import form_fields
+from ..errors import Refusal
+from ..schema import TrialRecord, json_safe, study_attrs, study_record
 
 logger = logging.getLogger("rfopt")
 
@@ -106,7 +107,7 @@ def create_app(
     """
     import optuna_dashboard
 
-    from .storage import open_storage
+    from ..storage import open_storage
 
     if isinstance(storage, str):  # as optuna-dashboard does: no cache in front of the storage, others write to it
         storage = open_storage(storage, cache=False)
@@ -274,7 +275,7 @@ def _add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:  # noqa
 
     @app.post("/rfopt/api/studies/<study_id:int>/trials/<number:int>/clone")
     def clone(study_id: int, number: int) -> Any:
-        from .overrides import parse_assignments
+        from ..overrides import parse_assignments
 
         body = json_body()
         study = study_or_404(study_id)
@@ -338,7 +339,7 @@ _FIRST_IMPORT = _FirstImport()
 
 def _warm_start(study: optuna.Study, record: TrialRecord) -> dict[str, Any]:
     """Whether a clone of the trial can start from its latest checkpoint, and why not."""
-    from .checkpoints import CheckpointStore
+    from ..checkpoints import CheckpointStore
 
     where = study_record(study).checkpoint_dir
     if record.committed == 0 or where is None:

@@ -29,12 +29,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from . import ops
-from .charts import best_trial, colour, comparison, parallel_svg, trial_labels
-from .compat import study_id_of
-from .configform import reward_weighting
-from .schema import TrialRecord, gang_plan, json_safe, pbt_steps, study_record
-from .timeline import NowTraining, StudyCost, TrialTimes, duration, now_training, study_cost
+from .. import ops
+from ..charts import best_trial, colour, comparison, parallel_svg, trial_labels
+from ..compat import study_id_of
+from ..configform import reward_weighting
+from ..schema import TrialRecord, gang_plan, json_safe, pbt_steps, study_record
+from ..timeline import NowTraining, StudyCost, TrialTimes, duration, now_training, study_cost
 
 _STATE_ORDER = {state: i for i, state in enumerate(ops.STATE_ORDER)}
 REFRESH_SECONDS = 5
