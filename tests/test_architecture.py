@@ -38,8 +38,8 @@ LAYERS = [
     {"cluster"},
     # the public API
     {"study"},
-    # front ends (rfopt's dashboard pages are rendered by `pages`)
-    {"dashboard", "pages", "cli"},
+    # front ends: the dashboard (a package: its routes, access checks and pages), the command line
+    {"dashboard", "cli"},
     {"__init__"},
     # ready-to-run studies: users of the public API
     {"studies"},

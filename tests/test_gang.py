@@ -276,7 +276,8 @@ def test_a_gang_study_run_twice_ends_identically_and_stores_who_trained_together
     plans = {schema.gang_plan(t, 0).numbers for t in first.trials}
     assert plans == {(0, 1, 2)}
     # The study page's card of each trial says whom it trained with.
-    from rfopt.pages import TrialView, _render_trial
+    from rfopt.dashboard.pages import _render_trial
+    from rfopt.dashboard.views import TrialView
 
     card = _render_trial(first.optuna._study_id, TrialView.of(first.trials[1]), steerable=False)
     assert "trained together with trials 0, 2 (chunks 1, 2)" in card

@@ -1,5 +1,5 @@
-// Added to optuna-dashboard's pages by rfopt's dashboard (rfopt/dashboard.py, _Backlink): the "rfopt page" link leads
-// to rfopt's page of the study optuna-dashboard shows, or to rfopt's list of studies.
+// Added to optuna-dashboard's pages by rfopt's dashboard (rfopt/dashboard/server.py, _Backlink): the "rfopt page"
+// link leads to rfopt's page of the study optuna-dashboard shows, or to rfopt's list of studies.
 "use strict";
 (function () {
   const link = document.getElementById("rfopt-backlink");

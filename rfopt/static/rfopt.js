@@ -1,6 +1,6 @@
-// rfopt's study page (rfopt/pages.py, served by rfopt/dashboard.py): draws the charts with plotly.js (served by the
-// dashboard), sorts the leaderboard, posts the trial buttons' requests and shows each answer next to the trial acted on,
-// builds the clone form from the trial's config, and keeps the page current:
+// rfopt's study page (rfopt/dashboard/pages.py, served by rfopt/dashboard/routes.py): draws the charts with plotly.js
+// (served by the dashboard), sorts the leaderboard, posts the trial buttons' requests and shows each answer next to the
+// trial acted on, builds the clone form from the trial's config, and keeps the page current:
 //
 // - while a process runs the study it asks for the page's data every 5 s with the version it has (an ETag): the
 //   server answers 304 while nothing changed, and otherwise only the parts and charts that changed are redrawn (an

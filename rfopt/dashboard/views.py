@@ -1,0 +1,189 @@
+"""The trials of a study as rfopt's dashboard shows them, and the fingerprint of what its study page shows.
+
+- `TrialView`: one trial's state, progress, value, params, lineage, gangs, times and which controls it offers;
+  `trial_views` lists them in leaderboard order (`leaderboard_order`).
+- `data_version`: a fingerprint of the stored data the study page shows; the page sends it back as an ETag and is told
+  "not modified" while nothing changed.
+
+`rfopt.dashboard.pages` renders them as HTML; ``GET /rfopt/api/studies/<id>/trials`` serves them as JSON.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .. import ops
+from ..charts import best_trial, colour, trial_labels
+from ..schema import TrialRecord, gang_plan, pbt_steps
+from ..timeline import TrialTimes
+
+_STATE_ORDER = {state: i for i, state in enumerate(ops.STATE_ORDER)}
+
+
+@dataclass
+class TrialView:
+    """One trial, as the control page shows it."""
+
+    number: int
+    state: str
+    """Optuna's state name, or ``CANCELLED`` for a clone cancelled before it started."""
+    paused: bool
+    pending: list[str]
+    """Ops requested and not applied (nor withdrawn) yet, oldest first."""
+    steps_done: int
+    """Chunks trained, a warm clone's inherited ones included."""
+    num_steps: int | None
+    value: float | None
+    """The last reported value (the final value once COMPLETE)."""
+    value_step: int | None
+    """The unit of `value` (Optuna's step; shown as chunk ``value_step + 1``)."""
+    params: dict[str, Any]
+    clone_of: dict[str, Any] | None
+    reason: str | None
+    can_clone: bool
+    can_cancel: bool
+    """A WAITING clone no process has started (`rfopt.ops.cancel`)."""
+    colour: str
+    label: str = ""
+    """Its series name in the charts: ``t3 lr=0.05``."""
+    eval: dict[str, float] = field(default_factory=dict)
+    """The eval metrics of its latest chunk."""
+    held_as: dict[str, str] = field(default_factory=dict)
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
+    gangs: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """The trials it trained each unit with (a gang: `rfopt.gang`), by unit; units it trained alone are absent."""
+    sample_units: list[int] = field(default_factory=list)
+    """The units whose eval samples are stored."""
+    replaced_by: int | None = None
+    """The clone that replaced it (population-based training)."""
+    started: float | None = None
+    """When it started (seconds since the epoch)."""
+    ended: float | None = None
+    chunk_seconds: dict[int, float] = field(default_factory=dict)
+    """Each committed unit's duration, training and evaluation."""
+
+    @classmethod
+    def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None) -> TrialView:
+        record = TrialRecord(trial)
+        units = record.unit_metrics()
+        values = trial.intermediate_values
+        times = TrialTimes.of(record)
+        return cls(
+            number=trial.number,
+            state=record.shown_state,
+            paused=record.paused,
+            pending=[r.op for r in record.pending],
+            steps_done=record.committed,
+            num_steps=record.num_units,
+            value=record.value,
+            value_step=max(values) if values else None,
+            params=dict(trial.params),
+            held_as=ops.held_as(trial),
+            gangs={unit: plan.numbers for unit in range(record.committed + 1)
+                   if (plan := gang_plan(trial, unit)) is not None and len(plan.numbers) > 1},
+            clone_of=None if record.lineage is None else record.lineage.to_attr(),
+            reason=record.end_reason,  # a cancelled clone's too: cancelling stores it as the fail reason
+            can_clone=record.config_json is not None,
+            can_cancel=trial.state == TrialState.WAITING and record.lineage is not None,
+            colour=colour(trial.number),
+            label=label or f"t{trial.number}",
+            eval=units[-1].eval if units else {},
+            sample_units=sorted(record.samples()),
+            replaced_by=replaced_by,
+            started=_epoch(times.start),
+            ended=_epoch(times.end),
+            chunk_seconds=times.chunk_seconds,
+        )
+
+    @property
+    def controls(self) -> list[str]:
+        """The control buttons shown for this trial (the server checks each request again)."""
+        shown = []
+        if self.state == "RUNNING" and "stop" not in self.pending:
+            shown.append("resume" if self.paused or self.pending[-1:] == ["pause"] else "pause")
+            shown.append("stop")
+        if self.can_cancel:
+            shown.append("cancel")
+        return shown + (["clone"] if self.can_clone else [])
+
+    @property
+    def lineage(self) -> str:
+        """``clone of t3, warm from chunk 2`` and/or ``replaced by t14``; empty for an original trial."""
+        parts = []
+        if self.clone_of:
+            parent = self.clone_of.get("parent")
+            warm = (f", warm from chunk {int(self.clone_of.get('start_unit', 0)) + 1}"
+                    if self.clone_of.get("warm_start") else "")
+            parts.append(f"clone of t{parent}{warm}")
+        if self.replaced_by is not None:
+            parts.append(f"replaced by t{self.replaced_by}")
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["controls"] = self.controls
+        data["lineage"] = self.lineage
+        data["chunk_seconds"] = {str(k): v for k, v in self.chunk_seconds.items()}
+        return data
+
+
+def trial_views(trials: Sequence[optuna.trial.FrozenTrial], study: Any = None) -> list[TrialView]:
+    """Every trial, in leaderboard order when `study` (its direction) is given (`leaderboard_order`), else running
+    first, then waiting, finished; by number within each."""
+    labels = trial_labels(trials)
+    replaced = _replacements(trials, study) if study is not None else {}
+    views = [TrialView.of(t, labels[t.number], replaced.get(t.number)) for t in trials]
+    if study is not None and len(study.directions) == 1:
+        return leaderboard_order(views, best_trial(trials, study.directions[0])[0], study.directions[0])
+    return sorted(views, key=lambda v: (_STATE_ORDER.get(v.state, 9), v.number))
+
+
+def leaderboard_order(views: list[TrialView], best: int | None, direction: Any) -> list[TrialView]:
+    """Best first: the best (or leading) trial, then trials with a value, by value, then the rest by number."""
+    maximize = direction is not None and direction.name == "MAXIMIZE"
+
+    def rank(v: TrialView) -> tuple:
+        key = (-v.value if maximize else v.value) if v.value is not None else float("inf")
+        return (v.number != best, v.value is None, key, v.number)
+
+    return sorted(views, key=rank)
+
+
+def _replacements(trials: Sequence[optuna.trial.FrozenTrial], study: Any) -> dict[int, int]:
+    """Population-based training's replacements: replaced trial -> the clone that replaced it."""
+    steps = pbt_steps(study)
+    if not steps:
+        return {}
+    by_token = {}
+    for t in trials:
+        lineage = TrialRecord(t).lineage
+        if lineage is not None:
+            by_token[lineage.token] = t.number
+    return {r.trial: by_token[r.token] for step in steps for r in step.replacements if r.token in by_token}
+
+
+def data_version(trials: Iterable[optuna.trial.FrozenTrial], live: ops.Liveness, study_attrs: dict[str, Any]) -> str:
+    """A fingerprint of what the study page shows: every trial's state, params, values and attrs, the study's rfopt
+    records, and who runs it. The page sends it back (If-None-Match) and is told "not modified" while it holds."""
+    digest = hashlib.sha1()
+    for t in trials:
+        digest.update(json.dumps([t.number, t.state.name, t.params, t.values, sorted(t.intermediate_values.items()),
+                                  t.user_attrs, t.system_attrs, str(t.datetime_start), str(t.datetime_complete)],
+                                 sort_keys=True, default=str).encode())
+    digest.update(json.dumps([sorted(study_attrs.items()), live.running, live.holders, live.message],
+                             sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:20]
+
+
+def _epoch(when: datetime.datetime | None) -> float | None:
+    if when is None:
+        return None
+    return when.timestamp() if when.tzinfo is not None else when.astimezone().timestamp()
