@@ -2,7 +2,7 @@
 
     python bench/dashboard_timing.py [--trials 17] [--seconds 30]
 
-Builds a study synthetically (no training: Optuna plus the records the engine writes, through `rfopt.schema`), with
+Builds a study synthetically (no training: Optuna plus the records the engine writes, through `rfopt.storage.schema`), with
 `--trials` trials of 4 chunks of 8 optimizer steps (two reward functions, eval samples; some COMPLETE, some PRUNED, the
 rest RUNNING), serves the dashboard on a free local port, opens the study's page in headless Chromium (Debian's
 chromium and chromium-driver, selenium) and, after the first draw, measures for `--seconds` seconds:
@@ -38,10 +38,10 @@ def build(storage: str, trials: int):
     import optuna
     from rfopt_testkit import trial_config
 
-    from rfopt import schema
+    from rfopt.storage import schema
     from rfopt.chunks import ChunkPlan, TrialSchedule
     from rfopt.compat import storage_of, trial_id_of
-    from rfopt.storage import open_storage
+    from rfopt.storage.database import open_storage
 
     study = optuna.create_study(study_name="timing", storage=open_storage(storage), direction="maximize",
                                 sampler=optuna.samplers.RandomSampler(seed=0))
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from rfopt_testkit import chromium
 
     from rfopt.dashboard import make_server
-    from rfopt.leases import Presence
+    from rfopt.storage.leases import Presence
 
     with tempfile.TemporaryDirectory(prefix="rfopt-timing-") as tmp:
         storage = f"sqlite:///{Path(tmp) / 'timing.db'}"
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rewrite_progress(study, stop: threading.Event) -> None:
     """A training process's in-chunk progress record, a step further every 3 s (rfopt's `ProgressRecord`)."""
-    from rfopt import schema
+    from rfopt.storage import schema
     from rfopt.compat import storage_of, trial_id_of
 
     running = [t for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"][0]

@@ -9,7 +9,7 @@ Measured in one process:
    each G in ``--gangs``. Each repeat runs every side once, the order reversed on every other repeat; the figure
    for each G is the median of the per-repeat wall-time ratios b/a, printed with the load average before and after.
    Model loading is left out of both sides (a loads the base model N times, b once). The sides do not train the same
-   numbers: a gang samples from each trial's own random stream, in eval mode (`rfopt.rollouts`), so completions
+   numbers: a gang samples from each trial's own random stream, in eval mode (`rfopt.training.rollouts`), so completions
    differ, and so does the work (their lengths): the mean completion length of each side is printed beside the ratio.
 2. **Where a gang's time goes**, per G: the batched decodes of rollouts; the rest of the members' training steps
    (rewards, loss, backward, optimizer); the hand-overs between members (random states, gradient state, model
@@ -17,7 +17,7 @@ Measured in one process:
 3. **Generation throughput**: completion tokens per second of one `RolloutEngine.generate` call decoding G trials'
    rows together, of G calls decoding one trial's rows each, and of ``model.generate`` on one adapter G times.
 4. **Peak memory** of each gang run (the process's peak resident set, reset before the run; on a GPU
-   ``torch.cuda.max_memory_allocated``) against `rfopt.models.gang_memory`'s estimate.
+   ``torch.cuda.max_memory_allocated``) against `rfopt.training.models.gang_memory`'s estimate.
 
     python bench/gang.py --model smollm2 --configs 4 --chunks 4 --gangs 1,2,4 --repeats 3
     python bench/gang.py --model smollm2 --configs 8 --chunks 4 --gangs 8 --repeats 2
@@ -106,10 +106,12 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     import torch
 
     import rfopt
-    import rfopt.models
-    from rfopt import gang, rollouts, schema, unit
-    from rfopt.checkpoints import CheckpointStore
-    from rfopt.runner import TrialRunner
+    import rfopt.training.models
+    from rfopt.training import gang, rollouts
+    from rfopt.storage import schema
+    from rfopt.engine import unit
+    from rfopt.storage.checkpoints import CheckpointStore
+    from rfopt.training.runner import TrialRunner
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -121,9 +123,9 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     parts = Parts()
     with contextlib.ExitStack() as stack:
         for owner, name, part in (
-            (rfopt.models, "load_model", "load"), (gang.Gang, "train", "gang"),
+            (rfopt.training.models, "load_model", "load"), (gang.Gang, "train", "gang"),
             (rollouts.RolloutEngine, "generate", "decode"), (gang._Context, "restore", "switching"),
-            (gang._Context, "capture", "switching"), (rfopt.models.ModelPool, "activate", "switching"),
+            (gang._Context, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
             (unit, "evaluate_members", "evaluation"), (TrialRunner, "evaluate", "evaluation"),
             (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
             (CheckpointStore, "save", "checkpoints"),
@@ -159,7 +161,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     breakdown["storage_rungs_adapters"] = wall - training - breakdown["evaluation"] - breakdown["checkpoints"]
     lengths = [m.train.get("completions/mean_length") for t in study.optuna.trials
                for m in schema.TrialRecord(t).unit_metrics()]
-    estimate = rfopt.models.gang_memory(setup.configs[:gang_size], prompt_tokens)
+    estimate = rfopt.training.models.gang_memory(setup.configs[:gang_size], prompt_tokens)
     return {
         "gang_size": gang_size,
         "wall_s": wall,
@@ -198,9 +200,9 @@ def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, 
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from rfopt.evaluation import EvalPrompts
-    from rfopt.models import load_model
-    from rfopt.rollouts import Request, RolloutEngine, Sampling
+    from rfopt.training.evaluation import EvalPrompts
+    from rfopt.training.models import load_model
+    from rfopt.training.rollouts import Request, RolloutEngine, Sampling
 
     model, tokenizer = load_model(setup.configs[0], setup.device)
     top = max(gangs)
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     setup = throughput.build_setup(args, work)
     from transformers import AutoTokenizer
 
-    from rfopt.evaluation import EvalPrompts
+    from rfopt.training.evaluation import EvalPrompts
     from rfopt.smollm2 import SMOLLM2, smollm2_path
 
     source = str(smollm2_path()) if setup.source == SMOLLM2 else setup.source

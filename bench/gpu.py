@@ -19,7 +19,7 @@ tokenizer; the prompts are rfopt's synthetic arithmetic set. One run measures, o
   start-up alone (needs ``pip install 'rfopt[ray]'``);
 - gangs (issue 23): the same configs as a full study (evaluation after every chunk, adapters saved) by plain TRL one
   after another against ``optimize(..., gang_size=G)`` for G in 1, 2, 4 (bench/gang.py's functions), with each gang
-  run's time by part and peak GPU memory against `rfopt.models.gang_memory`'s estimate, and the rollout engine's
+  run's time by part and peak GPU memory against `rfopt.training.models.gang_memory`'s estimate, and the rollout engine's
   generation throughput (one batched call for G trials against G calls).
 
     python bench/gpu.py                    # on the GPU machine: see bench/gpu.md
@@ -220,7 +220,7 @@ class BusySampler:
 
 def base_model_bytes(setup: throughput.Setup) -> int | None:
     """GPU memory the base model takes once loaded (None on the CPU)."""
-    from rfopt.models import load_model
+    from rfopt.training.models import load_model
 
     cuda = _cuda(setup)
     if cuda is None:
@@ -382,8 +382,8 @@ def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int]) -> d
     """The full study by plain TRL against rfopt in gangs of each size (one run each), and generation throughput."""
     import gang as gang_bench  # bench/gang.py
 
-    from rfopt.evaluation import EvalPrompts
-    from rfopt.models import ModelPool
+    from rfopt.training.evaluation import EvalPrompts
+    from rfopt.training.models import ModelPool
 
     if not gangs:
         return {}

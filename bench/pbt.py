@@ -82,7 +82,7 @@ def pbt_pruner(sweep: str, seed: int, explore: str) -> Any:
 
 def lineage_of(study: Any, number: int, order: list[str]) -> str:
     """``lr=0.02 const <- #3 (lr 0.02 -> 0.016)``: the best trial's ancestry back to an initial config."""
-    from rfopt.schema import TrialRecord
+    from rfopt.storage.schema import TrialRecord
 
     trials = study.optuna.get_trials(deepcopy=False)
     steps = []

@@ -132,7 +132,7 @@ class SeedResult:
 
 # ---------------------------------------------------------------------- real training
 def make_configs(model_path: Path, seed: int, order: list[str], sweep: str) -> list[Any]:
-    from rfopt.config import TrialConfig
+    from rfopt.config.trial import TrialConfig
     from rfopt_testkit import grpo_config
 
     specs = dict(SWEEPS[sweep])

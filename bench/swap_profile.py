@@ -84,11 +84,11 @@ def instrument(timeline: Timeline) -> Iterator[None]:
     import accelerate
     from trl import GRPOTrainer
 
-    import rfopt.runner as runner_module
-    from rfopt.models import ModelPool
+    import rfopt.training.runner as runner_module
+    from rfopt.training.models import ModelPool
 
     from rfopt import compat
-    from rfopt.state import RngState
+    from rfopt.storage.state import RngState
 
     chunk_trainer = compat.chunk_trainer_class()
     patched: list[tuple[Any, str, Any]] = []
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     import rfopt
-    from rfopt.models import ModelPool
-    from rfopt.runner import TrialRunner
+    from rfopt.training.models import ModelPool
+    from rfopt.training.runner import TrialRunner
 
     torch.set_num_threads(args.threads)
     workdir = Path(tempfile.mkdtemp(prefix="rfopt-swap-"))

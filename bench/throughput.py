@@ -18,7 +18,7 @@ training only   (b) `TrialRunner`s interleaved round-robin (adapter creation + e
 full study      (b) ``rfopt.create_study(...).optimize(configs, ...)``: evaluation after every chunk,
                 a durable checkpoint per chunk, SQLite reports, rung decisions, final adapter saved,
                 and its one model load; vs (a) plain TRL with the SAME evaluation
-                (`rfopt.evaluation.evaluate` with the same `EvalSettings`, called from a
+                (`rfopt.training.evaluation.evaluate` with the same `EvalSettings`, called from a
                 `TrainerCallback` at the same step boundaries), ``trainer.save_model`` at the end,
                 and its N model loads. The ratio without model loading is printed as well.
 
@@ -264,8 +264,8 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
-    from rfopt.evaluation import evaluate
-    from rfopt.models import Placement, load_model
+    from rfopt.training.evaluation import evaluate
+    from rfopt.training.models import Placement, load_model
 
     result = SideResult()
     placement = Placement.of(setup.device, setup.precision)
@@ -332,9 +332,9 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
 # ---------------------------------------------------------------------- (b) rfopt
 def run_runners(setup: Setup, out_dir: Path, checkpoint_reps: int) -> SideResult:
     """(b) training only: one `TrialRunner` per config on one `ModelPool`, interleaved round-robin."""
-    from rfopt.checkpoints import CheckpointStore
-    from rfopt.models import ModelPool
-    from rfopt.runner import TrialRunner
+    from rfopt.storage.checkpoints import CheckpointStore
+    from rfopt.training.models import ModelPool
+    from rfopt.training.runner import TrialRunner
 
     result = SideResult()
     pool = ModelPool(setup.device, setup.precision)
@@ -402,9 +402,9 @@ def run_study(setup: Setup, out_dir: Path) -> SideResult:
     import optuna
 
     import rfopt
-    import rfopt.models
-    from rfopt.checkpoints import CheckpointStore
-    from rfopt.runner import TrialRunner
+    import rfopt.training.models
+    from rfopt.storage.checkpoints import CheckpointStore
+    from rfopt.training.runner import TrialRunner
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -414,7 +414,7 @@ def run_study(setup: Setup, out_dir: Path) -> SideResult:
     saves: list[tuple[float, Any]] = []
     chunks: list[tuple[float, Any]] = []
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_timed(rfopt.models, "load_model", loads))
+        stack.enter_context(_timed(rfopt.training.models, "load_model", loads))
         stack.enter_context(_timed(TrialRunner, "evaluate", evals))
         stack.enter_context(_timed(CheckpointStore, "save", saves))
         stack.enter_context(_timed(TrialRunner, "train_chunk", chunks))

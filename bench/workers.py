@@ -159,7 +159,7 @@ def _lease_costs(storage: str, label: str, root: Path, n: int) -> None:
     import optuna
 
     import rfopt
-    from rfopt.leases import Leases
+    from rfopt.storage.leases import Leases
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = rfopt.create_study(study_name="leases", storage=storage, checkpoint_dir=root / "leases-ck",

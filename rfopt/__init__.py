@@ -11,21 +11,24 @@ chunk's evaluation to Optuna, and lets Optuna's pruners stop losers at rung boun
     print(study.best_trial.params, study.leaderboard_text())
 """
 
-from .checkpoints import CheckpointError, CheckpointStore
-from .cluster import RayCluster
+from rfopt.config.rewardfuncs import RewardFunctionError
+from rfopt.config.settings import EvalSettings
+from rfopt.config.spaces import grid
+from rfopt.config.studyfile import StudySpec
+from rfopt.config.trial import ConfigError, TrialConfig
+from rfopt.engine.cluster import RayCluster
+from rfopt.engine.ops import OpError
+from rfopt.pruning import PopulationBasedTraining
+from rfopt.storage.checkpoints import CheckpointError, CheckpointStore
+from rfopt.storage.database import StorageLocationError, StorageRefusedError, StorageUnavailableError
+from rfopt.training.evaluation import EvalResult
+from rfopt.training.models import ModelUnavailableError
+from rfopt.training.runner import TrialDiverged, TrialRunner
+
 from .chunks import ChunkPlan, PlanError, TrialSchedule, trial_schedule
 from .compat import CompatError
-from .config import ConfigError, TrialConfig
 from .errors import Refusal, RfoptError
-from .evaluation import EvalResult, EvalSettings, RewardFunctionError
-from .models import ModelUnavailableError
-from .ops import OpError
-from .pruning import PopulationBasedTraining
-from .runner import TrialDiverged, TrialRunner
-from .spaces import grid
-from .storage import StorageLocationError, StorageRefusedError, StorageUnavailableError
 from .study import LeaderboardRow, Study, StudyDeletedError, StudyNameError, create_study, load_study
-from .studyfile import StudySpec
 
 __all__ = [
     "CheckpointError",

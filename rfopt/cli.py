@@ -31,7 +31,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from rfopt.gang import DEFAULT_GANG_SIZE
+from rfopt.training.gang import DEFAULT_GANG_SIZE
 
 DEFAULT_STORAGE = "sqlite:///rfopt.db"
 VERBOSE_HELP = "log each trial's progress and show tracebacks"
@@ -404,7 +404,7 @@ def _load_spec(path: str) -> Any:
     import, any exception its code raises) is reported as the file's, with the line."""
     import traceback
 
-    from rfopt import studyfile
+    from rfopt.config import studyfile
 
     try:
         return studyfile.load_spec(path)
@@ -436,7 +436,7 @@ def _trial_counts(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, 
 
 
 def _is_list(space: Any) -> bool:
-    from rfopt.spaces import ListSpace, as_space
+    from rfopt.config.spaces import ListSpace, as_space
 
     return isinstance(as_space(space), ListSpace)
 
@@ -444,10 +444,10 @@ def _is_list(space: Any) -> bool:
 def _open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
     """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
-    from rfopt.storage import check_lasting_url, redact
-    from rfopt.study import check_study_name
+    from rfopt.storage.database import check_lasting_url, redact
+    from rfopt.training.trackers import normalize as trackers_of
 
-    from rfopt.trackers import normalize as trackers_of
+    from .study import check_study_name
 
     check_lasting_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
     check_study_name(args.study_name)  # so does a --study that would choose where files go
@@ -517,10 +517,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if len(devices) > 1:  # one process per device, each this same command on its one device
         import subprocess
 
-        from rfopt.storage import check_lasting_url
-        from rfopt.study import check_study_name
+        from rfopt.storage.database import check_lasting_url
+        from rfopt.training.trackers import normalize as trackers_of
 
-        from rfopt.trackers import normalize as trackers_of
+        from .study import check_study_name
 
         check_lasting_url(args.storage)  # bad input fails here once, not in every worker
         check_study_name(args.study_name)
@@ -590,7 +590,7 @@ def _data_parallel(args: argparse.Namespace, devices: list[str]) -> Any:
     """This process's place in a data-parallel group: from ``--data-parallel-rank`` (a process of a group the command
     started), or rank 0 of 1 for ``--devices-per-trial 1`` on one device (one device, rollouts sampled per row, as a
     group's trial)."""
-    from rfopt.parallel import DataParallel
+    from rfopt.training.parallel import DataParallel
 
     if args.data_parallel_rank:
         place, _, where = args.data_parallel_rank.partition("@")
@@ -614,7 +614,7 @@ def _free_port() -> int:
 
 
 def _gang_size(args: argparse.Namespace, spec: Any) -> int | None:
-    """``--gang-size``, else the study file's, else None: rfopt's default (`rfopt.gang.DEFAULT_GANG_SIZE`)."""
+    """``--gang-size``, else the study file's, else None: rfopt's default (`rfopt.training.gang.DEFAULT_GANG_SIZE`)."""
     return args.gang_size if args.gang_size is not None else spec.gang_size
 
 
@@ -682,7 +682,7 @@ def _devices(spec: str) -> list[str]:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt import ops
+    from rfopt.engine import ops
 
     storage = _existing_storage(args.storage)
     if args.study_name is None:
@@ -704,9 +704,9 @@ def _status_text(study: Any) -> str:
     not applied yet and the WAITING trials: what ``rfopt status --study`` prints under the leaderboard."""
     from optuna.trial import TrialState
 
-    from rfopt import ops
-    from rfopt.schema import TrialRecord
-    from rfopt.timeline import now_training, study_cost
+    from rfopt.engine import ops
+    from rfopt.reports.timeline import now_training, study_cost
+    from rfopt.storage.schema import TrialRecord
 
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord(t) for t in trials]
@@ -736,8 +736,8 @@ def _status_text(study: Any) -> str:
 
 def _cmd_halt(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt import ops
-    from rfopt.storage import open_storage
+    from rfopt.engine import ops
+    from rfopt.storage.database import open_storage
 
     study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
     ops.halt(study.optuna)
@@ -775,8 +775,8 @@ def _cmd_withdraw(args: argparse.Namespace) -> int:
 
 def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt import ops
-    from rfopt.overrides import parse_assignments
+    from rfopt.config.overrides import parse_assignments
+    from rfopt.engine import ops
 
     overrides = parse_assignments(args.set)
     study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
@@ -787,7 +787,7 @@ def _cmd_clone(args: argparse.Namespace) -> int:
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from rfopt.dashboard import serve
-    from rfopt.storage import check_lasting_url
+    from rfopt.storage.database import check_lasting_url
 
     check_lasting_url(args.storage, create=False)  # a dashboard only shows a study: it never creates the database
     serve(_absolute_sqlite(args.storage), host=args.host, port=args.port, token=args.token,
@@ -797,14 +797,14 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 def _existing_storage(url: str) -> Any:
     """The storage of a command that reads or steers a study: never created, never in memory (`check_lasting_url`)."""
-    from rfopt.storage import check_lasting_url, open_storage
+    from rfopt.storage.database import check_lasting_url, open_storage
 
     check_lasting_url(url, create=False)
     return open_storage(url, create=False)
 
 
 def _print_summary(study: Any, storage: str) -> None:
-    from rfopt.schema import TrialRecord, study_record
+    from rfopt.storage.schema import TrialRecord, study_record
 
     print()
     print(study.leaderboard_text())

@@ -36,7 +36,7 @@ Kept for exactness or correctness (none of them is a speed trick):
 ``trainer_generate_call``  `extra_logits_processor` shadows ``generate`` on the model instance that
     ``GRPOTrainer`` generates with (it calls ``unwrapped_model.generate(..., generation_config=...)`` and passes no
     processor) to add one: custom processors run after transformers' own and before its sampling warpers. Buys:
-    rollouts sampled per row in data-parallel trials, the same however the batch is split (`rfopt.parallel`).
+    rollouts sampled per row in data-parallel trials, the same however the batch is split (`rfopt.training.parallel`).
 ``ddp_ignored_parameters``  `data_parallel_model` lists every parameter but the active adapter's with
     ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`` (torch), so DDP broadcasts and reduces
     only the trial's adapter: the lead of a data-parallel group holds other trials' adapters on the shared base,
@@ -49,7 +49,7 @@ Kept for exactness or correctness (none of them is a speed trick):
 ``gang_gradient_state``  `gradient_state` / `set_gradient_state` read and replace accelerate's process-wide
     ``GradientState`` (one dict, ``GradientState._shared_state``, shared by every instance): each Trainer's
     Accelerator writes its gradient-accumulation plugin and sync flag there, and its dataloader registers there. The
-    trainers of a gang (`rfopt.gang`) interleave in one process, so each member keeps its own copy, swapped in when it
+    trainers of a gang (`rfopt.training.gang`) interleave in one process, so each member keeps its own copy, swapped in when it
     runs. Buys: gang members with different ``gradient_accumulation_steps`` training in lockstep correctly.
 ``trl_prompt_tokenization``  `tokenized_prompts` calls ``GRPOTrainer._tokenize_prompts`` from a gang member's
     ``rollout_func`` (TRL's public rollout hook hands over untokenized prompts): the chat template with the trainer's
@@ -296,7 +296,7 @@ def extra_logits_processor(model: Any, make: Callable[[Any, int], Any]) -> Itera
 
     Entry ``trainer_generate_call``: `GRPOTrainer` calls ``generate`` on the unwrapped model (the one rfopt gives
     it) with ``generation_config=`` and no ``logits_processor``; an instance attribute shadows the method for the
-    block. Buys: per-row sampling streams for data-parallel trials (`rfopt.parallel`)."""
+    block. Buys: per-row sampling streams for data-parallel trials (`rfopt.training.parallel`)."""
     from transformers import LogitsProcessorList
 
     check_version("transformers")
@@ -326,7 +326,7 @@ def data_parallel_model(model: Any) -> Iterator[None]:
     it sets ``_ddp_params_and_buffers_to_ignore`` on the module, which DDP reads at construction). DDP broadcasts
     every parameter and buffer from rank 0 when it wraps a model; the lead of a data-parallel group holds other
     trials' adapters on the shared base too, which the other ranks do not, and the broadcast would not match.
-    Buys: data-parallel trials on a shared base model (`rfopt.parallel`)."""
+    Buys: data-parallel trials on a shared base model (`rfopt.training.parallel`)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

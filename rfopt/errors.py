@@ -8,13 +8,13 @@ running):
 
 - `Refusal` (a ``ValueError``): rfopt refuses an input or a request before writing anything; the message names the
   field and the fix. `rfopt.ConfigError`, `rfopt.PlanError`, `rfopt.OpError`, `rfopt.StorageLocationError`,
-  `rfopt.StudyNameError`, ``rfopt.cluster.ClusterStorageError``. The dashboard answers these with 400 and the
+  `rfopt.StudyNameError`, ``rfopt.engine.cluster.ClusterStorageError``. The dashboard answers these with 400 and the
   message; any other exception is a bug, not the user's mistake.
 - ``RuntimeError`` kin: `rfopt.CheckpointError`, `rfopt.RewardFunctionError`, `rfopt.ModelUnavailableError`,
   `rfopt.StorageUnavailableError`, `rfopt.StorageRefusedError`, `rfopt.StudyDeletedError`, `rfopt.TrialDiverged`,
-  `rfopt.CompatError`, ``rfopt.leases.StudyBusyError``, ``rfopt.cluster.StorageUnreachableError``,
+  `rfopt.CompatError`, ``rfopt.storage.leases.StudyBusyError``, ``rfopt.engine.cluster.StorageUnreachableError``,
   ``rfopt.studies.data.DatasetUnavailableError``; and the engine's own ``LeaseLost``, ``ChunkAborted``,
-  ``rfopt.rollouts.Aborted`` (and ``rfopt.rollouts.Ungangable``, a ``ValueError``).
+  ``rfopt.training.rollouts.Aborted`` (and ``rfopt.training.rollouts.Ungangable``, a ``ValueError``).
 - `StaleRead`: what the engine read of a study changed under it (a trial ended in another process); the one signal
   that means "read again next round". Nothing else is deferred that way: a user's pruner that raises fails its trial.
 - `PrunerFailed`: the study's pruner raised while judging a trial; the trial fails with that exception, as a trial

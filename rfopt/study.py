@@ -7,12 +7,12 @@
 
 A `Study` is an `optuna.Study` to its user (Optuna's attributes are read from `study.optuna`; trial
 ops are `pause_trial`, `resume_trial`, `stop_trial`, `clone_trial`, so that `stop()` is Optuna's)
-plus what rfopt keeps on it (`rfopt.schema`): its identity and checkpoint location, its chunk plan
+plus what rfopt keeps on it (`rfopt.storage.schema`): its identity and checkpoint location, its chunk plan
 and the settings every trial shares, fixed once. `optimize` (one process)
 and `work` (one of several workers) check their arguments against the study, plan it once, then hand
-the run to the driver loop (`rfopt.driver`), with a coordinator that says whether other processes
-share the study (`rfopt.coordinator`). Each unit of work goes through the unit pipeline
-(`rfopt.unit`); storage is reconciled by `rfopt.roster`.
+the run to the driver loop (`rfopt.engine.driver`), with a coordinator that says whether other processes
+share the study (`rfopt.engine.coordinator`). Each unit of work goes through the unit pipeline
+(`rfopt.engine.unit`); storage is reconciled by `rfopt.engine.roster`.
 
 Checkpoints belong to exactly one study: the study gets an identity (``rfopt:id``) when it first runs,
 its default checkpoint location carries it (``rfopt-checkpoints/<name>-<id>`` beside a SQLite file),
@@ -39,9 +39,22 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from . import compat, ops, schema
-from .artifacts import publish_unit
-from .checkpoints import (
+from rfopt.config.rewardfuncs import reward_columns, reward_name
+from rfopt.config.settings import EvalSettings
+from rfopt.config.spaces import ListSpace, as_space
+from rfopt.config.trial import TrialConfig
+from rfopt.config.usercode import importing_user_file, study_on_import
+from rfopt.engine import ops
+from rfopt.engine.artifacts import publish_unit
+from rfopt.engine.cluster import RayCluster
+from rfopt.engine.coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
+from rfopt.engine.driver import drive
+from rfopt.engine.roster import Roster, explorable
+from rfopt.engine.unit import Context, UnitCommitted
+from rfopt.pruning import PopulationBasedTraining
+from rfopt.reports.display import ProgressBar
+from rfopt.storage import schema
+from rfopt.storage.checkpoints import (
     CheckpointError,
     CheckpointStore,
     Location,
@@ -50,27 +63,18 @@ from .checkpoints import (
     location_exists,
     normalize_location,
 )
+from rfopt.storage.database import describe, engine_of, open_storage
+from rfopt.storage.schema import TrialRecord, study_record
+from rfopt.training.gang import DEFAULT_GANG_SIZE
+from rfopt.training.models import ModelPool
+from rfopt.training.parallel import DataParallel, DataParallelRunner, follow, lead_done
+from rfopt.training.trackers import Tracking
+from rfopt.training.trackers import normalize as trackers_of
+
+from . import compat
 from .chunks import ChunkPlan, PlanError, dataset_fingerprint, rows_left_out, trial_schedule
-from .cluster import RayCluster
 from .compat import storage_of
-from .config import TrialConfig
-from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
-from .display import ProgressBar
-from .driver import drive
 from .errors import ConfigError, Refusal, RfoptError
-from .evaluation import EvalSettings, reward_columns, reward_name
-from .gang import DEFAULT_GANG_SIZE
-from .models import ModelPool
-from .parallel import DataParallel, DataParallelRunner, follow, lead_done
-from .pruning import PopulationBasedTraining
-from .roster import Roster, explorable
-from .schema import TrialRecord, study_record
-from .spaces import ListSpace, as_space
-from .storage import describe, engine_of, open_storage
-from .trackers import Tracking
-from .trackers import normalize as trackers_of
-from .unit import Context, UnitCommitted
-from .usercode import importing_user_file, study_on_import
 
 logger = logging.getLogger("rfopt")
 
@@ -85,7 +89,7 @@ class LeaderboardRow:
     adapter: str | None = None
     reason: str | None = None
     held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.ops.held_as`)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ class _Plan:
     configs: list[TrialConfig]
     """The configs checked: a list's, or one sampled from a function space."""
     report_to: list[str]
-    """The trackers the trials report to (`rfopt.trackers`): the one given, else the study's stored one."""
+    """The trackers the trials report to (`rfopt.training.trackers`): the one given, else the study's stored one."""
     report_to_given: bool
 
     def timed_out(self) -> bool:
@@ -115,7 +119,7 @@ class _Plan:
 
 
 PRESENCE_SECONDS = 5.0
-"""How often a process running a study stamps its presence (`rfopt.leases.Presence`): a process that died reads as
+"""How often a process running a study stamps its presence (`rfopt.storage.leases.Presence`): a process that died reads as
 gone within twice this."""
 
 OPTUNA_ATTRIBUTES = frozenset({
@@ -242,14 +246,14 @@ class Study:
             on_unit: called after each committed unit with ``(trial_number, step, value)``.
             report_to: the experiment trackers each trial's TRL logs go to, as TRL's ``report_to`` (``"tensorboard"``,
                 ``"wandb"``, ``"mlflow"``, ``"trackio"``, a list, ``"none"``): one run per trial, named
-                ``<study>-trial-<n>``, grouped by study (`rfopt.trackers`). Stored on the study: None takes the stored
+                ``<study>-trial-<n>``, grouped by study (`rfopt.training.trackers`). Stored on the study: None takes the stored
                 value (none for a new study); a value given replaces it for this and later runs.
             executor: None (train here), or `rfopt.RayCluster(...)`: one worker per device of a Ray cluster trains the
-                study (`rfopt.cluster`), each device its own (`device` is left out); this process shows the progress
+                study (`rfopt.engine.cluster`), each device its own (`device` is left out); this process shows the progress
                 and calls `on_unit` and `callbacks` as units and trials commit and end.
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
-                batch (`rfopt.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
-                None: `rfopt.gang.DEFAULT_GANG_SIZE`.
+                batch (`rfopt.training.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
+                None: `rfopt.training.gang.DEFAULT_GANG_SIZE`.
         """
         if executor is not None:  # each worker resolves a None gang_size (a data-parallel one trains alone)
             if gang_size is not None:
@@ -309,18 +313,18 @@ class Study:
 
         Takes the arguments of `optimize`, meaning the same: `n_trials` counts the new trials this worker starts,
         `n_trials_total` the study's trials whichever worker started them (what several workers share). Every unit
-        is trained under a lease on its trial (`rfopt.leases`): renewed while it trains, and checked in the
+        is trained under a lease on its trial (`rfopt.storage.leases`): renewed while it trains, and checked in the
         transaction that commits the unit, so a worker whose lease expired cannot commit; one whose heartbeat finds
         its lease taken stops the chunk at the next step. A unit whose worker died is trained by another once the
         lease expires (`lease_seconds`). Returns when no trial is left to train (paused trials wait for a resume).
 
         `data_parallel`: this process's place in a group of processes that train each trial together, one device
-        each (`rfopt.parallel`; the group joined with `DataParallel.start` before anything else). Rank 0 is the
+        each (`rfopt.training.parallel`; the group joined with `DataParallel.start` before anything else). Rank 0 is the
         worker; the other ranks follow its chunks and return when it does.
 
             >>> study.work(space, train, test, n_trials_total=16, device="cuda:1")   # doctest: +SKIP
         """
-        from .leases import Leases
+        from rfopt.storage.leases import Leases
 
         if lease_seconds <= 0 or poll_seconds <= 0:
             raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {lease_seconds} and {poll_seconds}")
@@ -367,8 +371,8 @@ class Study:
                 n_trials: int | None, n_trials_total: int | None, timeout: float | None, callbacks: Any, catch: Any,
                 max_concurrent: int | None, given: dict[str, Any], precision: str, report_to: Any, on_unit: Any,
                 show_progress_bar: bool, gang_size: int | None) -> None:
-        """`optimize` on a cluster: the same checks here, then one `work` per device there (`rfopt.cluster`)."""
-        from .cluster import WorkerJob
+        """`optimize` on a cluster: the same checks here, then one `work` per device there (`rfopt.engine.cluster`)."""
+        from rfopt.engine.cluster import WorkerJob
 
         if device != "cpu":
             raise ValueError(f"device={device!r}: on a cluster each worker trains on the device Ray gives it (a GPU "
@@ -476,13 +480,13 @@ class Study:
         return True
 
     def _presence(self, kind: str) -> Any:
-        """This process's heartbeat on the study while it runs it (`rfopt.leases.Presence`; `rfopt.ops.liveness` reads
+        """This process's heartbeat on the study while it runs it (`rfopt.storage.leases.Presence`; `rfopt.engine.ops.liveness` reads
         it): in an SQL storage, where other processes can look. Entered before anything is written, it refuses
-        (`rfopt.leases.StudyBusyError`) to run beside a process it cannot share the study with: an `optimize` beside
+        (`rfopt.storage.leases.StudyBusyError`) to run beside a process it cannot share the study with: an `optimize` beside
         anyone, a worker beside an `optimize`."""
         from contextlib import nullcontext
 
-        from .leases import Presence
+        from rfopt.storage.leases import Presence
 
         if engine_of(storage_of(self.optuna)) is None:
             return nullcontext()
@@ -645,17 +649,17 @@ class Study:
         ops.request(self.optuna, trial_number, "stop")
 
     def liveness(self) -> ops.Liveness:
-        """Whether a process is running the study now, and which WAITING trials wait for one (`rfopt.ops.liveness`)."""
+        """Whether a process is running the study now, and which WAITING trials wait for one (`rfopt.engine.ops.liveness`)."""
         return ops.liveness(self.optuna)
 
     def withdraw_request(self, trial_number: int, op: str) -> None:
         """Take back a pending ``"pause"``, ``"resume"`` or ``"stop"`` on a running trial before it applies; refused
-        (`rfopt.ops.OpError`) if none is pending or it applied already."""
+        (`rfopt.engine.ops.OpError`) if none is pending or it applied already."""
         ops.withdraw(self.optuna, trial_number, op)
 
     def cancel_clone(self, trial_number: int) -> None:
         """Cancel a WAITING clone before any process starts it: it leaves the queue and ends FAIL, ``cancelled by ...``.
-        Refused (`rfopt.ops.OpError`) for any other trial, or if a process started it first (stop it instead)."""
+        Refused (`rfopt.engine.ops.OpError`) for any other trial, or if a process started it first (stop it instead)."""
         ops.cancel(self.optuna, trial_number)
 
     def clone_trial(self, trial_number: int, overrides: dict[str, Any] | None = None, *,
@@ -704,7 +708,7 @@ class Study:
         return rows
 
     def leaderboard_text(self) -> str:
-        from .display import format_leaderboard
+        from rfopt.reports.display import format_leaderboard
 
         return format_leaderboard(self.leaderboard(), study_record(self.optuna).objective)
 
@@ -892,7 +896,7 @@ def _default_location(study: optuna.Study, uid: str) -> Path:
 
 def _say_placement(placement: Any, checked: _Plan) -> None:
     """Warn when configs ask for a precision (``bf16``, ``fp16``) the device does not train in: placement is the
-    device's (`rfopt.models.Placement`), and a config's own fields are not used."""
+    device's (`rfopt.training.models.Placement`), and a config's own fields are not used."""
     precision = "bf16" if placement.bf16 else "fp16" if placement.fp16 else "fp32"
     asked = {}
     for index, config in enumerate(checked.configs):

@@ -13,7 +13,7 @@ import fsspec
 import optuna
 import torch
 from safetensors.torch import load
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

@@ -13,87 +13,147 @@ from rfopt.errors import RfoptError
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rfopt"
 
-# Lowest first. A module may import modules of its own layer or of a lower one, never of a higher one.
-LAYERS = [
-    # foundations: no rfopt imports but among themselves
-    {"errors", "compat", "crashpoints", "smollm2", "tiny", "state", "chunks", "evaluation", "rewards", "trackers",
-     "rollouts"},
-    # storage: Optuna storage and retries, the rfopt:* keys, checkpoints, leases (never training)
-    {"storage", "schema", "checkpoints", "leases"},
-    # how a config is written down: user code by import path, params' names, JSON codecs, FIELD=VALUE overrides
-    {"usercode", "params", "codec", "overrides"},
-    # the domain: configs and spaces, models and the trial runner, in-chunk progress, scheduling policy, pruning, ops,
-    # a study's times and costs, charts
-    {"config", "configform", "spaces", "models", "runner", "parallel", "gang", "progress", "scheduler",
-     "pruning", "ops", "timeline", "charts"},
-    # one unit of work; the artifacts published after it
-    {"unit", "artifacts"},
-    # live trials reconciled with storage; who may work on which trial
-    {"roster", "coordinator"},
-    # the one loop
-    {"driver"},
-    # what a person sees in a terminal; study files
-    {"display", "studyfile"},
-    # workers placed by a cluster manager (Ray)
-    {"cluster"},
-    # the public API
+# rfopt's sub-packages and top-level modules, lowest first. A module may import from its own group (by the layers
+# below) or from a lower group, never from a higher one.
+GROUPS = [
+    # foundations: rfopt's exceptions, every patch of another library's internals, the chunk plan, the offline demo
+    # model and the test model, the reward functions users pick from
+    {"errors", "compat", "chunks", "smollm2", "tiny", "rewards"},
+    # what outlives a process: Optuna storage, the rfopt:* records, checkpoints, leases (never training)
+    {"storage"},
+    # rung policies: Optuna's pruners at rung boundaries, population-based training's plan
+    {"pruning"},
+    # how a trial and a study are written down: configs, their JSON, search spaces, settings, study files
+    {"config"},
+    # training a trial's chunk on a device with GRPOTrainer, gangs, data parallel, evaluation
+    {"training"},
+    # what a person reads, from storage alone: times and costs, charts, the progress bar and leaderboard
+    {"reports"},
+    # the run: the loop, the live trials, one unit, ops, the scheduler, Ray workers
+    {"engine"},
+    # the public API: the study, and the names ``import rfopt`` offers
     {"study"},
-    # front ends: the dashboard (a package: its routes, access checks and pages), the command line
-    {"dashboard", "cli"},
     {"__init__"},
+    # front ends: the dashboard (a package), the command line
+    {"dashboard", "cli"},
     # ready-to-run studies: users of the public API
     {"studies"},
 ]
-LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+GROUP = {name: i for i, names in enumerate(GROUPS) for name in names}
+
+# Inside a sub-package, lowest first ("__init__" is the package's own module: what it offers its users).
+LAYERS = {
+    "storage": [{"crashpoints", "state", "database", "schema"}, {"checkpoints", "leases"}, {"__init__"}],
+    "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide"}, {"__init__"}],
+    "config": [{"usercode", "params", "rewardfuncs", "settings"}, {"codec"}, {"overrides", "studyfile"}, {"trial"},
+               {"spaces", "form"}, {"__init__"}],
+    "training": [{"evaluation", "rollouts", "trackers"}, {"models"}, {"runner"}, {"parallel", "gang", "progress"},
+                 {"__init__"}],
+    "reports": [{"timeline", "display"}, {"charts"}, {"__init__"}],
+    "engine": [{"scheduler", "ops", "artifacts"}, {"unit"}, {"coordinator", "roster"}, {"driver", "cluster"},
+               {"__init__"}],
+    "dashboard": [{"access", "actions", "views"}, {"pages"}, {"routes"}, {"server"}, {"__init__"}],
+}
+
+
+def _rank(module: tuple[str, ...]) -> tuple[int, int]:
+    """Where a module sits: its group's place, then its layer inside a sub-package (0 where none is given)."""
+    group, inner = module[0], (module[1] if len(module) > 1 else "__init__")
+    layers = LAYERS.get(group)
+    layer = next((i for i, names in enumerate(layers) if inner in names), -1) if layers else 0
+    return GROUP[group], layer
+
+
+def _module_name(path: Path) -> tuple[str, ...]:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return parts if parts[-1] != "__init__" else (*parts[:-1], "__init__") if len(parts) > 1 else ("__init__",)
 
 
 def _modules():
     for path in sorted(PACKAGE.rglob("*.py")):
-        relative = path.relative_to(PACKAGE)
-        name = relative.parts[0].removesuffix(".py")  # a subpackage counts as one module
-        yield name, path, ast.parse(path.read_text())
+        yield _module_name(path), path, ast.parse(path.read_text())
+
+
+def _known(parts: list[str]) -> tuple[str, ...]:
+    """The rfopt module that dotted `parts` (below ``rfopt``) names: a module, a package's ``__init__``, or the module
+    holding an imported name."""
+    for n in range(len(parts), 0, -1):
+        head = parts[:n]
+        if (PACKAGE.joinpath(*head).with_suffix(".py")).exists():
+            return tuple(head[:2]) if len(head) > 2 else tuple(head)
+        if PACKAGE.joinpath(*head).is_dir():
+            return (head[0], "__init__") if n == 1 else tuple(head[:2])
+    return ("__init__",)
 
 
 def _rfopt_imports(path: Path, tree: ast.AST):
+    """Each rfopt module `path` imports, as (group, inner module) parts, with the line."""
+    package = list(path.relative_to(PACKAGE).parts[:-1])
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: from . import x / from .x import y
-                base = path.relative_to(PACKAGE).parts[:-1][: max(0, len(path.relative_to(PACKAGE).parts) - node.level)]
-                parts = [*base, *(node.module.split(".") if node.module else [])]
-                if parts:
-                    yield parts[0], node.lineno
-                else:
-                    yield from ((alias.name, node.lineno) for alias in node.names)
+            if node.level:
+                parts = [*package[: len(package) - (node.level - 1)], *(node.module or "").split(".")]
             elif node.module and node.module.split(".")[0] == "rfopt":
-                parts = node.module.split(".")
-                if len(parts) > 1:
-                    yield parts[1], node.lineno
-                else:
-                    yield from ((alias.name, node.lineno) for alias in node.names)
+                parts = node.module.split(".")[1:]
+            else:
+                continue
+            parts = [p for p in parts if p]
+            for alias in node.names:
+                yield _known([*parts, alias.name]), node.lineno
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] == "rfopt" and len(parts) > 1:
-                    yield parts[1], node.lineno
+                if parts[0] == "rfopt":
+                    yield _known(parts[1:]), node.lineno
 
 
-def test_every_module_has_a_layer():
-    assert {name for name, _, _ in _modules()} == set(LAYER)
+def _above(imported: tuple[str, ...], module: tuple[str, ...]) -> bool:
+    """Whether `imported` sits above `module`: in a higher group, or in a higher layer of the same sub-package."""
+    if imported[0] != module[0]:
+        return GROUP[imported[0]] > GROUP[module[0]]
+    return _rank(imported) > _rank(module)
+
+
+def test_every_module_has_a_place():
+    unplaced = [".".join(m) for m, _, _ in _modules()
+                if m[0] not in GROUP or (m[0] in LAYERS and _rank(m)[1] < 0)]
+    assert unplaced == []
+
+
+REEXPORTING = {"storage", "config"}
+"""Sub-packages whose ``__init__`` re-exports names of their modules for users (what ``rfopt.storage`` and
+``rfopt.config`` offered as modules before they were split)."""
+
+DEBTS = {"rfopt/engine/cluster.py: engine.cluster imports __init__"}
+"""Upward imports known and to be removed: a Ray worker joins the study through the public API."""
 
 
 def test_imports_only_point_down_the_layers():
     upward = []
-    for name, path, tree in _modules():
+    for module, path, tree in _modules():
         for imported, line in _rfopt_imports(path, tree):
-            if imported in LAYER and imported != name and LAYER[imported] > LAYER[name]:
-                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {name} imports {imported}")
+            if imported != module and _above(imported, module):
+                where = f"{path.relative_to(PACKAGE.parent)}: {'.'.join(module)} imports {'.'.join(imported)}"
+                if where not in DEBTS:
+                    upward.append(f"{where} (line {line})")
     assert upward == []
+
+
+def test_rfopt_imports_a_name_from_the_module_that_defines_it_not_through_a_re_export():
+    """`rfopt.storage` and `rfopt.config` re-export names for users; rfopt's own modules import from the module that
+    defines them (so the layers above hold)."""
+    through_init = []
+    for module, path, tree in _modules():
+        for imported, line in _rfopt_imports(path, tree):
+            if imported[-1] == "__init__" and imported[0] in REEXPORTING and module != ("__init__",):
+                through_init.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {'.'.join(imported)}")
+    assert through_init == []
 
 
 def test_only_the_schema_spells_rfopt_storage_keys():
     spelled = []
     for name, path, _ in _modules():
-        if name == "schema":
+        if name[:2] == ("storage", "schema"):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"""["']rfopt:[a-z_]""", line):
@@ -106,7 +166,7 @@ def test_only_the_compatibility_module_reaches_into_other_libraries_private_inte
     of another package, no ``vars()``/``__dict__`` surgery, outside rfopt/compat.py."""
     found = []
     for name, path, tree in _modules():
-        if name == "compat":
+        if name == ("compat",):
             continue
         for node in ast.walk(tree):
             where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"

@@ -15,8 +15,8 @@ from rfopt_testkit import (
     reward_wrong_length,
     trial_config,
 )
-from rfopt.schema import study_attrs
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import study_attrs
+from rfopt.storage.schema import trial_attrs
 
 FAIL_REASON_ATTR = "rfopt:fail_reason"
 

@@ -11,7 +11,7 @@ import pytest
 
 import rfopt
 from rfopt.cli import main
-from rfopt.storage import StorageLocationError, check_url, open_storage, retry
+from rfopt.storage.database import StorageLocationError, check_url, open_storage, retry
 
 # A valid study file whose data cannot be loaded: `rfopt run` on it gets as far as reading its data and no further,
 # so a test sees what run does before training (the banner, the storage check) without training anything.

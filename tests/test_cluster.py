@@ -1,11 +1,11 @@
-"""What `rfopt.cluster` decides before a Ray cluster is involved (tests/test_ray.py runs it on one): how many actors,
+"""What `rfopt.engine.cluster` decides before a Ray cluster is involved (tests/test_ray.py runs it on one): how many actors,
 with what resources; SQLite refused across nodes with what to use instead; a storage a worker cannot reach named."""
 
 import optuna
 import pytest
 
 import rfopt
-from rfopt.cluster import ClusterStorageError, RayCluster, StorageUnreachableError, WorkerJob, check_reachable
+from rfopt.engine.cluster import ClusterStorageError, RayCluster, StorageUnreachableError, WorkerJob, check_reachable
 
 
 def test_one_worker_per_gpu_where_the_cluster_has_gpus_else_per_cpu_share():
@@ -39,7 +39,7 @@ def test_sqlite_is_refused_on_a_cluster_of_several_nodes_saying_what_to_use():
 
 
 def test_an_in_memory_study_cannot_be_shared_with_workers(tiny_model):
-    from rfopt.spaces import as_space
+    from rfopt.config.spaces import as_space
     from rfopt_testkit import trial_config
 
     study = rfopt.create_study(study_name="m", storage=optuna.storages.InMemoryStorage())
@@ -48,7 +48,7 @@ def test_an_in_memory_study_cannot_be_shared_with_workers(tiny_model):
 
 
 def test_a_relative_sqlite_path_reaches_the_workers_as_an_absolute_one(tmp_path, monkeypatch, tiny_model):
-    from rfopt.spaces import as_space
+    from rfopt.config.spaces import as_space
     from rfopt_testkit import trial_config
 
     monkeypatch.chdir(tmp_path)
@@ -81,7 +81,7 @@ def test_workers_option_without_ray_is_refused(capsys):
 def test_the_callers_view_reports_each_unit_and_trial_end_once_from_storage(tmp_path):
     """What `RayCluster` shows and calls while actors train elsewhere: `Watcher.poll` reads the study and hears of each
     unit reported and each trial ended since it started watching, once."""
-    from rfopt.cluster import Watcher
+    from rfopt.engine.cluster import Watcher
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'w.db'}", direction="maximize")
     before = study.ask()

@@ -7,7 +7,7 @@ from transformers import BitsAndBytesConfig
 
 from rfopt import rewards
 import rfopt
-from rfopt.config import ConfigError, import_path, resolve_import
+from rfopt.config.trial import ConfigError, import_path, resolve_import
 from rfopt_testkit import grpo_config, lora_config, reward_len
 
 
@@ -55,7 +55,7 @@ def test_quantization_without_an_adapter_is_refused():
 
 
 def test_quantization_on_the_cpu_is_refused_with_the_reason(tmp_path):
-    from rfopt.models import load_model
+    from rfopt.training.models import load_model
 
     config = _config(quantization_config=BitsAndBytesConfig(load_in_4bit=True))
     with pytest.raises(ConfigError, match="need a CUDA device.*cpu"):
@@ -113,7 +113,7 @@ def test_overriding_the_batch_shape_rederives_the_generation_batch():
 
 
 def test_a_stored_config_says_nothing_of_the_machine_and_loads_on_any(tiny_model):
-    """use_cpu, bf16 and fp16 are the device's (rfopt.models.Placement): not stored, and a config stored with bf16
+    """use_cpu, bf16 and fp16 are the device's (rfopt.training.models.Placement): not stored, and a config stored with bf16
     (by an older rfopt, on a GPU) still loads on this CPU-only machine."""
     from rfopt_testkit import trial_config
 
@@ -152,18 +152,18 @@ def test_a_wrong_type_in_a_trial_config_is_refused_naming_the_field_and_what_to_
 
 
 def test_names_that_moved_out_of_the_config_module_are_importable_from_it_as_before():
-    """rfopt.config was split by tenant (rfopt.codec, rfopt.overrides, rfopt.usercode); what it offered stays."""
-    import rfopt.codec
-    import rfopt.config
+    """rfopt.config was split by tenant (rfopt.config.codec, rfopt.config.overrides, rfopt.config.usercode); what it offered stays."""
+    import rfopt.config.codec
+    import rfopt.config.trial
     import rfopt.errors
-    import rfopt.overrides
-    import rfopt.usercode
+    import rfopt.config.overrides
+    import rfopt.config.usercode
 
-    moved = {rfopt.codec: ["PLACEMENT_FIELDS", "PLUMBING_FIELDS", "TokenizerSpec", "callback_from_json",
+    moved = {rfopt.config.codec: ["PLACEMENT_FIELDS", "PLUMBING_FIELDS", "TokenizerSpec", "callback_from_json",
                            "callback_to_json", "current_layout", "grpo_default", "grpo_to_dict", "instance_from_json",
                            "instance_to_json", "reward_from_json", "reward_to_json"],
-             rfopt.overrides: ["override_dict", "parse_assignments", "typed_value"],
-             rfopt.usercode: ["import_path", "importing_user_file", "load_file_module", "resolve_import",
+             rfopt.config.overrides: ["override_dict", "parse_assignments", "typed_value"],
+             rfopt.config.usercode: ["import_path", "importing_user_file", "load_file_module", "resolve_import",
                               "study_on_import"],
              rfopt.errors: ["ConfigError"]}
     for module, names in moved.items():

@@ -15,7 +15,7 @@ import rfopt
 from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, run_command, start,
                       trials)
 from rfopt_testkit import prompts_dataset, trial_config
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 

@@ -20,14 +20,15 @@ from optuna.trial import TrialState
 from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
-from rfopt import ops, schema
-from rfopt.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
-from rfopt.charts import best_trial, colour, comparison
+from rfopt.engine import ops
+from rfopt.storage import schema
+from rfopt.engine.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
+from rfopt.reports.charts import best_trial, colour, comparison
 from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.cli import main as cli
 from rfopt.dashboard import make_server, resolve_token
-from rfopt.schema import StepColumns, TrialRecord, metrics_key, samples_key, steps_key
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import StepColumns, TrialRecord, metrics_key, samples_key, steps_key
+from rfopt.storage.schema import trial_attrs
 
 
 # ---------------------------------------------------------------------- a study as the engine leaves it
@@ -543,8 +544,8 @@ def test_root_leads_to_rfopts_index_which_lists_each_study_and_optuna_dashboard_
 
 
 def test_the_clone_forms_fields_are_the_trials_config_typed_and_say_whether_a_warm_start_is_possible(study, tmp_path):
-    from rfopt.checkpoints import CheckpointStore
-    from rfopt.state import TrialSnapshot as State
+    from rfopt.storage.checkpoints import CheckpointStore
+    from rfopt.storage.state import TrialSnapshot as State
 
     with serving(study.optuna._storage) as server:
         status, form, _ = call(server, "GET", api(study, 2, "config"))

@@ -26,7 +26,7 @@ from rfopt_testkit import chromium
 
 import rfopt
 from rfopt.dashboard import make_server
-from rfopt.schema import TrialRecord
+from rfopt.storage.schema import TrialRecord
 
 STUDY_FILE = Path(__file__).resolve().parent / "dashboard_study.py"
 
@@ -315,8 +315,8 @@ def test_the_parallel_coordinates_have_one_line_per_trial_and_each_param_its_pan
 def test_the_clone_form_is_prefilled_with_the_parents_config_and_offers_a_warm_start_only_from_a_checkpoint(live):
     from selenium.webdriver.common.by import By
 
-    from rfopt.checkpoints import CheckpointStore
-    from rfopt.schema import study_record
+    from rfopt.storage.checkpoints import CheckpointStore
+    from rfopt.storage.schema import study_record
 
     study = live.study()
     store = CheckpointStore(study_record(study).checkpoint_dir)

@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
 from rfopt.chunks import ChunkPlan, trial_schedule
-from rfopt.models import ModelPool
-from rfopt.runner import TrialRunner
+from rfopt.training.models import ModelPool
+from rfopt.training.runner import TrialRunner
 from rfopt_testkit import lora_config, prompts_dataset, reward_vowels, trial_config
 
 
@@ -93,7 +93,7 @@ def test_chunked_training_with_swaps_equals_straight_through(tiny_model, tmp_pat
 
 def test_restored_checkpoint_continues_exactly(tiny_model, tmp_path):
     """A trial saved to disk after chunk 1 and loaded into a fresh pool ends where the uninterrupted one ends."""
-    from rfopt.checkpoints import CheckpointStore
+    from rfopt.storage.checkpoints import CheckpointStore
 
     dataset = prompts_dataset(32)
     config = trial_config(tiny_model, gradient_accumulation_steps=2, lr_scheduler_type="cosine", warmup_steps=0.25)

@@ -20,9 +20,9 @@ import pytest
 import rfopt
 from crashkit import assert_same_study, env, events, names_in, run_command, start, trials
 from crashkit import run as crashkit_run
-from rfopt.storage import StorageRefusedError, StorageUnavailableError, open_storage, redact, retry
+from rfopt.storage.database import StorageRefusedError, StorageUnavailableError, open_storage, redact, retry
 from rfopt_testkit import prompts_dataset, trial_config
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -197,7 +197,7 @@ def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_cle
 def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
     import torch
 
-    from rfopt.state import TrialSnapshot
+    from rfopt.storage.state import TrialSnapshot
 
     store = rfopt.CheckpointStore(checkpoint_root)
 
@@ -217,7 +217,7 @@ def test_workers_starting_together_all_pass_the_checkpoint_store_write_check(tmp
     """`rfopt worker --devices cpu,cpu` starts its processes at once; each checks the shared store takes writes."""
     import threading
 
-    from rfopt.checkpoints import CheckpointStore
+    from rfopt.storage.checkpoints import CheckpointStore
 
     store = CheckpointStore(tmp_path / "ck")
     errors = []
@@ -338,7 +338,7 @@ def test_a_full_disk_under_the_sqlite_file_stops_the_run_at_once_naming_it_and_t
     tiny_model, tmp_path, small_disk, full
 ):
     from rfopt.compat import storage_of
-    from rfopt.storage import engine_of
+    from rfopt.storage.database import engine_of
 
     if full == "tmpfs" and small_disk is None:
         pytest.skip("mounting a small file system needs root; the max_page_count case raises the same SQLite error")
@@ -440,7 +440,7 @@ def test_a_refusal_is_told_from_an_outage_by_its_sqlstate_or_message():
     import psycopg
     import sqlalchemy
 
-    from rfopt.storage import is_unreachable, refusal
+    from rfopt.storage.database import is_unreachable, refusal
 
     def wrapped(orig):
         return sqlalchemy.exc.OperationalError("INSERT ...", {}, orig)

@@ -14,14 +14,14 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rfopt
-from rfopt import schema
+from rfopt.storage import schema
 from rfopt.chunks import ChunkPlan, trial_schedule
-from rfopt.evaluation import EvalPrompts
-from rfopt.gang import Gang, GangMember, refusal
-from rfopt.models import ModelPool
-from rfopt.rollouts import Request, RolloutEngine, Sampling
-from rfopt.runner import TrialRunner
-from rfopt.scheduler import LiveTrial, next_gang
+from rfopt.training.evaluation import EvalPrompts
+from rfopt.training.gang import Gang, GangMember, refusal
+from rfopt.training.models import ModelPool
+from rfopt.training.rollouts import Request, RolloutEngine, Sampling
+from rfopt.training.runner import TrialRunner
+from rfopt.engine.scheduler import LiveTrial, next_gang
 from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, reward_vowels, trial_config
 
 QUESTIONS = ["What is 2+3?", "Tell me a story about a cat", "hi", "Count: 1 2 3"]
@@ -193,8 +193,8 @@ def test_gang_members_keep_their_own_gradient_accumulation_and_temperature(tiny_
 
 
 def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_model):
-    from rfopt.evaluation import EvalSettings
-    from rfopt.gang import evaluate_members
+    from rfopt.config.settings import EvalSettings
+    from rfopt.training.gang import evaluate_members
 
     dataset = prompts_dataset(8)
     plan = ChunkPlan.build(len(dataset), 2, seed=0)
@@ -324,7 +324,7 @@ def test_gang_size_must_be_a_whole_number(tiny_model, tmp_path):
 
 # ---------------------------------------------------------------------- memory is planned
 def test_the_memory_estimate_counts_each_adapter_and_the_base_model_as_built(tiny_model):
-    from rfopt.models import gang_memory, model_bytes
+    from rfopt.training.models import gang_memory, model_bytes
 
     configs = [trial_config(tiny_model), trial_config(tiny_model, peft=lora_config(r=8, target_modules="all-linear"))]
     estimate = gang_memory(configs, prompt_tokens=20)
@@ -336,7 +336,7 @@ def test_the_memory_estimate_counts_each_adapter_and_the_base_model_as_built(tin
 
 
 def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(tiny_model, tmp_path, monkeypatch, caplog):
-    from rfopt import models
+    from rfopt.training import models
 
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
     train = prompts_dataset(8)
@@ -417,8 +417,8 @@ def test_output_flags_in_a_models_generation_config_do_not_make_its_evaluation_l
 def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tiny_model):
     """Members run in the caller's thread, so a Ctrl-C lands in whichever member runs: the gang stops every member
     at its next step (the one waiting for rollouts hears `Aborted`), then lets the KeyboardInterrupt through."""
-    from rfopt.rollouts import Aborted
-    from rfopt.runner import ChunkAborted
+    from rfopt.training.rollouts import Aborted
+    from rfopt.training.runner import ChunkAborted
     from rfopt_testkit import reward_interrupted
 
     dataset = prompts_dataset(8)
@@ -441,7 +441,7 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
 
 
 def test_a_run_that_names_no_gang_size_trains_in_gangs_of_the_default(tiny_model, tmp_path):
-    from rfopt.gang import DEFAULT_GANG_SIZE
+    from rfopt.training.gang import DEFAULT_GANG_SIZE
 
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2, 2e-3, 3e-3])
     study = _study(tmp_path, num_chunks=1)

@@ -12,8 +12,8 @@ from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
 from rfopt.cli import main
-from rfopt.models import GIB, ModelPool, model_bytes
-from rfopt.schema import study_attrs
+from rfopt.training.models import GIB, ModelPool, model_bytes
+from rfopt.storage.schema import study_attrs
 
 FREE = {"bytes": 80 * GIB}
 

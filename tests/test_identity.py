@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt_testkit import prompts_dataset, trial_config
-from rfopt.schema import study_attrs, trial_attrs
+from rfopt.storage.schema import study_attrs, trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 

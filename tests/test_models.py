@@ -5,7 +5,7 @@ import weakref
 
 import pytest
 
-from rfopt.models import ModelPool
+from rfopt.training.models import ModelPool
 from rfopt_testkit import trial_config
 
 
@@ -13,7 +13,7 @@ def test_a_trial_trained_in_chunks_sends_trl_telemetry_once(tiny_model, tmp_path
     from trl import GRPOTrainer
 
     from rfopt.chunks import ChunkPlan, trial_schedule
-    from rfopt.runner import TrialRunner
+    from rfopt.training.runner import TrialRunner
     from rfopt_testkit import prompts_dataset
 
     pings = []
@@ -28,7 +28,7 @@ def test_a_trial_trained_in_chunks_sends_trl_telemetry_once(tiny_model, tmp_path
 
 
 def test_the_trials_of_a_study_share_each_chunk_selection_of_their_dataset():
-    from rfopt.runner import _rows_of
+    from rfopt.training.runner import _rows_of
     from rfopt_testkit import prompts_dataset
 
     train, other = prompts_dataset(6), prompts_dataset(6, prefix="R")
@@ -45,7 +45,7 @@ def test_the_trials_of_a_study_share_each_chunk_selection_of_their_dataset():
 
 def test_a_finished_full_fine_tuning_trial_frees_its_model_copy(tiny_model, tmp_path):
     from rfopt.chunks import ChunkPlan, trial_schedule
-    from rfopt.runner import TrialRunner
+    from rfopt.training.runner import TrialRunner
     from rfopt_testkit import prompts_dataset
 
     config = trial_config(tiny_model)
@@ -72,7 +72,7 @@ def _adapter_state(model):
 
 
 def test_activating_a_trial_makes_its_adapter_the_only_active_and_trainable_one(tiny_model):
-    from rfopt.models import adapter_name
+    from rfopt.training.models import adapter_name
     from rfopt_testkit import lora_config
 
     pool = ModelPool("cpu")
@@ -96,7 +96,7 @@ def test_each_trial_on_the_shared_model_keeps_its_own_weights_and_output_through
     import torch
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
-    from rfopt.models import adapter_name
+    from rfopt.training.models import adapter_name
     from rfopt_testkit import lora_config
 
     configs = {
@@ -175,7 +175,7 @@ def test_a_released_adapter_is_freed(tiny_model):
 
 def test_a_trial_with_gradient_checkpointing_leaves_the_shared_model_without_it(tiny_model, tmp_path):
     from rfopt.chunks import ChunkPlan, trial_schedule
-    from rfopt.runner import TrialRunner
+    from rfopt.training.runner import TrialRunner
     from rfopt_testkit import prompts_dataset
 
     config = trial_config(tiny_model, gradient_checkpointing=True)
@@ -227,8 +227,8 @@ def _stand_in_cuda(monkeypatch, bf16=True):
 
 def test_the_device_decides_placement_and_precision_whatever_the_config_says(tiny_model, tmp_path, monkeypatch):
     from rfopt.chunks import ChunkPlan, trial_schedule
-    from rfopt.models import Placement
-    from rfopt.runner import TrialRunner
+    from rfopt.training.models import Placement
+    from rfopt.training.runner import TrialRunner
     from rfopt_testkit import prompts_dataset
 
     plan = ChunkPlan.build(4, 2, seed=0)

@@ -7,9 +7,9 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt.cli import main as cli
-from rfopt.ops import OpError
+from rfopt.engine.ops import OpError
 from rfopt_testkit import prompts_dataset, trial_config
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 OPS_LOG_ATTR = "rfopt:ops"
 
@@ -199,7 +199,7 @@ def test_resume_of_a_running_trial_that_is_not_paused_is_refused(tiny_model, sto
 def test_a_stop_that_arrives_while_a_pause_is_being_applied_is_honoured(tiny_model, storage, monkeypatch):
     """Requests are kept under keys of their own and applied by id: a stop written between the engine's read of the
     pending pause and its record of it applied is not lost (a single request slot, cleared after applying, lost it)."""
-    from rfopt import schema
+    from rfopt.storage import schema
 
     study = rfopt.create_study(study_name="race", storage=storage)
     write_paused = schema.write_paused

@@ -15,7 +15,7 @@ from rfopt_testkit import prompts_dataset, reward_len, reward_raises, trial_conf
 
 import rfopt
 from rfopt.cli import main
-from rfopt.schema import study_attrs, trial_attrs
+from rfopt.storage.schema import study_attrs, trial_attrs
 
 TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
 
@@ -187,10 +187,10 @@ def test_trial_ops_have_names_apart_from_optunas_stop(tiny_model, storage):
             study.pause_trial(number)
 
     _run(study, [trial_config(tiny_model)], on_unit=pause_after_first_unit)
-    assert rfopt.schema.TrialRecord(study.trials[0]).paused and study.trials[0].state == TrialState.RUNNING
+    assert rfopt.storage.schema.TrialRecord(study.trials[0]).paused and study.trials[0].state == TrialState.RUNNING
     study.resume_trial(0)
     assert main(["stop", "0", "--study", "s", "--storage", storage]) == 0  # the CLI's verbs are unchanged
-    assert [r.op for r in rfopt.schema.TrialRecord(study.trials[0]).requests] == ["pause", "resume", "stop"]
+    assert [r.op for r in rfopt.storage.schema.TrialRecord(study.trials[0]).requests] == ["pause", "resume", "stop"]
     _run(study, [trial_config(tiny_model)])
     assert study.trials[0].state == TrialState.PRUNED and len(study.trials[0].intermediate_values) == 1
     clone = study.clone_trial(0, {"learning_rate": 0.002})
@@ -206,7 +206,7 @@ def test_settings_fixed_at_create_study_are_read_back_and_a_different_one_is_ref
     study = rfopt.create_study(study_name="s", storage=storage, num_chunks=2, objective="reward_len",
                                eval_settings=settings, chunk_seed=3)
     study.optimize([trial_config(tiny_model)], TRAIN, EVAL, show_progress_bar=False)  # nothing repeated
-    plan = rfopt.schema.study_record(study.optuna).plan
+    plan = rfopt.storage.schema.study_record(study.optuna).plan
     assert (plan.num_chunks, plan.seed) == (2, 3)
     assert study_attrs(study.optuna)["rfopt:objective"] == "reward_len"
     assert study_attrs(study.optuna)["rfopt:eval"]["max_new_tokens"] == 4
@@ -283,7 +283,8 @@ def test_a_study_an_earlier_rfopt_kept_in_user_attrs_is_read_and_continued_and_i
         tiny_model, storage, monkeypatch):
     """rfopt's records moved from user attrs (which optuna-dashboard lists on its pages) to system attrs. A study an
     earlier rfopt wrote keeps loading: its records are read from the user attrs, and a run continues it."""
-    from rfopt import compat, schema
+    from rfopt import compat
+    from rfopt.storage import schema
     from rfopt.compat import storage_of, study_id_of
 
     # The first chunk of each trial written the old way: every rfopt record in user attrs (steps were system attrs).
@@ -317,7 +318,7 @@ def test_a_study_an_earlier_rfopt_kept_in_user_attrs_is_read_and_continued_and_i
     trials = study.optuna.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
     for trial in trials:
-        record = rfopt.schema.TrialRecord(trial)
+        record = rfopt.storage.schema.TrialRecord(trial)
         assert rfopt.TrialConfig.from_json(record.config_json).args.learning_rate in (1e-3, 5e-3)  # a user attr
         assert [m.unit for m in record.unit_metrics()] == [0, 1]  # unit 0 from user attrs, unit 1 from system attrs
         assert "rfopt:metrics:0001" in trial.system_attrs and "rfopt:metrics:0001" not in trial.user_attrs

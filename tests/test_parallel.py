@@ -1,4 +1,4 @@
-"""One trial over several devices (`rfopt.parallel`): on the CPU with the gloo backend, a study whose trials each
+"""One trial over several devices (`rfopt.training.parallel`): on the CPU with the gloo backend, a study whose trials each
 train on two processes (each half of every batch, gradients averaged by DDP) matches the same study trained on one
 process with the same global batch: the same per-chunk values, rollouts and rewards (each row samples from a stream
 of its own), and losses and adapters equal up to the order of floating-point sums (stated tolerance: 1e-5
@@ -16,7 +16,7 @@ TOLERANCE = 1e-5
 def test_each_row_samples_from_its_own_stream_whatever_the_batch_it_is_in():
     from transformers import GenerationConfig
 
-    from rfopt.parallel import RowSampler
+    from rfopt.training.parallel import RowSampler
 
     torch.manual_seed(0)
     logits = torch.randn(4, 50)
@@ -32,8 +32,8 @@ def test_each_row_samples_from_its_own_stream_whatever_the_batch_it_is_in():
 
 def test_a_batch_that_does_not_split_over_the_devices_is_refused_naming_the_trial_and_the_field(tiny_model, tmp_path):
     from rfopt.chunks import ChunkPlan, trial_schedule
-    from rfopt.models import ModelPool
-    from rfopt.parallel import DataParallel, DataParallelRunner
+    from rfopt.training.models import ModelPool
+    from rfopt.training.parallel import DataParallel, DataParallelRunner
     from rfopt_testkit import prompts_dataset, trial_config
 
     config = trial_config(tiny_model, per_device_train_batch_size=4)
@@ -79,7 +79,7 @@ def test_a_study_trained_two_devices_per_trial_ends_as_with_one_device_also_afte
 
 def test_gangs_and_several_devices_per_trial_are_refused_together(tiny_model, tmp_path):
     import rfopt
-    from rfopt.parallel import DataParallel
+    from rfopt.training.parallel import DataParallel
     from rfopt_testkit import prompts_dataset, trial_config
 
     study = rfopt.create_study(study_name="g", storage=f"sqlite:///{tmp_path / 'g.db'}")

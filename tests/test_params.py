@@ -1,4 +1,4 @@
-"""One naming of config fields as Optuna params (`rfopt.params`): every name in the table means its field both ways,
+"""One naming of config fields as Optuna params (`rfopt.config.params`): every name in the table means its field both ways,
 and list spaces, clones and overrides agree on it."""
 
 import dataclasses
@@ -8,9 +8,10 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from rfopt_testkit import lora_config, reward_len, reward_vowels, trial_config
 
-from rfopt import ConfigError, TrialConfig, ops
-from rfopt.overrides import override_dict
-from rfopt.params import (
+from rfopt import ConfigError, TrialConfig
+from rfopt.engine import ops
+from rfopt.config.overrides import override_dict
+from rfopt.config.params import (
     ALIASES,
     OLD_PREFIXES,
     RENAMED,
@@ -23,8 +24,8 @@ from rfopt.params import (
     param_name,
     param_value,
 )
-from rfopt.schema import TrialRecord
-from rfopt.spaces import ListSpace
+from rfopt.storage.schema import TrialRecord
+from rfopt.config.spaces import ListSpace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -19,9 +19,9 @@ from optuna.trial import TrialState
 from rfopt_testkit import lora_config, prompts_dataset, trial_config
 
 import rfopt
-from rfopt.checkpoints import CheckpointStore
+from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.pruning import Member, load_decision, perturb, plan_step
-from rfopt.schema import TrialRecord, load_pbt_step, study_record
+from rfopt.storage.schema import TrialRecord, load_pbt_step, study_record
 
 TRAIN, EVAL = prompts_dataset(12), prompts_dataset(2, "E")
 PBT_STUDY = Path(__file__).resolve().parent / "tiny_pbt_study.py"

@@ -14,17 +14,18 @@ from optuna.trial import TrialState
 from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
-from rfopt import ops, schema
+from rfopt.engine import ops
+from rfopt.storage import schema
 from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.cli import _status_text
 from rfopt.compat import storage_of, trial_id_of
-from rfopt.display import ProgressBar
-from rfopt.leases import Presence
-from rfopt.progress import ProgressPublisher, UnitProgress
-from rfopt.runner import StepDone
-from rfopt.schema import ProgressRecord, StepColumns, TrialRecord
-from rfopt.storage import open_storage
-from rfopt.timeline import NowTraining, now_training, study_cost, trial_etas
+from rfopt.reports.display import ProgressBar
+from rfopt.storage.leases import Presence
+from rfopt.training.progress import ProgressPublisher, UnitProgress
+from rfopt.training.runner import StepDone
+from rfopt.storage.schema import ProgressRecord, StepColumns, TrialRecord
+from rfopt.storage.database import open_storage
+from rfopt.reports.timeline import NowTraining, now_training, study_cost, trial_etas
 
 TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
 
@@ -58,8 +59,8 @@ def study(storage):
 
 # ---------------------------------------------------------------------- the runner's hook
 def test_the_runner_tells_its_step_hook_of_every_optimizer_step_with_its_logs(tiny_model, tmp_path):
-    from rfopt.models import ModelPool
-    from rfopt.runner import TrialRunner
+    from rfopt.training.models import ModelPool
+    from rfopt.training.runner import TrialRunner
 
     config = trial_config(tiny_model)
     plan = ChunkPlan.build(len(TRAIN), 2, 0)
@@ -91,12 +92,12 @@ class _Clock:
 
 def test_progress_is_written_when_a_unit_starts_after_its_first_step_then_at_most_every_interval_and_at_its_end(
         study, monkeypatch):
-    import rfopt.progress
+    import rfopt.training.progress
 
     clock = _Clock()
     heard: list[UnitProgress] = []
     writes: list[ProgressRecord] = []
-    monkeypatch.setattr(rfopt.progress, "write_progress",
+    monkeypatch.setattr(rfopt.training.progress, "write_progress",
                         lambda ref, record: (writes.append(record), schema.write_progress(ref, record)))
     publisher = ProgressPublisher(_ref(study, study.trials[1]), unit=1, num_units=2, steps=8, listeners=[heard.append],
                                   interval=3.0, clock=clock)

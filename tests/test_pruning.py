@@ -33,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rfopt.errors import PrunerFailed, StaleRead
 from rfopt.pruning import PruneDecision, decide, decision_key, load_decision
 from rfopt.pruning._halving import Brackets, successive_halving
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

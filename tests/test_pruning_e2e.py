@@ -42,7 +42,7 @@ from optuna.trial import TrialState
 import rfopt
 from rfopt.pruning import decision_key, load_decision
 from rfopt_testkit import grpo_config, prompts_dataset
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -12,11 +12,11 @@ import pytest
 from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
-from rfopt import ops
+from rfopt.engine import ops
 from rfopt.cli import main as cli
 from rfopt.compat import storage_of, trial_id_of
-from rfopt.ops import OpError
-from rfopt.schema import TrialRecord, TrialRef
+from rfopt.engine.ops import OpError
+from rfopt.storage.schema import TrialRecord, TrialRef
 
 TRAIN, EVAL = prompts_dataset(4), prompts_dataset(2, "E")
 WAITING, RUNNING, FAIL, COMPLETE = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING,
@@ -53,7 +53,7 @@ def test_liveness_tells_whether_anybody_runs_the_study_and_what_waits(finished_s
 
 def test_a_killed_process_reads_as_gone_within_two_heartbeats(storage, tmp_path):
     study = rfopt.create_study(study_name="k", storage=storage)
-    script = ("import sys, time, optuna; from rfopt.leases import Presence; from rfopt.storage import open_storage\n"
+    script = ("import sys, time, optuna; from rfopt.storage.leases import Presence; from rfopt.storage import open_storage\n"
               f"study = optuna.load_study(study_name='k', storage=open_storage({storage!r}))\n"
               "with Presence(study, 'worker', interval=0.2):\n"
               "    print('beating', flush=True); time.sleep(60)\n")
@@ -164,8 +164,8 @@ def test_a_stop_withdrawn_while_the_study_runs_lets_the_trial_finish(tiny_model,
 
 
 def test_presence_withdraw_and_cancel_work_on_postgresql(postgres, tmp_path):
-    from rfopt.leases import Presence
-    from rfopt.storage import open_storage
+    from rfopt.storage.leases import Presence
+    from rfopt.storage.database import open_storage
 
     storage = open_storage(postgres.new_database())
     study = rfopt.create_study(study_name="pg", storage=storage)

@@ -18,9 +18,9 @@ from datasets import Dataset
 
 import rfopt
 import rfopt_testkit
-from rfopt.schema import TrialRecord
+from rfopt.storage.schema import TrialRecord
 from rfopt_testkit import prompts_dataset, reward_len, trial_config
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -473,7 +473,7 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_stored(ti
 
     # Installed, the same call runs (nothing was burned by the refusal).
     monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: True)
-    assert rfopt.trackers.normalize("wandb") == ["wandb"]
+    assert rfopt.training.trackers.normalize("wandb") == ["wandb"]
 
 
 def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(tiny_model, tmp_path):

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt_testkit import prompts_dataset, trial_config
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 
 class _Crash(BaseException):

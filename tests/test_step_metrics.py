@@ -8,7 +8,7 @@ import pytest
 from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
-from rfopt.schema import TrialRecord
+from rfopt.storage.schema import TrialRecord
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -96,7 +96,7 @@ def test_samples_carry_prompt_completion_total_and_each_rewards_score(study_with
 def test_trial_note_shows_values_metrics_and_scored_samples_in_plain_optuna_dashboard(study_with_warm_clone):
     from optuna_dashboard import get_note, save_note
 
-    from rfopt.artifacts import NOTE_END, publish_note
+    from rfopt.engine.artifacts import NOTE_END, publish_note
     from rfopt.compat import trial_id_of
 
     study, _ = study_with_warm_clone
@@ -129,7 +129,7 @@ def test_clone_params_hold_every_overridden_value_a_new_choice_under_an_alternat
         IntDistribution,
     )
 
-    from rfopt.ops import _clone_params
+    from rfopt.engine.ops import _clone_params
 
     study = optuna.create_study()
     study.add_trial(optuna.trial.create_trial(

@@ -16,7 +16,7 @@ import pytest
 
 import rfopt
 from rfopt.cli import main
-from rfopt.studyfile import load_spec
+from rfopt.config.studyfile import load_spec
 from rfopt_testkit import deepmath_rows
 
 STUDIES_DIR = Path(__file__).resolve().parents[1] / "rfopt" / "studies"

@@ -8,9 +8,9 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rfopt
-from rfopt.schema import metrics_key
+from rfopt.storage.schema import metrics_key
 from rfopt_testkit import prompts_dataset, trial_config
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 
 def _space_factory(model_path):

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt.cli import _parser
-from rfopt.schema import TrialRecord
-from rfopt.schema import study_attrs
+from rfopt.storage.schema import TrialRecord
+from rfopt.storage.schema import study_attrs
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
                                         reason="tensorboard is not installed: pip install -e '.[test]'")
@@ -100,8 +100,8 @@ def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_run
 def test_trackers_with_one_active_run_per_process_are_named_so_a_gang_trains_one_trial_at_a_time(monkeypatch):
     """wandb and MLflow keep one active run per process: a run reporting to them trains with gang_size 1
     (`Study._run` says so in a warning); TensorBoard writes each member's own run."""
-    from rfopt import trackers
-    from rfopt.trackers import Tracking
+    from rfopt.training import trackers
+    from rfopt.training.trackers import Tracking
 
     assert Tracking(["wandb", "tensorboard"], "s").single_run_trackers() == ["wandb"]
     assert Tracking(["mlflow"], "s").single_run_trackers() == ["mlflow"]
@@ -112,7 +112,7 @@ def test_trackers_with_one_active_run_per_process_are_named_so_a_gang_trains_one
 
 def test_a_run_reporting_to_a_one_run_tracker_trains_one_trial_at_a_time_and_says_so(
         tiny_model, tmp_path, monkeypatch, caplog):
-    from rfopt.trackers import Tracking
+    from rfopt.training.trackers import Tracking
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     monkeypatch.setattr(Tracking, "single_run_trackers", lambda self: ["wandb"])  # wandb is not installed here
@@ -131,7 +131,7 @@ def test_each_gang_member_gets_its_own_tensorboard_run_where_the_user_set_no_dir
     as the user's (it nested its run inside the first's)."""
     import os
 
-    from rfopt.trackers import Tracking
+    from rfopt.training.trackers import Tracking
 
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     tracking = Tracking(["tensorboard"], "s")

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 import rfopt
 from crashkit import (STUDY_FILE, assert_same_study, commits, env, events, retrained_after_durable, run, run_command,
                       start, trials, worker_command)
-from rfopt.schema import trial_attrs
+from rfopt.storage.schema import trial_attrs
 
 
 def unit_holders(storage, study="tiny"):
@@ -124,7 +124,7 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     import rfopt
     import rfopt_testkit
     from crashkit import adapter, same_tensors
-    from rfopt.leases import Leases
+    from rfopt.storage.leases import Leases
     from rfopt_testkit import prompts_dataset, reward_len_hooked, trial_config
 
     train, evaluation = prompts_dataset(16), prompts_dataset(2, "E")
@@ -234,7 +234,7 @@ def test_a_process_that_cannot_share_a_running_study_is_refused_at_once_and_the_
 ):
     """`rfopt run` takes no leases: beside it no other process may run the study (a second run, a worker), and it
     may not start beside workers. The refused process names the one running and writes nothing."""
-    from rfopt.studyfile import load_spec
+    from rfopt.config.studyfile import load_spec
 
     monkeypatch.setenv("RFOPT_TEST_TINY_MODEL", str(tiny_model))
     storage, checkpoints = f"sqlite:///{tmp_path / 'busy.db'}", tmp_path / "ck"

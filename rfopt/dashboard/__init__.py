@@ -13,7 +13,7 @@ under ``/rfopt``:
   step s of S, since when, ETAs) and the compute spent against a run without pruning, the leaderboard (best first,
   sortable, with lineage and times), "why it wins" (parallel coordinates, each param against the value, the same eval
   prompt's completions side by side: ``GET /rfopt/studies/<study_id>/compare``), one chart per metric with every trial
-  overlaid (`rfopt.charts`; steps of a chunk still training dashed), then each trial with its controls (pause, resume,
+  overlaid (`rfopt.reports.charts`; steps of a chunk still training dashed), then each trial with its controls (pause, resume,
   stop; cancel a WAITING clone; withdraw a pending request; a clone form pre-filled with the trial's whole config) and
   its eval samples (``GET /rfopt/studies/<study_id>/trials/<number>/samples``, loaded when opened).
 - ``GET /rfopt/api/studies/<study_id>/page``: the page's parts as JSON, with an ETag fingerprinting the stored data
@@ -28,9 +28,9 @@ under ``/rfopt``:
   ``.../withdraw`` with a JSON body ``{"op": "stop"}``, and ``.../clone`` with a JSON body
   ``{"set": ["learning_rate=2e-6"], "warm_start": true}`` (or ``{"overrides": {"learning_rate": 2e-6}}``;
   ``"check_only": true`` checks the clone and writes nothing); ``GET .../config`` gives the clone form's fields
-  (`rfopt.configform`) and whether a warm start is possible. ``POST /rfopt/api/studies/<study_id>/halt`` asks every
-  process running the study to stop at its trials' next chunk boundary (`rfopt.ops.halt`).
-  They call `rfopt.ops`, as the Python API and the command line do: pause, resume and stop are
+  (`rfopt.config.form`) and whether a warm start is possible. ``POST /rfopt/api/studies/<study_id>/halt`` asks every
+  process running the study to stop at its trials' next chunk boundary (`rfopt.engine.ops.halt`).
+  They call `rfopt.engine.ops`, as the Python API and the command line do: pause, resume and stop are
   requests stored on the trial, applied by the process running the study at the trial's next chunk
   boundary; cancel and withdraw take effect at once, or are refused when the engine got there first.
   An op that cannot apply answers 400 with the reason and writes nothing.
@@ -44,13 +44,13 @@ a generated one, printed at startup. Send ``Authorization: Bearer <token>``, or 
 ``/rfopt?token=<token>`` once in a browser, which keeps it in a cookie. No token: 401; a wrong
 one: 403.
 
-Clones are checked here before anything is written (`rfopt.ops.clone`). Where the study's own code
+Clones are checked here before anything is written (`rfopt.engine.ops.clone`). Where the study's own code
 (its reward functions) cannot be imported in this process, the clone is still checked in every other
 way and made, and the reply says so: the process running the study imports that code.
 
-Artifacts: a running study keeps its trials' artifacts up to date after each chunk (`rfopt.artifacts`),
+Artifacts: a running study keeps its trials' artifacts up to date after each chunk (`rfopt.engine.artifacts`),
 in ``<checkpoint dir>/artifacts``; the dashboard finds each study's artifacts there by itself
-(`rfopt.artifacts.StudyArtifacts`).
+(`rfopt.engine.artifacts.StudyArtifacts`).
 
 The package, one concern a module:
 
@@ -59,7 +59,7 @@ The package, one concern a module:
 - `access`: who may reach the server (loopback names, the token, no cross-origin writes) and what an action's request
   must be (a JSON object), `resolve_token`.
 - `routes`: every URL above, one small method each.
-- `actions`: what the buttons do (pause, resume, stop, cancel, withdraw, halt, clone), through `rfopt.ops`.
+- `actions`: what the buttons do (pause, resume, stop, cancel, withdraw, halt, clone), through `rfopt.engine.ops`.
 - `views`: the trials as the pages show them (`TrialView`), and the page's data version.
 - `pages`: the HTML.
 """

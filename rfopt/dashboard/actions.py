@@ -1,10 +1,10 @@
-"""What the dashboard's buttons do: each action calls `rfopt.ops`, as the Python API and the command line do, and
+"""What the dashboard's buttons do: each action calls `rfopt.engine.ops`, as the Python API and the command line do, and
 returns the JSON reply.
 
 Pause, resume and stop are requests stored on the trial, applied by the process running the study at the trial's next
 chunk boundary; halt asks every such process to stop; cancel and withdraw take effect at once, or are refused when
 the engine got there first; a clone is checked before anything is written. An action that cannot apply raises a
-`rfopt.errors.Refusal` (an `rfopt.ops.OpError`, a `rfopt.ConfigError`, or a malformed body) and writes nothing: the
+`rfopt.errors.Refusal` (an `rfopt.engine.ops.OpError`, a `rfopt.ConfigError`, or a malformed body) and writes nothing: the
 route answers 400 with its message.
 
     >>> control(study, 2, "pause", by="dashboard (127.0.0.1)")["message"]           # doctest: +SKIP
@@ -18,37 +18,37 @@ from typing import Any
 
 import optuna
 
-from .. import ops
-from ..configform import form_fields
-from ..errors import Refusal
-from ..schema import TrialRecord, study_record
+from rfopt.config.form import form_fields
+from rfopt.engine import ops
+from rfopt.errors import Refusal
+from rfopt.storage.schema import TrialRecord, study_record
 
 CLONE_FIELDS = {"overrides", "set", "warm_start", "check_only"}
 
 
 def halt(study: optuna.Study, by: str) -> dict[str, Any]:
-    """Every process running the study stops at its trials' next chunk boundary (`rfopt.ops.halt`)."""
+    """Every process running the study stops at its trials' next chunk boundary (`rfopt.engine.ops.halt`)."""
     ops.halt(study, by=by)
     return {"op": "halt", "message": f"study {study.study_name}: stop requested; every process running it stops "
             "at its trials' next chunk boundary, and the trials stay resumable (run the study again to continue)"}
 
 
 def control(study: optuna.Study, number: int, op: str, by: str) -> dict[str, Any]:
-    """A pause, resume or stop request on trial `number` (`rfopt.ops.request`)."""
+    """A pause, resume or stop request on trial `number` (`rfopt.engine.ops.request`)."""
     ops.request(study, number, op, by=by)
     return {"trial": number, "op": op,
             "message": f"trial {number}: {op} requested; it applies at the trial's next chunk boundary"}
 
 
 def cancel(study: optuna.Study, number: int, by: str) -> dict[str, Any]:
-    """A WAITING clone no process has started leaves the queue (`rfopt.ops.cancel`)."""
+    """A WAITING clone no process has started leaves the queue (`rfopt.engine.ops.cancel`)."""
     cancelled = ops.cancel(study, number, by=by)
     return {"trial": number, "op": "cancel", "message": f"trial {number}: {cancelled.reason}; it left the queue"}
 
 
 def withdraw(study: optuna.Study, number: int, body: dict[str, Any], by: str) -> dict[str, Any]:
     """The pending request ``{"op": "pause"}`` (or resume, stop) of trial `number` will not apply
-    (`rfopt.ops.withdraw`)."""
+    (`rfopt.engine.ops.withdraw`)."""
     op = body.get("op")
     if set(body) != {"op"} or not isinstance(op, str):
         raise Refusal("send {\"op\": \"pause\"} (or resume, stop): the pending request to withdraw")
@@ -58,8 +58,8 @@ def withdraw(study: optuna.Study, number: int, body: dict[str, Any], by: str) ->
 
 def clone(study: optuna.Study, number: int, body: dict[str, Any], by: str) -> dict[str, Any]:
     """A clone of trial `number` with the body's ``overrides`` (an object) and ``set`` (FIELD=VALUE strings), warm
-    started or not; with ``check_only``, checked and not made (`rfopt.ops.clone_in_study`)."""
-    from ..overrides import parse_assignments
+    started or not; with ``check_only``, checked and not made (`rfopt.engine.ops.clone_in_study`)."""
+    from rfopt.config.overrides import parse_assignments
 
     overrides, assignments, warm_start, check_only = _clone_request(body)
     overrides = {**overrides, **parse_assignments([a for a in assignments if a.strip()])}
@@ -100,7 +100,7 @@ def _clone_request(body: dict[str, Any]) -> tuple[dict[str, Any], list[str], boo
 
 # ---------------------------------------------------------------------- the clone form
 def clone_form(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    """The clone form of a trial that has an rfopt config: its fields (`rfopt.configform`), pre-filled with the
+    """The clone form of a trial that has an rfopt config: its fields (`rfopt.config.form`), pre-filled with the
     trial's config, and whether a warm start is possible."""
     record = TrialRecord(trial)
     with FIRST_IMPORT:
@@ -111,7 +111,7 @@ def clone_form(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str
 
 def warm_start_offer(study: optuna.Study, record: TrialRecord) -> dict[str, Any]:
     """Whether a clone of the trial can start from its latest checkpoint, and why not."""
-    from ..checkpoints import CheckpointStore
+    from rfopt.storage.checkpoints import CheckpointStore
 
     where = study_record(study).checkpoint_dir
     if record.committed == 0 or where is None:

@@ -5,7 +5,7 @@
 - `study_page`: one study as the page shows it, in parts the page refreshes one by one (`StudyPage`): who runs it,
   what trains now (trial, chunk c of C, step s of S, since when, ETAs) and the compute spent against a run without
   pruning, warnings (trials whose objectives weigh rewards differently), the leaderboard (best first, with lineage and
-  times), the "why it wins" views and the charts (`rfopt.charts`), and each trial's card (controls, times, samples), in
+  times), the "why it wins" views and the charts (`rfopt.reports.charts`), and each trial's card (controls, times, samples), in
   leaderboard order. `StudyPage.version` fingerprints the stored data the page shows
   (`rfopt.dashboard.views.data_version`): the page asks again with it (an ETag) and gets "not modified" while nothing
   changed.
@@ -29,12 +29,13 @@ from typing import Any
 
 import optuna
 
-from .. import ops
-from ..charts import colour, comparison, parallel_svg, trial_labels
-from ..compat import study_id_of
-from ..configform import reward_weighting
-from ..schema import TrialRecord, json_safe, study_record
-from ..timeline import NowTraining, StudyCost, duration, now_training, study_cost
+from rfopt.compat import study_id_of
+from rfopt.config.form import reward_weighting
+from rfopt.engine import ops
+from rfopt.reports.charts import colour, comparison, parallel_svg, trial_labels
+from rfopt.reports.timeline import NowTraining, StudyCost, duration, now_training, study_cost
+from rfopt.storage.schema import TrialRecord, json_safe, study_record
+
 from .views import TrialView, trial_views
 
 REFRESH_SECONDS = 5
@@ -285,7 +286,7 @@ def _by_gang(gangs: dict[int, tuple[int, ...]]) -> list[tuple[tuple[int, ...], l
 
 def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
     """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
-    param (`rfopt.ops.held_as`), that value, marked, so that the column never reads as the parent's."""
+    param (`rfopt.engine.ops.held_as`), that value, marked, so that the column never reads as the parent's."""
     holder = v.held_as.get(param)
     if holder is not None:
         value = v.params[holder]

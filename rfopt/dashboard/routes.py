@@ -15,9 +15,10 @@ from typing import Any
 import optuna
 from bottle import HTTPResponse, redirect, request
 
-from .. import ops
-from ..errors import Refusal
-from ..schema import TrialRecord, json_safe, study_attrs
+from rfopt.engine import ops
+from rfopt.errors import Refusal
+from rfopt.storage.schema import TrialRecord, json_safe, study_attrs
+
 from . import actions, pages
 from .access import actor, json_body, json_error
 from .views import data_version, trial_views

@@ -20,8 +20,9 @@ from wsgiref.simple_server import make_server as _wsgiref_server
 
 import optuna
 
-from .. import compat
-from ..artifacts import StudyArtifacts
+from rfopt import compat
+from rfopt.engine.artifacts import StudyArtifacts
+
 from .access import TOKEN_ENV, Guard, is_loopback, resolve_token
 from .routes import add_routes
 
@@ -42,7 +43,7 @@ def create_app(
     """
     import optuna_dashboard
 
-    from ..storage import open_storage
+    from rfopt.storage.database import open_storage
 
     if isinstance(storage, str):  # as optuna-dashboard does: no cache in front of the storage, others write to it
         storage = open_storage(storage, cache=False)

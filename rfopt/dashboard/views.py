@@ -20,10 +20,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from .. import ops
-from ..charts import best_trial, colour, trial_labels
-from ..schema import TrialRecord, gang_plan, pbt_steps
-from ..timeline import TrialTimes
+from rfopt.engine import ops
+from rfopt.reports.charts import best_trial, colour, trial_labels
+from rfopt.reports.timeline import TrialTimes
+from rfopt.storage.schema import TrialRecord, gang_plan, pbt_steps
 
 _STATE_ORDER = {state: i for i, state in enumerate(ops.STATE_ORDER)}
 
@@ -50,16 +50,16 @@ class TrialView:
     reason: str | None
     can_clone: bool
     can_cancel: bool
-    """A WAITING clone no process has started (`rfopt.ops.cancel`)."""
+    """A WAITING clone no process has started (`rfopt.engine.ops.cancel`)."""
     colour: str
     label: str = ""
     """Its series name in the charts: ``t3 lr=0.05``."""
     eval: dict[str, float] = field(default_factory=dict)
     """The eval metrics of its latest chunk."""
     held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.ops.held_as`)."""
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.ops.held_as`)."""
     gangs: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    """The trials it trained each unit with (a gang: `rfopt.gang`), by unit; units it trained alone are absent."""
+    """The trials it trained each unit with (a gang: `rfopt.training.gang`), by unit; units it trained alone are absent."""
     sample_units: list[int] = field(default_factory=list)
     """The units whose eval samples are stored."""
     replaced_by: int | None = None

@@ -79,14 +79,9 @@ Example::
             study.tell(d.trial_number, state=optuna.trial.TrialState.PRUNED)
 """
 
-from rfopt.pruning._decide import decide
-from rfopt.pruning._decision import (
-    DECISION_ATTR_PREFIX,
-    PruneDecision,
-    decision_key,
-    load_decision,
-)
-from rfopt.pruning._pbt import Member, PopulationBasedTraining, perturb, plan_step
+from ._decide import decide
+from ._decision import DECISION_ATTR_PREFIX, PruneDecision, decision_key, load_decision
+from ._pbt import Member, PopulationBasedTraining, perturb, plan_step
 
 __all__ = [
     "DECISION_ATTR_PREFIX",

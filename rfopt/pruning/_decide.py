@@ -24,9 +24,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.compat import patience_gate, percentile_helpers, pruner_settings, storage_of, trial_id_of
 from rfopt.errors import PrunerFailed, StaleRead
-from rfopt.schema import PruneDecision, TrialRef, load_decision, write_decision
-from rfopt.pruning._halving import Brackets, successive_halving
-from rfopt.pruning._view import StepView, cut_at, step_view
+from rfopt.storage.schema import PruneDecision, TrialRef, load_decision, write_decision
+
+from ._halving import Brackets, successive_halving
+from ._view import StepView, cut_at, step_view
 
 
 def decide(

@@ -18,7 +18,7 @@ A replacement continues from its parent's step, so the population trains at most
 the compute of training every initial member to the end (``max_units`` lowers it).
 
 What this module decides is a pure function of the stored values (and the seed); the roster stores the plan
-(`rfopt.schema.PbtStep`), makes the clones (`rfopt.ops.clone`) and stops the members.
+(`rfopt.storage.schema.PbtStep`), makes the clones (`rfopt.engine.ops.clone`) and stops the members.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt.schema import PbtStep, Replacement
+from rfopt.storage.schema import PbtStep, Replacement
 
 EXPLORE_MODES = ("perturb", "sampler")
 

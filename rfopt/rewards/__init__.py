@@ -22,29 +22,19 @@ reward                         gives                                            
 =============================  =========================================================  ==============
 
 Factory products carry ``rfopt_factory = (import path, kwargs)``, from which rfopt stores a
-trial's rewards by import path and rebuilds them (``rfopt.codec``).
+trial's rewards by import path and rebuilds them (``rfopt.config.codec``).
 
 >>> from rfopt import rewards
 >>> rewards.correctness(["Q"], [[{"role": "assistant", "content": "<answer>$1,200</answer>"}]], answer=["#### 1200"])
 [2.0]
 """
 
-from rfopt.rewards.answers import correctness, integer_answer
-from rfopt.rewards.extract import (
-    completion_text,
-    extract_answer,
-    extract_gsm8k_answer,
-    normalize_answer,
-    normalize_number,
-)
-from rfopt.rewards.formats import soft_format, strict_format, tag_count, think_format
-from rfopt.rewards.length import (
-    completion_lengths,
-    length_reward,
-    soft_overlong_punishment,
-)
-from rfopt.rewards.math_answers import math_accuracy, math_accuracy_for
-from rfopt.rewards.spec import FactoryReward, RewardFunc
+from .answers import correctness, integer_answer
+from .extract import completion_text, extract_answer, extract_gsm8k_answer, normalize_answer, normalize_number
+from .formats import soft_format, strict_format, tag_count, think_format
+from .length import completion_lengths, length_reward, soft_overlong_punishment
+from .math_answers import math_accuracy, math_accuracy_for
+from .spec import FactoryReward, RewardFunc
 
 __all__ = [
     "FactoryReward",

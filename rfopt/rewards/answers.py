@@ -4,7 +4,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rfopt.rewards.extract import (
+from .extract import (
     completion_texts,
     extract_answer,
     extract_gsm8k_answer,

@@ -4,7 +4,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rfopt.rewards.extract import completion_texts
+from .extract import completion_texts
 
 FORMAT_REWARD = 0.5
 TAG_REWARD = 0.125

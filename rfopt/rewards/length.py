@@ -3,8 +3,8 @@
 from collections.abc import Sequence
 from typing import Any
 
-from rfopt.rewards.extract import completion_texts
-from rfopt.rewards.spec import FactoryReward
+from .extract import completion_texts
+from .spec import FactoryReward
 
 
 def completion_lengths(completions: Sequence[Any], completion_ids: Sequence[Any] | None, reward: str) -> list[int]:

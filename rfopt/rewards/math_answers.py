@@ -6,7 +6,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from rfopt.rewards.extract import (
+from .extract import (
     completion_texts,
     extract_answer,
     extract_gsm8k_answer,
@@ -14,7 +14,7 @@ from rfopt.rewards.extract import (
     gold_text,
     normalize_number,
 )
-from rfopt.rewards.spec import FactoryReward
+from .spec import FactoryReward
 
 GOLD_COLUMNS = ("final_answer", "solution", "answer")
 """Where the gold is looked for, in order: DeepMath's bare ``final_answer``, NuminaMath-TIR's

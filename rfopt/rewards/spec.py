@@ -1,4 +1,4 @@
-"""How a factory-made reward function is named and stored as data (rfopt.codec stores and rebuilds it).
+"""How a factory-made reward function is named and stored as data (rfopt.config.codec stores and rebuilds it).
 
 A reward is saved in a trial's config as an import path plus keyword arguments:
 
@@ -22,7 +22,7 @@ class FactoryReward:
     """Base of rewards built by a factory: named for TRL's metrics and rebuildable from ``rfopt_factory``.
 
     ``__name__`` is what TRL logs under (``rewards/<name>/mean``); ``rfopt_factory`` is the
-    ``(import path, kwargs)`` pair from which ``rfopt.codec.reward_from_json`` rebuilds an equal reward.
+    ``(import path, kwargs)`` pair from which ``rfopt.config.codec.reward_from_json`` rebuilds an equal reward.
     """
 
     def __init__(self, name: str, factory: str, kwargs: Mapping[str, Any]) -> None:

@@ -53,7 +53,8 @@ from trl import GRPOConfig
 
 import rfopt
 from rfopt import rewards
-from rfopt.studies.data import REASONING_SYSTEM_PROMPT, load_arithmetic
+
+from .data import REASONING_SYSTEM_PROMPT, load_arithmetic
 
 MODEL = "smollm2"
 NUM_CHUNKS = 4

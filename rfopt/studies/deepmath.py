@@ -31,7 +31,8 @@ from trl import GRPOConfig
 
 import rfopt
 from rfopt import rewards
-from rfopt.studies.data import load_deepmath
+
+from .data import load_deepmath
 
 DEEPMATH_SOURCE = "zwhe99/DeepMath-103K"
 MODELS = ["Qwen/Qwen2.5-0.5B-Instruct"]

@@ -58,7 +58,8 @@ from trl import GRPOConfig
 
 import rfopt
 from rfopt import rewards
-from rfopt.studies.data import load_gsm8k
+
+from .data import load_gsm8k
 
 #: Where GSM8K comes from: the Hub id, or a local copy (see `studies.data.load_gsm8k`).
 GSM8K_SOURCE = "openai/gsm8k"

@@ -35,7 +35,8 @@ from trl import GRPOConfig
 
 import rfopt
 from rfopt import rewards
-from rfopt.studies.data import load_numina_tir
+
+from .data import load_numina_tir
 
 NUMINA_SOURCE = "AI-MO/NuminaMath-TIR"
 MODELS = ["Qwen/Qwen2-0.5B-Instruct"]

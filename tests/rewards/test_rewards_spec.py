@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rfopt import rewards
-from rfopt.config import reward_from_json, reward_to_json
+from rfopt.config.trial import reward_from_json, reward_to_json
 
 
 @pytest.mark.parametrize(

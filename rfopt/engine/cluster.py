@@ -1,0 +1,417 @@
+"""A study on a Ray cluster: one rfopt worker per device, each a Ray actor running `Study.work`.
+
+    >>> study = rfopt.create_study(study_name="gsm8k", storage="postgresql://rfopt@db/rfopt",
+    ...                            checkpoint_dir="s3://bucket/rfopt")                          # doctest: +SKIP
+    >>> study.optimize(space, train, test, n_trials=16, executor=rfopt.RayCluster("auto"))   # doctest: +SKIP
+
+Ray places, starts and restarts the workers; the study's storage decides who trains what, exactly as it
+does for ``rfopt worker`` processes started by hand: every actor runs the same worker loop with leases
+(`rfopt.engine.coordinator`), so an actor that dies (a node lost, ``ray.kill``, out of memory) is restarted by
+Ray, and the unit it was training is trained again from the trial's last checkpoint once its lease
+expires; nothing else is lost. The caller's process trains nothing: it starts the actors, shows the
+progress bar from storage, calls ``on_unit`` and the Optuna callbacks as trials commit and end there, and
+releases the actors when the study is done, on an error, or on Ctrl-C (the trials stay resumable).
+
+What each actor needs travels by value or by reference, as for a worker process: the datasets by value
+(``ray.put``), a list of configs as their JSON, a search space function by its import path (a study
+file's path, or ``module:function``), reward functions as the configs store them. On a cluster of several
+nodes, the files those paths name must be at the same path on every node (or shipped with
+``runtime_env={"working_dir": ...}``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from rfopt.errors import Refusal, RfoptError
+from rfopt.storage.database import redact
+from rfopt.storage.schema import TrialRecord
+
+from .roster import RunProgress
+
+logger = logging.getLogger("rfopt")
+
+GRACE_SECONDS = 10.0
+"""After one worker returns (nothing is left to train), how long the others get to return before they are
+released."""
+
+
+class ClusterStorageError(Refusal):
+    """A study whose storage the cluster's workers cannot share (SQLite across nodes, an in-memory study)."""
+
+
+class StorageUnreachableError(RfoptError, RuntimeError):
+    """The cluster's workers cannot connect to the study's storage."""
+
+
+@dataclass
+class RayCluster:
+    """Where `Study.optimize(..., executor=RayCluster(...))` runs the study: one worker per device of a Ray cluster.
+
+    Args:
+        address: the cluster, as ``ray.init`` takes it: None (a running cluster named by ``RAY_ADDRESS``, else a new
+            local one on this machine), ``"auto"`` (the cluster this machine belongs to) or ``"ray://head:10001"``.
+            A Ray already initialized in this process is used as it is.
+        num_workers: actors to start; default: one per GPU of the cluster, else one per `cpus_per_worker` CPUs.
+        cpus_per_worker: each actor's CPU share where it trains on the CPU (Ray's ``num_cpus``).
+        gpus: whether each actor takes a GPU (``num_gpus=1``; it trains on ``cuda``); None: if the cluster has GPUs.
+        lease_seconds: a dead actor's unit is trained again once its lease expires (`Study.work`).
+        poll_seconds: how often the caller reads the study for its progress bar, and idle workers look for work.
+        runtime_env: Ray's ``runtime_env`` for the actors (``env_vars``, ``working_dir``, ``pip``, ...).
+        max_restarts: how often Ray restarts a dead actor (-1: always).
+        devices_per_trial: train each trial over this many actors' devices at once (data parallel).
+    """
+
+    address: str | None = None
+    num_workers: int | None = None
+    cpus_per_worker: float = 1.0
+    gpus: bool | None = None
+    lease_seconds: float = 30.0
+    poll_seconds: float = 1.0
+    runtime_env: dict[str, Any] | None = None
+    max_restarts: int = -1
+    devices_per_trial: int = 1
+    """Devices each trial trains on at once, as one data-parallel job (`rfopt.training.parallel`): the workers are groups of
+    this many actors. A group whose actor dies is restarted whole by the caller."""
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More keyword arguments for ``ray.init`` when this call starts or connects to the cluster."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_workers is not None and (not isinstance(self.num_workers, int) or self.num_workers < 1):
+            problems.append(f"num_workers must be 1 or more, got {self.num_workers!r}")
+        if not self.cpus_per_worker > 0:
+            problems.append(f"cpus_per_worker must be more than 0, got {self.cpus_per_worker!r}")
+        if not self.lease_seconds > 0 or not self.poll_seconds > 0:
+            problems.append(f"lease_seconds and poll_seconds must be more than 0, got {self.lease_seconds!r} and "
+                            f"{self.poll_seconds!r}")
+        if not isinstance(self.devices_per_trial, int) or self.devices_per_trial < 1:
+            problems.append(f"devices_per_trial must be 1 or more, got {self.devices_per_trial!r}")
+        if problems:
+            raise ValueError("RayCluster: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ the run
+    def run(self, study: Any, job: WorkerJob, *, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+            on_unit: Callable[[int, int, float], None] | None = None, show_progress_bar: bool = True) -> None:
+        """Run `job` on the cluster until no trial is left (called by `Study.optimize`)."""
+        ray = _import_ray()
+        started_here = not ray.is_initialized()
+        if started_here:
+            ray.init(address=self.address, logging_level=logging.WARNING, **self.init_kwargs)
+        groups: list[_Group] = []
+        try:
+            nodes = [node for node in ray.nodes() if node.get("Alive")]
+            job = job.on_cluster(len(nodes))
+            count, resources = self.placement(ray.cluster_resources())
+            alone = self.devices_per_trial == 1  # Ray restarts a lone worker; a group is restarted whole, here
+            # Two threads: `ping` answers while `work` runs (a group asks whether its members are alive).
+            worker = ray.remote(_Worker).options(**resources, max_restarts=self.max_restarts if alone else 0,
+                                                 max_task_retries=-1 if alone else 0, runtime_env=self.runtime_env,
+                                                 max_concurrency=2)
+            logger.info("study %r: %d workers on a Ray cluster of %d node(s), each %s", job.study_name, count,
+                        len(nodes), resources)
+            device = "cuda" if resources.get("num_gpus") else "cpu"
+            start = _GroupStarter(ray, worker, device, job.without_data(), ray.put(job.datasets),
+                                  self.devices_per_trial)
+            groups = [start() for _ in range(count // self.devices_per_trial)]
+            self._wait(ray, study, groups, start, job, callbacks, on_unit, show_progress_bar)
+        finally:
+            for group in groups:
+                group.kill(ray)
+            if started_here:
+                ray.shutdown()
+
+    def placement(self, resources: dict[str, float]) -> tuple[int, dict[str, float]]:
+        """How many actors, and what each asks of Ray, on a cluster with these total resources."""
+        cluster_gpus = int(resources.get("GPU", 0))
+        gpus = cluster_gpus > 0 if self.gpus is None else self.gpus
+        if gpus:
+            if cluster_gpus < 1:
+                raise ValueError("RayCluster(gpus=True): the cluster has no GPU; leave gpus=None to train on its CPUs")
+            count, each = self.num_workers or cluster_gpus, {"num_gpus": 1, "num_cpus": 1}
+        else:
+            cpus = resources.get("CPU", 0)
+            count, each = self.num_workers or max(1, math.floor(cpus / self.cpus_per_worker)), {
+                "num_cpus": self.cpus_per_worker}
+        if count < self.devices_per_trial:
+            raise ValueError(f"RayCluster(devices_per_trial={self.devices_per_trial}): the cluster gives {count} "
+                             f"worker device(s); a trial needs {self.devices_per_trial}")
+        return count - count % self.devices_per_trial, each
+
+    def _wait(self, ray: Any, study: Any, groups: list[_Group], start: _GroupStarter, job: WorkerJob,
+              callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
+              on_unit: Callable[[int, int, float], None] | None, show_progress_bar: bool) -> None:
+        from rfopt.reports.display import ProgressBar as Bar
+
+        watcher = Watcher(study.optuna)
+        finished_at: float | None = None
+        restarts = 0
+        with Bar(job.study_name, enabled=show_progress_bar) as bar:
+            while pending := [ref for group in groups for ref in group.pending]:
+                done, _ = ray.wait(pending, num_returns=len(pending), timeout=self.poll_seconds)
+                for ref in done:
+                    group = next(g for g in groups if ref in g.pending)
+                    group.pending.remove(ref)
+                    try:
+                        ray.get(ref)
+                    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                        if len(group.actors) > 1 and group.lost_a_member(ray, exc) and (
+                                self.max_restarts < 0 or restarts < self.max_restarts):
+                            restarts += 1
+                            logger.warning("study %r: a worker of a data-parallel group died; restarting the group "
+                                           "(its chunk is trained again from the last checkpoint)", job.study_name)
+                            group.kill(ray)
+                            groups[groups.index(group)] = start()
+                            break
+                        cause = getattr(exc, "cause", None)  # the actor's own exception, as a local run raises it
+                        raise (cause if isinstance(cause, BaseException) else exc) from None
+                    finished_at = finished_at or time.monotonic()
+                bar(watcher.poll(on_unit, callbacks))
+                if finished_at is not None and time.monotonic() - finished_at > GRACE_SECONDS:
+                    logger.info("study %r: nothing left to train; releasing the idle workers", job.study_name)
+                    break
+            bar(watcher.poll(on_unit, callbacks))
+
+
+@dataclass
+class _Group:
+    """The actors of one worker (one, or a data-parallel group) and their `work` calls not returned yet."""
+
+    actors: list[Any]
+    pending: list[Any]
+
+    def lost_a_member(self, ray: Any, exc: BaseException) -> bool:
+        """Whether one of the group's actors died (the others then fail in their next collective)."""
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return True
+        for actor in self.actors:
+            try:
+                ray.get(actor.ping.remote(), timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return True
+        return False
+
+    def kill(self, ray: Any) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+
+
+@dataclass
+class _GroupStarter:
+    """Starts one worker on the cluster: an actor, or `devices_per_trial` actors meeting at the first one's address."""
+
+    ray: Any
+    worker: Any
+    device: str
+    job: WorkerJob
+    data: Any
+    devices_per_trial: int
+
+    def __call__(self) -> _Group:
+        from rfopt.training.parallel import DataParallel
+
+        size = self.devices_per_trial
+        actors = [self.worker.remote(self.device) for _ in range(size)]
+        if size == 1:
+            return _Group(actors, [actors[0].work.remote(self.job, self.data, None)])
+        address, port = self.ray.get(actors[0].address.remote())
+        return _Group(actors, [actor.work.remote(self.job, self.data, DataParallel(rank, size, address, port))
+                               for rank, actor in enumerate(actors)])
+
+
+# ---------------------------------------------------------------------- what each actor runs
+@dataclass
+class WorkerJob:
+    """What every actor needs to join the study: `Study.work`'s arguments, by value or by reference."""
+
+    study_name: str
+    storage: str
+    """The storage URL, password included (the actors connect with it)."""
+    checkpoint_dir: str | None
+    space_ref: str | list[str]
+    """A search space function's import path, or a list's configs as JSON."""
+    work_kwargs: dict[str, Any]
+    datasets: tuple[Any, Any] | None = None
+
+    @classmethod
+    def of(cls, study: Any, checkpoint_dir: str | None, space: Any, datasets: tuple[Any, Any],
+           work_kwargs: dict[str, Any]) -> WorkerJob:
+        """The job for `study`'s `space` (a `FunctionSpace` or `ListSpace`), with the checkpoint location the caller
+        gave (None: the study's); `ClusterStorageError` if its storage is not a database other processes can open."""
+        from rfopt.compat import storage_of
+        from rfopt.config.spaces import ListSpace
+        from rfopt.config.usercode import import_path
+        from rfopt.storage.database import engine_of
+
+        engine = engine_of(storage_of(study.optuna))
+        if engine is None or engine.url.database in (None, "", ":memory:"):
+            raise ClusterStorageError(
+                f"study {study.study_name!r}: its storage is not a database that the cluster's workers can open; give "
+                "a PostgreSQL URL (postgresql://user@host/db), or on one machine a SQLite file"
+            )
+        url = engine.url
+        if url.get_backend_name() == "sqlite":
+            url = url.set(database=os.path.abspath(url.database))  # the actors run in other working directories
+        space_ref = ([config.to_json() for config in space.configs] if isinstance(space, ListSpace)
+                     else import_path(space.function))
+        return cls(study.study_name, url.render_as_string(hide_password=False), checkpoint_dir, space_ref,
+                   dict(work_kwargs), datasets)
+
+    def on_cluster(self, nodes: int) -> WorkerJob:
+        """This job, checked against a cluster of `nodes` nodes: SQLite is one machine's file."""
+        if nodes > 1 and self.storage.startswith("sqlite"):
+            raise ClusterStorageError(
+                f"study {self.study_name!r} is in a SQLite file ({redact(self.storage)}), which the other "
+                f"{nodes - 1} node(s) of the Ray cluster cannot share; give a PostgreSQL URL "
+                "(--storage postgresql://user@host/db) and a checkpoint location every node reaches (--checkpoint-dir "
+                "on shared storage, or s3://bucket/prefix)"
+            )
+        if nodes > 1 and (self.checkpoint_dir is None or "://" not in self.checkpoint_dir):
+            logger.warning("study %r: checkpoints in the local directory %s; every node of the cluster must mount it "
+                           "at that path (else give --checkpoint-dir s3://bucket/prefix)", self.study_name,
+                           self.checkpoint_dir)
+        return self
+
+    def without_data(self) -> WorkerJob:
+        return WorkerJob(self.study_name, self.storage, self.checkpoint_dir, self.space_ref, self.work_kwargs)
+
+    def space(self) -> Any:
+        from rfopt.config.trial import TrialConfig
+        from rfopt.config.usercode import resolve_import
+
+        if isinstance(self.space_ref, str):
+            return resolve_import(self.space_ref)
+        return [TrialConfig.from_json(text) for text in self.space_ref]
+
+
+class _Worker:
+    """A Ray actor: one rfopt worker on one device (made a Ray actor class by `RayCluster.run`)."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def ping(self) -> bool:
+        return True
+
+    def address(self) -> tuple[str, int]:
+        """Where a data-parallel group led by this actor meets: its node's address and a free port."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def work(self, job: WorkerJob, datasets: tuple[Any, Any], group: Any = None) -> str:
+        """Join the study with `Study.work` until no trial is left (in data-parallel `group`, if given: rank 0 works,
+        the others follow its chunks); returns this worker's name."""
+        import rfopt
+        from rfopt.storage.leases import worker_id
+
+        if group is not None:
+            group.start(self.device)  # before any config is built: Accelerate reads the group once per process
+        check_reachable(job.storage)
+        study = rfopt.load_study(job.study_name, job.storage, checkpoint_dir=job.checkpoint_dir)
+        train, evaluation = datasets
+        study.work(job.space(), train, evaluation, device=self.device, data_parallel=group, **job.work_kwargs)
+        if group is not None:
+            group.stop()
+        return worker_id()
+
+
+def check_reachable(storage: str, timeout: float = 10.0) -> None:
+    """Connect to `storage` once, at once: `StorageUnreachableError` naming the URL if this process cannot (where
+    rfopt would otherwise retry for minutes, as for a database that went away while a study ran)."""
+    import socket
+
+    import sqlalchemy as sa
+
+    url = sa.engine.make_url(storage)
+    where = f"on node {socket.gethostname()}"
+    if url.get_backend_name() == "sqlite":
+        if not Path(url.database or "").is_file():
+            raise StorageUnreachableError(
+                f"the study's storage {redact(storage)} is not reachable from the cluster's workers: no such SQLite "
+                f"file {where}; on several machines give a PostgreSQL URL (postgresql://user@host/db)"
+            )
+        return
+    args = {"connect_timeout": int(timeout)} if url.get_backend_name() == "postgresql" else {}
+    engine = sa.create_engine(url, connect_args=args, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect():
+            pass
+    except sa.exc.SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageUnreachableError(
+            f"the study's storage {redact(storage)} is not reachable from the cluster's workers ({where}: {reason}); "
+            "give a URL every node of the cluster reaches (a database server's address, not localhost)"
+        ) from None
+    finally:
+        engine.dispose()
+
+
+# ---------------------------------------------------------------------- the caller's view, from storage
+class Watcher:
+    """The caller's view of a study its workers run elsewhere: progress, and the units and trials that ended since
+    it started watching (for ``on_unit`` and Optuna's callbacks), read from storage at each `poll`."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+        self._maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        trials = study.get_trials(deepcopy=False)
+        self._units_seen = {(t.number, step) for t in trials for step in t.intermediate_values}
+        self._ended_seen = {t.number for t in trials if t.state.is_finished()}
+        self._done = 0
+        self._best: float | None = None
+        self._last: tuple[int, int, float] | None = None
+
+    def poll(self, on_unit: Callable[[int, int, float], None] | None = None,
+             callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> RunProgress:
+        trials = self.study.get_trials(deepcopy=False)
+        counts: dict[str, int] = {}
+        remaining = 0
+        for trial in trials:
+            counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
+            record = TrialRecord(trial)
+            for step in sorted(trial.intermediate_values):
+                if (trial.number, step) not in self._units_seen:
+                    self._units_seen.add((trial.number, step))
+                    self._done += 1
+                    value = trial.intermediate_values[step]
+                    self._last = (trial.number, step, value)
+                    if self._best is None or (value > self._best if self._maximize else value < self._best):
+                        self._best = value
+                    if on_unit is not None:
+                        on_unit(trial.number, step, value)
+            if trial.state == TrialState.RUNNING and record.num_units is not None:
+                remaining += max(0, record.num_units - record.committed)
+            if trial.state.is_finished() and trial.number not in self._ended_seen:
+                self._ended_seen.add(trial.number)
+                for callback in callbacks:
+                    callback(self.study, copy.deepcopy(trial))
+        return RunProgress(done=self._done, total=self._done + remaining, counts=counts, best=self._best,
+                        last=self._last)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("running a study on a Ray cluster needs Ray: pip install 'rfopt[ray]'") from None
+    return ray
+
+
+__all__ = ["ClusterStorageError", "RayCluster", "StorageUnreachableError", "Watcher", "WorkerJob",
+           "check_reachable"]

@@ -1,0 +1,145 @@
+"""The one driver loop: the same for a process that runs a study alone and for workers sharing it.
+
+Each round:
+
+1. reconcile every RUNNING trial with storage (`Roster.reconcile_all`): trials other processes asked,
+   moved on or ended; ends a crash left untold;
+2. apply pending pause/resume/stop requests, under each trial's claim;
+3. decide every complete rung (`rfopt.pruning`; population-based training's steps under the asking lock, since
+   they make clones);
+4. ask new trials while slots are free, one asker at a time (`Coordinator.asking`);
+5. pick the next trial, least progress first among those no other process holds (`rfopt.engine.scheduler`),
+   and under its claim run one unit of it (`Roster.work_on` -> `rfopt.engine.unit`); a trial at an exploit step of
+   population-based training waits until that step is decided. With ``gang_size`` > 1 the pick is a gang: up to
+   that many trials at the same progress on the same base model, each under its own claim, trained together
+   (`Roster.work_on_gang` -> `rfopt.training.gang`); a gang stored before a crash is formed again.
+
+It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
+resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`) or once somebody asked every
+process running the study to stop (`rfopt.engine.ops.halt`), before it starts another unit. When other processes hold the remaining trials, it waits `poll_seconds` and looks again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from rfopt import compat
+from rfopt.storage import schema
+from rfopt.storage.schema import study_record
+
+from .roster import Roster, RunProgress
+from .scheduler import next_gang
+
+logger = logging.getLogger("rfopt")
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """Remember every SIGINT while the loop runs. Python raises a Ctrl-C's KeyboardInterrupt wherever the main thread
+    is, and where that is a weakref callback or a ``__del__`` (as garbage collection inside torch or sqlite runs them)
+    it only prints "Exception ignored" and goes on: the study would run to its end. The remembered signal stops the
+    loop before its next unit. Off the main thread, or with a handler of the caller's own, nothing changes."""
+    seen = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield seen
+        return
+
+    def handler(signum, frame):
+        seen.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def drive(  # noqa: C901 - one round of the loop, in the order the module docstring gives
+    roster: Roster,
+    coordinator,
+    *,
+    max_concurrent: int,
+    more_to_ask: Callable[[], bool],
+    poll_seconds: float = 1.0,
+    on_progress: Callable[[RunProgress], None] | None = None,
+    deadline: float | None = None,
+    gang_size: int = 1,
+) -> None:
+    """Run the study's units until none is left for this process (see the module docstring)."""
+    study = roster.study
+    started = time.time()
+    with compat.optimize_loop(study), _interrupts() as interrupted:  # study.stop() stops asking, as in Study.optimize
+        while True:
+            if interrupted.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see `_interrupts`)
+                raise KeyboardInterrupt
+            if deadline is not None and time.monotonic() >= deadline:
+                logger.info("timeout: no unit starts after it; the live trials stay resumable")
+                return
+            halt = study_record(study).halt
+            if halt is not None and halt.at >= started:
+                logger.warning("study %r: stopped by %s; each unfinished trial continues from its last committed "
+                               "chunk when the study runs again", study.study_name, halt.by)
+                return
+            records = roster.reconcile_all()
+            busy = coordinator.busy()
+            for record in records:
+                live = roster.live.get(record.number)
+                if live is not None and record.pending and live.number not in busy:
+                    with coordinator.claim(live.number) as claim:
+                        if claim is not None:
+                            roster.apply_requests(live, live.ref.read())
+            if roster.pbt is None:
+                roster.decide_rungs()
+            elif roster.rungs_to_decide():  # population-based training makes clones: one process at a time
+                with coordinator.asking() as allowed:
+                    if allowed:
+                        roster.decide_rungs()
+            asking = lambda: more_to_ask() and not compat.stop_requested(study)  # noqa: E731
+            if roster.wants_to_ask(records, max_concurrent, asking):
+                with coordinator.asking() as allowed:
+                    if allowed:
+                        roster.configure()
+                        roster.top_up(max_concurrent, asking)
+            for live in [live for live in roster.live.values() if live.finished and live.number not in busy]:
+                with coordinator.claim(live.number) as claim:  # trained all its units; a crash came before the tell
+                    if claim is not None:
+                        roster.work_on(live, claim)
+            if on_progress is not None:
+                on_progress(roster.progress())
+            held = roster.held_at_exploit()  # waiting for population-based training's decision at their step
+            free = [live.candidate() for live in roster.live.values() if live.number not in busy | held]
+            planned = {r.number: plan.numbers for r in records
+                       if r.number in roster.live and (plan := schema.gang_plan(r.trial, r.committed)) is not None}
+            picks = next_gang(free, gang_size, roster.resident_models(), planned)
+            if not picks:
+                if roster.active() == 0 and not asking():
+                    paused = sorted(n for n, live in roster.live.items() if live.paused)
+                    if paused:
+                        logger.warning("nothing left to run but paused trials %s; resume them and run the study again",
+                                       paused)
+                    return
+                if not coordinator.shared:  # alone, nothing will change by waiting
+                    logger.warning("trials %s are live but none can run; stopping", sorted(roster.live))
+                    return
+                time.sleep(poll_seconds)  # other processes hold the remaining units
+                continue
+            if gang_size <= 1 or picks[0].gang_key is None:  # trains alone, as plain TRL would
+                with coordinator.claim(picks[0].number) as claim:
+                    if claim is not None:
+                        roster.work_on(roster.live[picks[0].number], claim)
+            else:
+                picks = roster.fit_gang(picks)  # memory is planned, not discovered
+                with contextlib.ExitStack() as claims:
+                    held_here = [(roster.live[pick.number], claim) for pick in picks
+                                 if (claim := claims.enter_context(coordinator.claim(pick.number))) is not None]
+                    if held_here:
+                        roster.work_on_gang(held_here)
+            if on_progress is not None:
+                on_progress(roster.progress())

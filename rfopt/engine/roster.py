@@ -1,0 +1,591 @@
+"""The trials one run is working on, kept in step with storage: the one `reconcile`, and each trial's lifecycle.
+
+Storage is the source of truth. `Roster.reconcile` answers one question, "what has this trial
+committed, and how does it stand?", from the stored trial alone, the same way at start-up, after a
+crash, and when a worker takes over a trial another worker trained:
+
+- an end that was stored but not told to Optuna (a failure, a stop, a rung decision to prune; a
+  crash came in between) is told now;
+- a trial asked but not configured yet is left for `configure` (under the coordinator's asking lock);
+- otherwise the trial is live here, at its committed progress (`TrialRecord.committed`): when that
+  is not what the runner holds, the unit pipeline loads it before training (`unit.prepare`); its
+  paused flag and stored rung decisions come from storage too.
+
+The rest is the lifecycle: `ask` (new trials from the search space), `apply_requests` (pause, resume,
+stop, applied at a chunk boundary by the process that holds the trial), `decide_rungs` (pruning once
+every live trial reported a step), `work_on` (one unit, then finish), `fail` and `prune`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from rfopt.chunks import trial_schedule
+from rfopt.compat import storage_of, trial_id_of
+from rfopt.config.overrides import override_dict
+from rfopt.config.trial import TrialConfig
+from rfopt.errors import ConfigError, PrunerFailed, StaleRead
+from rfopt.pruning import Member, PopulationBasedTraining, decide, plan_step
+from rfopt.storage import crashpoints, schema
+from rfopt.storage.database import STORAGE_ERRORS
+from rfopt.storage.leases import LeaseLost
+from rfopt.storage.schema import PruneDecision, TrialRecord, TrialRef
+from rfopt.training import gang
+from rfopt.training.evaluation import EvalPrompts
+from rfopt.training.runner import ChunkAborted
+
+from . import ops, unit
+from .scheduler import LiveTrial, completed_rungs
+from .unit import Claim, Context, Live
+
+logger = logging.getLogger("rfopt")
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """Where a run stands, for a progress display: units and optimizer steps done and in all, trial states, the best
+    value so far."""
+
+    done: int
+    total: int
+    counts: dict[str, int]
+    best: float | None
+    last: tuple[int, int, float] | None
+    """(trial, unit, value) of the last unit committed by this run."""
+    steps_done: int = 0
+    """Optimizer steps of the committed units (this run's and the live trials' earlier ones)."""
+    steps_total: int = 0
+    committed: dict[int, int] = field(default_factory=dict)
+    """Units committed by each live trial (a unit in flight is the one after)."""
+
+
+class Roster:
+    """The live trials of one run (`live`, by trial number)."""
+
+    def __init__(self, ctx: Context, space: Any, *,
+                 callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+                 catch: tuple[type[Exception], ...] = (Exception,)) -> None:
+        self.ctx = ctx
+        self.callbacks = tuple(callbacks)
+        """Called as ``callback(study, frozen_trial)`` after each trial this run ends, as Optuna calls them."""
+        self.catch = catch
+        """A trial's exceptions that fail it alone; another fails it and is raised on (`optuna.Study.optimize`)."""
+        self.study = ctx.study
+        self.space = space
+        self.live: dict[int, Live] = {}
+        self.asked = 0
+        """Trials this run asked Optuna for (clones not counted: they come on top)."""
+        self._counts: dict[str, int] = {}
+        self._ended_units: dict[int, int] = {}
+        self._ended_steps: dict[int, int] = {}
+        self._best: float | None = None
+        self._last: tuple[int, int, float] | None = None
+        self._maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
+        self._warned_params: set[str] = set()
+        self._prompt_tokens: int | None = None
+        self._cloned = False
+        self._said: set[str] = set()
+        ctx.subscribers.insert(0, self._on_commit)
+
+    # ------------------------------------------------------------------ reconcile with storage
+    def reconcile_all(self) -> list[TrialRecord]:
+        """Read the study once and reconcile every RUNNING trial; drop live trials that ended elsewhere."""
+        records = [TrialRecord(t) for t in self.study.get_trials(deepcopy=False)]
+        self._counts = {}
+        for record in records:
+            self._counts[record.state.name] = self._counts.get(record.state.name, 0) + 1
+        running = {r.number: r for r in records if r.state == TrialState.RUNNING}
+        for number in [n for n in self.live if n not in running]:
+            # Another worker finished it (a normal hand-over), or a person failed it (optuna-dashboard's button).
+            state = records[number].state if number < len(records) else None
+            log = logger.warning if state in (TrialState.FAIL, None) else logger.info
+            log("trial %d became %s outside this process; it trains no further here", number,
+                state.name if state is not None else "deleted")
+            self._drop(number)
+        for record in running.values():
+            self.reconcile(record)
+        return records
+
+    def reconcile(self, record: TrialRecord) -> Live | None:
+        """What has this trial committed, and how does it stand? Returns it live here, or None if it is not (ended,
+        or not configured yet). A trial that cannot be resumed (its config no longer loads) fails, with the reason."""
+        number = record.number
+        if record.state != TrialState.RUNNING:
+            self._drop(number)
+            return None
+        if self._settle(record):
+            return None
+        if record.config_json is None:
+            return None
+        live = self.live.get(number)
+        try:
+            if live is None:
+                live = self._start(self._handle(record), TrialConfig.from_json(record.config_json), record, fresh=False)
+        except STORAGE_ERRORS:  # the database failing is not the trial's failure: the run ends, the trial resumable
+            raise
+        except Exception as exc:  # noqa: BLE001 - a trial that cannot resume fails alone
+            self.fail(number, f"could not resume: {type(exc).__name__}: {exc}")
+            self._raise_uncaught(exc)
+            return None
+        if record.committed != live.committed:  # another process moved it on, or this one crashed: load again
+            live.committed, live.loaded = record.committed, False
+        live.paused = record.paused
+        live.decided |= record.decided_steps
+        if record.last_value is not None:
+            live.last_value = record.last_value
+        return live
+
+    def _settle(self, record: TrialRecord) -> bool:
+        """Tell Optuna an end that was stored on the trial but not told before a crash; True if the trial ended."""
+        if record.fail_reason is not None:
+            self.fail(record.number, record.fail_reason)
+            return True
+        if record.stop is not None or record.pruned_by_rung is not None:
+            self._tell_pruned(record.number, "decided before the last crash")
+            return True
+        return False
+
+    # ------------------------------------------------------------------ new trials
+    def wants_to_ask(self, records: list[TrialRecord], max_concurrent: int, more_to_ask: Callable[[], bool]) -> bool:
+        """Whether `configure` or `top_up` has anything to do, judged from the round's read of the study (so a worker
+        takes the study's asking lock only when it will ask: not at every round while its slots are full)."""
+        if any(r.state == TrialState.RUNNING and r.config_json is None for r in records):
+            return True
+        if self.active() >= max_concurrent:
+            return False
+        if self._cloned:  # population-based training enqueued clones after `records` were read: start them now
+            return True
+        return more_to_ask() or any(r.state == TrialState.WAITING and r.lineage is not None for r in records)
+
+    def configure(self) -> None:
+        """Give a config to trials a crash left asked but unconfigured (call while asking is allowed)."""
+        for trial in self.study.get_trials(deepcopy=False, states=[TrialState.RUNNING]):
+            record = TrialRecord(trial)
+            if record.config_json is None:
+                self._configure(self._handle(record))
+
+    def top_up(self, max_concurrent: int, more_to_ask: Callable[[], bool]) -> None:
+        """Ask new trials while fewer than `max_concurrent` are active (call while asking is allowed). A waiting clone
+        is always asked; new trials from the space while `more_to_ask()`."""
+        self._cloned = False
+        while self.active() < max_concurrent and (more_to_ask() or self._waiting_clone()):
+            trial = self.study.ask()
+            if TrialRecord(trial).lineage is None:
+                self.asked += 1
+            self._configure(trial)
+
+    def _configure(self, trial: optuna.Trial) -> None:
+        try:
+            config = self.space.config_for(trial)
+            config.validate()
+            schema.write_config(self._ref(trial), config.to_json())
+            self._start(trial, config, None, fresh=True)
+        except STORAGE_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bad config fails its trial, not the study
+            self.fail(trial.number, f"{type(exc).__name__}: {exc}")
+            self._raise_uncaught(exc)
+
+    def _start(self, trial: optuna.Trial, config: TrialConfig, record: TrialRecord | None, *, fresh: bool) -> Live:
+        """Make the trial live here. `fresh`: this process just configured it, so nothing of it can be in the
+        checkpoint store yet; any other trial is checked against its checkpoint before it trains (`unit.prepare`)."""
+        ref = self._ref(trial)
+        record = record or ref.read()
+        schedule = trial_schedule(self.ctx.plan, config.args)
+        if record.schedule is None:
+            schema.write_schedule(ref, schedule)
+        lineage = record.lineage
+        warm = lineage is not None and lineage.warm_start
+        start_unit = record.start_unit
+        live = Live(
+            trial=trial, ref=ref, config=config, schedule=schedule,
+            runner=unit.fresh_runner(self.ctx, trial.number, config, schedule, start_unit),
+            start_unit=start_unit, warm_start=warm, warm_token=lineage.token if warm else "",
+            committed=record.committed,
+            # A new trial's fresh runner is its state; a resumed one, or a warm clone, is loaded before training.
+            loaded=fresh and not warm,
+            paused=record.paused, last_value=record.last_value,
+            decided=set(range(start_unit)) | record.decided_steps,  # a warm clone reports from its parent's step on
+            alone=gang.refusal(config),
+        )
+        self.live[trial.number] = live
+        return live
+
+    def _waiting_clone(self) -> bool:
+        return any(TrialRecord(t).lineage is not None
+                   for t in self.study.get_trials(deepcopy=False, states=[TrialState.WAITING]))
+
+    # ------------------------------------------------------------------ ops
+    def apply_requests(self, live: Live, record: TrialRecord) -> None:
+        """Apply the trial's pending pause/resume/stop requests (the caller holds the trial's claim)."""
+        result = ops.apply_requests(live.ref, record, after_chunk=live.committed - 1, study=self.study)
+        if result.stop is not None:
+            self._tell_pruned(live.number, f"{schema.STOP_REASON} ({result.stop.by})")
+        elif result.paused != live.paused:
+            live.paused = result.paused
+            if live.paused:  # free its memory; it continues from its checkpoint
+                live.runner.cleanup()
+                live.loaded = False
+
+    # ------------------------------------------------------------------ rungs
+    @property
+    def pbt(self) -> PopulationBasedTraining | None:
+        """The study's population-based training, if its pruner is one."""
+        pruner = self.study.pruner
+        return pruner if isinstance(pruner, PopulationBasedTraining) else None
+
+    def _pending(self, step: int) -> list[Live]:
+        # A trial that trained all its units is finished, not judged (another worker may be telling it so).
+        return [live for live in self.live.values()
+                if step not in live.decided and live.committed > step and not live.finished]
+
+    def rungs_to_decide(self) -> bool:
+        """Whether `decide_rungs` has anything to decide now."""
+        complete = completed_rungs([live.candidate() for live in self.live.values()])
+        return any(self._pending(step) for step in range(complete))
+
+    def held_at_exploit(self) -> set[int]:
+        """Live trials that reported an exploit step of population-based training whose decision is not stored yet:
+        they train on only after it (so a parent's latest checkpoint is the one its clones start from)."""
+        pbt = self.pbt
+        if pbt is None:
+            return set()
+        n_steps = self._n_steps()
+        return {live.number for live in self.live.values()
+                if not live.finished and live.committed - 1 not in live.decided
+                and pbt.is_exploit_step(live.committed - 1, n_steps)}
+
+    def decide_rungs(self) -> None:
+        """Decide every rung that every live trial has reached (`rfopt.pruning`); prune the trials it drops. Under
+        population-based training, call it while asking is allowed (it makes clones)."""
+        complete = completed_rungs([live.candidate() for live in self.live.values()])
+        if not complete:
+            return
+        n_steps = self._n_steps()
+        for step in range(complete):
+            pending = self._pending(step)
+            if not pending:
+                continue
+            if self.pbt is not None:
+                self._exploit(self.pbt, step, pending, n_steps)
+                continue
+            try:
+                decisions = decide(self.study, [live.number for live in pending], step, self.study.pruner,
+                                   n_steps=n_steps)
+            except StaleRead as exc:  # a peer ended elsewhere since the last read; the next round reads again
+                logger.info("rung decision at step %d deferred: %s", step, exc)
+                return
+            except PrunerFailed as exc:  # the judged trial fails with the pruner's exception, as in Optuna
+                self.fail(exc.trial_number, str(exc))
+                self._raise_uncaught(exc.__cause__)
+                return
+            for decision in decisions:
+                live = self.live.get(decision.trial_number)
+                if live is None:
+                    continue
+                live.decided.add(step)
+                if decision.prune:
+                    self._tell_pruned(live.number, decision.reason)
+
+    # ------------------------------------------------------------------ population-based training
+    def _exploit(self, pbt: PopulationBasedTraining, step: int, pending: list[Live], n_steps: int) -> None:
+        """Carry out population-based training's plan for `step`: stored first (so a crash is finished from it, not
+        decided again), then the clones made (each once: found again by its token), then every pending member's
+        decision stored, then the replaced and stopped members told PRUNED."""
+        plan = schema.load_pbt_step(self.study, step)
+        if plan is None:
+            plan = self._plan_exploit(pbt, step, n_steps)
+            schema.write_pbt_step(self.study, plan)
+            crashpoints.reach("pbt-planned", trial=-1, unit=step)
+        clones: dict[int, int | str] = {r.trial: self._replacement(r) for r in plan.replacements}
+        crashpoints.reach("pbt-cloned", trial=-1, unit=step)
+        for live in pending:
+            number = live.number
+            prune, reason = False, plan.reasons.get(number)
+            if reason is None:
+                reason = f"kept: not in the population at chunk {step + 1} (it was paused, or joined later)"
+            elif number in clones:
+                made = clones[number]
+                if isinstance(made, int):
+                    prune, reason = True, f"{reason} (trial {made})"
+                else:
+                    reason = f"kept: its replacement could not be made ({made})"
+            elif number in plan.stopped:
+                prune = True
+            decision = PruneDecision(trial_number=number, step=step, prune=prune, reason=reason,
+                                     peers=tuple(n for n in plan.ranking if n != number),
+                                     pruner=type(pbt).__name__)
+            schema.write_decision(live.ref, decision)
+            live.decided.add(step)
+            if prune:
+                self._tell_pruned(number, reason)
+
+    def _plan_exploit(self, pbt: PopulationBasedTraining, step: int, n_steps: int) -> schema.PbtStep:
+        trials = self.study.get_trials(deepcopy=False)
+        members = []
+        for t in trials:
+            record = TrialRecord(t)
+            if t.state == TrialState.RUNNING and step in t.intermediate_values and not record.paused:
+                units = record.num_units or n_steps
+                members.append(Member(t, t.intermediate_values[step], max(0, units - step - 1)))
+        spent = sum(len(t.intermediate_values) for t in trials)
+        changeable = {m.number: explorable(pbt, self.space, m.trial) for m in members}
+        self._warn_unexplorable(pbt, members, changeable)
+        return plan_step(pbt, self.study, step, n_steps, members, spent, changeable)
+
+    def _warn_unexplorable(self, pbt: PopulationBasedTraining, members: list[Member],
+                           explorable: dict[int, list[str]]) -> None:
+        """A param named in `PopulationBasedTraining(params=...)` that no clone can change is said once, not skipped
+        in silence: a typo, or a param a warm start cannot change (the model, the adapter's shape)."""
+        if pbt.params is None or not members:
+            return
+        searched = {name for m in members for name in m.trial.distributions}
+        changeable = {name for names in explorable.values() for name in names}
+        for name in pbt.params:
+            if name in changeable or name in self._warned_params:
+                continue
+            self._warned_params.add(name)
+            if name not in searched:
+                logger.warning("PopulationBasedTraining(params=...): %r is not a param of this study (its params: "
+                               "%s); clones will not change it", name, ", ".join(sorted(searched)) or "none")
+            else:
+                logger.warning("PopulationBasedTraining(params=...): %r cannot change in a warm-started clone (the "
+                               "parent's weights would not load, or it has one value); clones keep the parent's",
+                               name)
+
+    def _replacement(self, replacement: schema.Replacement) -> int | str:
+        """The clone that replaces a member (made now, or found made before a crash), or why it cannot be made."""
+        number = ops.clone_with_token(self.study, replacement.token)
+        if number is not None:  # made before a crash, its warm-start weights first
+            return number
+        parent = self.study.get_trials(deepcopy=False)[replacement.parent]
+        try:
+            overrides = self.space.overrides_for(parent, replacement.params)
+            made = ops.clone(self.study, replacement.parent, overrides, warm_start=True, plan=self.ctx.plan,
+                             checkpoints=self.ctx.store, by=type(self.pbt).__name__, token=replacement.token,
+                             params=replacement.params)
+        except (ops.OpError, ConfigError, ValueError) as exc:
+            logger.warning("trial %d: its replacement by a clone of trial %d could not be made: %s",
+                           replacement.trial, replacement.parent, exc)
+            return str(exc)
+        logger.info("trial %d replaced by trial %d, a clone of trial %d", replacement.trial, made.number,
+                    replacement.parent)
+        self._cloned = True
+        return made.number
+
+    def _n_steps(self) -> int:
+        """Chunk units of the study's longest trial: the budget "auto" pruner settings are derived from."""
+        units = [TrialRecord(t).num_units for t in self.study.get_trials(deepcopy=False)]
+        return max((u for u in units if u is not None), default=self.ctx.plan.num_chunks)
+
+    # ------------------------------------------------------------------ one unit
+    def work_on(self, live: Live, claim: Claim) -> None:
+        """Under the trial's claim: read it again, apply its requests, train its next unit, finish it if done."""
+        if not self._still_to_train(live):
+            return
+        try:
+            unit.run_unit(self.ctx, live, claim)
+        except unit.CallbackFailed as exc:  # the caller's problem, as in Optuna: the trial is not failed
+            raise exc.__cause__ from None
+        except STORAGE_ERRORS:  # the database failing, not the trial: the run ends, every trial resumable
+            raise
+        except Exception as exc:  # noqa: BLE001 - the trial fails alone (`_after_unit`)
+            self._after_unit(live, claim, exc)
+        else:
+            self._after_unit(live, claim, None)
+
+    def work_on_gang(self, members: list[tuple[Live, Claim]]) -> None:
+        """Under each trial's claim: read them again, apply their requests, train the next unit of those still to
+        train, together (`unit.run_gang`), and finish the ones that are done."""
+        ready = [(live, claim) for live, claim in members if self._still_to_train(live)]
+        if not ready:
+            return
+        try:
+            outcomes = unit.run_gang(self.ctx, ready)
+        except unit.CallbackFailed as exc:  # every unit is committed; the members finish at the next round
+            raise exc.__cause__ from None
+        for live, claim in ready:
+            self._after_unit(live, claim, outcomes.get(live.number))
+
+    def _still_to_train(self, live: Live) -> bool:
+        """Read the trial again and apply its requests: whether it is still live here, unpaused, to train a unit."""
+        record = live.ref.read()
+        if self.reconcile(record) is not live:
+            return False
+        if record.pending:
+            self.apply_requests(live, record)
+            if live.number not in self.live or live.paused:
+                return False
+        return True
+
+    def _after_unit(self, live: Live, claim: Claim, error: BaseException | None) -> None:
+        """After a unit: finish the trial if it trained its last one; if the unit failed, the trial is stale here
+        (another process has it now) or fails alone, with the reason."""
+        if isinstance(error, STORAGE_ERRORS):  # the database failing, not the trial: the run ends, every trial resumable
+            raise error
+        finished = False
+        if error is None and live.finished:
+            try:
+                unit.finish(self.ctx, live, claim)
+                self._drop(live.number)
+                finished = True
+            except STORAGE_ERRORS:
+                raise
+            except Exception as exc:  # noqa: BLE001 - saving the adapter failed, or the claim was lost
+                error = exc
+        if error is None:
+            if finished:
+                self._ended(live.number)
+            return
+        if isinstance(error, (LeaseLost, ChunkAborted)):  # another worker has the trial now; what this one holds is stale
+            logger.warning("%s", error)
+            live.loaded = False
+            return
+        try:
+            claim.fence_finish(live.number)
+        except LeaseLost:
+            live.loaded = False
+        else:
+            self.fail(live.number, f"{type(error).__name__}: {error}")
+            self._raise_uncaught(error)
+
+    # ------------------------------------------------------------------ ends
+    def fail(self, number: int, reason: str) -> None:
+        """End the trial FAIL with `reason` stored on it (before the tell: a finished trial's attrs are final)."""
+        logger.warning("trial %d failed: %s", number, reason)
+        live = self.live.get(number)
+        try:
+            schema.write_fail_reason(live.ref if live is not None else self._ref_by_number(number), reason)
+            self.study.tell(live.trial if live is not None else number, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # it ended elsewhere meanwhile
+            self._drop(number)
+        else:
+            self._drop(number)
+            self._ended(number)
+
+    def _raise_uncaught(self, exc: Exception) -> None:
+        """Raise a trial's exception on (out of the run) unless `catch` says it fails the trial alone; call it in the
+        `except` block, after the trial failed."""
+        if not isinstance(exc, self.catch):
+            raise exc
+
+    def _tell_pruned(self, number: int, reason: str) -> None:
+        try:
+            self.study.tell(self.live[number].trial if number in self.live else number, state=TrialState.PRUNED)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker carried out the same decision
+            self._drop(number)
+        else:
+            logger.info("trial %d pruned: %s", number, reason)
+            self._drop(number)
+            self._ended(number)
+
+    def _ended(self, number: int) -> None:
+        """Call the run's callbacks with the trial this process just ended, as Optuna calls them after a trial."""
+        if self.callbacks:
+            frozen = copy.deepcopy(self.study.get_trials(deepcopy=False)[number])
+            for callback in self.callbacks:
+                callback(self.study, frozen)
+
+    def _drop(self, number: int) -> None:
+        """It trains no further here: free what it holds; its units stay counted in this run's progress."""
+        live = self.live.pop(number, None)
+        if live is not None:
+            self._ended_units[number] = live.committed - live.start_unit
+            self._ended_steps[number] = (live.committed - live.start_unit) * live.schedule.steps_per_chunk
+            live.runner.cleanup()
+
+    # ------------------------------------------------------------------ what the driver asks
+    def active(self) -> int:
+        """Live trials that hold a slot: paused ones free theirs."""
+        return sum(not live.paused for live in self.live.values())
+
+    def fit_gang(self, picks: list[LiveTrial]) -> list[LiveTrial]:
+        """The first of `picks` (a gang) that fit in the device's memory (`ModelPool.gang_room`); says once when a gang
+        is made smaller."""
+        if len(picks) <= 1:
+            return picks
+        configs = [self.live[p.number].config for p in picks]
+        if self._prompt_tokens is None:
+            tokenizer = self.ctx.pool.tokenizer(configs[0])
+            sample = self.ctx.train_dataset.select(range(min(256, len(self.ctx.train_dataset))))
+            self._prompt_tokens = max(map(len, EvalPrompts.of(sample, tokenizer).token_ids(tokenizer)), default=0)
+        n, why = self.ctx.pool.gang_room(configs, self._prompt_tokens)
+        if why is not None and why not in self._said:
+            self._said.add(why)
+            logger.warning("%s", why)
+        return picks[:n]
+
+    def resident_models(self) -> set[str]:
+        return {live.config.model_key for live in self.live.values() if self.ctx.pool.has_base(live.config)}
+
+    def progress(self) -> RunProgress:
+        live_done = sum(live.committed - live.start_unit for live in self.live.values())
+        remaining = sum(max(0, live.schedule.num_units - live.committed) for live in self.live.values())
+        done = live_done + sum(self._ended_units.values())
+        steps_done = sum(self._ended_steps.values()) + sum(
+            (live.committed - live.start_unit) * live.schedule.steps_per_chunk for live in self.live.values())
+        steps_left = sum(max(0, live.schedule.num_units - live.committed) * live.schedule.steps_per_chunk
+                         for live in self.live.values())
+        return RunProgress(done=done, total=done + remaining, counts=dict(self._counts), best=self._best, last=self._last,
+                        steps_done=steps_done, steps_total=steps_done + steps_left,
+                        committed={n: live.committed for n, live in self.live.items()})
+
+    def _on_commit(self, event: unit.UnitCommitted) -> None:
+        self._last = (event.trial.number, event.unit, event.value)
+        if self._best is None or (event.value > self._best if self._maximize else event.value < self._best):
+            self._best = event.value
+
+    # ------------------------------------------------------------------ handles
+    def _handle(self, record: TrialRecord) -> optuna.Trial:
+        """An `optuna.Trial` for a RUNNING trial this process did not ask (resumed, or trained by another worker)."""
+        return optuna.trial.Trial(self.study, trial_id_of(record.trial))
+
+    def _ref(self, trial: optuna.Trial) -> TrialRef:
+        return TrialRef(storage_of(self.study), trial_id_of(trial), trial.number)
+
+    def _ref_by_number(self, number: int) -> TrialRef:
+        frozen = self.study.get_trials(deepcopy=False)[number]
+        return TrialRef(storage_of(self.study), trial_id_of(frozen), number)
+
+
+def explorable(pbt: PopulationBasedTraining, space: Any, parent: FrozenTrial) -> list[str]:
+    """The params a clone of `parent` may change under `pbt`: those named (or all searched ones) that a warm start
+    allows: changing the model, or the adapter's shape, would not load the parent's weights; a param with one value
+    has nothing to change to."""
+    names = pbt.params if pbt.params is not None else tuple(parent.params)
+    stored = TrialRecord(parent).config_json
+    if stored is None:
+        return []
+    data = TrialConfig.config_dict(stored)
+    found = []
+    for name in names:
+        dist = parent.distributions.get(name)
+        if dist is None:
+            continue
+        other = _another_value(dist, parent.params[name])
+        if other is None:
+            continue
+        try:
+            overrides = space.overrides_for(parent, {**parent.params, name: other})
+            child, _ = override_dict(data, overrides)
+        except (ConfigError, ValueError, TypeError):
+            continue
+        if ops.warm_start_refusal(data, child) is None:
+            found.append(name)
+    return found
+
+
+def _another_value(dist: Any, value: Any) -> Any:
+    """A value of `dist` other than `value` (to ask what changing the param would change), or None if it has one."""
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return next((c for c in dist.choices if c != value), None)
+    if dist.low == dist.high:
+        return None
+    return dist.high if value != dist.high else dist.low

@@ -1,0 +1,400 @@
+"""One chunk unit of one trial, from start to commit: load -> train chunk -> evaluate -> checkpoint -> commit.
+
+This is the only code that trains a trial, evaluates it, writes its checkpoint or commits its report:
+
+1. **load** (`prepare`): bring the runner to the trial's committed progress when it is not there
+   (after a pause, a crash, another worker's units, a warm start): from the latest checkpoint, the
+   clone's warm-start weights, or a fresh adapter. A unit whose checkpoint is durable but whose
+   report never reached storage is committed now, from the report inside the checkpoint.
+2. **train** one chunk with TRL's `GRPOTrainer` (`TrialRunner.train_chunk`); it stops between two
+   steps if the claim on the trial is lost (a worker whose lease another took over). While it trains, its progress
+   (step s of S, TRL's logs so far) is published, throttled (`rfopt.training.progress`).
+3. **evaluate** on the eval set with the study's fixed settings: the unit's value.
+4. **checkpoint**: the trial's whole state and the unit's report, durably (`CheckpointStore.save`).
+5. **commit**: the claim's fence, then the unit's metrics and samples and ``trial.report(value,
+   step=unit)``; the unit counts as done once its report is in storage. Then the run's subscribers
+   hear of it (`UnitCommitted`): the progress bar, the dashboard's artifacts, `on_unit`.
+
+A finished trial (`finish`) saves its adapter and is told COMPLETE with its last value.
+
+The claim (`rfopt.engine.coordinator`) says whether this process may write for the trial. What its fences
+cover, and why the writes after them are safe to repeat, is in the README ("Workers").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+
+from rfopt.chunks import ChunkPlan, TrialSchedule
+from rfopt.config.settings import EvalSettings
+from rfopt.config.trial import TrialConfig
+from rfopt.errors import RfoptError
+from rfopt.storage import schema
+from rfopt.storage.checkpoints import CheckpointError, CheckpointStore
+from rfopt.storage.crashpoints import reach
+from rfopt.storage.schema import TrialRef
+from rfopt.storage.state import UnitReport
+from rfopt.training.evaluation import EvalResult
+from rfopt.training.gang import Gang, GangMember, evaluate_members, gang_key
+from rfopt.training.models import ModelPool, adapter_name
+from rfopt.training.progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
+from rfopt.training.rollouts import ungangable_adapter
+from rfopt.training.runner import TrialRunner
+from rfopt.training.trackers import Tracking
+
+from .scheduler import LiveTrial
+
+logger = logging.getLogger("rfopt")
+
+
+class Claim(Protocol):
+    """This process's right to write for one trial (see `rfopt.engine.coordinator`)."""
+
+    def lost(self) -> bool:
+        """Whether the right was lost while the unit trained (asked after every optimizer step)."""
+
+    def fence_checkpoint(self, trial: int) -> None:
+        """Raise `LeaseLost` unless the right still holds; called before the checkpoint is written."""
+
+    def fence_commit(self, trial: int, unit: int) -> None:
+        """Record the unit as committed by this process, in the same transaction that checks the right."""
+
+    def fence_finish(self, trial: int) -> None:
+        """Raise `LeaseLost` unless the right still holds; called before the trial is told COMPLETE."""
+
+
+class CallbackFailed(RfoptError):
+    """A user callback raised after a unit was committed: not the trial's failure; its cause is re-raised to the
+    caller."""
+
+
+@dataclass(frozen=True)
+class UnitCommitted:
+    """What subscribers hear after each commit."""
+
+    trial: optuna.Trial
+    unit: int
+    value: float
+
+
+@dataclass
+class Context:
+    """What every unit of one run shares."""
+
+    study: optuna.Study
+    store: CheckpointStore
+    plan: ChunkPlan
+    train_dataset: Any
+    eval_dataset: Any
+    objective: str
+    settings: EvalSettings
+    pool: ModelPool
+    workdir: Path
+    tracking: Tracking | None = None
+    """The trackers each chunk's trainer reports to (`rfopt.training.trackers`); None: none."""
+    subscribers: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
+    """rfopt's own listeners of committed units: one that raises is logged, and the run goes on."""
+    callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
+    """The user's: one that raises ends the run with its exception (`CallbackFailed` on the way out of the unit),
+    as an Optuna callback does; the unit stays committed and the trial resumable."""
+    step_listeners: list[Callable[[UnitProgress], None]] = field(default_factory=list)
+    """In-process listeners of each optimizer step of a unit in flight (the progress bar); see `rfopt.training.progress`."""
+    progress_seconds: float = INTERVAL_SECONDS
+    """At most one write of a trial's in-chunk progress record in this many seconds."""
+    runner_class: Callable[..., TrialRunner] = TrialRunner
+    """What trains a trial: `TrialRunner` on one device, a data-parallel runner over several (`rfopt.training.parallel`)."""
+
+
+@dataclass
+class Live:
+    """A trial this process is running: its handle, config, runner, and what it knows of its progress."""
+
+    trial: optuna.Trial
+    ref: TrialRef
+    config: TrialConfig
+    schedule: TrialSchedule
+    runner: TrialRunner
+    start_unit: int
+    """0, or for a warm-started clone its parent's progress when it was made (it reports from there on)."""
+    warm_start: bool
+    warm_token: str
+    """A warm-started clone's lineage token, which names its starting weights in the checkpoint store."""
+    committed: int
+    """Units committed in storage, as last read or written by this process (`rfopt.engine.roster` refreshes it)."""
+    loaded: bool
+    """Whether the runner holds the trial's state after `committed` units (else `prepare` loads it)."""
+    paused: bool = False
+    last_value: float | None = None
+    decided: set[int] = field(default_factory=set)
+    """Steps whose rung decision is stored for it."""
+    alone: str | None = None
+    """Why it cannot train in a gang (`rfopt.training.gang.refusal`), or None."""
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+    @property
+    def finished(self) -> bool:
+        return self.committed >= self.schedule.num_units
+
+    def candidate(self) -> LiveTrial:
+        """What the scheduler needs to know of it."""
+        return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused,
+                         gang_key=None if self.alone is not None else gang_key(self.config))
+
+
+def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
+                 ) -> TrialRunner:
+    return ctx.runner_class(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
+                            tracking=ctx.tracking)
+
+
+# ---------------------------------------------------------------------- 1. load
+def prepare(ctx: Context, live: Live, claim: Claim) -> None:
+    """Bring the runner to the trial's committed progress; commit a durable unit whose report is missing.
+
+    Raises `CheckpointError` if the trial's state is lost (committed units, but no checkpoint that holds them).
+    """
+    if live.loaded:
+        return
+    number = live.number
+    state = ctx.store.load(number)
+    if state is None or state.units_done < live.committed:
+        if live.committed > live.start_unit:
+            held = "no checkpoint" if state is None else f"a checkpoint of {state.units_done} chunks"
+            raise CheckpointError(
+                f"trial {number}: {live.committed} chunks were committed but {ctx.store.trial_dir(number)} holds "
+                f"{held}; its state is lost, clone it to train the config again"
+            )
+        if live.runner.units_done != live.start_unit:  # trained here but never committed: start afresh
+            live.runner.cleanup()
+            live.runner = fresh_runner(ctx, number, live.config, live.schedule, live.start_unit)
+        if live.warm_start:
+            live.runner.load_weights(ctx.store.load_warm_start(number, live.warm_token))
+        live.loaded = True
+        return
+    if state.units_done > live.committed + 1:
+        raise CheckpointError(f"trial {number}: its checkpoint holds {state.units_done} chunks but only "
+                              f"{live.committed} were committed; the store does not belong to this study's storage")
+    live.runner.load_state(state)
+    live.loaded = True
+    if state.units_done == live.committed + 1:  # its last unit's checkpoint is durable, its report is not stored
+        report = ctx.store.load_report(number)
+        if report is None or report.unit != live.committed:  # written without its report: evaluate again
+            report = _report(ctx, live, live.committed, train=None)
+        commit(ctx, live, report, claim)
+
+
+# ---------------------------------------------------------------------- 2-5. train, evaluate, checkpoint, commit
+def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
+    """Train, evaluate, checkpoint durably (with the unit's report), then commit the report to storage."""
+    prepare(ctx, live, claim)
+    if live.finished:
+        return
+    number, unit = live.number, live.committed
+    reach("unit-started", trial=number, unit=unit)
+    started = time.perf_counter()
+    publisher = ProgressPublisher(live.ref, unit=unit, num_units=live.schedule.num_units,
+                                  steps=live.schedule.steps_per_chunk, listeners=ctx.step_listeners,
+                                  interval=ctx.progress_seconds)
+    publisher.loading()
+    chunk = live.runner.train_chunk(should_stop=claim.lost, on_step=publisher.step)
+    reach("chunk-trained", trial=number, unit=unit)
+    publisher.evaluating()
+    train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds,
+                                  "started_at": publisher.started}
+    report = _report(ctx, live, unit, train, steps=chunk.steps)
+    claim.fence_checkpoint(number)
+    ctx.store.save(number, live.runner.state(), report)
+    reach("checkpoint-saved", trial=number, unit=unit)
+    commit(ctx, live, report, claim)
+
+
+def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
+            steps: list[dict[str, float]] | None = None) -> UnitReport:
+    started = time.perf_counter()
+    result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
+    return _report_of(ctx, live, unit, result, train, steps, eval_seconds=time.perf_counter() - started)
+
+
+def _report_of(ctx: Context, live: Live, unit: int, result: EvalResult, train: dict[str, float] | None,
+               steps: list[dict[str, float]] | None = None, eval_seconds: float = 0.0) -> UnitReport:
+    value = result.objective(ctx.objective)
+    if not math.isfinite(value):
+        raise ValueError(
+            f"objective {ctx.objective!r} is {value} on the eval set (every reward was None/NaN?); "
+            "check the reward functions"
+        )
+    metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics}
+    if train is not None:  # with the unit's times: training (from the swap-in on), evaluation, and its start
+        metrics["train"] = train | {"eval_seconds": eval_seconds}
+    return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples),
+                      steps=list(steps or []))
+
+
+def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
+    """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
+    number = live.number
+    claim.fence_commit(number, report.unit)
+    schema.write_unit(live.ref, report.unit, report.metrics, report.samples, report.steps)
+    reach("metrics-stored", trial=number, unit=report.unit)
+    live.trial.report(report.value, step=report.unit)
+    reach("unit-committed", trial=number, unit=report.unit)
+    live.committed = report.unit + 1
+    live.last_value = report.value
+    event = UnitCommitted(live.trial, report.unit, report.value)
+    for subscriber in ctx.subscribers:
+        try:
+            subscriber(event)
+        except Exception as exc:  # noqa: BLE001 - a listener's failure is not the trial's
+            logger.warning("trial %d: a listener of committed units failed (%s: %s); the trial goes on",
+                           number, type(exc).__name__, exc)
+    for callback in ctx.callbacks:
+        try:
+            callback(event)
+        except Exception as exc:
+            raise CallbackFailed(f"trial {number}: a callback raised {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------- a gang's units
+def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseException | None]:  # noqa: C901
+    """One unit of each member, trained in lockstep (`rfopt.training.gang`), evaluated together, checkpointed together (all of
+    the gang's units durable or none: `CheckpointStore.save_gang`), then committed one by one.
+
+    Returns each member's outcome by trial number: None (its unit is committed, or it had none left to train) or
+    the exception that ended its unit (it fails alone, or with `LeaseLost`/`ChunkAborted` another process has it
+    now). Raises what a user callback raised (`CallbackFailed`), once every unit is committed, and what stops the
+    whole run (Ctrl-C)."""
+    outcomes: dict[int, BaseException | None] = {}
+    ready: list[tuple[Live, Claim]] = []
+    moved = False
+    for live, claim in members:
+        before = live.committed
+        try:
+            prepare(ctx, live, claim)
+        except Exception as exc:  # noqa: BLE001 - this member's state is lost or unreadable: it fails alone
+            outcomes[live.number] = exc
+            continue
+        outcomes[live.number] = None
+        moved |= live.committed != before
+        if not live.finished:
+            ready.append((live, claim))
+    if moved or not ready:
+        # A unit a crash left durable was committed now: its rung is decided before the next gang forms, as it
+        # would have been without the crash.
+        return outcomes
+    for live, claim in list(ready):
+        try:
+            live.runner.setup()  # its adapter on the shared model (a fresh trial's is made at its first unit)
+        except Exception as exc:  # noqa: BLE001 - its model cannot be loaded, say: it fails alone
+            outcomes[live.number] = exc
+            ready.remove((live, claim))
+    if not ready:
+        return outcomes
+    engine = ctx.pool.engine(ready[0][0].config)
+    for live, claim in list(ready):
+        why = ungangable_adapter(engine.model, adapter_name(live.number))
+        if why is not None:  # seen only once its adapter exists (a LoRA on an embedding, say): it trains alone
+            live.alone = why
+            ready.remove((live, claim))
+            try:
+                run_unit(ctx, live, claim)
+            except CallbackFailed:
+                raise
+            except Exception as exc:  # noqa: BLE001 - as in the gang: its outcome
+                outcomes[live.number] = exc
+    if not ready:
+        return outcomes
+    plan = schema.GangPlan(id=uuid.uuid4().hex[:12], members=tuple((live.number, live.committed) for live, _ in ready))
+    schema.write_gang_plan([live.ref for live, _ in ready], plan)
+    publishers = {}
+    for live, _ in ready:
+        reach("unit-started", trial=live.number, unit=live.committed)
+        publishers[live.number] = ProgressPublisher(
+            live.ref, unit=live.committed, num_units=live.schedule.num_units, steps=live.schedule.steps_per_chunk,
+            listeners=ctx.step_listeners, interval=ctx.progress_seconds, gang=plan.numbers)
+        publishers[live.number].loading()
+    started = time.perf_counter()
+    gang = [GangMember(live.runner, should_stop=claim.lost, on_step=publishers[live.number].step)
+            for live, claim in ready]
+    Gang(engine, gang).train()
+    trained: list[tuple[Live, Claim, Any]] = []
+    for (live, claim), member in zip(ready, gang):
+        if member.error is not None:
+            if not isinstance(member.error, Exception):  # SystemExit and the like end the run, as they would alone
+                raise member.error
+            outcomes[live.number] = member.error
+        else:
+            reach("chunk-trained", trial=live.number, unit=live.committed)
+            publishers[live.number].evaluating()
+            trained.append((live, claim, member.result))
+    if not trained:
+        return outcomes
+    seconds = time.perf_counter() - started
+    evaluated = time.perf_counter()
+    results = evaluate_members(engine, [live.runner for live, _, _ in trained], ctx.eval_dataset, ctx.settings)
+    eval_seconds = time.perf_counter() - evaluated
+    reports: list[tuple[Live, Claim, UnitReport]] = []
+    for (live, claim, chunk), result in zip(trained, results):
+        try:
+            if isinstance(result, Exception):
+                raise result
+            train = dict(chunk.values) | {"seconds": seconds, "swap_seconds": chunk.swap_seconds,
+                                          "started_at": publishers[live.number].started}
+            report = _report_of(ctx, live, live.committed, result, train, steps=chunk.steps,
+                                eval_seconds=eval_seconds)
+            claim.fence_checkpoint(live.number)
+        except Exception as exc:  # noqa: BLE001 - its evaluation failed, or another process has it now
+            outcomes[live.number] = exc
+            continue
+        reports.append((live, claim, report))
+    if not reports:
+        return outcomes
+    try:
+        saved = ctx.store.save_gang([(live.number, live.runner.state(), report) for live, _, report in reports],
+                                    gang=f"{plan.id}-{reports[0][2].unit}")
+    except Exception as exc:  # noqa: BLE001 - the gang record could not be written: the members fail, as alone
+        for live, _, _ in reports:
+            outcomes[live.number] = exc
+        return outcomes
+    for live, _, _ in reports:
+        if isinstance(saved[live.number], Exception):  # its own checkpoint could not be written: it fails alone
+            outcomes[live.number] = saved[live.number]
+    reports = [entry for entry in reports if not isinstance(saved[entry[0].number], Exception)]
+    failed_callback: CallbackFailed | None = None
+    for live, claim, report in reports:
+        reach("checkpoint-saved", trial=live.number, unit=report.unit)
+        try:
+            commit(ctx, live, report, claim)
+        except CallbackFailed as exc:  # the unit is committed; the caller hears of it once every unit is
+            failed_callback = failed_callback or exc
+        except Exception as exc:  # noqa: BLE001 - another process has it now
+            outcomes[live.number] = exc
+    if failed_callback is not None:
+        raise failed_callback
+    return outcomes
+
+
+# ---------------------------------------------------------------------- the end
+def finish(ctx: Context, live: Live, claim: Claim) -> None:
+    """Save the finished trial's adapter (or model) and tell Optuna COMPLETE with its last value."""
+    number = live.number
+    runner = live.runner
+    if live.config.peft_config is not None:
+        path = ctx.store.save_adapter(number, runner.model, adapter_name(number), runner.tokenizer)
+    else:
+        path = ctx.store.save_model(number, runner.model, runner.tokenizer)
+    claim.fence_finish(number)
+    schema.write_adapter(live.ref, str(path))
+    reach("trial-finishing", trial=number, unit=live.committed - 1)
+    ctx.study.tell(live.trial, live.last_value)

@@ -1,0 +1,637 @@
+"""Charts that compare a study's trials: one Plotly figure per metric, every trial overlaid (rfopt's dashboard page),
+and the "why it wins" views: parallel coordinates (params -> value; an SVG, `parallel_svg`) and each param against the
+value.
+
+    >>> figures = comparison(study.trials, optuna.study.StudyDirection.MAXIMIZE).figures   # doctest: +SKIP
+    >>> [f.key for f in figures]
+    ['params', 'objective', 'reward', 'rewards/correctness/mean', 'reward_std', 'entropy', ...]
+
+A figure is plain data in Plotly's JSON schema (``{"data": [...], "layout": {...}}``); the page draws it with the
+plotly.js that the ``plotly`` package bundles, served by the dashboard itself (nothing is fetched from outside).
+
+- ``params`` (section ``why``): each param against the value, one panel per param, one point per trial in its colour;
+  a cross marks a pruned, stopped or failed trial, a star the best one.
+- ``objective``: the value each trial reported to Optuna after each chunk (x: chunks trained, 1 to C).
+- TRL's per-step metrics (`schema.TrialRecord.step_metrics`) on the global optimizer step, chunk boundaries marked
+  (``chunk 2`` where the second chunk starts): the total reward, each reward function's mean, the reward's std, KL
+  (only when some trial logged it: TRL logs none with ``beta=0``), entropy, completion length, clip ratio and loss;
+  where the evaluation after a chunk measured the same metric, that value is a hollow marker at the chunk's last step.
+  The steps of a chunk in training, published before it commits (`schema.TrialRecord.in_flight_steps`), continue the
+  trial's line dashed (``meta.role == "in-flight"``). A metric no trial logged has no figure.
+
+In every figure a trial has one colour (`colour`: distinct for any number of trials), its series are named by its
+config (``t12 lr=0.05 T=1``: the params that differ between trials, `trial_labels`) with ``meta.role == "series"``,
+and hovering shows the trial, its params and the value; the best trial (`best_trial`) is drawn thicker, named with a
+star and marked with one (``meta.role == "best"``, no legend entry of its own); a pruned, stopped or failed trial's
+series ends where it ended, with a cross whose hover gives the reason (``meta.role == "end"``). Every trace on the step
+or chunk axis carries ``meta.t``: when each point happened (ms since the epoch; None where not recorded), so the page
+can put the x axis on wall time (`rfopt.reports.timeline`).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from rfopt.storage.schema import TrialRecord, UnitMetrics
+
+from .timeline import step_times, value_times
+
+# 24 colours, the first 10 Tableau's, each next one far from the others (no light tints of earlier ones); past 24,
+# hues walk the golden angle, so trial N's colour stays distinct from its neighbours' in any study size.
+_PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#393b79", "#e6ab02", "#1b9e77", "#a6761d", "#e7298a", "#66a61e", "#7570b3", "#b15928", "#0b5d1e", "#f781bf",
+    "#843c39", "#3182bd", "#d95f02", "#000000",
+)
+
+# TRL's per-step keys charted, in order, with their titles; rewards/<func>/mean are added after "reward".
+_STEP_METRICS = (
+    ("reward", "reward (total)"),
+    ("reward_std", "reward std"),
+    ("kl", "KL"),
+    ("entropy", "entropy"),
+    ("completions/mean_length", "completion length (tokens)"),
+    ("clip_ratio/region_mean", "clip ratio"),
+    ("loss", "loss"),
+)
+
+# Short names for series labels (``t3 lr=0.05 r=8``); a param not listed keeps its name.
+_SHORT_PARAMS = {
+    "learning_rate": "lr", "temperature": "T", "lora_r": "r", "r": "r", "lora_alpha": "alpha",
+    "lora_dropout": "dropout", "per_device_train_batch_size": "bs", "gradient_accumulation_steps": "ga",
+    "num_generations": "G", "max_completion_length": "len", "weight_decay": "wd", "num_iterations": "iters",
+    "lr_scheduler_type": "sched", "warmup_steps": "warmup", "max_grad_norm": "clip", "epsilon": "eps",
+}
+
+
+def colour(number: int) -> str:
+    """The colour of trial `number` in every chart and in the leaderboard."""
+    if number < len(_PALETTE):
+        return _PALETTE[number]
+    return f"hsl({(number * 137.508) % 360:.1f}, 70%, {40 + 12 * (number % 3)}%)"
+
+
+def trial_labels(trials: Sequence[FrozenTrial]) -> dict[int, str]:
+    """Each trial's series name: ``t12 lr=0.05 T=1``, its number and the params that differ between the trials (all
+    of a lone trial's); just ``t12`` when the trials differ in no param."""
+    names = list(dict.fromkeys(k for t in trials for k in t.params))
+    varying = [k for k in names if len({repr(t.params.get(k)) for t in trials}) > 1 or len(trials) == 1]
+    labels = {}
+    for t in trials:
+        parts = [f"{_SHORT_PARAMS.get(k, k)}={_short(t.params[k])}" for k in varying if k in t.params]
+        labels[t.number] = " ".join([f"t{t.number}", *parts])
+    return labels
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One chart: a Plotly figure (`data`, `layout`) of one metric."""
+
+    key: str
+    """The metric: ``objective`` or TRL's name (``rewards/correctness/mean``); or ``parallel``, ``params``."""
+    title: str
+    data: list[dict[str, Any]]
+    layout: dict[str, Any]
+    section: str = "charts"
+    """Where the page shows it: ``why`` (next to the leaderboard) or ``charts`` (the metrics compared)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "title": self.title, "data": self.data, "layout": self.layout, "section": self.section}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A study's trials side by side: the best one and a figure per metric."""
+
+    best: int | None
+    """The best trial's number (`best_trial`); None while no trial can be called best."""
+    best_label: str
+    """``best`` (Optuna's best trial: among COMPLETE ones) or ``leading`` (no trial complete yet)."""
+    figures: list[Figure] = field(default_factory=list)
+    labels: dict[int, str] = field(default_factory=dict)
+    """Each trial's series name (`trial_labels`)."""
+
+
+def best_trial(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> tuple[int | None, str]:
+    """The trial to mark as best and how to call it: Optuna's best trial (the best value among COMPLETE trials) when
+    there is one, else ``leading``: the best last reported value among trials still running. None for a
+    multi-objective study (`direction` None) or when no trial has a value."""
+    if direction is None:
+        return None, ""
+    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
+    complete = [(t.values[0], t.number) for t in trials if t.state == TrialState.COMPLETE and t.values]
+    if complete:
+        return max(complete, key=lambda vn: (sign * vn[0], -vn[1]))[1], "best"
+    running = [(v, t.number) for t in trials if t.state == TrialState.RUNNING
+               and (v := TrialRecord(t).last_value) is not None]
+    if running:
+        return max(running, key=lambda vn: (sign * vn[0], -vn[1]))[1], "leading"
+    return None, ""
+
+
+def comparison(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective") -> Comparison:
+    """The study's trials compared: the best one and every chart (`objective` names the objective's y axis)."""
+    best, label = best_trial(trials, direction)
+    labels = trial_labels(trials)
+    lines = [_Trial.of(t, labels[t.number]) for t in trials]
+    figures = [f for f in (_params_figure(lines, trials, best, objective),) if f is not None]
+    figures.append(_objective_figure(lines, best, label, objective))
+    reward_keys = sorted({k for line in lines for row in line.steps + line.flight for k in row
+                          if k.startswith("rewards/") and k.endswith("/mean")})
+    keys = [("reward", "reward (total)")] + [(k, f"reward: {k[len('rewards/'):-len('/mean')]}") for k in reward_keys]
+    keys += list(_STEP_METRICS[1:])
+    for key, title in keys:
+        figure = _step_figure(lines, best, label, key, title)
+        if figure is not None:
+            figures.append(figure)
+    return Comparison(best=best, best_label=label, figures=figures, labels=labels)
+
+
+# ---------------------------------------------------------------------- one trial's lines
+@dataclass(frozen=True)
+class _Trial:
+    number: int
+    state: str
+    label: str
+    """Its series name (`trial_labels`)."""
+    hover: str
+    """The trial's first hover lines (escaped): number, state, params."""
+    ended: str | None
+    """Why it ended early (pruned, stopped, failed), escaped; None otherwise."""
+    values: dict[int, float]
+    steps: list[dict[str, float]]
+    flight: list[dict[str, float]]
+    """The steps of its unit in training, published before the unit commits."""
+    evals: dict[int, dict[str, float]]
+    """Each unit's eval metrics, by unit."""
+    times: dict[tuple[int, int], float]
+    """When each step ended (seconds since the epoch), by (unit, step): `rfopt.reports.timeline.step_times`."""
+    value_times: dict[int, float]
+    """When each unit's value was known, by unit."""
+    committed: int
+
+    @classmethod
+    def of(cls, trial: FrozenTrial, label: str) -> _Trial:
+        record = TrialRecord(trial)
+        state = record.shown_state
+        params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+        hover = f"<b>trial {trial.number}</b> · {state}" + (f"<br>{_e(params)}" if params else "")
+        ended = None
+        if trial.state in (TrialState.PRUNED, TrialState.FAIL) or record.stop is not None:
+            ended = _e(record.end_reason or trial.state.name.lower())
+        return cls(trial.number, state, label, hover, ended, dict(sorted(trial.intermediate_values.items())),
+                   record.step_metrics(), record.in_flight_steps(), {m.unit: m.eval for m in record.unit_metrics()},
+                   step_times(record), value_times(record), record.committed)
+
+    def unit_ends(self) -> dict[int, int]:
+        """The last optimizer step of each unit trained."""
+        ends: dict[int, int] = {}
+        for row in self.steps:
+            ends[int(row["unit"])] = max(ends.get(int(row["unit"]), 0), int(row["step"]))
+        return ends
+
+    def step_time(self, row: Mapping[str, float]) -> float | None:
+        t = self.times.get((int(row["unit"]), int(row["step"])))
+        return None if t is None else round(1000 * t)
+
+
+def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective",
+                 width: int = 640, height: int = 300) -> str:
+    """Parallel coordinates as an SVG: one line per trial that has a value, through its trial number, each param, the
+    chunks it trained and its value, coloured by the value (dark: worst, bright: best); a pruned, stopped or failed
+    trial's line is dashed. Hovering a line names the trial, its params and its value (``<title>``). Drawn here, not by
+    plotly.js, whose parallel coordinates need WebGL (and a Content-Security-Policy that allows ``eval``)."""
+    shown = [t for t in trials if t.intermediate_values]
+    if not shown:
+        return ""
+    labels = trial_labels(trials)
+    names = list(dict.fromkeys(k for t in shown for k in t.params))
+    values = [TrialRecord(t).value for t in shown]
+    axes: list[tuple[str, list[float], list[tuple[float, str]]]] = [_axis("trial", [t.number for t in shown], None)]
+    for name in names:
+        dist = next((t.distributions[name] for t in shown if name in t.distributions), None)
+        axes.append(_axis(name, [t.params.get(name) for t in shown], dist))
+    axes.append(_axis("chunks trained", [TrialRecord(t).committed for t in shown], None))
+    axes.append(_axis(objective, values, None))
+    left, right, top, bottom = 40, 40, 28, 40
+    span = (width - left - right) / max(1, len(axes) - 1)
+    plot_h = height - top - bottom
+    parts = [f'<svg class="parallel" width="100%" viewBox="0 0 {width} {height}" preserveAspectRatio="xMidYMid meet" '
+             'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="10" role="img" '
+             f'aria-label="parallel coordinates: params to {_attr(objective)}, one line per trial">']
+    lo, hi = min(v for v in values if v is not None), max(v for v in values if v is not None)
+    maximize = direction != StudyDirection.MINIMIZE
+    order = sorted(range(len(shown)), key=lambda i: _goodness(values[i], lo, hi, maximize))  # the best drawn last
+    for i in order:
+        trial = shown[i]
+        points = []
+        for a, (_, positions, _) in enumerate(axes):
+            y = positions[i]
+            points.append(f"{left + a * span:.1f},{top + (1 - y) * plot_h:.1f}" if y is not None else None)
+        coords = " ".join(p for p in points if p is not None)
+        good = _goodness(values[i], lo, hi, maximize)
+        ended = trial.state in (TrialState.PRUNED, TrialState.FAIL) or TrialRecord(trial).stop is not None
+        state = TrialRecord(trial).shown_state
+        dash = ' stroke-dasharray="5 3"' if ended else ""
+        parts.append(f'<polyline data-trial="{trial.number}" data-state="{state}" points="{coords}" fill="none" '
+                     f'stroke="{_viridis(good)}" stroke-width="{2.6 if good == 1 else 1.6}" stroke-opacity="0.9"{dash}>'
+                     f'<title>{_attr(labels[trial.number])} · {state.lower()} · {_attr(objective)} '
+                     f'{_short(values[i])}</title></polyline>')
+    for a, (name, _, ticks) in enumerate(axes):
+        x = left + a * span
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" stroke="#888"/>')
+        anchor = "start" if a == 0 else "end" if a == len(axes) - 1 else "middle"
+        parts.append(f'<text x="{x:.1f}" y="{top - 10}" text-anchor="{anchor}" font-weight="bold">{_attr(name)}</text>')
+        for position, text in ticks:
+            y = top + (1 - position) * plot_h
+            parts.append(f'<text x="{x + 3:.1f}" y="{y + 3:.1f}" fill="#444">{_attr(text)}</text>')
+    parts.append(f'<text x="{left}" y="{height - 12}" fill="#666">colour: {_attr(objective)}, dark = worst, '
+                 'bright = best · dashed: pruned, stopped or failed</text></svg>')
+    return "".join(parts)
+
+
+def _axis(name: str, raw: list[Any], dist: Any) -> tuple[str, list[float | None], list[tuple[float, str]]]:
+    """An axis of the parallel coordinates: its label, each trial's position on it (0 bottom, 1 top; None: no value)
+    and a few ticks. Categorical and text values are spaced evenly, log-scale params on a log scale."""
+    present = [v for v in raw if v is not None]
+    if not present:
+        return name, [None] * len(raw), []
+    if isinstance(dist, CategoricalDistribution) or any(not isinstance(v, (int, float)) for v in present):
+        choices = list(dict.fromkeys(str(v) for v in present))
+        where = {c: (i + 0.5) / len(choices) for i, c in enumerate(choices)}
+        return name, [None if v is None else where[str(v)] for v in raw], [(where[c], c) for c in choices][:12]
+    log = isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log and min(present) > 0
+    scale = (lambda v: math.log10(v)) if log else (lambda v: float(v))
+    lo, hi = scale(min(present)), scale(max(present))
+    width = hi - lo or 1.0
+
+    def position(v: Any) -> float | None:
+        return None if v is None else 0.5 if hi == lo else (scale(v) - lo) / width
+
+    distinct = sorted(set(present))
+    ticks = distinct if len(distinct) <= 6 else [distinct[0], distinct[len(distinct) // 2], distinct[-1]]
+    return name, [position(v) for v in raw], [(position(v) or 0.0, _short(v)) for v in ticks]
+
+
+def _goodness(value: float | None, lo: float, hi: float, maximize: bool) -> float:
+    if value is None or hi == lo:
+        return 1.0 if value is not None else 0.0
+    good = (value - lo) / (hi - lo)
+    return good if maximize else 1 - good
+
+
+def _viridis(x: float) -> str:
+    """A colour of the viridis scale, 0 (dark purple) to 1 (yellow)."""
+    stops = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+    x = min(1.0, max(0.0, x)) * (len(stops) - 1)
+    i = min(int(x), len(stops) - 2)
+    f = x - i
+    r, g, b = (round(a + (c - a) * f) for a, c in zip(stops[i], stops[i + 1]))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _params_figure(lines: list[_Trial], trials: Sequence[FrozenTrial], best: int | None,
+                   objective: str) -> Figure | None:
+    """Each param against the value: one panel per param, one point per trial that has a value."""
+    shown = [(line, t) for line, t in zip(lines, trials) if line.values]
+    names = list(dict.fromkeys(k for _, t in shown for k in t.params))
+    if not shown or not names:
+        return None
+    data: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {
+        "title": {"text": f"each param against the value ({_e(objective)})", "font": {"size": 14}, "x": 0.01},
+        "height": 340, "margin": {"l": 55, "r": 10, "t": 40, "b": 45}, "showlegend": False, "hovermode": "closest",
+        "uirevision": "params", "paper_bgcolor": "white", "plot_bgcolor": "white",
+        "yaxis": {"title": {"text": _e(objective)}, "zeroline": False},
+    }
+    gap = 0.04
+    width = (1 - gap * (len(names) - 1)) / len(names)
+    for i, name in enumerate(names):
+        axis = "x" if i == 0 else f"x{i + 1}"
+        key = "xaxis" if i == 0 else f"xaxis{i + 1}"
+        dist = next((t.distributions[name] for _, t in shown if name in t.distributions), None)
+        layout[key] = {"domain": [i * (width + gap), i * (width + gap) + width], "title": {"text": _e(name)},
+                       "zeroline": False}
+        if isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log:
+            layout[key]["type"] = "log"
+        elif isinstance(dist, CategoricalDistribution):
+            layout[key]["type"] = "category"
+        points = [(line, t.params[name]) for line, t in shown if name in t.params]
+        data.append({
+            "type": "scatter", "mode": "markers", "xaxis": axis, "yaxis": "y",
+            "x": [v if isinstance(v, (int, float)) else str(v) for _, v in points],
+            "y": [line.values[max(line.values)] for line, _ in points],
+            "text": [line.label for line, _ in points],
+            "marker": {"color": [colour(line.number) for line, _ in points], "size": [16 if line.number == best else 10
+                                                                                       for line, _ in points],
+                       "symbol": ["star" if line.number == best else "x" if line.ended else "circle"
+                                  for line, _ in points],
+                       "line": {"color": "#222", "width": 1}},
+            "hovertemplate": f"%{{text}}<br>{_e(name)} %{{x}}<br>{_e(objective)} %{{y:.4g}}<extra></extra>",
+            "meta": {"role": "param", "param": name, "trials": [line.number for line, _ in points]},
+        })
+    return Figure("params", "each param against the value", data, layout, section="why")
+
+
+def _objective_figure(lines: list[_Trial], best: int | None, label: str, objective: str) -> Figure:
+    data: list[dict[str, Any]] = []
+    most = 1
+    for line in lines:
+        if line.values:
+            xs, ys = [u + 1 for u in line.values], list(line.values.values())
+            times = [_ms(line.value_times.get(u)) for u in line.values]
+            most = max(most, xs[-1])
+            data += _traces(line, xs, ys, times, best, label, f"after chunk %{{x}}: {_e(objective)} %{{y:.4g}}")
+    layout = _layout("objective", f"objective: {objective} (after each chunk)", "chunks trained", objective)
+    layout["xaxis"].update(_integer_ticks(1, most))
+    return Figure("objective", f"objective: {objective}", data, layout)
+
+
+def _step_figure(lines: list[_Trial], best: int | None, label: str, key: str, title: str) -> Figure | None:
+    data: list[dict[str, Any]] = []
+    boundaries: dict[float, set[int]] = {}
+    last = 1
+    for line in lines:
+        rows = [r for r in line.steps if key in r]
+        flight = [r for r in line.flight if key in r]
+        if not rows and not flight:
+            continue
+        point = f"step %{{x}}: {_e(key)} %{{y:.4g}}"
+        if rows:
+            data += _traces(line, [int(r["step"]) for r in rows], [r[key] for r in rows],
+                            [line.step_time(r) for r in rows], best, label, point)
+        if flight:  # the chunk in training: dashed from the last committed point until it commits
+            joined = rows[-1:] + flight
+            data.append({
+                "type": "scatter", "mode": "lines+markers", "x": [int(r["step"]) for r in joined],
+                "y": [r[key] for r in joined], "name": f"{line.label} (training)", "showlegend": False,
+                "legendgroup": f"trial {line.number}",
+                "line": {"color": colour(line.number), "width": 1.6, "dash": "dash"},
+                "marker": {"color": colour(line.number), "size": 4},
+                "hovertemplate": f"{line.hover}<br>{point} (chunk in training, not committed)<extra></extra>",
+                "meta": {"trial": line.number, "role": "in-flight", "t": [line.step_time(r) for r in joined]},
+            })
+        last = max([last, *(int(r["step"]) for r in rows + flight)])
+        ends = line.unit_ends()
+        for unit in ends:
+            if unit + 1 in ends or (flight and unit + 1 == int(flight[0]["unit"])):
+                boundaries.setdefault(ends[unit] + 0.5, set()).add(unit + 1)
+        evals = [(ends[u], m[key], line.value_times.get(u)) for u, m in sorted(line.evals.items())
+                 if key in m and u in ends]
+        if evals:
+            data.append({
+                "type": "scatter", "mode": "markers", "x": [x for x, _, _ in evals], "y": [y for _, y, _ in evals],
+                "name": f"{line.label} eval", "showlegend": False, "legendgroup": f"trial {line.number}",
+                "marker": {"color": colour(line.number), "symbol": "circle-open", "size": 9, "line": {"width": 2}},
+                "hovertemplate": f"{line.hover}<br>eval after the chunk ending at step %{{x}}: %{{y:.4g}}<extra></extra>",
+                "meta": {"trial": line.number, "role": "eval", "t": [_ms(t) for _, _, t in evals]},
+            })
+    if not data:
+        return None
+    layout = _layout(key, title, "optimizer step", key)
+    layout["xaxis"].update(_integer_ticks(1, last))
+    layout["shapes"] = [
+        {"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
+         "line": {"color": "#bbb", "width": 1, "dash": "dot"}}
+        for x in sorted(boundaries)
+    ]
+    # A boundary is labelled with the chunk that starts there, counted from 1 (as everywhere rfopt writes text).
+    layout["annotations"] = [
+        {"x": x, "y": 1, "xref": "x", "yref": "paper", "yanchor": "bottom", "showarrow": False,
+         "text": f"chunk {min(units) + 1}", "font": {"size": 10, "color": "#888"}}
+        for x, units in sorted(boundaries.items()) if len(units) == 1
+    ]
+    return Figure(key, title, data, layout)
+
+
+def _traces(line: _Trial, xs: list[int], ys: list[float], times: list[float | None], best: int | None, label: str,
+            point: str) -> list[dict]:
+    """A trial's series, then a cross where it ended early and a star if it is the best trial."""
+    is_best = line.number == best
+    name = line.label + (f" ★ {label}" if is_best else "")
+    traces = [{
+        "type": "scatter", "mode": "lines+markers" if len(xs) < 30 else "lines", "x": xs, "y": ys, "name": name,
+        "legendgroup": f"trial {line.number}",
+        "line": {"color": colour(line.number), "width": 4 if is_best else 1.6},
+        "marker": {"color": colour(line.number), "size": 5},
+        "hovertemplate": f"{line.hover}<br>{point}<extra></extra>",
+        "meta": {"trial": line.number, "role": "series", "state": line.state, "t": times},
+    }]
+    if line.ended is not None:
+        traces.append({
+            "type": "scatter", "mode": "markers", "x": [xs[-1]], "y": [ys[-1]], "name": f"{line.label} ended",
+            "showlegend": False, "legendgroup": f"trial {line.number}",
+            "marker": {"color": colour(line.number), "symbol": "x", "size": 11},
+            "hovertemplate": f"{line.hover}<br>ended here: {line.ended}<extra></extra>",
+            "meta": {"trial": line.number, "role": "end", "reason": line.ended, "t": times[-1:]},
+        })
+    if is_best:
+        traces.append({
+            "type": "scatter", "mode": "markers", "x": [xs[-1]], "y": [ys[-1]], "name": f"★ {label}: {line.label}",
+            "showlegend": False, "legendgroup": f"trial {line.number}",
+            "marker": {"color": colour(line.number), "symbol": "star", "size": 16, "line": {"color": "#222", "width": 1}},
+            "hovertemplate": f"{line.hover}<br>{label} trial<br>{point}<extra></extra>",
+            "meta": {"trial": line.number, "role": "best", "t": times[-1:]},
+        })
+    return traces
+
+
+def _layout(key: str, title: str, x_title: str, y_title: str) -> dict[str, Any]:
+    return {
+        "title": {"text": _e(title), "font": {"size": 14}, "x": 0.01},
+        "height": 320, "margin": {"l": 55, "r": 10, "t": 40, "b": 40},
+        "xaxis": {"title": {"text": x_title}, "zeroline": False},
+        "yaxis": {"title": {"text": _e(y_title)}, "zeroline": False},
+        "hovermode": "closest", "showlegend": True, "legend": {"font": {"size": 11}},
+        "uirevision": key,  # a refresh keeps the user's zoom and hidden trials
+        "paper_bgcolor": "white", "plot_bgcolor": "white",
+    }
+
+
+def _integer_ticks(first: int, last: int) -> dict[str, Any]:
+    """Ticks on whole numbers only (a step or a chunk count): at most some 10 of them, 1, 2 or 5 times a power of ten
+    apart."""
+    span = max(1, last - first)
+    step = 1
+    while span / step > 10:
+        step = step * 5 // 2 if str(step).startswith("2") else step * 2
+    return {"tick0": first if step == 1 else 0, "dtick": step, "tickformat": "d"}
+
+
+def _ms(t: float | None) -> float | None:
+    return None if t is None else round(1000 * t)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _e(text: Any) -> str:
+    # Plotly renders a subset of HTML in hover text and titles: params, reasons and names come from users.
+    return html.escape(str(text), quote=False)
+
+
+# ---------------------------------------------------------------------- one trial's charts as SVG: the ``rfopt-metrics.svg`` artifact
+_LEGEND_TOP = 162  # baseline of a chart's first legend row, below the x axis and its label
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One small line chart: a value per chunk unit for each named series."""
+
+    title: str
+    series: dict[str, list[tuple[int, float]]]
+
+    @property
+    def num_points(self) -> int:
+        return sum(len(points) for points in self.series.values())
+
+
+def charts(chunks: list[UnitMetrics]) -> list[Chart]:
+    """The charts shown for a trial: eval reward, train reward (total and per reward function), KL, entropy, length."""
+
+    def series(source: str, keys: Iterable[tuple[str, str]]) -> dict[str, list[tuple[int, float]]]:
+        out: dict[str, list[tuple[int, float]]] = {}
+        for label, key in keys:
+            points = [(c.unit, getattr(c, source)[key]) for c in chunks if key in getattr(c, source)]
+            if points:
+                out[label] = points
+        return out
+
+    def rewards(source: str) -> list[tuple[str, str]]:
+        names = sorted({k for c in chunks for k in getattr(c, source) if k.startswith("rewards/") and k.endswith("/mean")})
+        return [("total", "reward")] + [(k[len("rewards/"):-len("/mean")], k) for k in names]
+
+    length = series("train", [("train", "completions/mean_length")])
+    length |= series("eval", [("eval", "completions/mean_length")])
+    return [
+        Chart("eval reward", series("eval", rewards("eval"))),
+        Chart("train reward", series("train", rewards("train"))),
+        Chart("KL", series("train", [("kl", "kl")])),
+        Chart("entropy", series("train", [("entropy", "entropy")])),
+        Chart("completion length", length),
+    ]
+
+
+def chart_svg(chart: Chart, width: int = 270, x: int | None = None, y: int | None = None) -> str:
+    """An SVG line chart with one line and one marker (hover: its value) per chunk unit and series."""
+    left, right, top, bottom = 46, 10, 22, 26
+    legend = _legend_rows(list(chart.series), width - left)
+    height = _chart_height(chart, width)
+    plot_w, plot_h = width - left - right, 150 - top - bottom
+    position = "" if x is None else f' x="{x}" y="{y}"'
+    parts = [
+        (f'<svg class="rfopt-chart" data-title="{_attr(chart.title)}" data-points="{chart.num_points}"{position} '
+         f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" '
+         'font-family="sans-serif" font-size="10">'),
+        f'<text x="{left}" y="13" font-size="12" font-weight="bold">{_attr(chart.title)}</text>',
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
+    ]
+    points = [p for ps in chart.series.values() for p in ps]
+    if not points:
+        parts.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h / 2}" text-anchor="middle" fill="#999">not logged</text>')
+        parts.append("</svg>")
+        return "".join(parts)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if y0 == y1:
+        pad = abs(y0) * 0.1 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
+
+    def px(u: float) -> float:
+        return left + (plot_w / 2 if x0 == x1 else (u - x0) / (x1 - x0) * plot_w)
+
+    def py(v: float) -> float:
+        return top + plot_h - (v - y0) / (y1 - y0) * plot_h
+
+    ticks = (y0, (y0 + y1) / 2, y1)
+    for v, label in zip(ticks, _tick_labels(ticks)):
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{left - 4}" y="{py(v) + 3:.1f}" text-anchor="end" fill="#555">{label}</text>')
+    for u in sorted({x0, x1}):
+        parts.append(f'<text x="{px(u):.1f}" y="{top + plot_h + 12}" text-anchor="middle" fill="#555">{u}</text>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 23}" text-anchor="middle" fill="#888">step (chunk unit)</text>')
+    for i, (label, series) in reversed(list(enumerate(chart.series.items()))):  # the first (the total) on top
+        color = _COLORS[i % len(_COLORS)]
+        coords = " ".join(f"{px(u):.1f},{py(v):.1f}" for u, v in series)
+        parts.append(f'<polyline data-series="{_attr(label)}" points="{coords}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        for u, v in series:
+            parts.append(
+                f'<circle cx="{px(u):.1f}" cy="{py(v):.1f}" r="2.5" fill="{color}">'
+                f"<title>{_attr(label)}, step {u}: {v:.6g}</title></circle>"
+            )
+    for row, labels in enumerate(legend):
+        lx = left
+        for label in labels:
+            color = _COLORS[list(chart.series).index(label) % len(_COLORS)]
+            ly = _LEGEND_TOP + 14 * row
+            parts.append(f'<rect x="{lx}" y="{ly - 8}" width="8" height="8" fill="{color}"/>')
+            parts.append(f'<text x="{lx + 11}" y="{ly}">{_attr(label)}</text>')
+            lx += _label_width(label)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def charts_svg(chunks: list[UnitMetrics], title: str) -> str:
+    """All of a trial's charts in one standalone SVG document (the ``rfopt-metrics.svg`` artifact)."""
+    width, gap, columns = 270, 10, 2  # two columns: legible as optuna-dashboard's artifact thumbnail
+    shown = charts(chunks)
+    row_h = max(_chart_height(chart, width) for chart in shown) + gap
+    rendered = [
+        chart_svg(chart, width, x=(i % columns) * (width + gap), y=24 + (i // columns) * row_h)
+        for i, chart in enumerate(shown)
+    ]
+    total_w = columns * (width + gap) - gap
+    total_h = 24 + math.ceil(len(shown) / columns) * row_h
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
+        f'viewBox="0 0 {total_w} {total_h}" font-family="sans-serif">'
+        f'<rect width="100%" height="100%" fill="white"/>'
+        f'<text x="4" y="16" font-size="13" font-weight="bold">{_attr(title)}</text>{"".join(rendered)}</svg>'
+    )
+
+
+def _chart_height(chart: Chart, width: int) -> int:
+    rows = len(_legend_rows(list(chart.series), width - 46))
+    return _LEGEND_TOP - 10 + 14 * rows + (4 if rows else 0)
+
+
+def _tick_labels(values: tuple[float, ...]) -> list[str]:
+    """The fewest significant digits that tell the ticks apart."""
+    for digits in range(3, 9):
+        labels = [f"{v:.{digits}g}" for v in values]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
+
+
+def _label_width(label: str) -> int:
+    return 16 + 6 * len(label)
+
+
+def _legend_rows(labels: list[str], width: int) -> list[list[str]]:
+    if len(labels) <= 1:
+        return []  # one series: the title says what it is
+    rows: list[list[str]] = [[]]
+    used = 0
+    for label in labels:
+        if rows[-1] and used + _label_width(label) > width:
+            rows.append([])
+            used = 0
+        rows[-1].append(label)
+        used += _label_width(label)
+    return rows
+
+
+def _attr(value: Any) -> str:
+    return html.escape(str(value), quote=True)

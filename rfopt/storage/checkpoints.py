@@ -1,0 +1,706 @@
+"""The checkpoint store: each trial's latest state, written durably, and its final adapter.
+
+Layout under the store's root (a local directory, or an fsspec URL such as ``s3://bucket/prefix``)::
+
+    rfopt-study.json           which study these checkpoints belong to (its identity, name and storage)
+    trial-00003/
+        LATEST                 the name of the newest complete checkpoint (replaced atomically)
+        unit-0002/             one checkpoint: the state after the trial's third chunk unit
+            tensors.safetensors    weights, optimizer tensors, torch RNG state
+            state.json             counters, scheduler, optimizer groups, python/numpy RNG state
+            report.json            the unit's value and metrics, committed to storage after the checkpoint
+        warm-start/            a warm-started clone's starting weights, copied from its parent
+        adapter/               the finished trial's adapter in PEFT format (PeftModel.from_pretrained loads it)
+    gangs/<id>.json            while a gang's units are being named: which checkpoint each member's LATEST names
+
+A checkpoint's files are first written to a local staging directory, then published, and only then
+named in ``LATEST``; older checkpoints are removed after that. ``LATEST`` is the commit point. In a
+local directory, publishing is fsync and rename, and ``LATEST`` is replaced by rename. In an object
+store (no directory rename there), every file of the checkpoint is uploaded first and ``LATEST`` is
+then written as one object, which S3 and GCS replace atomically. A crash at any moment leaves the
+previous checkpoint intact and named; a failed write (a full disk, a refused upload) raises
+`CheckpointError` naming the trial, the checkpoint and the cause, and leaves the previous checkpoint
+the latest. Retention: a trial keeps its latest checkpoint (a pruned or stopped trial can still be
+cloned warm from it) and, once finished, its adapter.
+
+A store belongs to exactly one study: ``rfopt-study.json`` names the study's identity (``rfopt:id``, given to
+the study when it first runs), and `CheckpointStore.claim` refuses a store that names another study, or one
+that holds trials' checkpoints and names none. So a stale directory (of a study whose database was
+deleted) or a foreign one (a same-named study in another database) is never taken for this study's.
+
+A gang's units (several trials trained in lockstep, `rfopt.training.gang`) become durable together: every member's
+checkpoint is published first, then one record under ``gangs/`` is written (the gang's commit point), then each
+member's ``LATEST``; a store read after a crash finishes naming them (`save_gang`). So a rerun either has all of a
+gang's units or none, and trains the gang again with the same members.
+
+A unit's report rides along in its checkpoint, so that a crash after the checkpoint is durable and
+before the report reaches storage is committed with exactly the value and metrics it would have had.
+
+Object stores are reached through fsspec, which takes credentials and endpoints from each filesystem's
+usual sources (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``~/.aws``),
+so nothing secret is stored in the study.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from rfopt.errors import RfoptError
+
+from .crashpoints import reach
+from .state import RngState, TrialSnapshot, UnitReport
+
+Location = Path | str
+"""Where something in a store is: a `Path` in a local store, a URL string (``s3://bucket/prefix/...``) in an object store."""
+
+_LOCAL_PROTOCOLS = ("file", "local")
+OWNER_FILE = "rfopt-study.json"
+
+
+class CheckpointError(RfoptError, RuntimeError):
+    """A checkpoint that is missing, unreadable, corrupt or could not be written; names the trial and the file."""
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    """Whether `location` is an fsspec URL of a store other than the local filesystem (``s3://``, ``gcs://``, ``memory://``).
+
+    >>> is_url("s3://bucket/rfopt"), is_url("/shared/rfopt"), is_url("file:///shared/rfopt")
+    (True, False, False)
+    """
+    protocol, separator, _ = str(location).partition("://")
+    return bool(separator) and protocol not in _LOCAL_PROTOCOLS
+
+
+def normalize_location(location: str | os.PathLike) -> str:
+    """`location` as a study records it: a URL as given, without a trailing slash; else an absolute local path.
+
+    A ``file://`` URL is a local path: it is stored as one, and written durably like one.
+    """
+    protocol, separator, rest = str(location).partition("://")
+    if not separator:
+        return str(Path(location).resolve())
+    if protocol in _LOCAL_PROTOCOLS:
+        return str(Path(rest).resolve())
+    return f"{protocol}://{rest.rstrip('/')}"
+
+
+def location_exists(location: Location) -> bool:
+    """Whether a file or directory exists at `location` (a local path or a URL)."""
+    return _files_at(location).exists("")
+
+
+def download(location: Location, target: str | os.PathLike) -> Path:
+    """Copy the directory at `location` (a local path or a URL) into the new local directory `target`."""
+    target = Path(target)
+    _files_at(location).download("", target)
+    return target
+
+
+class CheckpointStore:
+    """Checkpoints of a study's trials in a local directory or at an fsspec URL.
+
+    >>> store = CheckpointStore("s3://my-bucket/rfopt/demo")     # or a local or shared directory
+    >>> store.latest(3)                                          # 's3://my-bucket/rfopt/demo/trial-00003/unit-0002'
+
+    Paths it returns are `Path`s for a local store and URL strings for an object store.
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self._files = _files_at(root)
+        self._files.create()
+        self.root = self._files.location("")
+
+    # ------------------------------------------------------------------ which study the store belongs to
+    def owner(self) -> dict[str, Any] | None:
+        """The study this store belongs to (``{"id", "study", "storage"}``), or None if it names none."""
+        try:
+            return json.loads(self._files.read(OWNER_FILE))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - unreadable: say where, do not guess whose it is
+            raise CheckpointError(f"checkpoint store {self.root}: {OWNER_FILE} is unreadable: {exc}") from exc
+
+    def claim(self, uid: str, study_name: str, storage: str, *, recorded: bool) -> None:
+        """Make this store study `uid`'s, or raise `CheckpointError` saying whose it is and what to do.
+
+        A store that names this study is fine; one that names another study is refused. A store that names no
+        study is claimed (its marker written) if it holds no trial's checkpoints, or if the study already records
+        this location (`recorded`: a study from an rfopt that wrote no marker).
+        """
+        owner = self.owner()
+        this = f"study {study_name!r} (id {uid}) of {storage}"
+        if owner is not None:
+            if owner.get("id") == uid:
+                return
+            raise CheckpointError(
+                f"checkpoint store {self.root} belongs to study {owner.get('study')!r} (id {owner.get('id')}) of "
+                f"{owner.get('storage')}, not to {this}. If that study is gone (its database deleted), delete "
+                f"{self.root}; otherwise give this study a checkpoint location of its own (checkpoint_dir=..., "
+                "--checkpoint-dir)"
+            )
+        if not recorded and any(name.startswith("trial-") for name in self._files.names("")):
+            raise CheckpointError(
+                f"checkpoint store {self.root} holds trials' checkpoints but names no study, so they may be another "
+                f"study's; {this} will not write there. Delete {self.root} if they are stale, or give this study "
+                "another checkpoint location"
+            )
+        data = json.dumps({"id": uid, "study": study_name, "storage": storage}).encode()
+        try:
+            self._files.write_pointer(OWNER_FILE, data)
+        except Exception as exc:  # noqa: BLE001 - the store cannot take writes: the same error as check_writable
+            raise CheckpointError(f"checkpoint store {self.root}: cannot write there: {exc}") from exc
+
+    def trial_dir(self, trial_number: int) -> Location:
+        return self._files.location(_trial_key(trial_number))
+
+    def adapter_dir(self, trial_number: int) -> Location:
+        return self._files.location(f"{_trial_key(trial_number)}/adapter")
+
+    # ------------------------------------------------------------------ resume checkpoints
+    def save(self, trial_number: int, state: TrialSnapshot, report: UnitReport | None = None) -> Location:
+        """Write `state` (and the report of the unit that produced it) durably as the trial's latest checkpoint.
+
+        Returns the checkpoint's location. Raises `CheckpointError` if the write fails (e.g. the disk is full, an
+        upload is refused); the previous checkpoint is then intact and still the latest.
+        """
+        name = self._write_unit(trial_number, state, report)
+        self._name_latest(trial_number, name)
+        return self._files.location(f"{_trial_key(trial_number)}/{name}")
+
+    def save_gang(self, entries: list[tuple[int, TrialSnapshot, UnitReport | None]], gang: str
+                  ) -> dict[int, Location | CheckpointError]:
+        """Write the checkpoints of a gang's units (`rfopt.training.gang`) so that they become the latest all together or not
+        at all: every checkpoint is written first, then one gang record (``gangs/<gang>.json``, the commit point),
+        then each trial's ``LATEST``. A crash before the record leaves every trial at its previous checkpoint (the
+        gang trains the unit again, with the same members); after it, `load` finishes naming them. `gang` names the
+        record (unique per gang unit).
+
+        Returns each trial's new checkpoint, or the `CheckpointError` that kept its own from being written (its
+        previous checkpoint stays its latest; the others' are saved without it). Raises `CheckpointError` when the
+        gang record cannot be written (every trial keeps its previous checkpoint)."""
+        names, failed = [], {}
+        for number, state, report in entries:
+            try:
+                names.append((number, self._write_unit(number, state, report)))
+            except CheckpointError as exc:  # this trial's own write (a full disk, a late worker): it fails alone
+                failed[number] = exc
+        if not names:
+            return failed
+        record = {"units": {str(number): name for number, name in names}}
+        reach("gang-units-written", trial=names[0][0], unit=entries[0][1].units_done - 1)
+        try:
+            self._files.write_pointer(_gang_key(gang), json.dumps(record).encode())  # the commit point
+        except Exception as exc:  # noqa: BLE001 - as a failed checkpoint: the previous ones stay the latest
+            raise CheckpointError(f"trials {[n for n, _ in names]}: writing the gang record {_gang_key(gang)} in "
+                                  f"{self.root} failed ({exc}); their previous checkpoints are kept") from exc
+        reach("gang-saved", trial=names[0][0], unit=entries[0][1].units_done - 1)
+        for number, name in names:
+            self._name_latest(number, name)
+        self._files.remove(_gang_key(gang))
+        return {**failed, **{number: self._files.location(f"{_trial_key(number)}/{name}") for number, name in names}}
+
+    def _write_unit(self, trial_number: int, state: TrialSnapshot, report: UnitReport | None) -> str:
+        """Write and publish the checkpoint's files (not yet named in ``LATEST``); returns its name."""
+        from safetensors.torch import save_file
+
+        trial = _trial_key(trial_number)
+        name = f"unit-{state.units_done:04d}"
+        unit = state.units_done - 1
+        try:
+            staging = self._files.staging(trial, name, stale=".unit-*")
+        except OSError as exc:
+            raise self._write_error(trial_number, name, exc) from exc
+        try:
+            tensors, meta = _flatten(state)
+            save_file(tensors, str(staging / "tensors.safetensors"))
+            (staging / "state.json").write_bytes(json.dumps(meta).encode())
+            if report is not None:
+                (staging / "report.json").write_bytes(json.dumps(asdict(report)).encode())
+            reach("checkpoint-staged", trial=trial_number, unit=unit)
+            newer = self._latest_name(trial_number)
+            if newer is not None and newer > name:  # a worker whose lease expired, writing late
+                raise CheckpointError(f"trial {trial_number}: not writing {name}, the trial already has {newer}")
+            self._files.publish(staging, f"{trial}/{name}")
+            reach("checkpoint-renamed", trial=trial_number, unit=unit)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, CheckpointError):
+                raise
+            if isinstance(exc, Exception):  # OSError, safetensors' own error, an object store's refusal
+                raise self._write_error(trial_number, name, exc) from exc
+            raise
+        return name
+
+    def _name_latest(self, trial_number: int, name: str) -> None:
+        """Make checkpoint `name` the trial's latest (the commit point of a single save), then remove older ones."""
+        trial = _trial_key(trial_number)
+        try:
+            self._files.write_pointer(f"{trial}/LATEST", name.encode())
+        except Exception as exc:  # noqa: BLE001 - as a failed write: the previous checkpoint stays the latest
+            raise self._write_error(trial_number, name, exc) from exc
+        for old in self._files.names(trial):
+            if old.startswith("unit-") and old < name:
+                self._files.remove(f"{trial}/{old}")
+
+    def _settle_gangs(self) -> None:
+        """Finish naming the checkpoints of gangs whose record was written before a crash (`save_gang`)."""
+        for entry in self._files.names("gangs"):
+            if not entry.endswith(".json"):
+                continue
+            key = f"gangs/{entry}"
+            try:
+                record = json.loads(self._files.read(key))
+            except FileNotFoundError:  # another process settled it meanwhile
+                continue
+            for number, name in record["units"].items():
+                latest = self._latest_name(int(number))
+                if latest is None or latest < name:
+                    self._name_latest(int(number), name)
+            self._files.remove(key)
+
+    def _write_error(self, trial_number: int, name: str, exc: Exception) -> CheckpointError:
+        try:
+            previous = self._latest_name(trial_number)
+        except Exception as error:  # noqa: BLE001 - the store itself is unreachable: say so, keep the first cause
+            kept = f"its previous checkpoint could not be read ({error})"
+        else:
+            kept = f"the previous checkpoint {previous} is kept" if previous else "the trial had no checkpoint yet"
+        return CheckpointError(f"trial {trial_number}: writing checkpoint {name} in {self.trial_dir(trial_number)} "
+                               f"failed ({exc}); {kept}")
+
+    def check_writable(self) -> None:
+        """Write and remove a small object at the store's root; `CheckpointError` saying why if that fails.
+
+        Run before training, so that a store that cannot take checkpoints (a bucket that does not exist, missing
+        credentials, a read-only directory) stops the run with one clear error instead of failing every trial at
+        its first checkpoint.
+        """
+        probe = f".rfopt-write-check-{uuid.uuid4().hex}"  # workers starting together each check their own
+        try:
+            self._files.write_pointer(probe, b"")
+            self._files.remove(probe)
+        except Exception as exc:  # noqa: BLE001 - OSError, an object store's refusal, a connection error
+            hint = (" (rfopt creates no bucket: create it, and give credentials and for S3-compatible servers "
+                    "AWS_ENDPOINT_URL, see the README)" if isinstance(self.root, str) else "")
+            raise CheckpointError(f"checkpoint store {self.root}: cannot write there: {exc}{hint}") from exc
+
+    def latest(self, trial_number: int) -> Location | None:
+        """The location of the trial's latest checkpoint (the one ``LATEST`` names), or None."""
+        name = self._latest_name(trial_number)
+        return None if name is None else self._files.location(f"{_trial_key(trial_number)}/{name}")
+
+    def _latest_name(self, trial_number: int) -> str | None:
+        try:
+            return self._files.read(f"{_trial_key(trial_number)}/LATEST").decode().strip()
+        except FileNotFoundError:
+            return None
+
+    def load(self, trial_number: int) -> TrialSnapshot | None:
+        """The trial's latest checkpoint, or None if it has none; `CheckpointError` if it is unreadable."""
+        from safetensors.torch import load
+
+        try:
+            self._settle_gangs()
+            name = self._latest_name(trial_number)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unreadable pointer, an unreachable store
+            raise CheckpointError(f"trial {trial_number}: the LATEST pointer in {self.trial_dir(trial_number)} is "
+                                  f"unreadable: {exc}") from exc
+        if name is None:
+            return None
+        unit = f"{_trial_key(trial_number)}/{name}"
+        meta = self._read(trial_number, f"{unit}/state.json", json.loads)
+        tensors = self._read(trial_number, f"{unit}/tensors.safetensors", load)
+        try:
+            return _unflatten(tensors, meta)
+        except Exception as exc:  # noqa: BLE001 - files that parse but do not belong together
+            raise CheckpointError(f"trial {trial_number}: checkpoint {self._files.location(unit)} is unreadable: "
+                                  f"{exc!r}") from exc
+
+    def load_report(self, trial_number: int) -> UnitReport | None:
+        """The report stored with the trial's latest checkpoint, or None (no checkpoint, or one without a report)."""
+        name = self._latest_name(trial_number)
+        key = f"{_trial_key(trial_number)}/{name}/report.json"
+        if name is None or not self._files.exists(key):
+            return None
+        return self._read(trial_number, key, lambda data: UnitReport(**json.loads(data)))
+
+    def _read(self, trial_number: int, key: str, parse: Callable[[bytes], Any], what: str = "checkpoint file") -> Any:
+        try:
+            return parse(self._files.read(key))
+        except Exception as exc:  # noqa: BLE001 - OSError, bad JSON, safetensors' own error for a damaged file
+            raise CheckpointError(f"trial {trial_number}: {what} {self._files.location(key)} is unreadable: "
+                                  f"{exc}") from exc
+
+    # ------------------------------------------------------------------ warm starts
+    # A clone's starting weights are named by its lineage token, not its trial number, so that they are written
+    # before the clone exists: a process that starts the clone the moment it is enqueued finds them, and a crash
+    # between the two leaves at worst weights that no trial names (`discard_warm_start`), never a clone without them.
+    def save_warm_start(self, token: str, weights: dict[str, Any], parent: int, from_unit: int) -> Location:
+        """The weights the clone with lineage `token` starts from, copied from trial `parent` after `from_unit` chunks."""
+        from safetensors.torch import save_file
+
+        def write(staging: Path) -> Path:
+            save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(staging / "weights.safetensors"))
+            (staging / "origin.json").write_bytes(json.dumps({"parent": parent, "from_unit": from_unit}).encode())
+            return staging
+
+        return self._save_dir(_warm_key(token), write)
+
+    def load_warm_start(self, trial_number: int, token: str) -> dict[str, Any]:
+        """The starting weights of clone `trial_number`, whose lineage has `token` (a clone made before tokens named
+        them has its weights in its own trial directory)."""
+        from safetensors.torch import load
+
+        key = f"{_warm_key(token)}/weights.safetensors"
+        legacy = f"{_trial_key(trial_number)}/warm-start/weights.safetensors"
+        if not token or (not self._files.exists(key) and self._files.exists(legacy)):
+            key = legacy
+        return self._read(trial_number, key, load, what="warm-start weights")
+
+    def has_warm_start(self, token: str) -> bool:
+        return bool(token) and self._files.exists(f"{_warm_key(token)}/weights.safetensors")
+
+    def discard_warm_start(self, token: str) -> None:
+        """Remove the starting weights of a clone that will never start (cancelled), or that was never made."""
+        if token:
+            self._files.remove(_warm_key(token))
+
+    # ------------------------------------------------------------------ final adapters
+    def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Location:
+        """Save a PEFT adapter so that ``PeftModel.from_pretrained(base, path)`` loads it (after `download` from a URL)."""
+
+        def write(staging: Path) -> Path:
+            model.save_pretrained(str(staging), selected_adapters=[adapter])
+            # PEFT puts every adapter but "default" in a subdirectory named after it.
+            saved = staging / adapter if (staging / adapter).is_dir() else staging
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(saved))
+            return saved
+
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter", write)
+
+    def save_model(self, trial_number: int, model: Any, tokenizer: Any = None) -> Location:
+        """Save a fully fine-tuned model (no adapter) where the adapter would go."""
+
+        def write(staging: Path) -> Path:
+            model.save_pretrained(str(staging))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(staging))
+            return staging
+
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter", write)
+
+    def _save_dir(self, key: str, write: Callable[[Path], Path]) -> Location:
+        """Write a directory with `write` (into a staging directory; it returns what to publish), then publish it
+        at `key`, replacing what was there."""
+        parent, _, name = key.rpartition("/")
+        staging = self._files.staging(parent, name)
+        try:
+            self._files.publish(write(staging), key)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return self._files.location(key)
+
+
+def _trial_key(trial_number: int) -> str:
+    return f"trial-{trial_number:05d}"
+
+
+def _gang_key(gang: str) -> str:
+    return f"gangs/{gang}.json"
+
+
+def _warm_key(token: str) -> str:
+    return f"warm-starts/{token}"
+
+
+# ---------------------------------------------------------------------- where the files go
+# The store names everything by a key relative to its root ("trial-00003/unit-0002/state.json"); the two
+# `CheckpointFiles` below are the only code that differs between a local directory and an object store.
+
+
+class CheckpointFiles(Protocol):
+    """Where a `CheckpointStore` keeps its files, by key relative to its root: `_LocalFiles` (a directory) and
+    `_ObjectFiles` (an fsspec object store). A directory becomes visible whole (`publish`); `write_pointer` is the
+    commit point (one small object written whole)."""
+
+    def create(self) -> None:
+        """Make the root where one must exist (nothing for an object store)."""
+
+    def location(self, key: str) -> Any:
+        """Where `key` is, as a person reads it (a path or a URL)."""
+
+    def read(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def names(self, key: str) -> list[str]:
+        """The entries directly under `key`, sorted; none when it is not there."""
+
+    def remove(self, key: str) -> None:
+        """Remove `key` and everything under it; gone already is not an error."""
+
+    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
+        """A new local directory to write `name` into before `publish`."""
+
+    def publish(self, staged: Path, key: str) -> None:
+        """Make the staged directory visible at `key`, whole (replacing what was there)."""
+
+    def write_pointer(self, key: str, data: bytes) -> None:
+        """Write one small object whole: the commit point of a save."""
+
+    def download(self, key: str, target: Path) -> None:
+        """Copy the directory at `key` to the local `target`."""
+
+
+class _LocalFiles:
+    """A local (or mounted shared) directory: files fsynced, directories renamed into place, `LATEST` replaced by
+    rename, so a power loss at any moment leaves the previous state."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def location(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def read(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self.location(key).exists()
+
+    def names(self, key: str) -> list[str]:
+        folder = self.root / key
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def remove(self, key: str) -> None:
+        path = self.root / key
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
+        """A new directory to write `name` into before it is published: beside its target, so that it can be renamed."""
+        folder = self.root / key
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob(stale) if stale else ():  # left by a process killed mid-write
+            shutil.rmtree(old, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
+
+    def publish(self, staged: Path, key: str) -> None:
+        for path in staged.rglob("*"):
+            if path.is_file():
+                _fsync_file(path)
+        target = self.root / key
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staged, target)
+        _fsync_dir(target.parent)
+
+    def write_pointer(self, key: str, data: bytes) -> None:
+        path = self.root / key
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(path.parent.parent)
+        _write_durably(path, data)
+
+    def download(self, key: str, target: Path) -> None:
+        shutil.copytree(self.location(key), target)
+
+
+class _ObjectFiles:
+    """An fsspec filesystem at a URL (S3, GCS, Azure, ...). There is no directory rename: a directory is published by
+    uploading its files one by one, and a single object (`LATEST`) written whole is the commit point."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+        from fsspec.registry import known_implementations
+
+        self.url = normalize_location(url)
+        try:
+            self.fs, path = fsspec.core.url_to_fs(self.url)
+        except ImportError as exc:  # fsspec names the package: "Install s3fs to access S3"
+            protocol = self.url.partition("://")[0]
+            package = known_implementations.get(protocol, {}).get("class", "").partition(".")[0]
+            fix = f"; pip install {package}" if package else ""
+            raise CheckpointError(f"checkpoint store {self.url}: {exc}{fix}") from exc
+        except ValueError as exc:  # "Protocol not known: ..."
+            raise CheckpointError(f"checkpoint store {self.url}: {exc}") from exc
+        self.path = path.rstrip("/")
+
+    def _path(self, key: str) -> str:
+        return f"{self.path}/{key}" if key else self.path
+
+    def create(self) -> None:
+        """Nothing to create: an object store has no directories (the bucket must exist)."""
+
+    def location(self, key: str) -> str:
+        if not key:
+            return self.url
+        return f"{self.url}{'' if self.url.endswith('/') else '/'}{key}"
+
+    def read(self, key: str) -> bytes:
+        return self.fs.cat_file(self._path(key))
+
+    def exists(self, key: str) -> bool:
+        self.fs.invalidate_cache(self._path(key))  # another process may have written it since the last listing
+        return self.fs.exists(self._path(key))
+
+    def names(self, key: str) -> list[str]:
+        path = self._path(key)
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(entry.rstrip("/").rpartition("/")[2] for entry in entries)
+
+    def remove(self, key: str) -> None:
+        try:
+            self.fs.rm(self._path(key), recursive=True)
+        except OSError:  # gone already, or refused: retention tries again after the next checkpoint
+            pass
+        self.fs.invalidate_cache(self._path(key))
+
+    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
+        """A local temporary directory to write `name` into before it is uploaded."""
+        return Path(tempfile.mkdtemp(prefix=f".{name}."))
+
+    def publish(self, staged: Path, key: str) -> None:
+        self.remove(key)  # what an earlier, unfinished attempt left under this name
+        for path in sorted(staged.rglob("*")):
+            if path.is_file():
+                target = f"{key}/{path.relative_to(staged).as_posix()}"
+                try:
+                    self.fs.put_file(str(path), self._path(target))
+                except Exception as exc:
+                    self.remove(key)  # not named in LATEST, so nothing reads it; do not leave it half-written
+                    raise OSError(f"uploading {self.location(target)}: {exc}") from exc
+
+    def write_pointer(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(key), data)
+
+    def download(self, key: str, target: Path) -> None:
+        root = self._path(key)
+        self.fs.invalidate_cache(root)
+        files = self.fs.find(root)
+        if not files:
+            raise FileNotFoundError(f"nothing at {self.location(key)}")
+        for path in files:
+            local = target / path[len(root):].lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(path, str(local))
+
+
+def _files_at(location: str | os.PathLike) -> CheckpointFiles:
+    if is_url(location):
+        return _ObjectFiles(str(location))
+    return _LocalFiles(normalize_location(location) if "://" in str(location) else location)
+
+
+def _flatten(state: TrialSnapshot) -> tuple[dict[str, Any], dict[str, Any]]:
+    import torch
+
+    tensors: dict[str, Any] = {f"weights.{k}": v.detach().contiguous().cpu() for k, v in state.weights.items()}
+    meta: dict[str, Any] = {
+        "units_done": state.units_done,
+        "global_step": state.global_step,
+        "tokens_seen": state.tokens_seen,
+        "scheduler": state.scheduler,
+        "optimizer": None,
+        "rng": None,
+    }
+    if state.optimizer is not None:
+        plain_state: dict[str, dict[str, Any]] = {}
+        for index, entry in state.optimizer["state"].items():
+            plain_state[str(index)] = {}
+            for key, value in entry.items():
+                if torch.is_tensor(value):
+                    tensors[f"optimizer.{index}.{key}"] = value.detach().contiguous().cpu()
+                    plain_state[str(index)][key] = {"tensor": f"optimizer.{index}.{key}"}
+                else:
+                    plain_state[str(index)][key] = value
+        meta["optimizer"] = {"state": plain_state, "param_groups": state.optimizer["param_groups"]}
+    if state.rng is not None:
+        tensors["rng.torch"] = state.rng.torch
+        for i, cuda_state in enumerate(state.rng.cuda):
+            tensors[f"rng.cuda.{i}"] = cuda_state
+        version, internal, gauss = state.rng.python
+        kind, keys, pos, has_gauss, cached = state.rng.numpy
+        meta["rng"] = {
+            "python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "cuda_devices": len(state.rng.cuda),
+        }
+    return tensors, meta
+
+
+def _unflatten(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialSnapshot:
+    import numpy as np
+
+    weights = {k[len("weights.") :]: v for k, v in tensors.items() if k.startswith("weights.")}
+    optimizer = None
+    if meta["optimizer"] is not None:
+        opt_state = {}
+        for index, entry in meta["optimizer"]["state"].items():
+            opt_state[int(index)] = {
+                key: tensors[value["tensor"]] if isinstance(value, dict) and "tensor" in value else value
+                for key, value in entry.items()
+            }
+        optimizer = {"state": opt_state, "param_groups": meta["optimizer"]["param_groups"]}
+    rng = None
+    if meta["rng"] is not None:
+        version, internal, gauss = meta["rng"]["python"]
+        kind, keys, pos, has_gauss, cached = meta["rng"]["numpy"]
+        rng = RngState(
+            python=(version, tuple(internal), gauss),
+            numpy=(kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+            torch=tensors["rng.torch"],
+            cuda=[tensors[f"rng.cuda.{i}"] for i in range(meta["rng"]["cuda_devices"])],
+        )
+    return TrialSnapshot(
+        units_done=meta["units_done"],
+        global_step=meta["global_step"],
+        tokens_seen=meta["tokens_seen"],
+        weights=weights,
+        optimizer=optimizer,
+        scheduler=meta["scheduler"],
+        rng=rng,
+    )
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

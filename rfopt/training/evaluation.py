@@ -1,0 +1,191 @@
+"""Evaluating a trial after each chunk: fixed generation settings and seed, the trial's own reward functions.
+
+The objective reported to Optuna is the mean weighted total reward on the eval set (``"reward"``),
+or the mean of one reward function (its name). Evaluation forks the RNG, so it never changes what
+training does next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rfopt.config.rewardfuncs import checked_reward, is_async, reward_name
+from rfopt.config.settings import EvalSettings
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def objective(self, name: str) -> float:
+        key = "reward" if name == "reward" else f"rewards/{name}/mean"
+        if key not in self.metrics:
+            known = ["reward"] + sorted(k.split("/")[1] for k in self.metrics if k.startswith("rewards/"))
+            raise KeyError(f"objective {name!r} is not among the evaluated values {known}")
+        return self.metrics[key]
+
+
+def is_conversational(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+
+
+@dataclass
+class EvalPrompts:
+    """An eval set as evaluation uses it: the prompts, the texts generation starts from, the other columns."""
+
+    prompts: list[Any]
+    texts: list[str]
+    columns: dict[str, list[Any]]
+
+    @classmethod
+    def of(cls, dataset: Any, tokenizer: Any) -> EvalPrompts:
+        prompts = list(dataset["prompt"])
+        columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+        texts = [
+            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if is_conversational(p)
+            else p
+            for p in prompts
+        ]
+        return cls(prompts, texts, columns)
+
+    def token_ids(self, tokenizer: Any) -> list[list[int]]:
+        """Each text's token ids, as `evaluate` generates from them (no special tokens added)."""
+        return [list(ids) for ids in tokenizer(self.texts, add_special_tokens=False)["input_ids"]]
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end an eval completion: the model's generation config's, and the tokenizer's EOS."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(tokenizer.eos_token_id)
+    return eos_ids
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    reward_funcs: list,
+    reward_weights: list[float] | None,
+    settings: EvalSettings,
+    max_new_tokens: int,
+    trainer_state: Any = None,
+) -> EvalResult:
+    """Generate one completion per eval prompt and score it with the reward functions, called as TRL calls them
+    (`trainer_state` is the trial's `transformers.TrainerState` at the evaluated step)."""
+    import torch
+
+    prompts = EvalPrompts.of(dataset, tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
+    device = next(model.parameters()).device
+    completion_ids: list[list[int]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            torch.manual_seed(settings.seed)
+            texts = prompts.texts
+            for start in range(0, len(texts), settings.batch_size):
+                batch = tokenizer(
+                    texts[start : start + settings.batch_size],
+                    return_tensors="pt",
+                    padding=True,
+                    padding_side="left",  # as TRL pads prompts to generate, whatever the tokenizer's own side
+                    add_special_tokens=False,
+                ).to(device)
+                sampling = settings.temperature > 0
+                out = model.generate(
+                    **batch,
+                    max_new_tokens=settings.max_new_tokens or max_new_tokens,
+                    do_sample=sampling,
+                    temperature=settings.temperature if sampling else None,
+                    top_p=settings.top_p if sampling else None,
+                    top_k=None,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=eos_ids,
+                )
+                new_tokens = out[:, batch["input_ids"].shape[1] :]
+                completion_ids.extend(_until_eos(row, eos_ids, tokenizer.pad_token_id) for row in new_tokens.tolist())
+    finally:
+        model.train(was_training)
+    return scored(prompts, completion_ids, tokenizer, reward_funcs, reward_weights, settings, trainer_state)
+
+
+def scored(
+    prompts: EvalPrompts,
+    completion_ids: list[list[int]],
+    tokenizer: Any,
+    reward_funcs: list,
+    reward_weights: list[float] | None,
+    settings: EvalSettings,
+    trainer_state: Any = None,
+) -> EvalResult:
+    """The eval result of one completion per prompt: each reward function's scores, their weighted total, samples."""
+    completions_text = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
+    completions: list[Any] = [
+        [{"role": "assistant", "content": text}] if is_conversational(p) else text
+        for p, text in zip(prompts.prompts, completions_text)
+    ]
+    scores = score_completions(reward_funcs, prompts.prompts, completions, completion_ids, prompts.columns,
+                               trainer_state)
+    weights = reward_weights or [1.0] * len(reward_funcs)
+    metrics: dict[str, float] = {}
+    n = len(prompts.prompts)
+    # A sample's total is the weighted sum of its non-NaN rewards, NaN when none is valid (then it is skipped).
+    totals = [math.nan] * n
+    for func, weight, values in zip(reward_funcs, weights, scores):
+        metrics[f"rewards/{reward_name(func)}/mean"] = _nanmean(values)
+        for i, v in enumerate(values):
+            if not math.isnan(v):
+                totals[i] = weight * v + (0.0 if math.isnan(totals[i]) else totals[i])
+    metrics["reward"] = _nanmean(totals) if totals else math.nan
+    metrics["completions/mean_length"] = sum(len(c) for c in completion_ids) / max(1, len(completion_ids))
+    samples = [
+        {"prompt": _prompt_text(prompts.prompts[i]), "completion": completions_text[i], "reward": totals[i]}
+        | {reward_name(f): s[i] for f, s in zip(reward_funcs, scores)}
+        for i in range(min(settings.num_samples, n))
+    ]
+    return EvalResult(metrics=metrics, samples=samples)
+
+
+def score_completions(
+    reward_funcs: list, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
+    trainer_state: Any = None,
+) -> list[list[float]]:
+    """Call each reward function as TRL's trainer does; None becomes NaN. Raises `RewardFunctionError` on bad
+    output, naming the function."""
+    scores = []
+    for func in reward_funcs:
+        call = checked_reward(func)
+        kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                      trainer_state=trainer_state, log_extra=_ignore, log_metric=_ignore, **columns)
+        values = asyncio.run(call(**kwargs)) if is_async(func) else call(**kwargs)
+        scores.append([math.nan if v is None else float(v) for v in values])
+    return scores
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    """TRL's ``log_extra`` / ``log_metric``: evaluation keeps no such logs."""
+
+
+def _until_eos(ids: list[int], eos_ids: list[int], pad_id: int | None) -> list[int]:
+    for i, token in enumerate(ids):
+        if token in eos_ids:
+            return ids[: i + 1]
+    return [t for t in ids if t != pad_id] if pad_id not in eos_ids else ids
+
+
+def _nanmean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def _prompt_text(prompt: Any) -> str:
+    if is_conversational(prompt):
+        return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
+    return str(prompt)

