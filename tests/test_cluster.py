@@ -44,7 +44,7 @@ def test_an_in_memory_study_cannot_be_shared_with_workers(tiny_model):
 
     study = rfopt.create_study(study_name="m", storage=optuna.storages.InMemoryStorage())
     with pytest.raises(ClusterStorageError, match="PostgreSQL URL"):
-        WorkerJob.of(study, None, as_space([trial_config(tiny_model)]), (None, None), {})
+        WorkerJob.of(study.optuna, None, as_space([trial_config(tiny_model)]), (None, None), {})
 
 
 def test_a_relative_sqlite_path_reaches_the_workers_as_an_absolute_one(tmp_path, monkeypatch, tiny_model):
@@ -53,7 +53,7 @@ def test_a_relative_sqlite_path_reaches_the_workers_as_an_absolute_one(tmp_path,
 
     monkeypatch.chdir(tmp_path)
     study = rfopt.create_study(study_name="rel", storage="sqlite:///rel.db")
-    job = WorkerJob.of(study, None, as_space([trial_config(tiny_model)]), (None, None), {})
+    job = WorkerJob.of(study.optuna, None, as_space([trial_config(tiny_model)]), (None, None), {})
     assert job.storage == f"sqlite:///{tmp_path / 'rel.db'}"
     assert [c.to_json() for c in job.space()] == job.space_ref  # a list travels as its configs' JSON
 

@@ -170,3 +170,25 @@ def test_storage_the_actors_cannot_reach_fails_the_run_at_once_naming_the_url(po
     assert storage in str(raised.value) and "not reachable from the cluster's workers" in str(raised.value)
     assert not ray.is_initialized()  # the cluster this call started is shut down
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage, "unreachable"))
+
+
+def test_the_workers_judge_rungs_with_the_callers_pruner(tiny_model, tmp_path):
+    """The actors load the study with the caller's pruner and sampler. They used to load it with Optuna's defaults
+    (a MedianPruner): a study file's population-based training never replaced a member on a cluster, and its halving
+    never halved."""
+    from pathlib import Path
+
+    from rfopt.pruning import load_decision
+    from rfopt.storage.schema import TrialRecord
+
+    storage = f"sqlite:///{tmp_path / 'pbt.db'}"
+    study_file = Path(__file__).resolve().parent / "tiny_pbt_study.py"
+    command = rfopt_command("run", str(study_file), "--storage", storage, "--checkpoint-dir", str(tmp_path / "ck"),
+                            "--no-progress", "--ray", "--workers", "1")
+    code = run(command, tmp_path, env(tiny_model, RFOPT_TEST_TRIALS=4, RFOPT_TEST_CHUNKS=3), tmp_path / "out.log")
+    assert code == 0, (tmp_path / "out.log").read_text()[-3000:]
+    ended = trials(storage, "tiny")
+    judged = [decision for t in ended if (decision := load_decision(t, 0)) is not None]
+    assert judged and {decision.pruner for decision in judged} == {"PopulationBasedTraining"}
+    clones = [t for t in ended if TrialRecord(t).lineage is not None]
+    assert clones and all(TrialRecord(t).lineage.by == "PopulationBasedTraining" for t in clones)

@@ -1,11 +1,22 @@
-"""The settings every trial of a study shares, so that their values compare: how each chunk's evaluation generates
-(`EvalSettings`)."""
+"""The settings every trial of a study shares, so that their values compare: the chunk plan's size and seed, the
+objective, and how each chunk's evaluation generates (`StudySettings`, `EvalSettings`).
+
+A study's settings are fixed when it is first planned (`rfopt.create_study`, or its first `optimize`) and read back
+from storage afterwards: a later call that leaves one out gets the stored value, and one that gives another value is
+refused, naming it.
+
+    >>> given = StudySettings(num_chunks=8)
+    >>> given.resolved(StudySettings()).num_chunks, given.resolved(StudySettings()).objective
+    (8, 'reward')
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -51,3 +62,71 @@ def _is_number(value: Any) -> bool:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """A study's settings; a field left None is not given (`resolved` takes the stored value, else the default)."""
+
+    num_chunks: int | None = None
+    """Chunks that one pass over the train set is split into (default 4): a trial reports after each."""
+    chunk_seed: int | None = None
+    """Seeds the split of the train set into chunks, the same for every trial (default 0)."""
+    objective: str | None = None
+    """What each chunk's evaluation reports to Optuna: ``"reward"`` (the mean weighted total reward on the eval set,
+    the default) or a reward function's name."""
+    eval_settings: EvalSettings | None = None
+    """How each chunk's evaluation generates (default `EvalSettings()`: greedy)."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"num_chunks": 4, "chunk_seed": 0, "objective": "reward",
+                                          "eval_settings": EvalSettings()}
+
+    def __post_init__(self) -> None:
+        if self.num_chunks is not None and (not _is_int(self.num_chunks) or self.num_chunks < 1):
+            raise ValueError(f"num_chunks must be a whole number >= 1, got {self.num_chunks!r}")
+        if self.chunk_seed is not None and not _is_int(self.chunk_seed):
+            raise ValueError(f"chunk_seed must be a whole number, got {self.chunk_seed!r}")
+        if self.objective is not None and not isinstance(self.objective, str):
+            raise TypeError(f"objective must be 'reward' or a reward function's name, got {self.objective!r}")
+        if self.eval_settings is not None and not isinstance(self.eval_settings, EvalSettings):
+            raise TypeError(f"eval_settings must be an rfopt.EvalSettings, got {type(self.eval_settings).__name__}")
+
+    def given(self) -> dict[str, Any]:
+        """The settings this holds (not None), by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    def resolved(self, stored: StudySettings, study_name: str = "") -> StudySettings:
+        """Every setting: the `stored` one, else the one given here, else the default. A given value that differs from
+        the stored one is refused (`ValueError`, naming it): a study's settings are fixed so that its trials compare."""
+        kept = stored.given()
+        for name, value in self.given().items():
+            if name in kept and kept[name] != value:
+                raise ValueError(
+                    f"study {study_name!r} was planned with {name}={_shown(kept[name])}, and this call gives "
+                    f"{name}={_shown(value)}; a study's {name} is fixed when it is first planned, so that its trials "
+                    f"compare. Leave {name} out to use the stored one, or use a new study name"
+                )
+        given = self.given()
+        return StudySettings(**{name: kept.get(name, given.get(name, default))
+                                for name, default in self.DEFAULTS.items()})
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The settings held, as the study stores them (`rfopt.storage.schema.write_settings`)."""
+        return {name: dataclasses.asdict(value) if isinstance(value, EvalSettings) else value
+                for name, value in self.given().items()}
+
+    @classmethod
+    def from_attrs(cls, stored: Mapping[str, Any], plan: Any = None) -> StudySettings:
+        """The settings a study stored (`StudyRecord.settings`); a study planned before they were stored one by one
+        has its chunk count and seed in its chunk `plan`."""
+        values = {name: stored[name] for name in cls.DEFAULTS if name in stored}
+        if "eval_settings" in values:
+            values["eval_settings"] = EvalSettings(**values["eval_settings"])
+        if plan is not None:
+            values.setdefault("num_chunks", plan.num_chunks)
+            values.setdefault("chunk_seed", plan.seed)
+        return cls(**values)
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)

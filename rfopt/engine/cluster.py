@@ -1,4 +1,4 @@
-"""A study on a Ray cluster: one rfopt worker per device, each a Ray actor running `Study.work`.
+"""A study on a Ray cluster: one rfopt worker per device, each a Ray actor running a worker's `rfopt.engine.run`.
 
     >>> study = rfopt.create_study(study_name="gsm8k", storage="postgresql://rfopt@db/rfopt",
     ...                            checkpoint_dir="s3://bucket/rfopt")                          # doctest: +SKIP
@@ -22,6 +22,7 @@ nodes, the files those paths name must be at the same path on every node (or shi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -34,11 +35,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt.config.spaces import ListSpace
 from rfopt.errors import Refusal, RfoptError
 from rfopt.storage.database import redact
 from rfopt.storage.schema import TrialRecord
 
+from .checks import check_run
+from .request import RunRequest, Worker
 from .roster import RunProgress
+from .run import follow_moved_checkpoints, run, started
 
 logger = logging.getLogger("rfopt")
 
@@ -102,9 +107,33 @@ class RayCluster:
             raise ValueError("RayCluster: " + "; ".join(problems))
 
     # ------------------------------------------------------------------ the run
-    def run(self, study: Any, job: WorkerJob, *, callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
-            on_unit: Callable[[int, int, float], None] | None = None, show_progress_bar: bool = True) -> None:
-        """Run `job` on the cluster until no trial is left (called by `Study.optimize`)."""
+    def run(self, study: optuna.Study, request: RunRequest, checkpoint_dir: str | None = None) -> None:
+        """Carry out `request` (`Study.optimize(..., executor=self)`, through `rfopt.engine.run.run`) on the cluster:
+        the same checks here as a local run's, then one worker per device there, until no trial is left."""
+        checked = check_run(study, request)
+        space, n_trials, n_trials_total = checked.space, request.n_trials, request.n_trials_total
+        if isinstance(space, ListSpace):
+            if n_trials is not None:
+                raise ValueError("n_trials with a list of configs: on a cluster the workers run every config not run "
+                                 "yet; leave n_trials out")
+            concurrent = request.max_concurrent or max(1, min(len(space), 8))
+        else:  # n_trials counts this call's new trials: the workers share them as a study total
+            total = n_trials_total if n_trials is None else started(study) + n_trials
+            if n_trials is not None and n_trials_total is not None:
+                total = min(total, n_trials_total)
+            n_trials_total = total
+            concurrent = request.max_concurrent or max(1, min(n_trials or n_trials_total or 8, 8))
+        job = WorkerJob.of(study, checkpoint_dir, space, (request.train_dataset, request.eval_dataset), dict(
+            n_trials_total=n_trials_total, timeout=request.timeout, catch=request.catch, max_concurrent=concurrent,
+            precision=request.precision, report_to=request.report_to, gang_size=request.gang_size,
+            settings=request.settings), lease_seconds=self.lease_seconds, poll_seconds=self.poll_seconds)
+        self.run_job(study, job, callbacks=request.callbacks, on_unit=request.on_unit,
+                     show_progress_bar=request.show_progress_bar)
+
+    def run_job(self, study: optuna.Study, job: WorkerJob, *,
+                callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
+                on_unit: Callable[[int, int, float], None] | None = None, show_progress_bar: bool = True) -> None:
+        """Run `job` on the cluster until no trial is left."""
         ray = _import_ray()
         started_here = not ray.is_initialized()
         if started_here:
@@ -149,12 +178,12 @@ class RayCluster:
                              f"worker device(s); a trial needs {self.devices_per_trial}")
         return count - count % self.devices_per_trial, each
 
-    def _wait(self, ray: Any, study: Any, groups: list[_Group], start: _GroupStarter, job: WorkerJob,
+    def _wait(self, ray: Any, study: optuna.Study, groups: list[_Group], start: _GroupStarter, job: WorkerJob,
               callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
               on_unit: Callable[[int, int, float], None] | None, show_progress_bar: bool) -> None:
         from rfopt.reports.display import ProgressBar as Bar
 
-        watcher = Watcher(study.optuna)
+        watcher = Watcher(study)
         finished_at: float | None = None
         restarts = 0
         with Bar(job.study_name, enabled=show_progress_bar) as bar:
@@ -233,7 +262,7 @@ class _GroupStarter:
 # ---------------------------------------------------------------------- what each actor runs
 @dataclass
 class WorkerJob:
-    """What every actor needs to join the study: `Study.work`'s arguments, by value or by reference."""
+    """What every actor needs to join the study: a `RunRequest`'s fields, by value or by reference."""
 
     study_name: str
     storage: str
@@ -241,20 +270,26 @@ class WorkerJob:
     checkpoint_dir: str | None
     space_ref: str | list[str]
     """A search space function's import path, or a list's configs as JSON."""
-    work_kwargs: dict[str, Any]
+    run_kwargs: dict[str, Any]
+    """`RunRequest` fields every worker shares (not the space, datasets, device or worker)."""
+    lease_seconds: float = 30.0
+    poll_seconds: float = 1.0
+    pruner: Any = None
+    """The study's pruner (or population-based training) and sampler, as the caller's study has them: every worker
+    decides rungs and samples as the caller's process would."""
+    sampler: Any = None
     datasets: tuple[Any, Any] | None = None
 
     @classmethod
-    def of(cls, study: Any, checkpoint_dir: str | None, space: Any, datasets: tuple[Any, Any],
-           work_kwargs: dict[str, Any]) -> WorkerJob:
+    def of(cls, study: optuna.Study, checkpoint_dir: str | None, space: Any, datasets: tuple[Any, Any],
+           run_kwargs: dict[str, Any], *, lease_seconds: float = 30.0, poll_seconds: float = 1.0) -> WorkerJob:
         """The job for `study`'s `space` (a `FunctionSpace` or `ListSpace`), with the checkpoint location the caller
         gave (None: the study's); `ClusterStorageError` if its storage is not a database other processes can open."""
         from rfopt.compat import storage_of
-        from rfopt.config.spaces import ListSpace
         from rfopt.config.usercode import import_path
         from rfopt.storage.database import engine_of
 
-        engine = engine_of(storage_of(study.optuna))
+        engine = engine_of(storage_of(study))
         if engine is None or engine.url.database in (None, "", ":memory:"):
             raise ClusterStorageError(
                 f"study {study.study_name!r}: its storage is not a database that the cluster's workers can open; give "
@@ -266,7 +301,7 @@ class WorkerJob:
         space_ref = ([config.to_json() for config in space.configs] if isinstance(space, ListSpace)
                      else import_path(space.function))
         return cls(study.study_name, url.render_as_string(hide_password=False), checkpoint_dir, space_ref,
-                   dict(work_kwargs), datasets)
+                   dict(run_kwargs), lease_seconds, poll_seconds, study.pruner, study.sampler, datasets)
 
     def on_cluster(self, nodes: int) -> WorkerJob:
         """This job, checked against a cluster of `nodes` nodes: SQLite is one machine's file."""
@@ -284,7 +319,7 @@ class WorkerJob:
         return self
 
     def without_data(self) -> WorkerJob:
-        return WorkerJob(self.study_name, self.storage, self.checkpoint_dir, self.space_ref, self.work_kwargs)
+        return dataclasses.replace(self, datasets=None)
 
     def space(self) -> Any:
         from rfopt.config.trial import TrialConfig
@@ -315,17 +350,21 @@ class _Worker:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def work(self, job: WorkerJob, datasets: tuple[Any, Any], group: Any = None) -> str:
-        """Join the study with `Study.work` until no trial is left (in data-parallel `group`, if given: rank 0 works,
-        the others follow its chunks); returns this worker's name."""
-        import rfopt
+        """Join the study as a worker until no trial is left (in data-parallel `group`, if given: rank 0 works, the
+        others follow its chunks); returns this worker's name."""
+        from rfopt.storage.database import open_storage
         from rfopt.storage.leases import worker_id
 
         if group is not None:
             group.start(self.device)  # before any config is built: Accelerate reads the group once per process
         check_reachable(job.storage)
-        study = rfopt.load_study(job.study_name, job.storage, checkpoint_dir=job.checkpoint_dir)
+        study = optuna.load_study(study_name=job.study_name, storage=open_storage(job.storage, create=False),
+                                  sampler=job.sampler, pruner=job.pruner)
+        follow_moved_checkpoints(study, job.checkpoint_dir)
         train, evaluation = datasets
-        study.work(job.space(), train, evaluation, device=self.device, data_parallel=group, **job.work_kwargs)
+        run(study, RunRequest(job.space(), train, evaluation, device=self.device,
+                              worker=Worker(job.lease_seconds, job.poll_seconds, group), **job.run_kwargs),
+            job.checkpoint_dir)
         if group is not None:
             group.stop()
         return worker_id()
