@@ -38,6 +38,7 @@ from rfopt.engine.cluster import RayCluster
 from rfopt.engine.request import RunRequest, Worker
 from rfopt.engine.run import StudyDeletedError, follow_moved_checkpoints, run
 from rfopt.engine.unit import UnitCommitted
+from rfopt.pruning import PopulationBasedTraining, optuna_pruner
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointStore, Location, download, is_url, location_exists, normalize_location
 from rfopt.storage.database import open_storage
@@ -64,9 +65,10 @@ class LeaderboardRow:
 OPTUNA_ATTRIBUTES = frozenset({
     "best_trial", "best_trials", "best_value", "best_params", "trials", "get_trials", "trials_dataframe",
     "user_attrs", "system_attrs", "set_user_attr", "set_system_attr", "study_name", "direction", "directions",
-    "sampler", "pruner", "metric_names", "set_metric_names",
+    "sampler", "metric_names", "set_metric_names",
 })
-"""What an rfopt `Study` reads from its `optuna.Study`: to its user, it is an Optuna study."""
+"""What an rfopt `Study` reads from its `optuna.Study`: to its user, it is an Optuna study (its `pruner` is rfopt's:
+the same object, unless it is population-based training, which Optuna's study does not hold)."""
 
 
 class Study:
@@ -74,13 +76,22 @@ class Study:
 
     `checkpoint_dir` (a directory or an fsspec URL) is where the study's checkpoints go when it first runs; once
     it has run, the study records its location, and a different one is refused unless it holds this study's
-    checkpoints (moved there).
+    checkpoints (moved there). `pruner` judges the study's rungs (`rfopt.pruning`): an Optuna pruner, or
+    `rfopt.PopulationBasedTraining`; None: the Optuna study's own pruner.
     """
 
-    def __init__(self, optuna_study: optuna.Study, checkpoint_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, optuna_study: optuna.Study, checkpoint_dir: str | os.PathLike | None = None, *,
+                 pruner: Any = None) -> None:
         self.optuna = optuna_study
         self._requested = None if checkpoint_dir is None else normalize_location(checkpoint_dir)
+        self._pruner = pruner if pruner is not None else optuna_study.pruner
         follow_moved_checkpoints(optuna_study, self._requested)
+
+    @property
+    def pruner(self) -> Any:
+        """What judges the study's rungs in this process: the pruner it was created or loaded with (an Optuna
+        pruner, or `rfopt.PopulationBasedTraining`, whose Optuna study holds a ``NopPruner``)."""
+        return self._pruner
 
     @property
     def checkpoints(self) -> CheckpointStore:
@@ -185,7 +196,7 @@ class Study:
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            show_progress_bar=show_progress_bar, executor=executor), self._requested)
+            pruner=self._pruner, show_progress_bar=show_progress_bar, executor=executor), self._requested)
 
     def work(
         self,
@@ -232,7 +243,7 @@ class Study:
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            worker=Worker(lease_seconds, poll_seconds, data_parallel)), self._requested)
+            pruner=self._pruner, worker=Worker(lease_seconds, poll_seconds, data_parallel)), self._requested)
 
     # ------------------------------------------------------------------ trial ops (`rfopt pause|resume|stop|clone`)
     def pause_trial(self, trial_number: int) -> None:
@@ -362,7 +373,7 @@ def create_study(
     storage: str | optuna.storages.BaseStorage | None = None,
     *,
     sampler: optuna.samplers.BaseSampler | None = None,
-    pruner: optuna.pruners.BasePruner | None = None,
+    pruner: optuna.pruners.BasePruner | PopulationBasedTraining | None = None,
     direction: str = "maximize",
     load_if_exists: bool = False,
     checkpoint_dir: str | os.PathLike | None = None,
@@ -382,7 +393,8 @@ def create_study(
     different value is refused.
 
     `storage` defaults to a SQLite file ``rfopt.db`` in the working directory. `pruner` is any Optuna
-    pruner; rfopt applies it at rung boundaries (see `rfopt.pruning`). Checkpoints go to `checkpoint_dir`
+    pruner, which rfopt applies at rung boundaries (see `rfopt.pruning`), or `rfopt.PopulationBasedTraining` (the
+    Optuna study then holds a ``NopPruner``; `Study.pruner` is the one given). Checkpoints go to `checkpoint_dir`
     (default: ``rfopt-checkpoints/<study name>-<study id>`` beside a SQLite file; a study in a server database
     such as PostgreSQL needs one that every host can reach).
     """
@@ -395,11 +407,11 @@ def create_study(
         study_name=study_name,
         storage=storage,
         sampler=sampler,
-        pruner=pruner,
+        pruner=optuna_pruner(pruner),
         direction=direction,
         load_if_exists=load_if_exists,
     )
-    made = Study(study, checkpoint_dir)
+    made = Study(study, checkpoint_dir, pruner=pruner)
     record = study_record(study)
     given.resolved(StudySettings.from_attrs(record.settings, record.plan), study.study_name)  # refuses another value
     schema.write_settings(study, {name: value for name, value in given.to_attrs().items()
@@ -414,17 +426,17 @@ def load_study(
     storage: str | optuna.storages.BaseStorage,
     *,
     sampler: optuna.samplers.BaseSampler | None = None,
-    pruner: optuna.pruners.BasePruner | None = None,
+    pruner: optuna.pruners.BasePruner | PopulationBasedTraining | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
 ) -> Study:
     """Load an existing study (its checkpoint location is read from the study)."""
     storage = open_storage(storage, create=False)
     try:
-        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=optuna_pruner(pruner))
     except KeyError as exc:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise LookupError(f"no study named {study_name!r} in this storage; it holds {names or 'no studies'}") from exc
-    return Study(study, checkpoint_dir)
+    return Study(study, checkpoint_dir, pruner=pruner)
 
 
 __all__ = ["LeaderboardRow", "Study", "StudyDeletedError", "StudyNameError", "UnitCommitted", "check_study_name",

@@ -51,12 +51,20 @@ def test_every_bad_setting_is_named_at_once():
     assert "interval=0" in str(info.value) and "quantile=2" in str(info.value)
 
 
-def test_a_plain_optuna_study_cannot_use_it():
-    study = optuna.create_study(pruner=rfopt.PopulationBasedTraining())
-    trial = study.ask()
+def test_it_is_the_studys_rung_policy_and_not_an_optuna_pruner(storage):
+    """It replaces trials with clones, which only rfopt can do: it takes the rung-policy slot, and the Optuna study
+    holds a pruner that prunes nothing (it used to pose as a BasePruner whose prune() raised)."""
+    pbt = rfopt.PopulationBasedTraining(interval=2)
+    assert not isinstance(pbt, optuna.pruners.BasePruner)
+    study = rfopt.create_study(study_name="slot", storage=storage, pruner=pbt)
+    assert study.pruner is pbt and isinstance(study.optuna.pruner, optuna.pruners.NopPruner)
+    loaded = rfopt.load_study("slot", storage, pruner=pbt)
+    assert loaded.pruner is pbt and isinstance(loaded.optuna.pruner, optuna.pruners.NopPruner)
+    trial = study.optuna.ask()
     trial.report(1.0, 0)
-    with pytest.raises(RuntimeError, match="rfopt.create_study"):
-        trial.should_prune()
+    assert not trial.should_prune()
+    halving = optuna.pruners.SuccessiveHalvingPruner()
+    assert rfopt.create_study(study_name="halving", storage=storage, pruner=halving).optuna.pruner is halving
 
 
 def test_a_list_study_with_nothing_to_explore_is_refused_before_training(tiny_model, storage):

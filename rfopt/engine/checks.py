@@ -33,7 +33,7 @@ from rfopt.storage.schema import study_record
 from rfopt.training.trackers import normalize as trackers_of
 
 from .request import RunRequest
-from .roster import explorable
+from .population import explorable
 
 logger = logging.getLogger("rfopt")
 
@@ -55,6 +55,8 @@ class CheckedRun:
     """The configs checked: a list's, or one sampled from a function space."""
     report_to: list[str]
     """The trackers the trials report to (`rfopt.training.trackers`): the one given, else the study's stored one."""
+    pruner: Any
+    """What judges the study's rungs: an Optuna pruner, or `rfopt.PopulationBasedTraining` (`rfopt.pruning.RungPolicy`)."""
     deadline: float | None
     """`time.monotonic()` after which no unit starts (`timeout`)."""
 
@@ -77,7 +79,8 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
     if request.n_trials_total is not None and isinstance(space, ListSpace):
         raise ValueError("n_trials_total is for a search space function; a study driven by a list of configs "
                          "runs its configs (n_trials limits how many of them this call starts)")
-    check_pruner(study.pruner)
+    pruner = request.pruner if request.pruner is not None else study.pruner
+    check_pruner(pruner)
     record = study_record(study)
     settings = request.settings.resolved(StudySettings.from_attrs(record.settings, record.plan), study.study_name)
     plan = record.plan
@@ -123,12 +126,12 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
             _check_columns(config, eval_dataset, "eval_dataset")
         except (ConfigError, PlanError, ValueError) as exc:
             raise type(exc)(f"{label}: {exc}") from exc
-    _check_population(study.pruner, space, plan, [config for _, config in configs], sample)
+    _check_population(pruner, space, plan, [config for _, config in configs], sample)
     _say_rows_left_out(study, plan, configs)
     # The stored trackers are checked too: one uninstalled since would fail every trial.
     trackers = trackers_of(request.report_to if request.report_to is not None
                            else record.settings.get("report_to", []))
-    return CheckedRun(request, space, plan, settings, attrs, [config for _, config in configs], trackers,
+    return CheckedRun(request, space, plan, settings, attrs, [config for _, config in configs], trackers, pruner,
                       None if request.timeout is None else started + request.timeout)
 
 

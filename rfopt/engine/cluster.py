@@ -36,6 +36,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.config.spaces import ListSpace
+from rfopt.pruning import optuna_pruner
 from rfopt.errors import Refusal, RfoptError
 from rfopt.storage.database import redact
 from rfopt.storage.schema import TrialRecord
@@ -124,6 +125,7 @@ class RayCluster:
             n_trials_total = total
             concurrent = request.max_concurrent or max(1, min(n_trials or n_trials_total or 8, 8))
         job = WorkerJob.of(study, checkpoint_dir, space, (request.train_dataset, request.eval_dataset), dict(
+            pruner=checked.pruner,
             n_trials_total=n_trials_total, timeout=request.timeout, catch=request.catch, max_concurrent=concurrent,
             precision=request.precision, report_to=request.report_to, gang_size=request.gang_size,
             settings=request.settings), lease_seconds=self.lease_seconds, poll_seconds=self.poll_seconds)
@@ -271,13 +273,12 @@ class WorkerJob:
     space_ref: str | list[str]
     """A search space function's import path, or a list's configs as JSON."""
     run_kwargs: dict[str, Any]
-    """`RunRequest` fields every worker shares (not the space, datasets, device or worker)."""
+    """`RunRequest` fields every worker shares (not the space, datasets, device or worker); its ``pruner`` is the
+    caller's (an Optuna pruner, or population-based training): every worker judges rungs as the caller would."""
     lease_seconds: float = 30.0
     poll_seconds: float = 1.0
-    pruner: Any = None
-    """The study's pruner (or population-based training) and sampler, as the caller's study has them: every worker
-    decides rungs and samples as the caller's process would."""
     sampler: Any = None
+    """The caller's study's sampler: every worker samples as the caller's process would."""
     datasets: tuple[Any, Any] | None = None
 
     @classmethod
@@ -301,7 +302,7 @@ class WorkerJob:
         space_ref = ([config.to_json() for config in space.configs] if isinstance(space, ListSpace)
                      else import_path(space.function))
         return cls(study.study_name, url.render_as_string(hide_password=False), checkpoint_dir, space_ref,
-                   dict(run_kwargs), lease_seconds, poll_seconds, study.pruner, study.sampler, datasets)
+                   dict(run_kwargs), lease_seconds, poll_seconds, study.sampler, datasets)
 
     def on_cluster(self, nodes: int) -> WorkerJob:
         """This job, checked against a cluster of `nodes` nodes: SQLite is one machine's file."""
@@ -358,8 +359,9 @@ class _Worker:
         if group is not None:
             group.start(self.device)  # before any config is built: Accelerate reads the group once per process
         check_reachable(job.storage)
+        pruner = job.run_kwargs.get("pruner")
         study = optuna.load_study(study_name=job.study_name, storage=open_storage(job.storage, create=False),
-                                  sampler=job.sampler, pruner=job.pruner)
+                                  sampler=job.sampler, pruner=optuna_pruner(pruner))
         follow_moved_checkpoints(study, job.checkpoint_dir)
         train, evaluation = datasets
         run(study, RunRequest(job.space(), train, evaluation, device=self.device,

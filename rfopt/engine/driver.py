@@ -95,7 +95,7 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
                     with coordinator.claim(live.number) as claim:
                         if claim is not None:
                             roster.apply_requests(live, live.ref.read())
-            if roster.pbt is None:
+            if not roster.rungs.makes_clones:
                 roster.decide_rungs()
             elif roster.rungs_to_decide():  # population-based training makes clones: one process at a time
                 with coordinator.asking() as allowed:
@@ -113,7 +113,7 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
                         roster.work_on(live, claim)
             if on_progress is not None:
                 on_progress(roster.progress())
-            held = roster.held_at_exploit()  # waiting for population-based training's decision at their step
+            held = roster.held_at_rungs()  # waiting for population-based training's decision at their step
             free = [live.candidate() for live in roster.live.values() if live.number not in busy | held]
             planned = {r.number: plan.numbers for r in records
                        if r.number in roster.live and (plan := schema.gang_plan(r.trial, r.committed)) is not None}

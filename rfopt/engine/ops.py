@@ -216,7 +216,7 @@ def request(study: optuna.Study, trial_number: int, op: str, by: str | None = No
     if op == "resume" and not after.paused:
         raise OpError(f"trial {trial_number} is not paused; only a paused trial can be resumed")
     req = Request.new(op, by)
-    schema.write_request(TrialRef(storage_of(study), trial_id_of(record.trial), trial_number), req)
+    schema.write_request(TrialRef.of(study, record.trial), req)
     return req
 
 
@@ -249,7 +249,7 @@ def withdraw(study: optuna.Study, trial_number: int, op: str, by: str | None = N
     if op not in schema.CONTROL_OPS:
         raise OpError(f"unknown op {op!r}; a pending {' or '.join(schema.CONTROL_OPS)} request can be withdrawn")
     frozen = _trial(study, trial_number)
-    ref = TrialRef(storage_of(study), trial_id_of(frozen), trial_number)
+    ref = TrialRef.of(study, frozen)
     with requests_lock(study, trial_number):
         record = ref.read()
         pending = [r for r in record.pending if r.op == op]

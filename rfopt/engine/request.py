@@ -59,6 +59,9 @@ class RunRequest:
     report_to: str | Sequence[str] | None = None
     gang_size: int | None = None
     """As given: None is resolved by `gang` (where the run trains: a Ray worker resolves its own)."""
+    pruner: Any = None
+    """What judges the study's rungs: an Optuna pruner or `rfopt.PopulationBasedTraining` (`rfopt.Study.pruner`);
+    None: the Optuna study's pruner."""
     show_progress_bar: bool = False
     worker: Worker | None = None
     """None: this process runs the study alone (`optimize`); else it is one worker beside others (`work`)."""

@@ -28,20 +28,20 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.chunks import trial_schedule
-from rfopt.compat import storage_of, trial_id_of
-from rfopt.config.overrides import override_dict
+from rfopt.compat import trial_id_of
 from rfopt.config.trial import TrialConfig
-from rfopt.errors import ConfigError, PrunerFailed, StaleRead
-from rfopt.pruning import Member, PopulationBasedTraining, decide, plan_step
-from rfopt.storage import crashpoints, schema
+from rfopt.errors import PrunerFailed, StaleRead
+from rfopt.pruning import PopulationBasedTraining, PrunerRungs, RungPolicy
+from rfopt.storage import schema
 from rfopt.storage.database import STORAGE_ERRORS
 from rfopt.storage.leases import LeaseLost
-from rfopt.storage.schema import PruneDecision, TrialRecord, TrialRef
+from rfopt.storage.schema import TrialRecord, TrialRef
 from rfopt.training import gang
 from rfopt.training.evaluation import EvalPrompts
 from rfopt.training.runner import ChunkAborted
 
 from . import ops, unit
+from .population import PopulationRungs
 from .scheduler import LiveTrial, completed_rungs
 from .unit import Claim, Context, Live
 
@@ -69,7 +69,7 @@ class RunProgress:
 class Roster:
     """The live trials of one run (`live`, by trial number)."""
 
-    def __init__(self, ctx: Context, space: Any, *,
+    def __init__(self, ctx: Context, space: Any, *, pruner: Any = None,
                  callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
                  catch: tuple[type[Exception], ...] = (Exception,)) -> None:
         self.ctx = ctx
@@ -79,6 +79,8 @@ class Roster:
         """A trial's exceptions that fail it alone; another fails it and is raised on (`optuna.Study.optimize`)."""
         self.study = ctx.study
         self.space = space
+        self.rungs = _rung_policy(pruner if pruner is not None else self.study.pruner, space, ctx)
+        """How rungs are judged: the study's pruner at rung boundaries, or population-based training."""
         self.live: dict[int, Live] = {}
         self.asked = 0
         """Trials this run asked Optuna for (clones not counted: they come on top)."""
@@ -88,7 +90,6 @@ class Roster:
         self._best: float | None = None
         self._last: tuple[int, int, float] | None = None
         self._maximize = self.study.direction == optuna.study.StudyDirection.MAXIMIZE
-        self._warned_params: set[str] = set()
         self._prompt_tokens: int | None = None
         self._cloned = False
         self._said: set[str] = set()
@@ -235,12 +236,6 @@ class Roster:
                 live.loaded = False
 
     # ------------------------------------------------------------------ rungs
-    @property
-    def pbt(self) -> PopulationBasedTraining | None:
-        """The study's population-based training, if its pruner is one."""
-        pruner = self.study.pruner
-        return pruner if isinstance(pruner, PopulationBasedTraining) else None
-
     def _pending(self, step: int) -> list[Live]:
         # A trial that trained all its units is finished, not judged (another worker may be telling it so).
         return [live for live in self.live.values()
@@ -251,20 +246,17 @@ class Roster:
         complete = completed_rungs([live.candidate() for live in self.live.values()])
         return any(self._pending(step) for step in range(complete))
 
-    def held_at_exploit(self) -> set[int]:
-        """Live trials that reported an exploit step of population-based training whose decision is not stored yet:
-        they train on only after it (so a parent's latest checkpoint is the one its clones start from)."""
-        pbt = self.pbt
-        if pbt is None:
-            return set()
+    def held_at_rungs(self) -> set[int]:
+        """Live trials that reported a step whose rung decision they wait for (population-based training's exploit
+        steps: a parent's latest checkpoint is the one its clones start from)."""
         n_steps = self._n_steps()
         return {live.number for live in self.live.values()
                 if not live.finished and live.committed - 1 not in live.decided
-                and pbt.is_exploit_step(live.committed - 1, n_steps)}
+                and self.rungs.holds(live.committed - 1, n_steps)}
 
     def decide_rungs(self) -> None:
-        """Decide every rung that every live trial has reached (`rfopt.pruning`); prune the trials it drops. Under
-        population-based training, call it while asking is allowed (it makes clones)."""
+        """Judge every rung that every live trial has reached (`rfopt.pruning.RungPolicy`); prune the trials it drops,
+        and start the clones it made at once. Under a policy that makes clones, call it while asking is allowed."""
         complete = completed_rungs([live.candidate() for live in self.live.values()])
         if not complete:
             return
@@ -273,12 +265,8 @@ class Roster:
             pending = self._pending(step)
             if not pending:
                 continue
-            if self.pbt is not None:
-                self._exploit(self.pbt, step, pending, n_steps)
-                continue
             try:
-                decisions = decide(self.study, [live.number for live in pending], step, self.study.pruner,
-                                   n_steps=n_steps)
+                outcome = self.rungs.judge(self.study, step, [live.number for live in pending], n_steps)
             except StaleRead as exc:  # a peer ended elsewhere since the last read; the next round reads again
                 logger.info("rung decision at step %d deferred: %s", step, exc)
                 return
@@ -286,99 +274,14 @@ class Roster:
                 self.fail(exc.trial_number, str(exc))
                 self._raise_uncaught(exc.__cause__)
                 return
-            for decision in decisions:
+            self._cloned = self._cloned or bool(outcome.clones)
+            for decision in outcome.decisions:
                 live = self.live.get(decision.trial_number)
                 if live is None:
                     continue
                 live.decided.add(step)
                 if decision.prune:
                     self._tell_pruned(live.number, decision.reason)
-
-    # ------------------------------------------------------------------ population-based training
-    def _exploit(self, pbt: PopulationBasedTraining, step: int, pending: list[Live], n_steps: int) -> None:
-        """Carry out population-based training's plan for `step`: stored first (so a crash is finished from it, not
-        decided again), then the clones made (each once: found again by its token), then every pending member's
-        decision stored, then the replaced and stopped members told PRUNED."""
-        plan = schema.load_pbt_step(self.study, step)
-        if plan is None:
-            plan = self._plan_exploit(pbt, step, n_steps)
-            schema.write_pbt_step(self.study, plan)
-            crashpoints.reach("pbt-planned", trial=-1, unit=step)
-        clones: dict[int, int | str] = {r.trial: self._replacement(r) for r in plan.replacements}
-        crashpoints.reach("pbt-cloned", trial=-1, unit=step)
-        for live in pending:
-            number = live.number
-            prune, reason = False, plan.reasons.get(number)
-            if reason is None:
-                reason = f"kept: not in the population at chunk {step + 1} (it was paused, or joined later)"
-            elif number in clones:
-                made = clones[number]
-                if isinstance(made, int):
-                    prune, reason = True, f"{reason} (trial {made})"
-                else:
-                    reason = f"kept: its replacement could not be made ({made})"
-            elif number in plan.stopped:
-                prune = True
-            decision = PruneDecision(trial_number=number, step=step, prune=prune, reason=reason,
-                                     peers=tuple(n for n in plan.ranking if n != number),
-                                     pruner=type(pbt).__name__)
-            schema.write_decision(live.ref, decision)
-            live.decided.add(step)
-            if prune:
-                self._tell_pruned(number, reason)
-
-    def _plan_exploit(self, pbt: PopulationBasedTraining, step: int, n_steps: int) -> schema.PbtStep:
-        trials = self.study.get_trials(deepcopy=False)
-        members = []
-        for t in trials:
-            record = TrialRecord(t)
-            if t.state == TrialState.RUNNING and step in t.intermediate_values and not record.paused:
-                units = record.num_units or n_steps
-                members.append(Member(t, t.intermediate_values[step], max(0, units - step - 1)))
-        spent = sum(len(t.intermediate_values) for t in trials)
-        changeable = {m.number: explorable(pbt, self.space, m.trial) for m in members}
-        self._warn_unexplorable(pbt, members, changeable)
-        return plan_step(pbt, self.study, step, n_steps, members, spent, changeable)
-
-    def _warn_unexplorable(self, pbt: PopulationBasedTraining, members: list[Member],
-                           explorable: dict[int, list[str]]) -> None:
-        """A param named in `PopulationBasedTraining(params=...)` that no clone can change is said once, not skipped
-        in silence: a typo, or a param a warm start cannot change (the model, the adapter's shape)."""
-        if pbt.params is None or not members:
-            return
-        searched = {name for m in members for name in m.trial.distributions}
-        changeable = {name for names in explorable.values() for name in names}
-        for name in pbt.params:
-            if name in changeable or name in self._warned_params:
-                continue
-            self._warned_params.add(name)
-            if name not in searched:
-                logger.warning("PopulationBasedTraining(params=...): %r is not a param of this study (its params: "
-                               "%s); clones will not change it", name, ", ".join(sorted(searched)) or "none")
-            else:
-                logger.warning("PopulationBasedTraining(params=...): %r cannot change in a warm-started clone (the "
-                               "parent's weights would not load, or it has one value); clones keep the parent's",
-                               name)
-
-    def _replacement(self, replacement: schema.Replacement) -> int | str:
-        """The clone that replaces a member (made now, or found made before a crash), or why it cannot be made."""
-        number = ops.clone_with_token(self.study, replacement.token)
-        if number is not None:  # made before a crash, its warm-start weights first
-            return number
-        parent = self.study.get_trials(deepcopy=False)[replacement.parent]
-        try:
-            overrides = self.space.overrides_for(parent, replacement.params)
-            made = ops.clone(self.study, replacement.parent, overrides, warm_start=True, plan=self.ctx.plan,
-                             checkpoints=self.ctx.store, by=type(self.pbt).__name__, token=replacement.token,
-                             params=replacement.params)
-        except (ops.OpError, ConfigError, ValueError) as exc:
-            logger.warning("trial %d: its replacement by a clone of trial %d could not be made: %s",
-                           replacement.trial, replacement.parent, exc)
-            return str(exc)
-        logger.info("trial %d replaced by trial %d, a clone of trial %d", replacement.trial, made.number,
-                    replacement.parent)
-        self._cloned = True
-        return made.number
 
     def _n_steps(self) -> int:
         """Chunk units of the study's longest trial: the budget "auto" pruner settings are derived from."""
@@ -548,44 +451,16 @@ class Roster:
         return optuna.trial.Trial(self.study, trial_id_of(record.trial))
 
     def _ref(self, trial: optuna.Trial) -> TrialRef:
-        return TrialRef(storage_of(self.study), trial_id_of(trial), trial.number)
+        return TrialRef.of(self.study, trial)
 
     def _ref_by_number(self, number: int) -> TrialRef:
         frozen = self.study.get_trials(deepcopy=False)[number]
-        return TrialRef(storage_of(self.study), trial_id_of(frozen), number)
+        return TrialRef.of(self.study, frozen)
 
 
-def explorable(pbt: PopulationBasedTraining, space: Any, parent: FrozenTrial) -> list[str]:
-    """The params a clone of `parent` may change under `pbt`: those named (or all searched ones) that a warm start
-    allows: changing the model, or the adapter's shape, would not load the parent's weights; a param with one value
-    has nothing to change to."""
-    names = pbt.params if pbt.params is not None else tuple(parent.params)
-    stored = TrialRecord(parent).config_json
-    if stored is None:
-        return []
-    data = TrialConfig.config_dict(stored)
-    found = []
-    for name in names:
-        dist = parent.distributions.get(name)
-        if dist is None:
-            continue
-        other = _another_value(dist, parent.params[name])
-        if other is None:
-            continue
-        try:
-            overrides = space.overrides_for(parent, {**parent.params, name: other})
-            child, _ = override_dict(data, overrides)
-        except (ConfigError, ValueError, TypeError):
-            continue
-        if ops.warm_start_refusal(data, child) is None:
-            found.append(name)
-    return found
-
-
-def _another_value(dist: Any, value: Any) -> Any:
-    """A value of `dist` other than `value` (to ask what changing the param would change), or None if it has one."""
-    if isinstance(dist, optuna.distributions.CategoricalDistribution):
-        return next((c for c in dist.choices if c != value), None)
-    if dist.low == dist.high:
-        return None
-    return dist.high if value != dist.high else dist.low
+def _rung_policy(pruner: Any, space: Any, ctx: Context) -> RungPolicy:
+    """The rung policy of a study whose pruner is `pruner`: population-based training carried out on the study
+    (`rfopt.engine.population`), or an Optuna pruner at rung boundaries."""
+    if isinstance(pruner, PopulationBasedTraining):
+        return PopulationRungs(pruner, space, ctx.plan, ctx.store)
+    return PrunerRungs(pruner)

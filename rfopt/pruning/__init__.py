@@ -59,9 +59,11 @@ What each pruner compares against under rfopt (a "chunk" is a step; chunk 0 is s
 ``NopPruner``
     Never prunes (a decision "kept" is still stored).
 ``rfopt.PopulationBasedTraining``
-    Not judged by :func:`decide`: the roster carries out its plan at each step (``rfopt.pruning._pbt``): at
-    exploit steps the bottom quantile is replaced by warm clones of the top (decision reason "replaced by a
-    clone of trial N"), or stopped while a unit budget is exceeded; other members are kept.
+    Not an Optuna pruner and not judged by :func:`decide`: given as the study's pruner, it is the study's rung policy
+    (`RungPolicy`, beside `PrunerRungs` for Optuna's pruners). Its plan for a step is a pure function of the stored
+    values (`plan_step`); `rfopt.engine.population` carries it out: at exploit steps the bottom quantile is replaced
+    by warm clones of the top (decision reason "replaced by a clone of trial N"), or stopped while a unit budget is
+    exceeded; other members are kept. The Optuna study itself holds a ``NopPruner`` (`optuna_pruner`).
 Any other ``BasePruner`` subclass
     Its ``prune(study, trial)`` is called with the step-k view above: peers COMPLETE with their
     value at k, the judged trial RUNNING, ``trial.number`` the real number. The view is
@@ -82,15 +84,20 @@ Example::
 from ._decide import decide
 from ._decision import DECISION_ATTR_PREFIX, PruneDecision, decision_key, load_decision
 from ._pbt import Member, PopulationBasedTraining, perturb, plan_step
+from ._policy import PrunerRungs, RungOutcome, RungPolicy, optuna_pruner
 
 __all__ = [
     "DECISION_ATTR_PREFIX",
     "Member",
     "PopulationBasedTraining",
     "PruneDecision",
+    "PrunerRungs",
+    "RungOutcome",
+    "RungPolicy",
     "decide",
     "decision_key",
     "load_decision",
+    "optuna_pruner",
     "perturb",
     "plan_step",
 ]

@@ -22,7 +22,7 @@ from optuna.pruners import (
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt.compat import patience_gate, percentile_helpers, pruner_settings, storage_of, trial_id_of
+from rfopt.compat import patience_gate, percentile_helpers, pruner_settings
 from rfopt.errors import PrunerFailed, StaleRead
 from rfopt.storage.schema import PruneDecision, TrialRef, load_decision, write_decision
 
@@ -94,7 +94,7 @@ def decide(
             pruner=type(pruner).__name__,
         )
         try:
-            write_decision(TrialRef(storage_of(study), trial_id_of(trials[number]), number), decision)
+            write_decision(TrialRef.of(study, trials[number]), decision)
         except optuna.exceptions.UpdateFinishedTrialError as e:
             raise StaleRead(f"trial {number} ended in another process while step {step} was being decided") from e
         decided[number] = decision

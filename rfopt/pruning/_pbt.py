@@ -1,7 +1,8 @@
 """Population-based training: at exploit steps, the bottom of the population is replaced by warm clones of the top.
 
 The policy is given to a study as its pruner (``create_study(pruner=rfopt.PopulationBasedTraining(...))``): it is
-what decides which trials stop after a chunk. The population is the study's live trials (``max_concurrent`` of
+then the study's rung policy (`rfopt.pruning.RungPolicy`), what decides which trials stop after a chunk. It is not an
+Optuna pruner: it replaces trials with clones, which only rfopt can do. The population is the study's live trials (``max_concurrent`` of
 them, or a list's configs). Every ``interval`` chunks, once every live member has reported the step (as rungs are
 decided: the order trials ran in does not matter), :func:`plan_step` ranks the members by their value at that step
 and
@@ -17,8 +18,8 @@ and
 A replacement continues from its parent's step, so the population trains at most ``population x chunks`` units,
 the compute of training every initial member to the end (``max_units`` lowers it).
 
-What this module decides is a pure function of the stored values (and the seed); the roster stores the plan
-(`rfopt.storage.schema.PbtStep`), makes the clones (`rfopt.engine.ops.clone`) and stops the members.
+What this module decides is a pure function of the stored values (and the seed); `rfopt.engine.population` stores
+the plan (`rfopt.storage.schema.PbtStep`), makes the clones (`rfopt.engine.ops.clone`) and stops the members.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
@@ -47,7 +47,7 @@ from rfopt.storage.schema import PbtStep, Replacement
 EXPLORE_MODES = ("perturb", "sampler")
 
 
-class PopulationBasedTraining(BasePruner):
+class PopulationBasedTraining:
     """Population-based training (exploit and explore) over rfopt's live trials, given as the study's pruner.
 
     Args:
@@ -125,13 +125,6 @@ class PopulationBasedTraining(BasePruner):
         self.explore = explore
         self.max_units = max_units
         self.seed = seed
-
-    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        raise RuntimeError(
-            "PopulationBasedTraining replaces trials with clones of others, which only rfopt can do: give it to "
-            "rfopt.create_study(pruner=...) and run the study with study.optimize or study.work, not to "
-            "optuna.create_study"
-        )
 
     def __repr__(self) -> str:
         return (f"PopulationBasedTraining(interval={self.interval}, quantile={self.quantile:g}, "

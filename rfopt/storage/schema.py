@@ -886,6 +886,11 @@ class TrialRef:
     trial_id: int
     number: int
 
+    @classmethod
+    def of(cls, study: Any, trial: Any) -> TrialRef:
+        """The ref of `trial` (an `optuna.Trial` or a `FrozenTrial`) of `study` (an `optuna.Study`)."""
+        return cls(storage_of(study), trial_id_of(trial), trial.number)
+
     def set(self, key: str, value: Any) -> None:
         self.storage.set_trial_system_attr(self.trial_id, key, value)
 
