@@ -682,14 +682,14 @@ def _devices(spec: str) -> list[str]:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     import rfopt
-    from rfopt.engine import ops
+    from rfopt.reports.status import summaries
 
     storage = _existing_storage(args.storage)
     if args.study_name is None:
-        summaries = ops.summaries(storage)
-        if not summaries:
+        found = summaries(storage)
+        if not found:
             print(f"no studies in {args.storage}")
-        for summary in summaries:
+        for summary in found:
             print(summary.line())
         return 0
     study = rfopt.load_study(args.study_name, storage)
@@ -704,13 +704,13 @@ def _status_text(study: Any) -> str:
     not applied yet and the WAITING trials: what ``rfopt status --study`` prints under the leaderboard."""
     from optuna.trial import TrialState
 
-    from rfopt.engine import ops
+    from rfopt.reports.status import liveness
     from rfopt.reports.timeline import now_training, study_cost
     from rfopt.storage.schema import TrialRecord
 
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord(t) for t in trials]
-    live = ops.liveness(study, trials)
+    live = liveness(study, trials)
     lines = [live.message]
     processes = max(1, len(live.holders))
     if live.running:
@@ -776,11 +776,11 @@ def _cmd_withdraw(args: argparse.Namespace) -> int:
 def _cmd_clone(args: argparse.Namespace) -> int:
     import rfopt
     from rfopt.config.overrides import parse_assignments
-    from rfopt.engine import ops
+    from rfopt.engine.clones import clone_in_study
 
     overrides = parse_assignments(args.set)
     study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
-    made = ops.clone_in_study(study.optuna, args.trial, overrides, warm_start=args.warm_start)
+    made = clone_in_study(study.optuna, args.trial, overrides, warm_start=args.warm_start)
     print(made.describe(args.trial, args.warm_start))
     return 0
 

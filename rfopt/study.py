@@ -32,12 +32,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.config.settings import EvalSettings, StudySettings
 from rfopt.config.trial import TrialConfig
-from rfopt.engine import ops
+from rfopt.engine import clones, ops
 from rfopt.engine.checks import StudyNameError, check_pruner, check_study_name
 from rfopt.engine.cluster import RayCluster
 from rfopt.engine.request import RunRequest, Worker
 from rfopt.engine.run import StudyDeletedError, follow_moved_checkpoints, run
 from rfopt.engine.unit import UnitCommitted
+from rfopt.reports.status import Liveness, liveness
 from rfopt.pruning import PopulationBasedTraining, optuna_pruner
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointStore, Location, download, is_url, location_exists, normalize_location
@@ -59,7 +60,7 @@ class LeaderboardRow:
     adapter: str | None = None
     reason: str | None = None
     held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.ops.held_as`)."""
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.clones.held_as`)."""
 
 
 OPTUNA_ATTRIBUTES = frozenset({
@@ -259,9 +260,10 @@ class Study:
         it stops the optimization loop.)"""
         ops.request(self.optuna, trial_number, "stop")
 
-    def liveness(self) -> ops.Liveness:
-        """Whether a process is running the study now, and which WAITING trials wait for one (`rfopt.engine.ops.liveness`)."""
-        return ops.liveness(self.optuna)
+    def liveness(self) -> Liveness:
+        """Whether a process is running the study now, and which WAITING trials wait for one
+        (`rfopt.reports.status.liveness`)."""
+        return liveness(self.optuna)
 
     def withdraw_request(self, trial_number: int, op: str) -> None:
         """Take back a pending ``"pause"``, ``"resume"`` or ``"stop"`` on a running trial before it applies; refused
@@ -281,7 +283,7 @@ class Study:
         the remaining steps) and reports at the parent's step numbers onward. A running `optimize` picks it up
         when a slot frees; otherwise the next `optimize` call does.
         """
-        made = ops.clone_in_study(self.optuna, trial_number, overrides or {}, warm_start=warm_start)
+        made = clones.clone_in_study(self.optuna, trial_number, overrides or {}, warm_start=warm_start)
         for note in made.notes:
             logger.warning("clone of trial %d: %s", trial_number, note)
         return made.number
@@ -304,7 +306,7 @@ class Study:
                     params=dict(t.params),
                     adapter=record.adapter,
                     reason=record.end_reason,
-                    held_as=ops.held_as(t),
+                    held_as=clones.held_as(t),
                 )
             )
         order = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}

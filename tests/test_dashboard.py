@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
-from rfopt.engine import ops
+from rfopt.engine import clones
 from rfopt.storage import schema
 from rfopt.engine.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
 from rfopt.reports.charts import best_trial, colour, comparison
@@ -197,7 +197,7 @@ def test_only_rfopts_refusals_are_answered_as_the_users_mistake(study, monkeypat
     def broken(*args, **kwargs):
         raise ValueError("an internal bug")
 
-    monkeypatch.setattr(ops, "clone_in_study", broken)
+    monkeypatch.setattr(clones, "clone_in_study", broken)
     with serving(study.optuna._storage) as server:
         status, answer, _ = call(server, "POST", api(study, 1, "clone"), {"set": ["learning_rate=0.004"]})
         refused, reason, _ = call(server, "POST", api(study, 1, "clone"), {"set": ["learning_rate"]})

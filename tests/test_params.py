@@ -9,7 +9,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from rfopt_testkit import lora_config, reward_len, reward_vowels, trial_config
 
 from rfopt import ConfigError, TrialConfig
-from rfopt.engine import ops
+from rfopt.engine import clones
 from rfopt.config.overrides import override_dict
 from rfopt.config.params import (
     ALIASES,
@@ -108,7 +108,7 @@ def test_a_list_space_its_overrides_and_a_clone_agree_on_every_param(tmp_path):
     child, _ = override_dict(TrialConfig.config_dict(TrialRecord(parent).config_json), overrides)
     assert fields(TrialConfig.from_dict(child).to_dict()) == fields(other.to_dict())
 
-    params, distributions = ops._clone_params(study, parent, overrides)  # the clone records them as the list does
+    params, distributions = clones._clone_params(study, parent, overrides)  # the clone records them as the list does
     assert params == listed.params
     assert all(admits(distributions[name], value) for name, value in params.items())
 

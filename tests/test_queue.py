@@ -13,6 +13,7 @@ from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
 from rfopt.engine import ops
+from rfopt.reports.status import liveness
 from rfopt.cli import main as cli
 from rfopt.compat import storage_of, trial_id_of
 from rfopt.engine.ops import OpError
@@ -60,16 +61,16 @@ def test_a_killed_process_reads_as_gone_within_two_heartbeats(storage, tmp_path)
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "beating"
-        live = ops.liveness(study.optuna)
+        live = liveness(study.optuna)
         assert live.running and live.holders == [f"{socket.gethostname()}:{process.pid} (worker)"]
     finally:
         process.kill()
         process.wait()
     killed = time.monotonic()
-    while ops.liveness(study.optuna).running:
+    while liveness(study.optuna).running:
         time.sleep(0.05)
     assert time.monotonic() - killed <= 2 * 0.2 + 0.3
-    assert ops.liveness(study.optuna).last_seen is not None
+    assert liveness(study.optuna).last_seen is not None
 
 
 def test_cancelled_clone_leaves_the_queue_and_never_starts(finished_study, storage, capsys):
@@ -107,7 +108,7 @@ def test_cancel_that_loses_to_a_starting_process_is_refused_and_writes_nothing(f
     seen_waiting = study.optuna.trials[clone]
     started = study.optuna.ask()  # a process running the study takes the clone from the queue first
     assert started.number == clone
-    monkeypatch.setattr(ops, "_trial", lambda s, n: seen_waiting)  # the cancel read the queue before that
+    monkeypatch.setattr(ops, "find_trial", lambda s, n: seen_waiting)  # the cancel read the queue before that
     with pytest.raises(OpError, match="was started by a process running the study just now; it was not cancelled"):
         study.cancel_clone(clone)
     trial = study.optuna.trials[clone]

@@ -129,7 +129,7 @@ def test_clone_params_hold_every_overridden_value_a_new_choice_under_an_alternat
         IntDistribution,
     )
 
-    from rfopt.engine.ops import _clone_params
+    from rfopt.engine.clones import _clone_params
 
     study = optuna.create_study()
     study.add_trial(optuna.trial.create_trial(

@@ -44,7 +44,7 @@ a generated one, printed at startup. Send ``Authorization: Bearer <token>``, or 
 ``/rfopt?token=<token>`` once in a browser, which keeps it in a cookie. No token: 401; a wrong
 one: 403.
 
-Clones are checked here before anything is written (`rfopt.engine.ops.clone`). Where the study's own code
+Clones are checked here before anything is written (`rfopt.engine.clones.clone`). Where the study's own code
 (its reward functions) cannot be imported in this process, the clone is still checked in every other
 way and made, and the reply says so: the process running the study imports that code.
 

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from rfopt.config.form import form_fields
-from rfopt.engine import ops
+from rfopt.engine import clones, ops
 from rfopt.errors import Refusal
 from rfopt.storage.schema import TrialRecord, study_record
 
@@ -58,13 +58,13 @@ def withdraw(study: optuna.Study, number: int, body: dict[str, Any], by: str) ->
 
 def clone(study: optuna.Study, number: int, body: dict[str, Any], by: str) -> dict[str, Any]:
     """A clone of trial `number` with the body's ``overrides`` (an object) and ``set`` (FIELD=VALUE strings), warm
-    started or not; with ``check_only``, checked and not made (`rfopt.engine.ops.clone_in_study`)."""
+    started or not; with ``check_only``, checked and not made (`rfopt.engine.clones.clone_in_study`)."""
     from rfopt.config.overrides import parse_assignments
 
     overrides, assignments, warm_start, check_only = _clone_request(body)
     overrides = {**overrides, **parse_assignments([a for a in assignments if a.strip()])}
     with FIRST_IMPORT:
-        made = ops.clone_in_study(study, number, overrides, warm_start=warm_start, by=by, check_only=check_only)
+        made = clones.clone_in_study(study, number, overrides, warm_start=warm_start, by=by, check_only=check_only)
     if check_only:
         return {"trial": None, "parent": number, "overrides": dict(made.overrides), "warm_start": warm_start,
                 "notes": list(made.notes), "message": made.describe_check(number, warm_start)}

@@ -31,7 +31,7 @@ import optuna
 
 from rfopt.compat import study_id_of
 from rfopt.config.form import reward_weighting
-from rfopt.engine import ops
+from rfopt.reports.status import Liveness, StudySummary, tally
 from rfopt.reports.charts import colour, comparison, parallel_svg, trial_labels
 from rfopt.reports.timeline import NowTraining, StudyCost, duration, now_training, study_cost
 from rfopt.storage.schema import TrialRecord, json_safe, study_record
@@ -66,7 +66,7 @@ class StudyPage:
                 "figures": self.figures}
 
 
-def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live: ops.Liveness,
+def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live: Liveness,
                version: str) -> StudyPage:
     """The study page's parts (see the module's docstring)."""
     sid = study_id_of(study)
@@ -140,22 +140,22 @@ def _render_facts(study: Any, record: Any, views: list[TrialView], objective: st
     counts: dict[str, int] = {}
     for v in views:
         counts[v.state] = counts.get(v.state, 0) + 1
-    tally = ops.tally(counts) if counts else "none yet"
+    shown = tally(counts) if counts else "none yet"
     facts = [
         f"objective: {_e(objective)} ({direction.name.lower() if direction else 'multi-objective'})",
         f"{plan.num_chunks} chunks of {plan.num_rows} rows" if plan else "not an rfopt study: no controls",
     ]
-    return (f"<p class='facts'>{' · '.join(facts)} · trials: {tally} · "
+    return (f"<p class='facts'>{' · '.join(facts)} · trials: {shown} · "
             f"<a href='/dashboard/studies/{sid}'>open in optuna-dashboard</a> · <a href='/rfopt'>all studies</a></p>")
 
 
-def _render_liveness(live: ops.Liveness, study_id: int, steerable: bool) -> str:
+def _render_liveness(live: Liveness, study_id: int, steerable: bool) -> str:
     notice_class = "running" if live.running else "idle warn" if live.waiting_unattended else "idle"
     return (f"<p id='liveness' class='notice {notice_class}' data-running='{str(live.running).lower()}'>"
             f"{_e(live.message)}</p>")
 
 
-def _render_now(records: list[TrialRecord], live: ops.Liveness) -> str:
+def _render_now(records: list[TrialRecord], live: Liveness) -> str:
     """What trains now, one line per trial in flight, with ETAs; and the compute spent and left."""
     flights = now_training(records, max(1, len(live.holders))) if live.running else []
     cost = study_cost(records, processes=max(1, len(live.holders)))
@@ -286,7 +286,7 @@ def _by_gang(gangs: dict[int, tuple[int, ...]]) -> list[tuple[tuple[int, ...], l
 
 def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
     """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
-    param (`rfopt.engine.ops.held_as`), that value, marked, so that the column never reads as the parent's."""
+    param (`rfopt.engine.clones.held_as`), that value, marked, so that the column never reads as the parent's."""
     holder = v.held_as.get(param)
     if holder is not None:
         value = v.params[holder]
@@ -421,15 +421,15 @@ def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: A
 
 
 # ---------------------------------------------------------------------- the index
-def render_index(summaries: list[ops.StudySummary]) -> str:
+def render_index(studies: list[StudySummary]) -> str:
     rows = []
-    for s in summaries:
+    for s in studies:
         sid = s.study_id
         kind = "rfopt" if s.planned else "optuna"
         best = "-" if s.best is None else f"{s.best[1]:.4g} (trial {s.best[0]})"
         rows.append(
             f"<tr data-study='{sid}'><td><a href='/rfopt/studies/{sid}'>{_e(s.name)}</a></td><td>{kind}</td>"
-            f"<td>{ops.tally(s.counts)}</td><td>{best}</td><td class='status {s.status}' title='{_e(s.live.message)}'>"
+            f"<td>{tally(s.counts)}</td><td>{best}</td><td class='status {s.status}' title='{_e(s.live.message)}'>"
             f"{s.status}</td>"
             f"<td><a href='/dashboard/studies/{sid}'>optuna-dashboard</a></td></tr>"
         )

@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from bottle import HTTPResponse, redirect, request
 
-from rfopt.engine import ops
+from rfopt.reports.status import liveness, summaries
 from rfopt.errors import Refusal
 from rfopt.storage.schema import TrialRecord, json_safe, study_attrs
 
@@ -67,7 +67,7 @@ class _Routes:
         return redirect("/rfopt", 302)
 
     def index_page(self) -> Any:
-        return _html(pages.render_index(ops.summaries(self.storage)))
+        return _html(pages.render_index(summaries(self.storage)))
 
     def study_page(self, study_id: int) -> Any:
         try:
@@ -161,7 +161,7 @@ class _Routes:
         """The study's data version, and its page unless the version is `since` (the page has it already)."""
         study = self._study(study_id)
         trials = self.storage.get_all_trials(study_id, deepcopy=False)
-        live = ops.liveness(study, trials)
+        live = liveness(study, trials)
         version = data_version(trials, live, study_attrs(study))
         if version == since:
             return version, None

@@ -20,12 +20,13 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from rfopt.engine import ops
+from rfopt.engine.clones import held_as
+from rfopt.reports.status import STATE_ORDER, Liveness
 from rfopt.reports.charts import best_trial, colour, trial_labels
 from rfopt.reports.timeline import TrialTimes
 from rfopt.storage.schema import TrialRecord, gang_plan, pbt_steps
 
-_STATE_ORDER = {state: i for i, state in enumerate(ops.STATE_ORDER)}
+_STATE_ORDER = {state: i for i, state in enumerate(STATE_ORDER)}
 
 
 @dataclass
@@ -57,7 +58,7 @@ class TrialView:
     eval: dict[str, float] = field(default_factory=dict)
     """The eval metrics of its latest chunk."""
     held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.ops.held_as`)."""
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.clones.held_as`)."""
     gangs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """The trials it trained each unit with (a gang: `rfopt.training.gang`), by unit; units it trained alone are absent."""
     sample_units: list[int] = field(default_factory=list)
@@ -86,7 +87,7 @@ class TrialView:
             value=record.value,
             value_step=max(values) if values else None,
             params=dict(trial.params),
-            held_as=ops.held_as(trial),
+            held_as=held_as(trial),
             gangs={unit: plan.numbers for unit in range(record.committed + 1)
                    if (plan := gang_plan(trial, unit)) is not None and len(plan.numbers) > 1},
             clone_of=None if record.lineage is None else record.lineage.to_attr(),
@@ -170,7 +171,7 @@ def _replacements(trials: Sequence[optuna.trial.FrozenTrial], study: Any) -> dic
     return {r.trial: by_token[r.token] for step in steps for r in step.replacements if r.token in by_token}
 
 
-def data_version(trials: Iterable[optuna.trial.FrozenTrial], live: ops.Liveness, study_attrs: dict[str, Any]) -> str:
+def data_version(trials: Iterable[optuna.trial.FrozenTrial], live: Liveness, study_attrs: dict[str, Any]) -> str:
     """A fingerprint of what the study page shows: every trial's state, params, values and attrs, the study's rfopt
     records, and who runs it. The page sends it back (If-None-Match) and is told "not modified" while it holds."""
     digest = hashlib.sha1()

@@ -1,16 +1,22 @@
-"""The run: which trial trains next, one unit of work, the live trials kept in step with storage, and the loop.
+"""The run: the one entry point, the loop, the live trials kept in step with storage, one unit of work, ops.
 
 | module | owns |
 |---|---|
+| `run` | the engine's one entry point: a `RunRequest` carried out here (alone or as a worker) or on a cluster |
+| `request` | `RunRequest`: what `Study.optimize` and `Study.work` ask, each argument checked |
+| `checks` | what a run is checked for against the study before anything is stored (`CheckedRun`); study names |
 | `driver` | the one loop: reconcile, apply requests, decide rungs, ask, pick, run a unit |
 | `roster` | the live trials of a run and the one `reconcile` with storage; each trial's lifecycle |
 | `coordinator` | who may work on which trial: alone, or under leases beside other workers |
 | `unit` | one unit: load, train a chunk, evaluate, checkpoint, commit (alone or in a gang) |
 | `artifacts` | what is published after a unit: the trial's note and charts |
 | `scheduler` | least progress first, and who trains together in a gang |
-| `ops` | requests (pause, resume, stop), clones, a study-level stop, study summaries |
+| `population` | population-based training's rung policy: its stored step carried out (clones made, members stopped) |
+| `ops` | requests on trials (pause, resume, stop, withdraw, cancel) and a study-level stop |
+| `clones` | clones of trials, optionally warm-started, with their lineage and Optuna params |
 | `cluster` | a study on a Ray cluster: one worker per device, the caller's view from storage |
 
 A unit of work: `driver` picks a trial, `coordinator` claims it, `roster` reconciles it with storage and applies its
-requests, `unit` trains and commits it, and `roster` judges the rung (`rfopt.pruning`) once every live trial reached it.
+requests, `unit` trains and commits it, and `roster` has the rung judged (`rfopt.pruning.RungPolicy`) once every live
+trial reached it.
 """

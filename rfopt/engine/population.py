@@ -5,7 +5,7 @@ At each step every live member reported, `PopulationRungs.judge`
 
 1. loads the step's plan from the study, or plans it now and stores it (`rfopt.storage.schema.PbtStep`): a crash
    after this point is finished from the stored plan, not planned again;
-2. makes each replacement's warm clone (`rfopt.engine.ops.clone`), each once: a clone made before a crash is found
+2. makes each replacement's warm clone (`rfopt.engine.clones.clone`), each once: a clone made before a crash is found
    again by its lineage token;
 3. stores every judged member's decision (kept, replaced by a clone of trial N, or stopped by the unit budget);
 
@@ -34,7 +34,8 @@ from rfopt.pruning import Member, PopulationBasedTraining, RungOutcome, plan_ste
 from rfopt.storage import crashpoints, schema
 from rfopt.storage.schema import PbtStep, PruneDecision, Replacement, TrialRecord
 
-from . import ops
+from .clones import clone, clone_with_token, warm_start_refusal
+from .ops import OpError
 
 logger = logging.getLogger("rfopt")
 
@@ -62,7 +63,7 @@ class PopulationRungs:
             plan = self._plan(study, step, n_steps)
             schema.write_pbt_step(study, plan)
             crashpoints.reach("pbt-planned", trial=-1, unit=step)
-        clones: dict[int, int | str] = {r.trial: self._replacement(study, r) for r in plan.replacements}
+        replaced: dict[int, int | str] = {r.trial: self._replacement(study, r) for r in plan.replacements}
         crashpoints.reach("pbt-cloned", trial=-1, unit=step)
         trials = study.get_trials(deepcopy=False)
         decisions = []
@@ -70,8 +71,8 @@ class PopulationRungs:
             prune, reason = False, plan.reasons.get(number)
             if reason is None:
                 reason = f"kept: not in the population at chunk {step + 1} (it was paused, or joined later)"
-            elif number in clones:
-                made = clones[number]
+            elif number in replaced:
+                made = replaced[number]
                 if isinstance(made, int):
                     prune, reason = True, f"{reason} (trial {made})"
                 else:
@@ -83,7 +84,7 @@ class PopulationRungs:
                                      pruner=type(self.pbt).__name__)
             schema.write_decision(schema.TrialRef.of(study, trials[number]), decision)
             decisions.append(decision)
-        return RungOutcome(tuple(decisions), tuple(n for n in clones.values() if isinstance(n, int)))
+        return RungOutcome(tuple(decisions), tuple(n for n in replaced.values() if isinstance(n, int)))
 
     def _plan(self, study: optuna.Study, step: int, n_steps: int) -> PbtStep:
         trials = study.get_trials(deepcopy=False)
@@ -119,16 +120,16 @@ class PopulationRungs:
 
     def _replacement(self, study: optuna.Study, replacement: Replacement) -> int | str:
         """The clone that replaces a member (made now, or found made before a crash), or why it cannot be made."""
-        number = ops.clone_with_token(study, replacement.token)
+        number = clone_with_token(study, replacement.token)
         if number is not None:  # made before a crash, its warm-start weights first
             return number
         parent = study.get_trials(deepcopy=False)[replacement.parent]
         try:
             overrides = self.space.overrides_for(parent, replacement.params)
-            made = ops.clone(study, replacement.parent, overrides, warm_start=True, plan=self.plan,
+            made = clone(study, replacement.parent, overrides, warm_start=True, plan=self.plan,
                              checkpoints=self.checkpoints, by=type(self.pbt).__name__, token=replacement.token,
                              params=replacement.params)
-        except (ops.OpError, ConfigError, ValueError) as exc:
+        except (OpError, ConfigError, ValueError) as exc:
             logger.warning("trial %d: its replacement by a clone of trial %d could not be made: %s",
                            replacement.trial, replacement.parent, exc)
             return str(exc)
@@ -159,7 +160,7 @@ def explorable(pbt: PopulationBasedTraining, space: Any, parent: FrozenTrial) ->
             child, _ = override_dict(data, overrides)
         except (ConfigError, ValueError, TypeError):
             continue
-        if ops.warm_start_refusal(data, child) is None:
+        if warm_start_refusal(data, child) is None:
             found.append(name)
     return found
 

@@ -219,7 +219,7 @@ def _exists(study: optuna.Study) -> bool:
 
 def _presence(study: optuna.Study, kind: str) -> Any:
     """This process's heartbeat on the study while it runs it (`rfopt.storage.leases.Presence`;
-    `rfopt.engine.ops.liveness` reads it): in an SQL storage, where other processes can look. Entered before anything
+    `rfopt.reports.status.liveness` reads it): in an SQL storage, where other processes can look. Entered before anything
     is written, it refuses (`rfopt.storage.leases.StudyBusyError`) to run beside a process it cannot share the study
     with: an `optimize` beside anyone, a worker beside an `optimize`."""
     if engine_of(storage_of(study)) is None:

@@ -1,8 +1,10 @@
-"""What a person reads about a study, computed from storage alone: times and costs, charts, progress and leaderboard.
+"""What a person reads about a study, computed from storage alone: who runs it, times and costs, charts, progress.
 
 | module | owns |
 |---|---|
-| `timeline` | when each trial trained, ETAs, compute spent |
-| `charts` | charts comparing trials (the dashboard's) and one trial's per-chunk charts as SVG (its artifact) |
+| `status` | whether a process runs a study now (its presence heartbeats), and each study of a storage at a glance |
+| `timeline` | when each trial trained, what trains now, ETAs, compute spent |
+| `charts` | charts comparing a study's trials (the dashboard's figures, parallel coordinates) |
+| `trial_svg` | one trial's per-chunk charts as SVG (its ``rfopt-metrics.svg`` artifact) |
 | `display` | the terminal's progress bar and leaderboard text |
 """

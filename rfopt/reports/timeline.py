@@ -137,7 +137,7 @@ class NowTraining:
 
 def now_training(records: Iterable[TrialRecord], processes: int = 1) -> list[NowTraining]:
     """Every trial with a unit in flight, by trial number, with its ETAs (whether its process lives is
-    `rfopt.engine.ops.liveness`)."""
+    `rfopt.reports.status.liveness`)."""
     records = list(records)
     etas = trial_etas(records, processes)
     found = [NowTraining.of(r, etas.get(r.number)) for r in records]

@@ -16,7 +16,7 @@ compare-and-set in any SQL database:
 - `release`: give the lease up at once when the unit is done.
 
 Every process running a study (`Study.optimize` and each worker) also stamps a row of ``rfopt_presence`` every few
-seconds (`Presence`), so that anyone can tell whether somebody is running the study (`rfopt.engine.ops.liveness`).
+seconds (`Presence`), so that anyone can tell whether somebody is running the study (`rfopt.reports.status.liveness`).
 
 Expiry times come from each worker's clock: hosts must keep their clocks in sync (NTP) to well
 within the lease's duration.
@@ -300,7 +300,7 @@ class Seen:
 class Presence:
     """A process running a study says so: its row in ``rfopt_presence`` (study, host:pid) is stamped every `interval`
     seconds from a thread while the block runs, and marked ended on the way out (even on an exception; a killed
-    process just stops beating). `seen_on` reads the rows back (`rfopt.engine.ops.liveness`).
+    process just stops beating). `seen_on` reads the rows back (`rfopt.reports.status.liveness`).
 
     Only timestamps are written, from a thread: no training state, RNG or Optuna record is touched, so results are
     the same with it. A beat that fails (the database busy) is retried at the next one.

@@ -712,7 +712,7 @@ class TrialRecord:
     def in_flight(self) -> ProgressRecord | None:
         """The progress of the unit it trains now: a RUNNING trial's record of a unit not committed yet (None when
         no process has published one since its last commit). Whether that process still lives is the study's
-        liveness (`rfopt.engine.ops.liveness`)."""
+        liveness (`rfopt.reports.status.liveness`)."""
         record = self.progress
         if self.state != TrialState.RUNNING or record is None or record.unit < self.committed:
             return None

@@ -1,0 +1,145 @@
+"""Who is running a study now (from the presence heartbeats of `rfopt.storage.leases.Presence`), and each study of a
+storage at a glance: what ``rfopt status``, the dashboard's index and the study page say about it.
+
+    >>> [s.line() for s in summaries(storage)]                                  # doctest: +SKIP
+    ['demo: 2 running, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)']
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from rfopt.storage import schema
+from rfopt.storage.leases import seen_on
+from rfopt.storage.schema import TrialRecord
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Whether any process is running a study now (from the heartbeats of `rfopt.storage.leases.Presence`), and what waits for
+    one.
+
+        >>> rfopt.reports.status.liveness(study.optuna).message                          # doctest: +SKIP
+        'nobody is running this study (last seen 12:03:05); 2 WAITING trials (clones 7, 8) will start when you run
+        `rfopt run ...` or `rfopt worker ...`'
+    """
+
+    running: bool
+    holders: list[str]
+    """The processes running it now: ``host:pid (run)`` or ``host:pid (worker)``."""
+    last_seen: datetime.datetime | None
+    """The last beat of any process that ran it (UTC); None if none ever did (or the storage keeps no heartbeats)."""
+    waiting_unattended: list[int]
+    """WAITING trials (clones, a list's configs) that nobody will start because nobody is running the study."""
+    message: str
+    """One line for a person."""
+
+
+def liveness(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> Liveness:
+    """Whether a process (`Study.optimize`, or workers) is running `study`: one whose heartbeat is younger than two
+    intervals (a process that died reads as gone within that; one that exited cleanly at once). `trials`: the
+    study's trials where the caller has read them already (the dashboard's page)."""
+    seen = seen_on(study)
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    waiting = [t.number for t in trials if t.state == TrialState.WAITING]
+    if seen is None:
+        return Liveness(False, [], None, [], "this storage keeps no heartbeats (no SQL database): whether a process "
+                        "runs the study cannot be told")
+    now = time.time()
+    alive = [s for s in seen if s.alive(now)]
+    last = max((s.ended or s.seen for s in seen), default=None)
+    last_seen = None if last is None else datetime.datetime.fromtimestamp(last, datetime.UTC)
+    if alive:
+        holders = [f"{s.holder} ({s.kind})" for s in alive]
+        return Liveness(True, holders, last_seen, [], f"running: {', '.join(holders)}")
+    when = "it never ran under this rfopt" if last_seen is None else f"last seen {_local_time(last_seen)}"
+    message = f"nobody is running this study ({when})"
+    if waiting:
+        by_number = {t.number: t for t in trials}
+        clones = [n for n in waiting if TrialRecord(by_number[n]).lineage is not None]
+        what = f"{len(waiting)} WAITING trial{'s' if len(waiting) > 1 else ''}"
+        if clones:
+            what += f" (clone{'s' if len(clones) > 1 else ''} {', '.join(map(str, clones))})"
+        message += f"; {what} will start when you run `rfopt run ...` or `rfopt worker ...` (or study.optimize)"
+    return Liveness(False, [], last_seen, waiting, message)
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """One study of a storage at a glance: its trials by state, its best value, whether a process runs it."""
+
+    name: str
+    study_id: int
+    planned: bool
+    """Whether rfopt planned it (a study rfopt never ran is a plain Optuna study)."""
+    counts: dict[str, int]
+    """Trials by the state a person is shown (`TrialRecord.shown_state`)."""
+    best: tuple[int, float] | None
+    """(trial, value) of Optuna's best trial; None before one completes (or for several objectives)."""
+    live: Liveness
+
+    @property
+    def finished(self) -> bool:
+        """Nothing left to train or start: no RUNNING or WAITING trial."""
+        return not self.counts.get("RUNNING") and not self.counts.get("WAITING")
+
+    @property
+    def status(self) -> str:
+        """``running``, ``idle`` (nobody runs it, and it has trials left) or ``finished``."""
+        return "running" if self.live.running else "finished" if self.finished else "idle"
+
+    def line(self) -> str:
+        """``demo: 2 running, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
+        best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
+        status = self.live.message if self.live.running else self.status
+        return f"{self.name}: {tally(self.counts)}; best {best}; {status}"
+
+
+STATE_ORDER = ("RUNNING", "WAITING", "COMPLETE", "PRUNED", "FAIL", "CANCELLED")
+"""The order trial states are listed in for people: live first."""
+
+
+def state_counts(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
+    """Trials by the state a person is shown (`TrialRecord.shown_state`)."""
+    counts: dict[str, int] = {}
+    for t in trials:
+        state = TrialRecord(t).shown_state
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+def tally(counts: Mapping[str, int]) -> str:
+    """``2 running, 5 pruned, 1 complete`` (``no trials`` for none), live states first."""
+    rank = {state: i for i, state in enumerate(STATE_ORDER)}
+    ordered = sorted(counts.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+    return ", ".join(f"{n} {state.lower()}" for state, n in ordered) or "no trials"
+
+
+def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
+    """Every study in `storage`, by id (``rfopt status`` and the dashboard's index list them)."""
+    from rfopt.compat import study_id_of
+
+    out = []
+    for frozen in sorted(storage.get_all_studies(), key=study_id_of):
+        study = optuna.load_study(study_name=frozen.study_name, storage=storage,
+                                  sampler=optuna.samplers.RandomSampler())
+        trials = study.get_trials(deepcopy=False)
+        counts = state_counts(trials)
+        best = None
+        if len(study.directions) == 1 and any(t.state == TrialState.COMPLETE for t in trials):
+            best = (study.best_trial.number, study.best_value)
+        out.append(StudySummary(frozen.study_name, study_id_of(frozen), schema.study_record(frozen).planned, counts,
+                                best, liveness(study, trials)))
+    return out
+
+
+def _local_time(when: datetime.datetime) -> str:
+    local = when.astimezone()
+    today = datetime.datetime.now().astimezone().date()
+    return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M:%S")
