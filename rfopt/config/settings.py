@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -53,11 +54,7 @@ class EvalSettings:
 
 
 def _is_number(value: Any) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return not isinstance(value, (str, bytes))
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's floats are Real
 
 
 def _is_int(value: Any) -> bool:
