@@ -41,8 +41,9 @@ from rfopt.engine.unit import UnitCommitted
 from rfopt.reports.status import Liveness, liveness
 from rfopt.pruning import PopulationBasedTraining, optuna_pruner
 from rfopt.storage import schema
-from rfopt.storage.checkpoints import CheckpointStore, Location, download, is_url, location_exists, normalize_location
+from rfopt.storage.checkpoints import CheckpointStore, Location, download, location_exists
 from rfopt.storage.database import open_storage
+from rfopt.storage.files import is_url, normalize_location
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt.training.parallel import DataParallel
 from rfopt.training.trackers import normalize as trackers_of

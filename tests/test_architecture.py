@@ -43,7 +43,7 @@ GROUP = {name: i for i, names in enumerate(GROUPS) for name in names}
 
 # Inside a sub-package, lowest first ("__init__" is the package's own module: what it offers its users).
 LAYERS = {
-    "storage": [{"crashpoints", "state", "database", "schema"}, {"checkpoints", "leases"}, {"__init__"}],
+    "storage": [{"crashpoints", "state", "database", "schema", "files"}, {"checkpoints", "leases"}, {"__init__"}],
     "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide"}, {"_policy"}, {"__init__"}],
     "config": [{"usercode", "params", "rewardfuncs", "settings"}, {"codec"}, {"overrides", "studyfile"}, {"trial"},
                {"spaces", "form"}, {"__init__"}],

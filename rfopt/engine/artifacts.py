@@ -22,7 +22,7 @@ import optuna
 
 from rfopt.compat import storage_of, study_id_of, trial_id_of
 from rfopt.reports.trial_svg import charts_svg
-from rfopt.storage.checkpoints import is_url
+from rfopt.storage.files import is_url
 from rfopt.storage.schema import TrialRecord, study_record
 
 logger = logging.getLogger("rfopt")

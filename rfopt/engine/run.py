@@ -35,8 +35,9 @@ from rfopt.config.spaces import ListSpace, as_space
 from rfopt.errors import RfoptError
 from rfopt.reports.display import ProgressBar
 from rfopt.storage import schema
-from rfopt.storage.checkpoints import CheckpointError, CheckpointStore, location_exists, normalize_location
+from rfopt.storage.checkpoints import CheckpointError, CheckpointStore, location_exists
 from rfopt.storage.database import describe, engine_of
+from rfopt.storage.files import normalize_location
 from rfopt.storage.leases import Leases, Presence
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt.training.models import ModelPool

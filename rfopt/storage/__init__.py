@@ -7,7 +7,8 @@ Nothing here imports training or the engine: storage is the source of truth that
 | `database` | opening an Optuna storage, with retries while a database is unreachable |
 | `schema` | every ``rfopt:*`` key of a study and its trials, as typed records (the one module that spells them) |
 | `checkpoints` | the checkpoint store: a trial's state after each unit, warm starts, adapters; local or fsspec |
-| `state` | what a checkpoint holds (`TrialSnapshot`) and the unit report stored beside it |
+| `files` | where a store's files are: a local directory or an object store, each written durably |
+| `state` | what a checkpoint holds (`TrialSnapshot`, and its tensors + metadata form) and the unit report stored beside it |
 | `leases` | leases on trials, fenced commits, and the presence heartbeats of processes running a study |
 | `crashpoints` | named points between durable writes, where tests kill a process |
 

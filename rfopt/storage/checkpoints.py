@@ -1,4 +1,9 @@
-"""The checkpoint store: each trial's latest state, written durably, and its final adapter.
+"""The checkpoint store: each trial's latest state, written durably, and its final adapter; and what a study does
+with a store's location (`Location`, `location_exists`, `download`).
+
+Where the files go (a local directory or an object store, and how each is written durably) is
+`rfopt.storage.files`; how a `TrialSnapshot` becomes a checkpoint's tensors and ``state.json`` is
+`rfopt.storage.state`.
 
 Layout under the store's root (a local directory, or an fsspec URL such as ``s3://bucket/prefix``)::
 
@@ -35,10 +40,6 @@ gang's units or none, and trains the gang again with the same members.
 
 A unit's report rides along in its checkpoint, so that a crash after the checkpoint is durable and
 before the report reaches storage is committed with exactly the value and metrics it would have had.
-
-Object stores are reached through fsspec, which takes credentials and endpoints from each filesystem's
-usual sources (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``~/.aws``),
-so nothing secret is stored in the study.
 """
 
 from __future__ import annotations
@@ -46,61 +47,31 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
-
-from rfopt.errors import RfoptError
+from typing import Any
 
 from .crashpoints import reach
-from .state import RngState, TrialSnapshot, UnitReport
+from .files import CheckpointError, files_at
+from .state import TrialSnapshot, UnitReport, from_tensors, to_tensors
 
 Location = Path | str
 """Where something in a store is: a `Path` in a local store, a URL string (``s3://bucket/prefix/...``) in an object store."""
 
-_LOCAL_PROTOCOLS = ("file", "local")
 OWNER_FILE = "rfopt-study.json"
-
-
-class CheckpointError(RfoptError, RuntimeError):
-    """A checkpoint that is missing, unreadable, corrupt or could not be written; names the trial and the file."""
-
-
-def is_url(location: str | os.PathLike) -> bool:
-    """Whether `location` is an fsspec URL of a store other than the local filesystem (``s3://``, ``gcs://``, ``memory://``).
-
-    >>> is_url("s3://bucket/rfopt"), is_url("/shared/rfopt"), is_url("file:///shared/rfopt")
-    (True, False, False)
-    """
-    protocol, separator, _ = str(location).partition("://")
-    return bool(separator) and protocol not in _LOCAL_PROTOCOLS
-
-
-def normalize_location(location: str | os.PathLike) -> str:
-    """`location` as a study records it: a URL as given, without a trailing slash; else an absolute local path.
-
-    A ``file://`` URL is a local path: it is stored as one, and written durably like one.
-    """
-    protocol, separator, rest = str(location).partition("://")
-    if not separator:
-        return str(Path(location).resolve())
-    if protocol in _LOCAL_PROTOCOLS:
-        return str(Path(rest).resolve())
-    return f"{protocol}://{rest.rstrip('/')}"
 
 
 def location_exists(location: Location) -> bool:
     """Whether a file or directory exists at `location` (a local path or a URL)."""
-    return _files_at(location).exists("")
+    return files_at(location).exists("")
 
 
 def download(location: Location, target: str | os.PathLike) -> Path:
     """Copy the directory at `location` (a local path or a URL) into the new local directory `target`."""
     target = Path(target)
-    _files_at(location).download("", target)
+    files_at(location).download("", target)
     return target
 
 
@@ -114,7 +85,7 @@ class CheckpointStore:
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
-        self._files = _files_at(root)
+        self._files = files_at(root)
         self._files.create()
         self.root = self._files.location("")
 
@@ -219,7 +190,7 @@ class CheckpointStore:
         except OSError as exc:
             raise self._write_error(trial_number, name, exc) from exc
         try:
-            tensors, meta = _flatten(state)
+            tensors, meta = to_tensors(state)
             save_file(tensors, str(staging / "tensors.safetensors"))
             (staging / "state.json").write_bytes(json.dumps(meta).encode())
             if report is not None:
@@ -321,7 +292,7 @@ class CheckpointStore:
         meta = self._read(trial_number, f"{unit}/state.json", json.loads)
         tensors = self._read(trial_number, f"{unit}/tensors.safetensors", load)
         try:
-            return _unflatten(tensors, meta)
+            return from_tensors(tensors, meta)
         except Exception as exc:  # noqa: BLE001 - files that parse but do not belong together
             raise CheckpointError(f"trial {trial_number}: checkpoint {self._files.location(unit)} is unreadable: "
                                   f"{exc!r}") from exc
@@ -422,285 +393,3 @@ def _gang_key(gang: str) -> str:
 
 def _warm_key(token: str) -> str:
     return f"warm-starts/{token}"
-
-
-# ---------------------------------------------------------------------- where the files go
-# The store names everything by a key relative to its root ("trial-00003/unit-0002/state.json"); the two
-# `CheckpointFiles` below are the only code that differs between a local directory and an object store.
-
-
-class CheckpointFiles(Protocol):
-    """Where a `CheckpointStore` keeps its files, by key relative to its root: `_LocalFiles` (a directory) and
-    `_ObjectFiles` (an fsspec object store). A directory becomes visible whole (`publish`); `write_pointer` is the
-    commit point (one small object written whole)."""
-
-    def create(self) -> None:
-        """Make the root where one must exist (nothing for an object store)."""
-
-    def location(self, key: str) -> Any:
-        """Where `key` is, as a person reads it (a path or a URL)."""
-
-    def read(self, key: str) -> bytes: ...
-
-    def exists(self, key: str) -> bool: ...
-
-    def names(self, key: str) -> list[str]:
-        """The entries directly under `key`, sorted; none when it is not there."""
-
-    def remove(self, key: str) -> None:
-        """Remove `key` and everything under it; gone already is not an error."""
-
-    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
-        """A new local directory to write `name` into before `publish`."""
-
-    def publish(self, staged: Path, key: str) -> None:
-        """Make the staged directory visible at `key`, whole (replacing what was there)."""
-
-    def write_pointer(self, key: str, data: bytes) -> None:
-        """Write one small object whole: the commit point of a save."""
-
-    def download(self, key: str, target: Path) -> None:
-        """Copy the directory at `key` to the local `target`."""
-
-
-class _LocalFiles:
-    """A local (or mounted shared) directory: files fsynced, directories renamed into place, `LATEST` replaced by
-    rename, so a power loss at any moment leaves the previous state."""
-
-    def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root)
-
-    def create(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def location(self, key: str) -> Path:
-        return self.root / key if key else self.root
-
-    def read(self, key: str) -> bytes:
-        return (self.root / key).read_bytes()
-
-    def exists(self, key: str) -> bool:
-        return self.location(key).exists()
-
-    def names(self, key: str) -> list[str]:
-        folder = self.root / key
-        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-
-    def remove(self, key: str) -> None:
-        path = self.root / key
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-
-    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
-        """A new directory to write `name` into before it is published: beside its target, so that it can be renamed."""
-        folder = self.root / key
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.glob(stale) if stale else ():  # left by a process killed mid-write
-            shutil.rmtree(old, ignore_errors=True)
-        return Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
-
-    def publish(self, staged: Path, key: str) -> None:
-        for path in staged.rglob("*"):
-            if path.is_file():
-                _fsync_file(path)
-        target = self.root / key
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staged, target)
-        _fsync_dir(target.parent)
-
-    def write_pointer(self, key: str, data: bytes) -> None:
-        path = self.root / key
-        if not path.parent.is_dir():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(path.parent.parent)
-        _write_durably(path, data)
-
-    def download(self, key: str, target: Path) -> None:
-        shutil.copytree(self.location(key), target)
-
-
-class _ObjectFiles:
-    """An fsspec filesystem at a URL (S3, GCS, Azure, ...). There is no directory rename: a directory is published by
-    uploading its files one by one, and a single object (`LATEST`) written whole is the commit point."""
-
-    def __init__(self, url: str) -> None:
-        import fsspec
-        from fsspec.registry import known_implementations
-
-        self.url = normalize_location(url)
-        try:
-            self.fs, path = fsspec.core.url_to_fs(self.url)
-        except ImportError as exc:  # fsspec names the package: "Install s3fs to access S3"
-            protocol = self.url.partition("://")[0]
-            package = known_implementations.get(protocol, {}).get("class", "").partition(".")[0]
-            fix = f"; pip install {package}" if package else ""
-            raise CheckpointError(f"checkpoint store {self.url}: {exc}{fix}") from exc
-        except ValueError as exc:  # "Protocol not known: ..."
-            raise CheckpointError(f"checkpoint store {self.url}: {exc}") from exc
-        self.path = path.rstrip("/")
-
-    def _path(self, key: str) -> str:
-        return f"{self.path}/{key}" if key else self.path
-
-    def create(self) -> None:
-        """Nothing to create: an object store has no directories (the bucket must exist)."""
-
-    def location(self, key: str) -> str:
-        if not key:
-            return self.url
-        return f"{self.url}{'' if self.url.endswith('/') else '/'}{key}"
-
-    def read(self, key: str) -> bytes:
-        return self.fs.cat_file(self._path(key))
-
-    def exists(self, key: str) -> bool:
-        self.fs.invalidate_cache(self._path(key))  # another process may have written it since the last listing
-        return self.fs.exists(self._path(key))
-
-    def names(self, key: str) -> list[str]:
-        path = self._path(key)
-        self.fs.invalidate_cache(path)
-        try:
-            entries = self.fs.ls(path, detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted(entry.rstrip("/").rpartition("/")[2] for entry in entries)
-
-    def remove(self, key: str) -> None:
-        try:
-            self.fs.rm(self._path(key), recursive=True)
-        except OSError:  # gone already, or refused: retention tries again after the next checkpoint
-            pass
-        self.fs.invalidate_cache(self._path(key))
-
-    def staging(self, key: str, name: str, stale: str | None = None) -> Path:
-        """A local temporary directory to write `name` into before it is uploaded."""
-        return Path(tempfile.mkdtemp(prefix=f".{name}."))
-
-    def publish(self, staged: Path, key: str) -> None:
-        self.remove(key)  # what an earlier, unfinished attempt left under this name
-        for path in sorted(staged.rglob("*")):
-            if path.is_file():
-                target = f"{key}/{path.relative_to(staged).as_posix()}"
-                try:
-                    self.fs.put_file(str(path), self._path(target))
-                except Exception as exc:
-                    self.remove(key)  # not named in LATEST, so nothing reads it; do not leave it half-written
-                    raise OSError(f"uploading {self.location(target)}: {exc}") from exc
-
-    def write_pointer(self, key: str, data: bytes) -> None:
-        self.fs.pipe_file(self._path(key), data)
-
-    def download(self, key: str, target: Path) -> None:
-        root = self._path(key)
-        self.fs.invalidate_cache(root)
-        files = self.fs.find(root)
-        if not files:
-            raise FileNotFoundError(f"nothing at {self.location(key)}")
-        for path in files:
-            local = target / path[len(root):].lstrip("/")
-            local.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(path, str(local))
-
-
-def _files_at(location: str | os.PathLike) -> CheckpointFiles:
-    if is_url(location):
-        return _ObjectFiles(str(location))
-    return _LocalFiles(normalize_location(location) if "://" in str(location) else location)
-
-
-def _flatten(state: TrialSnapshot) -> tuple[dict[str, Any], dict[str, Any]]:
-    import torch
-
-    tensors: dict[str, Any] = {f"weights.{k}": v.detach().contiguous().cpu() for k, v in state.weights.items()}
-    meta: dict[str, Any] = {
-        "units_done": state.units_done,
-        "global_step": state.global_step,
-        "tokens_seen": state.tokens_seen,
-        "scheduler": state.scheduler,
-        "optimizer": None,
-        "rng": None,
-    }
-    if state.optimizer is not None:
-        plain_state: dict[str, dict[str, Any]] = {}
-        for index, entry in state.optimizer["state"].items():
-            plain_state[str(index)] = {}
-            for key, value in entry.items():
-                if torch.is_tensor(value):
-                    tensors[f"optimizer.{index}.{key}"] = value.detach().contiguous().cpu()
-                    plain_state[str(index)][key] = {"tensor": f"optimizer.{index}.{key}"}
-                else:
-                    plain_state[str(index)][key] = value
-        meta["optimizer"] = {"state": plain_state, "param_groups": state.optimizer["param_groups"]}
-    if state.rng is not None:
-        tensors["rng.torch"] = state.rng.torch
-        for i, cuda_state in enumerate(state.rng.cuda):
-            tensors[f"rng.cuda.{i}"] = cuda_state
-        version, internal, gauss = state.rng.python
-        kind, keys, pos, has_gauss, cached = state.rng.numpy
-        meta["rng"] = {
-            "python": [version, list(internal), gauss],
-            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-            "cuda_devices": len(state.rng.cuda),
-        }
-    return tensors, meta
-
-
-def _unflatten(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialSnapshot:
-    import numpy as np
-
-    weights = {k[len("weights.") :]: v for k, v in tensors.items() if k.startswith("weights.")}
-    optimizer = None
-    if meta["optimizer"] is not None:
-        opt_state = {}
-        for index, entry in meta["optimizer"]["state"].items():
-            opt_state[int(index)] = {
-                key: tensors[value["tensor"]] if isinstance(value, dict) and "tensor" in value else value
-                for key, value in entry.items()
-            }
-        optimizer = {"state": opt_state, "param_groups": meta["optimizer"]["param_groups"]}
-    rng = None
-    if meta["rng"] is not None:
-        version, internal, gauss = meta["rng"]["python"]
-        kind, keys, pos, has_gauss, cached = meta["rng"]["numpy"]
-        rng = RngState(
-            python=(version, tuple(internal), gauss),
-            numpy=(kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
-            torch=tensors["rng.torch"],
-            cuda=[tensors[f"rng.cuda.{i}"] for i in range(meta["rng"]["cuda_devices"])],
-        )
-    return TrialSnapshot(
-        units_done=meta["units_done"],
-        global_step=meta["global_step"],
-        tokens_seen=meta["tokens_seen"],
-        weights=weights,
-        optimizer=optimizer,
-        scheduler=meta["scheduler"],
-        rng=rng,
-    )
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,9 +1,12 @@
-"""What a trial carries from one chunk unit to the next: the records a checkpoint holds.
+"""What a trial carries from one chunk unit to the next: the records a checkpoint holds, and their stored form.
 
 `TrialSnapshot` is everything a trial needs to continue exactly (weights, optimizer, scheduler, RNG,
 counters); `UnitReport` is what one unit commits to storage (its value, metrics and samples). The
 runner produces both, the checkpoint store writes and reads them, the engine commits the report.
 They live here, below all three, so that none of them imports another for its types.
+
+`to_tensors` lays a `TrialSnapshot` out as a checkpoint stores it (its tensors for ``tensors.safetensors``, the rest
+for ``state.json``); `from_tensors` reads it back.
 """
 
 from __future__ import annotations
@@ -70,3 +73,77 @@ class UnitReport:
     steps: list[dict[str, float]] = field(default_factory=list)
     """TRL's logs of each optimizer step of the unit (`ChunkMetrics.steps`); empty for a unit evaluated again after a
     crash without its training logs, and in reports written before rfopt kept them."""
+
+
+def to_tensors(state: TrialSnapshot) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`state` as a checkpoint stores it: its tensors (weights, optimizer tensors, torch and CUDA RNG states) for
+    ``tensors.safetensors``, and the rest as JSON-ready metadata for ``state.json``."""
+    import torch
+
+    tensors: dict[str, Any] = {f"weights.{k}": v.detach().contiguous().cpu() for k, v in state.weights.items()}
+    meta: dict[str, Any] = {
+        "units_done": state.units_done,
+        "global_step": state.global_step,
+        "tokens_seen": state.tokens_seen,
+        "scheduler": state.scheduler,
+        "optimizer": None,
+        "rng": None,
+    }
+    if state.optimizer is not None:
+        plain_state: dict[str, dict[str, Any]] = {}
+        for index, entry in state.optimizer["state"].items():
+            plain_state[str(index)] = {}
+            for key, value in entry.items():
+                if torch.is_tensor(value):
+                    tensors[f"optimizer.{index}.{key}"] = value.detach().contiguous().cpu()
+                    plain_state[str(index)][key] = {"tensor": f"optimizer.{index}.{key}"}
+                else:
+                    plain_state[str(index)][key] = value
+        meta["optimizer"] = {"state": plain_state, "param_groups": state.optimizer["param_groups"]}
+    if state.rng is not None:
+        tensors["rng.torch"] = state.rng.torch
+        for i, cuda_state in enumerate(state.rng.cuda):
+            tensors[f"rng.cuda.{i}"] = cuda_state
+        version, internal, gauss = state.rng.python
+        kind, keys, pos, has_gauss, cached = state.rng.numpy
+        meta["rng"] = {
+            "python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "cuda_devices": len(state.rng.cuda),
+        }
+    return tensors, meta
+
+
+def from_tensors(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialSnapshot:
+    """The `TrialSnapshot` that `to_tensors` laid out as `tensors` and `meta` (read back from a checkpoint)."""
+    import numpy as np
+
+    weights = {k[len("weights.") :]: v for k, v in tensors.items() if k.startswith("weights.")}
+    optimizer = None
+    if meta["optimizer"] is not None:
+        opt_state = {}
+        for index, entry in meta["optimizer"]["state"].items():
+            opt_state[int(index)] = {
+                key: tensors[value["tensor"]] if isinstance(value, dict) and "tensor" in value else value
+                for key, value in entry.items()
+            }
+        optimizer = {"state": opt_state, "param_groups": meta["optimizer"]["param_groups"]}
+    rng = None
+    if meta["rng"] is not None:
+        version, internal, gauss = meta["rng"]["python"]
+        kind, keys, pos, has_gauss, cached = meta["rng"]["numpy"]
+        rng = RngState(
+            python=(version, tuple(internal), gauss),
+            numpy=(kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+            torch=tensors["rng.torch"],
+            cuda=[tensors[f"rng.cuda.{i}"] for i in range(meta["rng"]["cuda_devices"])],
+        )
+    return TrialSnapshot(
+        units_done=meta["units_done"],
+        global_step=meta["global_step"],
+        tokens_seen=meta["tokens_seen"],
+        weights=weights,
+        optimizer=optimizer,
+        scheduler=meta["scheduler"],
+        rng=rng,
+    )
