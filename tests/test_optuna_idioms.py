@@ -293,7 +293,7 @@ def test_a_study_an_earlier_rfopt_kept_in_user_attrs_is_read_and_continued_and_i
         target(ref.trial_id, key, value)
 
     monkeypatch.setattr(schema.TrialRef, "set", old_trial_write)
-    monkeypatch.setattr(schema, "_set_study", lambda study, key, value: study.set_user_attr(key, value))
+    monkeypatch.setattr(schema._study, "_set_study", lambda study, key, value: study.set_user_attr(key, value))
     monkeypatch.setattr(compat, "enqueue_trial", lambda study, params, attrs: study.enqueue_trial(params, user_attrs=attrs))
 
     class FirstChunks(Exception):

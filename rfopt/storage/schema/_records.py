@@ -1,0 +1,228 @@
+"""A trial's small records: who asked for what and when (clone lineage, op requests, withdrawals, cancels, applied
+ops, stops), its rung decisions, a unit's metrics, and the progress of the unit in flight."""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._keys import _REQUEST
+from ._values import StepColumns, _finite, json_safe
+
+STOP_REASON = "stopped by user"
+CONTROL_OPS = ("pause", "resume", "stop")
+
+
+def who() -> str:
+    """``user@host``: who asked for an op or a clone."""
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:  # noqa: BLE001 - no user name in some containers
+        return "unknown"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where a clone comes from (``rfopt:clone``)."""
+
+    parent: int
+    overrides: dict[str, Any]
+    warm_start: bool
+    start_unit: int
+    """The parent's committed units when a warm clone was made: the clone reports from this step on."""
+    by: str
+    at: str
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"parent": self.parent, "overrides": dict(self.overrides), "warm_start": self.warm_start,
+                "start_unit": self.start_unit, "by": self.by, "at": self.at, "token": self.token}
+
+    @classmethod
+    def from_attr(cls, value: Mapping[str, Any]) -> Lineage:
+        return cls(parent=int(value["parent"]), overrides=dict(value.get("overrides") or {}),
+                   warm_start=bool(value.get("warm_start")), start_unit=int(value.get("start_unit", 0)),
+                   by=str(value.get("by", "unknown")), at=str(value.get("at", "")), token=str(value.get("token", "")))
+
+
+@dataclass(frozen=True)
+class Request:
+    """An op asked for on a running trial (pause, resume, stop), not necessarily applied yet."""
+
+    op: str
+    by: str
+    at: str
+    id: str
+
+    @property
+    def key(self) -> str:
+        # Sorts by time, then id: the order in which requests are applied.
+        return f"{_REQUEST}{self.at}-{self.id}"
+
+    @classmethod
+    def new(cls, op: str, by: str | None = None) -> Request:
+        return cls(op=op, by=by or who(), at=now(), id=uuid.uuid4().hex[:12])
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """A pending request taken back before it applied (``rfopt:withdrawn:<request id>``)."""
+
+    request: Request
+    by: str
+    at: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Who cancelled a WAITING clone before it started, and when (``rfopt:cancelled``); it ends FAIL with `reason`."""
+
+    by: str
+    at: str
+
+    @property
+    def reason(self) -> str:
+        return f"cancelled by {self.by} at {self.at} before it started"
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"by": self.by, "at": self.at}
+
+
+@dataclass(frozen=True)
+class AppliedOp:
+    """One entry of a trial's ``rfopt:ops`` history: a request and when it took effect."""
+
+    op: str
+    by: str
+    requested_at: str
+    applied_at: str
+    id: str
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"op": self.op, "by": self.by, "requested_at": self.requested_at, "applied_at": self.applied_at,
+                "id": self.id}
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why and when a person stopped a trial (``rfopt:stopped``)."""
+
+    by: str
+    at: str
+    after_chunk: int
+    """The unit it stopped after (Optuna's step; shown to people as chunk ``after_chunk + 1``)."""
+    reason: str = STOP_REASON
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"reason": self.reason, "by": self.by, "at": self.at, "after_chunk": self.after_chunk}
+
+
+@dataclass(frozen=True)
+class PruneDecision:
+    """Whether a trial stops after the chunk of ``step``, and why (``rfopt:pruning:<step>``).
+
+    Example::
+
+        PruneDecision(trial_number=5, step=0, prune=True,
+                      reason="best value 0.12 up to chunk 0 is below the median 0.8 of 7 peers",
+                      peers=(0, 1, 2, 3, 4, 6, 7), pruner="MedianPruner")
+    """
+
+    trial_number: int
+    step: int
+    prune: bool
+    #: Human text for logs and the dashboard.
+    reason: str
+    #: Numbers of the trials this one was compared against (empty when none were).
+    peers: tuple[int, ...]
+    #: Class name of the pruner that decided.
+    pruner: str
+
+    def to_attr(self) -> dict[str, Any]:
+        """The JSON value stored under :func:`decision_key` (trial and step are in the key)."""
+        return {"prune": self.prune, "reason": self.reason, "peers": list(self.peers), "pruner": self.pruner}
+
+    @classmethod
+    def from_attr(cls, trial_number: int, step: int, value: Mapping[str, Any]) -> PruneDecision:
+        return cls(trial_number=trial_number, step=step, prune=bool(value["prune"]), reason=str(value["reason"]),
+                   peers=tuple(int(n) for n in value["peers"]), pruner=str(value["pruner"]))
+
+
+@dataclass(frozen=True)
+class UnitMetrics:
+    """What the engine stored for one chunk unit of a trial (``rfopt:metrics:<unit>``): finite numbers only."""
+
+    unit: int
+    chunk: int
+    train: dict[str, float]
+    eval: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """How far the unit a trial trains now has got (``rfopt:progress``), published by the process training it while
+    the chunk runs (`rfopt.training.progress.ProgressPublisher`): a few times a minute at most, not once per token or step, and
+    a last time when the chunk's training ends. Anyone reading the storage shows it: the dashboard's "now training"
+    line, ``rfopt status``.
+
+    It says nothing of what is committed (the unit counts once its report is stored: `TrialRecord.committed`); a
+    record whose unit is committed is history (`TrialRecord.in_flight`).
+    """
+
+    unit: int
+    """The unit in flight (unit ``u`` is the trial's ``u+1``-th chunk; Optuna's step ``u`` once committed)."""
+    num_units: int
+    phase: str
+    """``loading`` (swapping the trial in: its checkpoint, adapter, trainer), ``training``, or ``evaluating``."""
+    step: int
+    """Optimizer steps of this unit done so far, 0 to `steps`."""
+    steps: int
+    """Optimizer steps in the unit."""
+    global_step: int
+    """The trainer's global step after `step` (the per-step charts' x axis)."""
+    started: float
+    """When the unit started (seconds since the epoch, the writer's clock)."""
+    updated: float
+    """When this record was written."""
+    step_seconds: float | None
+    """Mean seconds per optimizer step of this unit so far (None before its first step ends)."""
+    logs: dict[str, list[float | None]] = field(default_factory=dict)
+    """TRL's logs of the unit's steps so far, by column (`StepColumns`): the charts draw them before the commit."""
+    holder: str = ""
+    """The process training it: ``host:pid``."""
+    gang: tuple[int, ...] = ()
+    """The trials training together with it in one process, itself included (empty: it trains alone)."""
+
+    def step_logs(self) -> list[dict[str, float]]:
+        """The logs of the unit's steps so far, one dict per step (`StepColumns.decode`)."""
+        return StepColumns.decode(self.logs)
+
+    def to_attr(self) -> dict[str, Any]:
+        return json_safe({"unit": self.unit, "num_units": self.num_units, "phase": self.phase, "step": self.step,
+                          "steps": self.steps, "global_step": self.global_step, "started": self.started,
+                          "updated": self.updated, "step_seconds": self.step_seconds, "logs": self.logs,
+                          "holder": self.holder, "gang": list(self.gang)})
+
+    @classmethod
+    def from_attr(cls, value: Any) -> ProgressRecord | None:
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            seconds = value.get("step_seconds")
+            return cls(unit=int(value["unit"]), num_units=int(value["num_units"]), phase=str(value["phase"]),
+                       step=int(value["step"]), steps=int(value["steps"]), global_step=int(value["global_step"]),
+                       started=float(value["started"]), updated=float(value["updated"]),
+                       step_seconds=None if _finite(seconds) is None else float(seconds),
+                       logs=dict(value.get("logs") or {}), holder=str(value.get("holder", "")),
+                       gang=tuple(int(n) for n in value.get("gang") or ()))
+        except (KeyError, TypeError, ValueError):
+            return None

@@ -1,0 +1,174 @@
+"""rfopt's records on a study: its identity, plan and settings (`StudyRecord`), a halt request (`Halt`), and the steps
+population-based training decided (`PbtStep`); read and written here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rfopt.chunks import ChunkPlan
+
+from ._keys import _CHECKPOINT_DIR, _HALT, _PBT_STEP, _PLAN, _SETTINGS, _STUDY_ID, _set_study, study_attrs
+
+
+@dataclass(frozen=True)
+class Halt:
+    """A request that every process running the study stop at its trials' next chunk boundary (``rfopt:halt``): the
+    chunks in flight commit, the trials stay RUNNING and resumable. It applies to the processes that were running the
+    study when it was made (`at`, seconds since the epoch); one started later runs."""
+
+    by: str
+    at: float
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"by": self.by, "at": self.at}
+
+    @classmethod
+    def from_attr(cls, value: Mapping[str, Any]) -> Halt:
+        return cls(by=str(value.get("by", "unknown")), at=float(value.get("at", 0.0)))
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """rfopt's attrs on a study. A study rfopt never planned has no plan (and no identity until it runs)."""
+
+    uid: str | None
+    checkpoint_dir: str | None
+    plan: ChunkPlan | None
+    settings: dict[str, Any]
+    """``num_chunks``, ``chunk_seed``, ``objective``, ``eval_settings``, ``train_fingerprint``, ``eval_fingerprint``: what
+    every trial must share to be compared."""
+    halt: Halt | None = None
+    """The last request that every process running the study stop (`rfopt.engine.ops.halt`)."""
+
+    @classmethod
+    def of(cls, attrs: Mapping[str, Any]) -> StudyRecord:
+        plan = attrs.get(_PLAN)
+        halt = attrs.get(_HALT)
+        return cls(
+            uid=attrs.get(_STUDY_ID),
+            checkpoint_dir=attrs.get(_CHECKPOINT_DIR),
+            plan=None if plan is None else ChunkPlan.from_dict(plan),
+            settings={name: attrs[key] for name, key in _SETTINGS.items() if key in attrs},
+            halt=Halt.from_attr(halt) if isinstance(halt, Mapping) else None,
+        )
+
+    @property
+    def objective(self) -> str:
+        return self.settings.get("objective", "reward")
+
+    @property
+    def planned(self) -> bool:
+        return self.plan is not None
+
+
+def study_record(study: Any) -> StudyRecord:
+    """The record of an `optuna.Study` (or a `FrozenStudy`, as storages list them)."""
+    return StudyRecord.of(study_attrs(study))
+
+
+def write_identity(study: Any, uid: str, checkpoint_dir: str) -> None:
+    """Give the study its identity and checkpoint location (once, when it first runs; see `study.py`)."""
+    _set_study(study, _STUDY_ID, uid)
+    _set_study(study, _CHECKPOINT_DIR, checkpoint_dir)
+
+
+def write_checkpoint_dir(study: Any, checkpoint_dir: str) -> None:
+    _set_study(study, _CHECKPOINT_DIR, checkpoint_dir)
+
+
+def write_plan(study: Any, plan: ChunkPlan) -> None:
+    _set_study(study, _PLAN, plan.to_dict())
+
+
+def write_halt(study: Any, halt: Halt) -> None:
+    _set_study(study, _HALT, halt.to_attr())
+
+
+def write_settings(study: Any, settings: Mapping[str, Any]) -> None:
+    """Store study settings (`StudyRecord.settings` names) that the study does not have yet. The objective also
+    names the study's metric (Optuna's ``set_metric_names``): optuna-dashboard then calls it by its name, not
+    "Objective 0"."""
+    for name, value in settings.items():
+        _set_study(study, _SETTINGS[name], value)
+    if "objective" in settings:
+        name_metric(study, str(settings["objective"]))
+
+
+def name_metric(study: Any, objective: str) -> None:
+    """Name the study's one metric after its objective (Optuna's ``set_metric_names``), unless it is so named."""
+    import warnings
+
+    import optuna
+
+    if len(study.directions) != 1 or study.metric_names == [objective]:
+        return
+    with warnings.catch_warnings():  # experimental in Optuna 5.0, and stable since 3.2
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([objective])
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One member of a population replaced at a PBT step: by a warm clone of `parent` with `params` explored."""
+
+    trial: int
+    parent: int
+    params: dict[str, Any]
+    """The clone's Optuna params (the parent's, with the explored ones changed)."""
+    changed: dict[str, list[Any]]
+    """Explored params that changed: name -> [parent's value, clone's value]."""
+    token: str
+    """The clone's lineage token: finds the clone again after a crash, so it is made once."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"trial": self.trial, "parent": self.parent, "params": dict(self.params),
+                "changed": {k: list(v) for k, v in self.changed.items()}, "token": self.token}
+
+    @classmethod
+    def from_attr(cls, value: Mapping[str, Any]) -> Replacement:
+        return cls(trial=int(value["trial"]), parent=int(value["parent"]), params=dict(value["params"]),
+                   changed={k: list(v) for k, v in value.get("changed", {}).items()}, token=str(value["token"]))
+
+
+@dataclass(frozen=True)
+class PbtStep:
+    """What population-based training decided at one step (``rfopt:pbt:<step>`` on the study), stored once, before
+    any clone is made or any member stopped: a crash in between is finished from it, never decided again."""
+
+    step: int
+    ranking: tuple[int, ...]
+    """The population at the step (every trial with a value there, FAIL excepted), best first."""
+    replacements: tuple[Replacement, ...]
+    stopped: tuple[int, ...] = ()
+    """Members stopped without a replacement: the unit budget left no room."""
+    reasons: dict[int, str] = field(default_factory=dict)
+    """Why each member was kept, replaced or stopped, by trial number."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"ranking": list(self.ranking), "replacements": [r.to_attr() for r in self.replacements],
+                "stopped": list(self.stopped), "reasons": {str(k): v for k, v in self.reasons.items()}}
+
+    @classmethod
+    def from_attr(cls, step: int, value: Mapping[str, Any]) -> PbtStep:
+        return cls(step=step, ranking=tuple(int(n) for n in value["ranking"]),
+                   replacements=tuple(Replacement.from_attr(r) for r in value["replacements"]),
+                   stopped=tuple(int(n) for n in value.get("stopped", [])),
+                   reasons={int(k): str(v) for k, v in value.get("reasons", {}).items()})
+
+
+def load_pbt_step(study: Any, step: int) -> PbtStep | None:
+    value = study_attrs(study).get(f"{_PBT_STEP}{step}")
+    return None if value is None else PbtStep.from_attr(step, value)
+
+
+def pbt_steps(study: Any) -> list[PbtStep]:
+    """Every population-based training step stored on the study, in step order."""
+    attrs = study_attrs(study)
+    steps = sorted(int(k[len(_PBT_STEP):]) for k in attrs if k.startswith(_PBT_STEP))
+    return [PbtStep.from_attr(step, attrs[f"{_PBT_STEP}{step}"]) for step in steps]
+
+
+def write_pbt_step(study: Any, decided: PbtStep) -> None:
+    _set_study(study, f"{_PBT_STEP}{decided.step}", decided.to_attr())
