@@ -5,7 +5,7 @@ Nothing here imports training or the engine: storage is the source of truth that
 | module | owns |
 |---|---|
 | `database` | opening an Optuna storage, with retries while a database is unreachable |
-| `schema` | every ``rfopt:*`` key of a study and its trials, as typed records (the one module that spells them) |
+| `schema` | every ``rfopt:*`` key of a study and its trials, as typed records (a package: the one place that spells them) |
 | `checkpoints` | the checkpoint store: a trial's state after each unit, warm starts, adapters; local or fsspec |
 | `files` | where a store's files are: a local directory or an object store, each written durably |
 | `state` | what a checkpoint holds (`TrialSnapshot`, and its tensors + metadata form) and the unit report stored beside it |
