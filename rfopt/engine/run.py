@@ -17,6 +17,7 @@ with new checkpoints; two databases in one folder with studies of the same name 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import shutil
@@ -72,9 +73,10 @@ def run(study: optuna.Study, request: RunRequest, checkpoint_dir: str | None = N
         return
     pool = ModelPool(request.device, request.precision)  # checks the device before anything is written
     worker = request.worker
-    if worker is not None and request.max_concurrent is None and isinstance(as_space(request.space), ListSpace):
-        # the same for every worker
-        request = _with(request, max_concurrent=max(1, min(len(as_space(request.space).configs), 8)))
+    if worker is not None and request.max_concurrent is None:
+        space = as_space(request.space)
+        if isinstance(space, ListSpace):  # the same for every worker
+            request = dataclasses.replace(request, max_concurrent=max(1, min(len(space.configs), 8)))
     checked = check_run(study, request)
     pool.check_room(checked.configs)
     say_placement(pool.placement, checked)
@@ -313,9 +315,3 @@ def _default_location(study: optuna.Study, uid: str) -> Path:
         f"(--checkpoint-dir): a directory all hosts mount, or an object store such as s3://bucket/rfopt/"
         f"{study.study_name} (on one host, any local directory)"
     )
-
-
-def _with(request: RunRequest, **changes: Any) -> RunRequest:
-    import dataclasses
-
-    return dataclasses.replace(request, **changes)
