@@ -42,3 +42,28 @@ def test_a_study_planned_before_settings_were_stored_one_by_one_reads_them_from_
 def test_a_bad_setting_is_refused_when_it_is_made(field, value, error, says):
     with pytest.raises(error, match=says):
         StudySettings(**{field: value})
+
+
+@pytest.mark.parametrize("given, error, says", [
+    (dict(n_trials=-1), ValueError, r"n_trials must be a whole number >= 0, got -1"),
+    (dict(n_trials_total=1.5), ValueError, r"n_trials_total must be a whole number >= 0, got 1.5"),
+    (dict(timeout=-3), ValueError, r"timeout must be a number of seconds >= 0, got -3"),
+    (dict(max_concurrent=0), ValueError, r"max_concurrent must be a whole number >= 1, got 0"),
+    (dict(callbacks=[1]), TypeError, r"callbacks: 1 is not callable"),
+    (dict(catch="oops"), TypeError, r"catch must be a tuple of exception classes"),
+    (dict(gang_size=0), ValueError, r"gang_size=0: give a whole number >= 1"),
+    (dict(num_chunks=0), ValueError, r"num_chunks must be a whole number >= 1, got 0"),
+])
+def test_optimize_and_work_refuse_a_bad_argument_alike_before_anything_is_stored(tiny_model, storage, given, error,
+                                                                                 says):
+    """Both build one `RunRequest`, which checks every argument when it is made: the same refusal, nothing stored."""
+    import rfopt
+    from rfopt.storage.schema import study_attrs
+    from rfopt_testkit import prompts_dataset, trial_config
+
+    study = rfopt.create_study(study_name="refused", storage=storage)
+    space, train, test = [trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E")
+    for call in (study.optimize, study.work):
+        with pytest.raises(error, match=says):
+            call(space, train, test, **given)
+    assert study.optuna.trials == [] and study_attrs(study.optuna) == {}

@@ -36,8 +36,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.config.spaces import ListSpace
-from rfopt.pruning import optuna_pruner
 from rfopt.errors import Refusal, RfoptError
+from rfopt.pruning import optuna_pruner
 from rfopt.storage.database import redact
 from rfopt.storage.schema import TrialRecord
 

@@ -69,7 +69,7 @@ class RunProgress:
 class Roster:
     """The live trials of one run (`live`, by trial number)."""
 
-    def __init__(self, ctx: Context, space: Any, *, pruner: Any = None,
+    def __init__(self, ctx: Context, space: Any, *, pruner: Any,
                  callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
                  catch: tuple[type[Exception], ...] = (Exception,)) -> None:
         self.ctx = ctx
@@ -79,8 +79,9 @@ class Roster:
         """A trial's exceptions that fail it alone; another fails it and is raised on (`optuna.Study.optimize`)."""
         self.study = ctx.study
         self.space = space
-        self.rungs = _rung_policy(pruner if pruner is not None else self.study.pruner, space, ctx)
-        """How rungs are judged: the study's pruner at rung boundaries, or population-based training."""
+        self.rungs = _rung_policy(pruner, space, ctx)
+        """How rungs are judged (`pruner`: the run's, `CheckedRun.pruner`): an Optuna pruner at rung boundaries, or
+        population-based training."""
         self.live: dict[int, Live] = {}
         self.asked = 0
         """Trials this run asked Optuna for (clones not counted: they come on top)."""
