@@ -14,7 +14,7 @@ Measured in one process:
 2. **Where a gang's time goes**, per G: the batched decodes of rollouts; the rest of the members' training steps
    (rewards, loss, backward, optimizer); the hand-overs between members (random states, gradient state, model
    patches, adapter switch); the evaluation (its decodes apart); checkpoints; the rest (storage, rungs, adapters).
-3. **Generation throughput**: completion tokens per second of one `RolloutEngine.generate` call decoding G trials'
+3. **Generation throughput**: completion tokens per second of one `BatchedBackend.generate` call decoding G trials'
    rows together, of G calls decoding one trial's rows each, and of ``model.generate`` on one adapter G times.
 4. **Peak memory** of each gang run (the process's peak resident set, reset before the run; on a GPU
    ``torch.cuda.max_memory_allocated``) against `rfopt.training.models.gang_memory`'s estimate.
@@ -124,7 +124,8 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     with contextlib.ExitStack() as stack:
         for owner, name, part in (
             (rfopt.training.models, "load_model", "load"), (gang.Gang, "train", "gang"),
-            (rollouts.RolloutEngine, "generate", "decode"), (gang._Context, "restore", "switching"),
+            (rollouts.BatchedBackend, "generate", "decode"), (rollouts.ExactBackend, "generate", "decode"),
+            (gang._Context, "restore", "switching"),
             (gang._Context, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
             (unit, "evaluate_members", "evaluation"), (TrialRunner, "evaluate", "evaluation"),
             (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
@@ -144,12 +145,9 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     s = parts.seconds
     load = s.get("load", 0.0)
     wall = clock.wall - load
-    if gang_size > 1:
-        training = s.get("gang", 0.0)
-        rest_of_steps = training - s.get("rollout_decode", 0.0) - s.get("switching", 0.0)
-    else:  # one trial at a time: its generation is inside train_chunk, not told apart here
-        training = s.get("train_chunk", 0.0)
-        rest_of_steps = training
+    training = s.get("gang", 0.0)  # every unit trains as a gang (a trial alone: a gang of one)
+    # One trial at a time: its generation is TRL's own, inside the steps, not told apart here.
+    rest_of_steps = training - s.get("rollout_decode", 0.0) - s.get("switching", 0.0)
     breakdown = {
         "rollout_decode": s.get("rollout_decode", 0.0),
         "train_steps_rest": rest_of_steps,
@@ -202,7 +200,7 @@ def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, 
 
     from rfopt.training.evaluation import EvalPrompts
     from rfopt.training.models import load_model
-    from rfopt.training.rollouts import Request, RolloutEngine, Sampling
+    from rfopt.training.rollouts import BatchedBackend, GenerationRequest, Sampling
 
     model, tokenizer = load_model(setup.configs[0], setup.device)
     top = max(gangs)
@@ -214,7 +212,7 @@ def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, 
     prompt = EvalPrompts.of(setup.train.select([0]), tokenizer).token_ids(tokenizer)[0]
     sampling = Sampling(max_new_tokens=new_tokens, eos_token_ids=(-1,), pad_token_id=tokenizer.pad_token_id,
                         temperature=0.7)
-    engine = RolloutEngine(peft)
+    engine = BatchedBackend(peft)
 
     def plain(adapter: str) -> None:
         peft.set_adapter(adapter)
@@ -232,14 +230,14 @@ def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, 
             times.append(time.perf_counter() - started)
         return min(times)
 
-    engine.generate([Request("g0", [prompt], sampling)])  # warm-up
+    engine.generate([GenerationRequest("g0", [prompt], sampling)])  # warm-up
     plain("g0")
     results = []
     for g in gangs:
         tokens = g * rows * new_tokens
-        batched = best(lambda: engine.generate([Request(f"g{i}", [prompt] * rows, sampling, seed=i)
+        batched = best(lambda: engine.generate([GenerationRequest(f"g{i}", [prompt] * rows, sampling, seed=i)
                                                  for i in range(g)]))
-        separate = best(lambda: [engine.generate([Request(f"g{i}", [prompt] * rows, sampling, seed=i)])
+        separate = best(lambda: [engine.generate([GenerationRequest(f"g{i}", [prompt] * rows, sampling, seed=i)])
                                  for i in range(g)])
         generate = best(lambda: [plain(f"g{i}") for i in range(g)])
         results.append({"gang_size": g, "rows_per_trial": rows, "new_tokens": new_tokens,

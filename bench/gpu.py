@@ -64,7 +64,13 @@ DATA_PARALLEL = (2,)
 """Devices per trial measured by default where the machine has that many GPUs."""
 RAY_WORKERS = (1,)
 """Ray worker counts measured by default (a GPU each) where Ray is installed."""
-GANG_SIZES = (1, 2, 4)
+GANG_SIZES = (4,)
+"""Gang sizes of the full study by default (plain TRL alone takes ~240 s on an H100; --gangs 1,4,8 for more)."""
+DECODE_GANGS = (1, 4, 8, 16)
+PARTS = ("decode", "anchor", "gangs", "round_robin", "exactness", "workers", "data_parallel", "ray")
+"""What bench/gpu.py can measure (``--only``); ``anchor``: transformers' static cache with its compiled forward."""
+DEFAULT_PARTS = ("decode", "anchor", "gangs")
+"""The default run (issue 31): fits in about 8 minutes on an H100."""
 
 
 @dataclass(frozen=True)
@@ -378,8 +384,10 @@ def measure_ray(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) ->
 
 
 # ---------------------------------------------------------------------- report
-def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int]) -> dict[str, Any]:
-    """The full study by plain TRL against rfopt in gangs of each size (one run each), and generation throughput."""
+def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int], repeats: int,
+                  on_result: Any = None) -> dict[str, Any]:
+    """The full study by plain TRL against rfopt in gangs of each size: the gang runs before and after the one plain
+    run (``repeats`` = 2: gang, plain, gang), each ratio against the plain run, their median the figure."""
     import gang as gang_bench  # bench/gang.py
 
     from rfopt.training.evaluation import EvalPrompts
@@ -389,91 +397,192 @@ def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int]) -> d
         return {}
     tokenizer = ModelPool(setup.device, setup.precision).tokenizer(setup.configs[0])
     prompt_tokens = max(map(len, EvalPrompts.of(setup.train, tokenizer).token_ids(tokenizer)))
+    record: dict[str, Any] = {"runs": {str(size): [] for size in gangs}, "load_before": os.getloadavg()[0]}
+
+    def gang_runs(tag: str) -> None:
+        for size in gangs:
+            throughput._settle()
+            run = gang_bench.run_gang_study(setup, workdir / f"gang-{size}-{tag}", size, prompt_tokens)
+            record["runs"][str(size)].append(run)
+            print(f"  gangs of {size} ({tag}): {run['wall_s']:.1f} s; "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in run["parts_s"].items()), flush=True)
+            if on_result is not None:
+                on_result(record)
+
+    gang_runs("first")
+    throughput._settle()
     plain = gang_bench.run_plain_side(setup, workdir / "plain")
-    runs = {}
-    for size in gangs:
-        throughput._settle()
-        run = gang_bench.run_gang_study(setup, workdir / f"gang-{size}", size, prompt_tokens)
-        run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
-        runs[str(size)] = run
-    new_tokens = setup.configs[0].args.max_completion_length
-    generation = gang_bench.generation_throughput(setup, sorted(set(gangs) | {8}), rows=4, new_tokens=new_tokens)
-    return {"plain_wall_s": plain["wall_s"], "runs": runs, "generation": generation}
+    record["plain_wall_s"] = plain["wall_s"]
+    print(f"  plain TRL: {plain['wall_s']:.1f} s", flush=True)
+    for runs in record["runs"].values():
+        for run in runs:
+            run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
+    if on_result is not None:
+        on_result(record)
+    if repeats > 1:
+        gang_runs("after")
+    for runs in record["runs"].values():
+        for run in runs:
+            run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
+    record["median_ratio_wall"] = {size: statistics.median(r["ratio_wall"] for r in runs)
+                                   for size, runs in record["runs"].items()}
+    record["load_after"] = os.getloadavg()[0]
+    return record
+
+
+def measure_decode(setup: throughput.Setup, gangs: list[int], modes: list[str], anchor: bool,
+                   on_result: Any) -> dict[str, Any]:
+    """bench/decode.py on this benchmark's model and device: the batched backend per decode iteration at each G,
+    ``model.generate`` one adapter at a time, and (`anchor`) transformers' static cache with its compiled forward."""
+    import decode  # bench/decode.py
+    import torch
+
+    from rfopt.training.models import load_model
+
+    model, tokenizer = load_model(setup.configs[0], setup.device)
+    peft = decode.adapters(model, max(gangs))
+    prompt = tokenizer.apply_chat_template(setup.train["prompt"][0], add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)["input_ids"]
+    record: dict[str, Any] = {"prompt_tokens": len(prompt), "results": []}
+
+    def heard(result: dict[str, Any]) -> None:
+        record["results"].append(result)
+        on_result(record)
+
+    if not setup.device.startswith("cuda"):  # the CPU decodes eagerly only
+        modes = ["eager"]
+    for mode in modes:
+        try:  # on a GPU, eager and compiled steps are measured at G = 4 only (compiling takes minutes per shape)
+            some = gangs if mode == "graph" or not setup.device.startswith("cuda") else [min(4, max(gangs))]
+            decode.run(peft, tokenizer, prompt, some, modes=[mode], on_result=heard, with_generate=False,
+                       with_agreement=mode == modes[0])
+        except Exception as exc:  # noqa: BLE001 - one mode failing must not cost the others' figures
+            heard({"what": "batched", "mode": mode, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"  batched {mode}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    rows = 16 if setup.device.startswith("cuda") else 4  # the 16 rows of the issue's anchor table
+    decode.time_generate(peft, prompt, rows, decode.NEW_TOKENS, 2, tokenizer.pad_token_id, static=False,
+                         on_result=heard)
+    if anchor:
+        try:
+            decode.time_generate(peft, prompt, rows, decode.NEW_TOKENS, 2, tokenizer.pad_token_id, static=True,
+                                 on_result=heard)
+        except Exception as exc:  # noqa: BLE001
+            heard({"what": "static", "error": f"{type(exc).__name__}: {exc}"})
+            print(f"  static compiled: FAILED {type(exc).__name__}: {exc}", flush=True)
+    kernels = decode.count_kernels(peft, prompt, 4, 4, tokenizer.pad_token_id)
+    if kernels is not None:
+        heard({"what": "kernels", "gang_size": 4, "kernels_per_iteration": kernels})
+        print(f"  CUDA kernels per eager decode step, G=4: {kernels}", flush=True)
+    del peft, model
+    if setup.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return record
 
 
 def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
 
-def print_table(record: dict[str, Any]) -> None:
+def print_table(record: dict[str, Any]) -> None:  # noqa: C901 - one row per figure, each optional
     cpu = record["device"] == "cpu"
     na = "n/a (cpu)" if cpu else "n/a"
-    rr, ex, w = record["round_robin"], record["exactness"], record["workers"]
 
     def fmt(value: Any, spec: str, unit: str = "") -> str:
         return na if value is None else f"{value:{spec}}{unit}"
 
-    busy = rr["gpu_busy_fraction"]
-    rows = [
-        ("plain TRL, sequential (a), wall", fmt(rr["plain_trl_wall_s"], ".2f", " s")),
-        ("rfopt round-robin (b), wall", fmt(rr["rfopt_wall_s"], ".2f", " s")),
-        ("wall ratio b/a (model loading excluded)", fmt(rr["ratio_wall"], ".3f")),
-        ("wall ratio b/a (with model loading)", fmt(rr["ratio_wall_with_model_loading"], ".3f")),
-        ("swap, median", fmt(rr["swap_ms_median"], ".1f", " ms")),
-        ("swap after chunk 0, median", fmt(rr["swap_ms_median_after_first_chunk"], ".1f", " ms")),
-        ("plain TRL time to first step, median", fmt(rr["plain_time_to_first_step_ms_median"], ".1f", " ms")),
-        ("checkpoint save per unit, median", fmt(rr["checkpoint_ms_per_unit_median"], ".1f", " ms")),
-        ("same weights a vs b: max |a - b|", f"{rr['max_abs_weight_diff_a_vs_b']:.3g}"),
-        ("peak GPU memory, round-robin (b)", na if cpu else _gib(rr["peak_gpu_bytes_round_robin"])),
-        ("peak GPU memory, one trial alone", na if cpu else _gib(rr["peak_gpu_bytes_one_trial"])),
-        ("base model on the GPU", na if cpu else _gib(rr["base_model_gpu_bytes"])),
-        ("adapter per trial (+2x for AdamW)", f"{rr['adapter_bytes_per_trial'] / 2**20:.2f} MiB"),
-        (f"goal base + {record['configs']} x (adapter + AdamW) + 10%",
-         na if cpu else f"{_gib(rr['goal_gpu_bytes'])} ({'met' if rr['goal_met'] else 'NOT met'})"),
-        ("GPU busy during (b)", na if cpu else ("n/a" if busy is None else f"{busy:.0%}")),
-        ("exactness, chunks vs straight: max |a - b|",
-         f"{ex['max_abs_diff']:.3g}" if ex["max_abs_diff"] is not None else f"n/a ({ex['error'][:60]})"),
-    ]
-    for count in WORKER_COUNTS:
-        entry = w.get(str(count))
-        rows.append((f"sweep with {count} worker(s) sharing the device, wall",
-                     f"{entry['wall_s']:.1f} s" if entry else "not run"))
-    dp = record["data_parallel"]
-    for count in sorted({*DATA_PARALLEL, *map(int, dp)}):
-        entry = dp.get(str(count))
-        rows.append((f"sweep with {count} devices per trial, wall (1 device)",
-                     f"{entry['wall_s']:.1f} s ({entry['wall_s_one_device']:.1f} s), per-chunk values differ by at "
-                     f"most {entry['max_abs_value_diff']:.3g}" if entry else "not run"))
-    ray = record["ray"]
-    rows.append(("Ray start-up alone (init, one actor, shutdown)",
-                 f"{ray['startup_s']:.1f} s" if "startup_s" in ray else "not run"))
-    for count in sorted({*RAY_WORKERS, *(int(k) for k in ray if k.isdigit())}):
-        entry = ray.get(str(count))
-        rows.append((f"sweep on a local Ray cluster, {count} worker(s), wall",
-                     f"{entry['wall_s']:.1f} s" if entry else "not run"))
-    gangs = record.get("gangs") or {}
-    if gangs:
-        rows.append(("full study, plain TRL one after another, wall", f"{gangs['plain_wall_s']:.1f} s"))
-    for size in GANG_SIZES:
-        entry = (gangs.get("runs") or {}).get(str(size))
-        if entry is None:
-            rows.append((f"full study in gangs of {size}, wall ratio to plain TRL", "not run"))
-            continue
-        rows.append((f"full study in gangs of {size}, wall ratio to plain TRL",
-                     f"{entry['ratio_wall']:.3f} ({entry['wall_s']:.1f} s)"))
-        rows.append((f"  gangs of {size}: peak memory / estimate",
-                     f"{_gib(entry['peak_bytes'])} / {_gib(entry['estimate_bytes'])}"))
-        rows.append((f"  gangs of {size}: time by part",
-                     ", ".join(f"{k} {v:.1f} s" for k, v in entry["parts_s"].items())))
-    for entry in gangs.get("generation", []):
-        rows.append((f"generation, {entry['gang_size']} trial(s): batched / separate / model.generate",
-                     f"{entry['batched_tok_s']:.0f} / {entry['separate_tok_s']:.0f} / "
-                     f"{entry['hf_generate_tok_s']:.0f} tok/s"))
+    rows: list[tuple[str, str]] = []
+    decode = record.get("decode")
+    if decode is None:
+        rows.append(("decode (batched backend, model.generate)", "not run"))
+    else:
+        for r in decode["results"]:
+            if "error" in r:
+                rows.append((f"decode, {r['what']} {r.get('mode', '')}", f"FAILED: {r['error'][:80]}"))
+            elif r["what"] == "batched":
+                rows.append((f"decode, batched ({r['mode']}), {r['gang_size']} trial(s) x 4 rows",
+                             f"{r['ms_per_iteration']:.2f} ms/iteration, {r['tok_s']:.0f} tok/s "
+                             f"(prefill {r['prefill_ms']:.0f} ms, capture {r['capture_s']:.1f} s)"))
+            elif r["what"] in ("generate", "static"):
+                label = "eager, dynamic cache" if r["what"] == "generate" else "static cache, compiled"
+                rows.append((f"decode, model.generate {label}, 1 adapter x {r['rows']} rows",
+                             f"{r['ms_per_iteration']:.2f} ms/token, {r['tok_s']:.0f} tok/s "
+                             f"(first call {r['first_call_s']:.1f} s)"))
+            elif r["what"] == "agreement":
+                rows.append((f"decode, greedy tokens equal to model.generate's (1 adapter, {r['rows']} rows)",
+                             f"{r['tokens_equal_before_first_difference']} of {r['new_tokens']} before the first "
+                             "difference"))
+            elif r["what"] == "kernels":
+                rows.append((f"CUDA kernels per eager decode step, {r['gang_size']} trials",
+                             str(r["kernels_per_iteration"])))
+    gangs = record.get("gangs")
+    if not gangs:
+        rows.append(("full study against plain TRL", "not run"))
+    else:
+        rows.append(("full study, plain TRL one after another, wall",
+                     f"{gangs['plain_wall_s']:.1f} s" if "plain_wall_s" in gangs else "not finished"))
+        for size, runs in gangs["runs"].items():
+            ratios = ", ".join(f"{r['ratio_wall']:.3f}" for r in runs if "ratio_wall" in r)
+            median = gangs.get("median_ratio_wall", {}).get(size)
+            walls = ", ".join(f"{r['wall_s']:.1f}" for r in runs)
+            head = f"{median:.3f} median " if median is not None else ""
+            rows.append((f"full study in gangs of {size}, wall ratio to plain TRL (each run)",
+                         f"{head}({ratios}; {walls} s)"))
+            for r in runs[-1:]:
+                rows.append((f"  gangs of {size}: peak memory / estimate",
+                             f"{_gib(r['peak_bytes'])} / {_gib(r['estimate_bytes'])}"))
+                rows.append((f"  gangs of {size}: time by part",
+                             ", ".join(f"{k} {v:.1f} s" for k, v in r["parts_s"].items())))
+    rr = record.get("round_robin")
+    if rr is not None:
+        busy = rr["gpu_busy_fraction"]
+        rows += [
+            ("plain TRL, sequential (a), wall", fmt(rr["plain_trl_wall_s"], ".2f", " s")),
+            ("rfopt round-robin (b), wall", fmt(rr["rfopt_wall_s"], ".2f", " s")),
+            ("wall ratio b/a (model loading excluded)", fmt(rr["ratio_wall"], ".3f")),
+            ("wall ratio b/a (with model loading)", fmt(rr["ratio_wall_with_model_loading"], ".3f")),
+            ("swap, median", fmt(rr["swap_ms_median"], ".1f", " ms")),
+            ("swap after chunk 0, median", fmt(rr["swap_ms_median_after_first_chunk"], ".1f", " ms")),
+            ("plain TRL time to first step, median", fmt(rr["plain_time_to_first_step_ms_median"], ".1f", " ms")),
+            ("checkpoint save per unit, median", fmt(rr["checkpoint_ms_per_unit_median"], ".1f", " ms")),
+            ("same weights a vs b: max |a - b|", f"{rr['max_abs_weight_diff_a_vs_b']:.3g}"),
+            ("peak GPU memory, round-robin (b)", na if cpu else _gib(rr["peak_gpu_bytes_round_robin"])),
+            ("peak GPU memory, one trial alone", na if cpu else _gib(rr["peak_gpu_bytes_one_trial"])),
+            ("base model on the GPU", na if cpu else _gib(rr["base_model_gpu_bytes"])),
+            ("adapter per trial (+2x for AdamW)", f"{rr['adapter_bytes_per_trial'] / 2**20:.2f} MiB"),
+            (f"goal base + {record['configs']} x (adapter + AdamW) + 10%",
+             na if cpu else f"{_gib(rr['goal_gpu_bytes'])} ({'met' if rr['goal_met'] else 'NOT met'})"),
+            ("GPU busy during (b)", na if cpu else ("n/a" if busy is None else f"{busy:.0%}")),
+        ]
+    ex = record.get("exactness")
+    if ex is not None:
+        rows.append(("exactness, chunks vs straight: max |a - b|",
+                     f"{ex['max_abs_diff']:.3g}" if ex["max_abs_diff"] is not None else f"n/a ({ex['error'][:60]})"))
+    w = record.get("workers")
+    if w is not None:
+        for count in WORKER_COUNTS:
+            entry = w.get(str(count))
+            rows.append((f"sweep with {count} worker(s) sharing the device, wall",
+                         f"{entry['wall_s']:.1f} s" if entry else "not run"))
+    dp = record.get("data_parallel")
+    if dp is not None:
+        for count in sorted({*DATA_PARALLEL, *map(int, dp)}):
+            entry = dp.get(str(count))
+            rows.append((f"sweep with {count} devices per trial, wall (1 device)",
+                         f"{entry['wall_s']:.1f} s ({entry['wall_s_one_device']:.1f} s), per-chunk values differ by "
+                         f"at most {entry['max_abs_value_diff']:.3g}" if entry else "not run"))
+    ray = record.get("ray")
+    if ray is not None:
+        rows.append(("Ray start-up alone (init, one actor, shutdown)",
+                     f"{ray['startup_s']:.1f} s" if "startup_s" in ray else "not run"))
+        for count in sorted({*RAY_WORKERS, *(int(k) for k in ray if k.isdigit())}):
+            entry = ray.get(str(count))
+            rows.append((f"sweep on a local Ray cluster, {count} worker(s), wall",
+                         f"{entry['wall_s']:.1f} s" if entry else "not run"))
     print()
     print(f"rfopt GPU benchmark - {record['model']} on {record['device_name']} ({record['precision']}), "
           f"{record['configs']} configs (lr {', '.join(f'{x:g}' for x in record['learning_rates'])}, LoRA r{LORA_RANK}), "
           f"{record['chunks']} chunks x {record['steps_per_chunk']} steps, max_completion_length "
-          f"{record['max_completion_length']}")
+          f"{record['max_completion_length']}; parts: {', '.join(record['parts'])}")
     width = max(len(name) for name, _ in rows) + 2
     for name, value in rows:
         print(f"  {name:<{width}}{value}")
@@ -494,7 +603,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gangs", default=",".join(map(str, GANG_SIZES)),
                         help="gang sizes of the full-study comparison, comma-separated, or 'none' (default: "
                         "%(default)s)")
+    parser.add_argument("--gang-repeats", type=int, default=2, choices=(1, 2),
+                        help="gang runs of the full study: 2 runs it before and after the one plain TRL run "
+                        "(default: %(default)s)")
+    parser.add_argument("--only", default=",".join(DEFAULT_PARTS),
+                        help=f"parts to run, comma-separated, or 'all' ({', '.join(PARTS)}; default: %(default)s)")
+    parser.add_argument("--decode-gangs", default=",".join(map(str, DECODE_GANGS)),
+                        help="trials per batched decode (4 rows each; default: %(default)s)")
+    parser.add_argument("--decode-modes", default="graph,eager",
+                        help="batched decode modes on a GPU: graph, eager, compiled (default: %(default)s)")
     args = parser.parse_args(argv)
+    args.only = list(PARTS) if args.only == "all" else [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(args.only) - set(PARTS))
+    if unknown:
+        parser.error(f"--only {','.join(unknown)}: not a part; give some of {', '.join(PARTS)}, or all")
+    args.decode_gangs = [int(x) for x in args.decode_gangs.split(",")]
+    args.decode_modes = [m.strip() for m in args.decode_modes.split(",")]
     try:
         args.workers = [] if args.workers == "none" else [int(x) for x in args.workers.split(",")]
     except ValueError:
@@ -548,47 +672,67 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per model load otherwise
     if sizes.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: run on the GPU machine (bench/gpu.md), or use --dry-run")
+    parts = args.only
+    record: dict[str, Any] = {
+        **dataclasses.asdict(sizes),
+        "dry_run": args.dry_run,
+        "lora_r": LORA_RANK,
+        "parts": parts,
+        "device_name": torch.cuda.get_device_name() if sizes.device == "cuda" else platform.processor() or "cpu",
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                    "cuda": torch.version.cuda, "transformers": transformers.__version__, "trl": trl.__version__,
+                    "peft": peft.__version__},
+        "loadavg_start": os.getloadavg(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(key: str | None = None, value: Any = None) -> None:
+        """Write the JSON after every measurement: a call cut short keeps what it measured."""
+        if key is not None:
+            record[key] = value
+        args.out.write_text(json.dumps(record, indent=2, default=str))
+
+    save()
     workdir = Path(tempfile.mkdtemp(prefix="rfopt-bench-gpu-"))
     try:
         started = time.perf_counter()
         source = build_model(sizes, workdir)
         print(f"model built in {time.perf_counter() - started:.1f} s: {source}", flush=True)
         setup = bench_setup(sizes, source, workdir)
-        print(f"warm-up: {throughput.warm_up(setup, workdir / 'warmup'):.1f} s", flush=True)
-        started = time.perf_counter()
-        round_robin = measure_round_robin(setup, workdir / "round-robin")
-        print(f"round-robin comparison: {time.perf_counter() - started:.1f} s", flush=True)
-        exactness = measure_exactness(setup, workdir / "exactness")
-        print("workers sweep:", "skipped (--workers none)" if not args.workers else "", flush=True)
-        workers = measure_workers(sizes, source, workdir, args.workers)
+        if "decode" in parts or "anchor" in parts:
+            started = time.perf_counter()
+            print("decode:", flush=True)
+            modes = args.decode_modes if "decode" in parts else []
+            measure_decode(setup, args.decode_gangs, modes, "anchor" in parts,
+                           on_result=lambda value: save("decode", value))
+            print(f"decode: {time.perf_counter() - started:.1f} s", flush=True)
+        if any(p in parts for p in ("gangs", "round_robin", "exactness")):
+            print(f"warm-up: {throughput.warm_up(setup, workdir / 'warmup'):.1f} s", flush=True)
+        if "gangs" in parts and args.gangs:
+            started = time.perf_counter()
+            print("gangs:", flush=True)
+            save("gangs", measure_gangs(setup, workdir / "gangs", args.gangs, args.gang_repeats,
+                                        on_result=lambda value: save("gangs", value)))
+            print(f"gangs: {time.perf_counter() - started:.1f} s", flush=True)
+        if "round_robin" in parts:
+            started = time.perf_counter()
+            save("round_robin", measure_round_robin(setup, workdir / "round-robin"))
+            print(f"round-robin comparison: {time.perf_counter() - started:.1f} s", flush=True)
+        if "exactness" in parts:
+            save("exactness", measure_exactness(setup, workdir / "exactness"))
+        if "workers" in parts:
+            save("workers", measure_workers(sizes, source, workdir, args.workers))
         import importlib.util
 
         gpus = torch.cuda.device_count() if sizes.device == "cuda" else 0
         data_parallel, ray = default_counts(args, sizes, gpus, importlib.util.find_spec("ray") is not None)
-        print("one trial over several devices:", "skipped" if not data_parallel else "", flush=True)
-        parallel = measure_data_parallel(sizes, source, workdir, data_parallel)
-        print("Ray:", "skipped" if not ray else "", flush=True)
-        on_ray = measure_ray(sizes, source, workdir, ray)
-        print("gangs:", "skipped (--gangs none)" if not args.gangs else "", flush=True)
-        gangs = measure_gangs(setup, workdir / "gangs", args.gangs)
-        record = {
-            **dataclasses.asdict(sizes),
-            "dry_run": args.dry_run,
-            "lora_r": LORA_RANK,
-            "device_name": torch.cuda.get_device_name() if sizes.device == "cuda" else platform.processor() or "cpu",
-            "round_robin": round_robin,
-            "exactness": exactness,
-            "workers": workers,
-            "data_parallel": parallel,
-            "ray": on_ray,
-            "gangs": gangs,
-            "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                        "cuda": torch.version.cuda, "transformers": transformers.__version__, "trl": trl.__version__,
-                        "peft": peft.__version__},
-        }
+        if "data_parallel" in parts:
+            save("data_parallel", measure_data_parallel(sizes, source, workdir, data_parallel))
+        if "ray" in parts:
+            save("ray", measure_ray(sizes, source, workdir, ray))
+        record["loadavg_end"] = os.getloadavg()
+        save()
         print_table(record)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=2))
         print(f"\nresult written to {args.out}")
         return record
     finally:

@@ -70,6 +70,15 @@ Kept for exactness or correctness (none of them is a speed trick):
     attrs: a WAITING trial whose ``fixed_params`` system attr (Optuna's own key, which ``Trial.suggest_*`` reads)
     holds its params. ``enqueue_trial`` takes no system attrs, and writing them after it would race a process that
     asks the trial the moment it is enqueued. Buys: rfopt's records of a listed config out of the user's attrs.
+``module_view``  `module_view` makes a second ``torch.nn.Module`` tree over the same weights: a shallow copy of each
+    module with a children dict of its own (``Module._modules``), no hooks (``Module._forward_hooks`` and the other
+    hook dicts) and no instance ``forward`` attribute (a trainer's wrapper), with some modules replaced. torch has no
+    public way to copy a module without its parameters. Buys: the batched rollout backend serves every gang member's
+    adapter from its LoRA bank (`rfopt.training.rollouts.bank`) without changing the shared model, and so without
+    Python hooks in its decode step (which a CUDA graph captures).
+``attention_implementation``  `attention_implementation` reads a transformers config's ``_attn_implementation``
+    (the attention the model was loaded with; transformers has no public getter): the batched decoder builds the
+    attention mask that implementation takes (a boolean mask for ``sdpa``, an additive one for ``eager``).
 ``pruner_settings``  `pruner_settings`, `patience_gate`, `percentile_helpers`, `StudyView`: rfopt's
     rung decisions (``rfopt.pruning``) run Optuna's pruners on a view of the study at one step, and
     need their constructor arguments (kept in private attributes), Optuna's percentile helpers (for
@@ -100,6 +109,7 @@ TESTED: dict[str, str] = {
     "accelerate": "~=1.15.0",
     "optuna": "~=5.0.0",
     "optuna-dashboard": "~=0.21.0",
+    "torch": ">=2.4,<2.15",
 }
 """The versions each patched library was checked against (compatible-release ranges, as pinned in pyproject.toml)."""
 
@@ -136,6 +146,58 @@ def _require(owner: Any, name: str, entry: str) -> None:
             f"{entry}: {getattr(owner, '__qualname__', owner)}.{name} is gone; this rfopt does not support the installed "
             f"version (tested: {', '.join(f'{k}{v}' for k, v in TESTED.items())})"
         )
+
+
+# ---------------------------------------------------------------------- torch / transformers: the batched decoder
+_MODULE_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+                 "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+                 "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def module_view(root: Any, replace: Callable[[Any, Callable[[Any], Any]], Any | None], dtype: Any = None) -> Any:
+    """A module tree of its own over `root`'s weights (entry ``module_view``): each module shallow-copied with its own
+    children, no hooks and no instance ``forward``; ``replace(module, view_of)`` may return a module to put in its
+    place (`view_of` views a child), or None to copy it. With `dtype`, the view's floating-point parameters are copies
+    in that dtype (tied weights stay tied; the model's own are untouched), its buffers the model's."""
+    import torch.nn as nn
+
+    check_version("torch")
+    _require(nn.Module(), "_modules", "module_view")
+    memo: dict[int, Any] = {}
+    converted: dict[int, Any] = {}
+
+    def weight(param: Any) -> Any:
+        if param is None or dtype is None or not param.is_floating_point() or param.dtype == dtype:
+            return param
+        if id(param) not in converted:
+            converted[id(param)] = nn.Parameter(param.detach().to(dtype), requires_grad=False)
+        return converted[id(param)]
+
+    def view_of(module: Any) -> Any:
+        if id(module) in memo:
+            return memo[id(module)]
+        made = replace(module, view_of)
+        if made is None:
+            made = copy.copy(module)
+            state = vars(made)
+            state.pop("forward", None)  # a trainer's wrapper around the shared model's forward
+            for hooks in _MODULE_HOOKS:
+                if hooks in state:
+                    state[hooks] = type(state[hooks])()
+            state["_modules"] = {name: (view_of(child) if child is not None else None)
+                                 for name, child in module._modules.items()}
+            state["_parameters"] = {name: weight(param) for name, param in module._parameters.items()}
+        memo[id(module)] = made
+        return made
+
+    return view_of(root)
+
+
+def attention_implementation(config: Any) -> str:
+    """The attention a transformers model was loaded with (entry ``attention_implementation``): ``"sdpa"``,
+    ``"eager"``, ``"flash_attention_2"``, ..."""
+    check_version("transformers")
+    return getattr(config, "_attn_implementation", None) or "eager"
 
 
 # ---------------------------------------------------------------------- TRL / transformers: the chunk trainer

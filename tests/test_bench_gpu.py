@@ -12,12 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path):
     out = tmp_path / "gpu.json"
-    # One worker count (2) keeps it short; the full sweep is the same code with more counts. The data-parallel trial
-    # runs as two CPU processes, Ray as a local cluster of one CPU worker.
+    # Every part: one worker count (2) keeps it short; the full sweep is the same code with more counts. The
+    # data-parallel trial runs as two CPU processes, Ray as a local cluster of one CPU worker.
     run = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--workers", "2", "--data-parallel", "2",
-         "--ray", "1", "--gangs", "2", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--only", "all", "--workers", "2",
+         "--data-parallel", "2", "--ray", "1", "--gangs", "2", "--gang-repeats", "1", "--decode-gangs", "1,2",
+         "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     table = run.stdout
@@ -25,7 +26,8 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
                 "peak GPU memory, round-robin (b)", "GPU busy during (b)", "exactness, chunks vs straight",
                 "sweep with 2 worker(s) sharing the device, wall", "sweep with 4 worker(s) sharing the device, wall",
                 "sweep with 2 devices per trial, wall (1 device)", "Ray start-up alone (init, one actor, shutdown)",
-                "sweep on a local Ray cluster, 1 worker(s), wall"):
+                "sweep on a local Ray cluster, 1 worker(s), wall", "decode, batched (eager), 2 trial(s) x 4 rows",
+                "decode, model.generate eager, dynamic cache", "decode, greedy tokens equal to model.generate's"):
         assert row in table, row
     assert "n/a (cpu)" in table
     record = json.loads(out.read_text())
@@ -43,12 +45,28 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
     assert parallel["wall_s"] > 0 and parallel["wall_s_one_device"] > 0 and parallel["max_abs_value_diff"] == 0.0
     assert record["ray"]["startup_s"] > 0 and record["ray"]["1"]["wall_s"] > 0
 
-    # Gangs: the full study in gangs of 2 against plain TRL, by part, and the engine's generation throughput.
-    assert "full study in gangs of 2, wall ratio to plain TRL" in table and "generation, 2 trial(s)" in table
+    # Gangs: the full study in gangs of 2 against plain TRL, by part.
+    assert "full study in gangs of 2, wall ratio to plain TRL" in table
     gangs = record["gangs"]
-    assert gangs["plain_wall_s"] > 0 and gangs["runs"]["2"]["ratio_wall"] > 0
-    assert gangs["runs"]["2"]["parts_s"]["rollout_decode"] > 0 and gangs["runs"]["2"]["estimate_bytes"] > 0
-    assert {g["gang_size"] for g in gangs["generation"]} == {2, 8}
+    assert gangs["plain_wall_s"] > 0 and gangs["runs"]["2"][0]["ratio_wall"] > 0
+    assert gangs["runs"]["2"][0]["parts_s"]["rollout_decode"] > 0 and gangs["runs"]["2"][0]["estimate_bytes"] > 0
+    # Decoding: the batched backend per iteration at each G, model.generate, and greedy agreement with it.
+    decoded = {(r["what"], r.get("gang_size")) for r in record["decode"]["results"]}
+    assert {("batched", 1), ("batched", 2), ("generate", 1), ("agreement", None)} <= decoded
+    agreement = next(r for r in record["decode"]["results"] if r["what"] == "agreement")
+    assert agreement["tokens_equal_before_first_difference"] == [64] * 4
+
+
+def test_gpu_benchmark_default_run_is_the_decode_the_anchor_and_the_study_and_parts_are_checked():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert gpu.parse_args([]).only == ["decode", "anchor", "gangs"]
+    assert gpu.parse_args(["--only", "all"]).only == list(gpu.PARTS)
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--only", "decode,nonsense"])
 
 
 def test_gpu_benchmark_measures_what_the_machine_can_run_unless_told():

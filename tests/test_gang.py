@@ -1,139 +1,26 @@
-"""Gangs: several trials trained in lockstep on one device, their rollouts decoded together by the rollout engine.
+"""Gangs: several trials trained in lockstep on one device, their rollouts decoded together by the batched backend
+(the backends themselves: tests/test_rollouts.py).
 
-What must hold: each row is decoded through its own trial's adapter (greedy rollouts in a gang are the trial's
-``generate`` rollouts, token for token); each trial samples from its own stream (its completions and its trained
-weights do not depend on who shares its gang); a gang is deterministic; a failing member fails alone; and the study
-around it (pruning, ops, crash and rerun) works as for trials trained one at a time."""
-
-import math
+What must hold: each trial samples from its own stream (its completions and its trained weights do not depend on who
+shares its gang); a gang is deterministic; a failing member fails alone; and the study around it (pruning, ops, crash
+and rerun) works as for trials trained one at a time."""
 
 import optuna
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rfopt
 from rfopt.storage import schema
 from rfopt.chunks import ChunkPlan, trial_schedule
 from rfopt.training.evaluation import EvalPrompts
-from rfopt.training.gang import Gang, GangMember, refusal
+from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool
-from rfopt.training.rollouts import Request, RolloutEngine, Sampling
+from rfopt.training.rollouts import Sampling
 from rfopt.training.runner import TrialRunner
 from rfopt.engine.scheduler import LiveTrial, next_gang
 from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, reward_vowels, trial_config
-
-QUESTIONS = ["What is 2+3?", "Tell me a story about a cat", "hi", "Count: 1 2 3"]
-
-
-@pytest.fixture(scope="module")
-def adapters(tiny_model):
-    """The tiny model with three random LoRA adapters of different ranks and targets, and its tokenizer."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
-                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False),
-                           adapter_name="a")
-    model.add_adapter("b", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-    model.add_adapter("c", LoraConfig(r=16, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
-    return model, tokenizer
-
-
-def _ids(tokenizer, questions=QUESTIONS):
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=True)["input_ids"] for q in questions]
-
-
-def _sampling(tokenizer, **kw):
-    return Sampling(**{"max_new_tokens": 16, "eos_token_ids": (tokenizer.eos_token_id,),
-                       "pad_token_id": tokenizer.pad_token_id, **kw})
-
-
-def _generate_alone(model, tokenizer, adapter, rows, max_new_tokens=16):
-    """What ``model.generate`` decodes greedily through one adapter, cut after the first EOS."""
-    model.set_adapter(adapter)
-    model.eval()
-    width = max(map(len, rows))
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    completions = []
-    for row in out[:, width:].tolist():
-        end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
-        completions.append(row[:end])
-    return completions
-
-
-# ---------------------------------------------------------------------- the rollout engine
-def test_each_row_is_decoded_through_its_own_adapter_as_generate_decodes_it(adapters):
-    model, tokenizer = adapters
-    rows = _ids(tokenizer)
-    greedy = _sampling(tokenizer, do_sample=False)
-    together = RolloutEngine(model).generate([Request(name, rows, greedy) for name in "abc"])
-    for name, got in zip("abc", together):
-        assert got == _generate_alone(model, tokenizer, name, rows), name
-    assert together[0] != together[1] != together[2]  # the adapters do differ
-
-
-def test_a_requests_samples_do_not_depend_on_who_shares_the_batch(adapters):
-    model, tokenizer = adapters
-    rows = _ids(tokenizer)
-    sampling = _sampling(tokenizer, temperature=0.9, top_k=20, top_p=0.95, repetition_penalty=1.1)
-    engine = RolloutEngine(model)
-    alone = engine.generate([Request("a", rows, sampling, seed=5)])[0]
-    partnered = engine.generate([Request("b", rows[:2], _sampling(tokenizer, temperature=1.3), seed=9),
-                                 Request("a", rows, sampling, seed=5), Request("c", rows[1:], sampling, seed=5)])
-    assert partnered[1] == alone
-    assert engine.generate([Request("a", rows, sampling, seed=6)])[0] != alone  # the seed is what it samples from
-
-
-def test_a_partner_whose_adapter_always_ends_at_once_changes_no_other_completion(adapters, tiny_model):
-    model, tokenizer = adapters
-    rows = _ids(tokenizer)
-    model.add_adapter("eos", LoraConfig(r=2, lora_alpha=2, target_modules=["lm_head"], lora_bias=True))
-    try:
-        for module in model.modules():
-            if hasattr(module, "lora_B") and "eos" in module.lora_B:
-                with torch.no_grad():
-                    module.lora_B["eos"].bias.zero_()
-                    module.lora_B["eos"].bias[tokenizer.eos_token_id] = 1e4
-        sampling = _sampling(tokenizer)
-        engine = RolloutEngine(model)
-        with_plain = engine.generate([Request("b", rows, sampling, seed=3), Request("a", rows, sampling, seed=3)])
-        with_eos = engine.generate([Request("eos", rows, sampling, seed=3), Request("a", rows, sampling, seed=3)])
-    finally:
-        model.delete_adapter("eos")
-    assert with_eos[0] == [[tokenizer.eos_token_id]] * len(rows)  # one token each
-    assert with_eos[1] == with_plain[1]
-
-
-def test_a_request_that_cannot_be_sampled_fails_alone(adapters):
-    model, tokenizer = adapters
-    rows = _ids(tokenizer)
-    model.add_adapter("nan", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj"], init_lora_weights=False))
-    try:
-        for module in model.modules():
-            if hasattr(module, "lora_A") and "nan" in module.lora_A:
-                with torch.no_grad():
-                    module.lora_A["nan"].weight.fill_(math.nan)
-        sampling = _sampling(tokenizer)
-        engine = RolloutEngine(model)
-        out = engine.generate([Request("nan", rows, sampling, seed=1), Request("a", rows, sampling, seed=3)])
-    finally:
-        model.delete_adapter("nan")
-    assert isinstance(out[0], RuntimeError)
-    assert out[1] == engine.generate([Request("a", rows, sampling, seed=3)])[0]
-
-
-def test_generation_settings_the_engine_does_not_implement_make_a_trial_train_alone(tiny_model):
-    assert refusal(trial_config(tiny_model)) is None
-    assert "num_beams" in refusal(trial_config(tiny_model, generation_kwargs={"num_beams": 2}))
-    assert "DoRA" in refusal(trial_config(tiny_model, peft=lora_config(use_dora=True)))
-    assert "full fine-tuning" in refusal(rfopt.TrialConfig(model=str(tiny_model), reward_funcs=[reward_len],
-                                                           args=trial_config(tiny_model).args, peft_config=None))
 
 
 # ---------------------------------------------------------------------- gangs of runners
@@ -150,11 +37,11 @@ def _train(tiny_model, members, chunks=2, **grpo):
                                    "/tmp/rfopt-test-gang"))
     for runner in runners:
         runner.setup()
-    engine = pool.engine(runners[0].config)
+    backend = runners[0].rollout_backend(batched=True)
     metrics = {r.number: [] for r in runners}
     decodes = 0
     for _ in range(chunks):
-        gang = Gang(engine, [GangMember(r) for r in runners])
+        gang = Gang(backend, [GangMember(r) for r in runners])
         gang.train()
         decodes += gang.decodes
         for member in gang.members:
@@ -194,7 +81,7 @@ def test_gang_members_keep_their_own_gradient_accumulation_and_temperature(tiny_
 
 def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_model):
     from rfopt.config.settings import EvalSettings
-    from rfopt.training.gang import evaluate_members
+    from rfopt.training.evaluation import evaluate_members
 
     dataset = prompts_dataset(8)
     plan = ChunkPlan.build(len(dataset), 2, seed=0)
@@ -206,11 +93,12 @@ def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_m
                                    "/tmp/rfopt-test-gang"))
     for runner in runners:
         runner.setup()
-    engine = pool.engine(runners[0].config)
-    Gang(engine, [GangMember(r) for r in runners]).train()  # the adapters differ after a chunk
+    backend = runners[0].rollout_backend(batched=True)
+    Gang(backend, [GangMember(r) for r in runners]).train()  # the adapters differ after a chunk
     evals = prompts_dataset(5, "E")
     for settings in (EvalSettings(batch_size=2, num_samples=5), EvalSettings(temperature=0.8, batch_size=2)):
-        together = evaluate_members(engine, runners, evals, settings)
+        together = evaluate_members(backend, runners[0].model, runners[0].tokenizer,
+                                    [r.eval_member() for r in runners], evals, settings)
         for runner, result in zip(runners, together):
             alone = runner.evaluate(evals, settings)
             if settings.temperature == 0:  # greedy: the same completions, scores and samples
@@ -226,14 +114,14 @@ def test_the_rollout_hook_gets_the_generation_batch_and_the_model_is_put_back(ti
     config = trial_config(tiny_model)
     runner = TrialRunner(0, config, plan, trial_schedule(plan, config.args), dataset, pool, "/tmp/rfopt-test-gang")
     runner.setup()
-    engine = pool.engine(config)
+    backend = runner.rollout_backend(batched=True)
     seen = []
-    generate = engine.generate
-    engine.generate = lambda requests, **kw: seen.append([len(r.prompt_ids) for r in requests]) or generate(requests,
-                                                                                                           **kw)
-    model = engine.model
+    generate = backend.generate
+    backend.generate = lambda requests, **kw: seen.append([len(r.prompt_ids) for r in requests]) or generate(requests,
+                                                                                                             **kw)
+    model = backend.model
     base = model.get_base_model()
-    Gang(engine, [GangMember(runner)]).train()
+    Gang(backend, [GangMember(runner)]).train()
     # One chunk of 4 steps: a request per step of per_device_train_batch_size (4) completions.
     assert seen == [[4]] * 4
     assert "forward" not in vars(base) and "forward" not in vars(model)  # no trainer's fused LM head is left
@@ -406,7 +294,7 @@ def test_population_based_training_replaces_members_of_a_gang_with_warm_clones(t
 
 def test_output_flags_in_a_models_generation_config_do_not_make_its_evaluation_leave_the_batch():
     """SmolLM2 loaded from its GGUF file carries ``output_attentions=False, output_hidden_states=False``; they change
-    no decoded token, so the engine takes the config (each member was evaluated alone before)."""
+    no decoded token, so the batched backend takes the config."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=4, eos_token_id=2, pad_token_id=2, output_attentions=False,
@@ -431,7 +319,7 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
                                    "/tmp/rfopt-test-gang"))
     for runner in runners:
         runner.setup()
-    gang = Gang(pool.engine(runners[0].config), [GangMember(r) for r in runners])
+    gang = Gang(runners[0].rollout_backend(batched=True), [GangMember(r) for r in runners])
     with pytest.raises(KeyboardInterrupt):
         gang.train()
     assert isinstance(gang.members[1].error, Aborted)

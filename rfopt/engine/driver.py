@@ -9,10 +9,11 @@ Each round:
    they make clones);
 4. ask new trials while slots are free, one asker at a time (`Coordinator.asking`);
 5. pick the next trial, least progress first among those no other process holds (`rfopt.engine.scheduler`),
-   and under its claim run one unit of it (`Roster.work_on` -> `rfopt.engine.unit`); a trial at an exploit step of
+   and under its claim run one unit of it (`Roster.work_on` -> `rfopt.engine.unit.run_units`, a gang of one on the exact
+   rollout backend); a trial at an exploit step of
    population-based training waits until that step is decided. With ``gang_size`` > 1 the pick is a gang: up to
    that many trials at the same progress on the same base model, each under its own claim, trained together
-   (`Roster.work_on_gang` -> `rfopt.training.gang`); a gang stored before a crash is formed again.
+   through the batched rollout backend (`rfopt.training.gang`); a gang stored before a crash is formed again.
 
 It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
 resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`) or once somebody asked every
@@ -110,7 +111,7 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
             for live in [live for live in roster.live.values() if live.finished and live.number not in busy]:
                 with coordinator.claim(live.number) as claim:  # trained all its units; a crash came before the tell
                     if claim is not None:
-                        roster.work_on(live, claim)
+                        roster.work_on([(live, claim)])
             if on_progress is not None:
                 on_progress(roster.progress())
             held = roster.held_at_rungs()  # waiting for population-based training's decision at their step
@@ -130,16 +131,13 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
                     return
                 time.sleep(poll_seconds)  # other processes hold the remaining units
                 continue
-            if gang_size <= 1 or picks[0].gang_key is None:  # trains alone, as plain TRL would
-                with coordinator.claim(picks[0].number) as claim:
-                    if claim is not None:
-                        roster.work_on(roster.live[picks[0].number], claim)
-            else:
+            batched = gang_size > 1 and picks[0].gang_key is not None  # else it trains alone, as plain TRL would
+            if batched:
                 picks = roster.fit_gang(picks)  # memory is planned, not discovered
-                with contextlib.ExitStack() as claims:
-                    held_here = [(roster.live[pick.number], claim) for pick in picks
-                                 if (claim := claims.enter_context(coordinator.claim(pick.number))) is not None]
-                    if held_here:
-                        roster.work_on_gang(held_here)
+            with contextlib.ExitStack() as claims:
+                held_here = [(roster.live[pick.number], claim) for pick in picks
+                             if (claim := claims.enter_context(coordinator.claim(pick.number))) is not None]
+                if held_here:
+                    roster.work_on(held_here, batched)
             if on_progress is not None:
                 on_progress(roster.progress())

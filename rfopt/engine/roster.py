@@ -36,7 +36,7 @@ from rfopt.storage import schema
 from rfopt.storage.database import STORAGE_ERRORS
 from rfopt.storage.leases import LeaseLost
 from rfopt.storage.schema import TrialRecord, TrialRef
-from rfopt.training import gang
+from rfopt.training import rollouts
 from rfopt.training.evaluation import EvalPrompts
 from rfopt.training.runner import ChunkAborted
 
@@ -215,7 +215,7 @@ class Roster:
             loaded=fresh and not warm,
             paused=record.paused, last_value=record.last_value,
             decided=set(range(start_unit)) | record.decided_steps,  # a warm clone reports from its parent's step on
-            alone=gang.refusal(config),
+            alone=rollouts.refusal(config),
         )
         self.live[trial.number] = live
         return live
@@ -290,29 +290,15 @@ class Roster:
         return max((u for u in units if u is not None), default=self.ctx.plan.num_chunks)
 
     # ------------------------------------------------------------------ one unit
-    def work_on(self, live: Live, claim: Claim) -> None:
-        """Under the trial's claim: read it again, apply its requests, train its next unit, finish it if done."""
-        if not self._still_to_train(live):
-            return
-        try:
-            unit.run_unit(self.ctx, live, claim)
-        except unit.CallbackFailed as exc:  # the caller's problem, as in Optuna: the trial is not failed
-            raise exc.__cause__ from None
-        except STORAGE_ERRORS:  # the database failing, not the trial: the run ends, every trial resumable
-            raise
-        except Exception as exc:  # noqa: BLE001 - the trial fails alone (`_after_unit`)
-            self._after_unit(live, claim, exc)
-        else:
-            self._after_unit(live, claim, None)
-
-    def work_on_gang(self, members: list[tuple[Live, Claim]]) -> None:
-        """Under each trial's claim: read them again, apply their requests, train the next unit of those still to
-        train, together (`unit.run_gang`), and finish the ones that are done."""
+    def work_on(self, members: list[tuple[Live, Claim]], batched: bool = False) -> None:
+        """Under each trial's claim (one, or a gang's): read them again, apply their requests, train the next unit of
+        those still to train, together (`unit.run_units`; `batched`: through the base model's batched backend), and
+        finish the ones that are done."""
         ready = [(live, claim) for live, claim in members if self._still_to_train(live)]
         if not ready:
             return
         try:
-            outcomes = unit.run_gang(self.ctx, ready)
+            outcomes = unit.run_units(self.ctx, ready, batched)
         except unit.CallbackFailed as exc:  # every unit is committed; the members finish at the next round
             raise exc.__cause__ from None
         for live, claim in ready:

@@ -43,11 +43,10 @@ from rfopt.storage.checkpoints import CheckpointError, CheckpointStore
 from rfopt.storage.crashpoints import reach
 from rfopt.storage.schema import TrialRef
 from rfopt.storage.state import UnitReport
-from rfopt.training.evaluation import EvalResult
-from rfopt.training.gang import Gang, GangMember, evaluate_members, gang_key
+from rfopt.training.evaluation import EvalResult, evaluate_members
+from rfopt.training.gang import Gang, GangMember, gang_key
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
-from rfopt.training.rollouts import ungangable_adapter
 from rfopt.training.runner import TrialRunner
 from rfopt.training.trackers import Tracking
 
@@ -137,7 +136,7 @@ class Live:
     decided: set[int] = field(default_factory=set)
     """Steps whose rung decision is stored for it."""
     alone: str | None = None
-    """Why it cannot train in a gang (`rfopt.training.gang.refusal`), or None."""
+    """Why its rollouts cannot share a batch (`rfopt.training.rollouts.refusal`), or None: it then trains alone."""
 
     @property
     def number(self) -> int:
@@ -195,31 +194,6 @@ def prepare(ctx: Context, live: Live, claim: Claim) -> None:
         commit(ctx, live, report, claim)
 
 
-# ---------------------------------------------------------------------- 2-5. train, evaluate, checkpoint, commit
-def run_unit(ctx: Context, live: Live, claim: Claim) -> None:
-    """Train, evaluate, checkpoint durably (with the unit's report), then commit the report to storage."""
-    prepare(ctx, live, claim)
-    if live.finished:
-        return
-    number, unit = live.number, live.committed
-    reach("unit-started", trial=number, unit=unit)
-    started = time.perf_counter()
-    publisher = ProgressPublisher(live.ref, unit=unit, num_units=live.schedule.num_units,
-                                  steps=live.schedule.steps_per_chunk, listeners=ctx.step_listeners,
-                                  interval=ctx.progress_seconds)
-    publisher.loading()
-    chunk = live.runner.train_chunk(should_stop=claim.lost, on_step=publisher.step)
-    reach("chunk-trained", trial=number, unit=unit)
-    publisher.evaluating()
-    train = dict(chunk.values) | {"seconds": time.perf_counter() - started, "swap_seconds": chunk.swap_seconds,
-                                  "started_at": publisher.started}
-    report = _report(ctx, live, unit, train, steps=chunk.steps)
-    claim.fence_checkpoint(number)
-    ctx.store.save(number, live.runner.state(), report)
-    reach("checkpoint-saved", trial=number, unit=unit)
-    commit(ctx, live, report, claim)
-
-
 def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
             steps: list[dict[str, float]] | None = None) -> UnitReport:
     started = time.perf_counter()
@@ -266,16 +240,57 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
             raise CallbackFailed(f"trial {number}: a callback raised {type(exc).__name__}: {exc}") from exc
 
 
-# ---------------------------------------------------------------------- a gang's units
-def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseException | None]:  # noqa: C901
-    """One unit of each member, trained in lockstep (`rfopt.training.gang`), evaluated together, checkpointed together (all of
-    the gang's units durable or none: `CheckpointStore.save_gang`), then committed one by one.
+# ---------------------------------------------------------------------- 2-5. train, evaluate, checkpoint, commit
+def run_units(ctx: Context, members: list[tuple[Live, Claim]], batched: bool = False
+              ) -> dict[int, BaseException | None]:
+    """One unit of each member, trained in lockstep through one rollout backend (`rfopt.training.gang`: a trial alone is
+    a gang of one on the exact backend; `batched`: the base model's batched backend), evaluated together through the
+    same backend, checkpointed durably with each unit's report (a gang's all of them or none:
+    `CheckpointStore.save_gang`), then committed one by one.
 
     Returns each member's outcome by trial number: None (its unit is committed, or it had none left to train) or
     the exception that ended its unit (it fails alone, or with `LeaseLost`/`ChunkAborted` another process has it
     now). Raises what a user callback raised (`CallbackFailed`), once every unit is committed, and what stops the
     whole run (Ctrl-C)."""
     outcomes: dict[int, BaseException | None] = {}
+    ready = _ready(ctx, members, outcomes)
+    if not ready:
+        return outcomes
+    backend = ready[0][0].runner.rollout_backend(batched)
+    plan = None
+    if len(ready) > 1 or backend.shares_batches:  # who trained together, so that a rerun forms the same gang
+        plan = schema.GangPlan(id=uuid.uuid4().hex[:12],
+                               members=tuple((live.number, live.committed) for live, _ in ready))
+        schema.write_gang_plan([live.ref for live, _ in ready], plan)
+    trained = _train(ctx, backend, ready, plan, outcomes)
+    if not trained:
+        return outcomes
+    reports = _evaluate(ctx, backend, trained, outcomes)
+    if not reports:
+        return outcomes
+    saved = _save(ctx, reports, plan)
+    failed_callback: CallbackFailed | None = None
+    for live, claim, report in reports:
+        if isinstance(saved[live.number], Exception):  # its own checkpoint could not be written: it fails alone
+            outcomes[live.number] = saved[live.number]
+            continue
+        reach("checkpoint-saved", trial=live.number, unit=report.unit)
+        try:
+            commit(ctx, live, report, claim)
+        except CallbackFailed as exc:  # the unit is committed; the caller hears of it once every unit is
+            failed_callback = failed_callback or exc
+        except Exception as exc:  # noqa: BLE001 - another process has it now
+            outcomes[live.number] = exc
+    if failed_callback is not None:
+        raise failed_callback
+    return outcomes
+
+
+def _ready(ctx: Context, members: list[tuple[Live, Claim]], outcomes: dict[int, BaseException | None]
+           ) -> list[tuple[Live, Claim]]:
+    """The members with a unit to train now, loaded and set up; the others' outcomes in `outcomes`. None at all when a
+    unit a crash left durable was committed now: its rung is decided before the next unit starts, as it would have
+    been without the crash."""
     ready: list[tuple[Live, Claim]] = []
     moved = False
     for live, claim in members:
@@ -289,46 +304,42 @@ def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseE
         moved |= live.committed != before
         if not live.finished:
             ready.append((live, claim))
-    if moved or not ready:
-        # A unit a crash left durable was committed now: its rung is decided before the next gang forms, as it
-        # would have been without the crash.
-        return outcomes
+    if moved:
+        return []
     for live, claim in list(ready):
         try:
             live.runner.setup()  # its adapter on the shared model (a fresh trial's is made at its first unit)
         except Exception as exc:  # noqa: BLE001 - its model cannot be loaded, say: it fails alone
             outcomes[live.number] = exc
             ready.remove((live, claim))
-    if not ready:
-        return outcomes
-    engine = ctx.pool.engine(ready[0][0].config)
-    for live, claim in list(ready):
-        why = ungangable_adapter(engine.model, adapter_name(live.number))
-        if why is not None:  # seen only once its adapter exists (a LoRA on an embedding, say): it trains alone
-            live.alone = why
-            ready.remove((live, claim))
-            try:
-                run_unit(ctx, live, claim)
-            except CallbackFailed:
-                raise
-            except Exception as exc:  # noqa: BLE001 - as in the gang: its outcome
-                outcomes[live.number] = exc
-    if not ready:
-        return outcomes
-    plan = schema.GangPlan(id=uuid.uuid4().hex[:12], members=tuple((live.number, live.committed) for live, _ in ready))
-    schema.write_gang_plan([live.ref for live, _ in ready], plan)
+    return ready
+
+
+@dataclass
+class _Trained:
+    live: Live
+    claim: Claim
+    chunk: Any
+    publisher: ProgressPublisher
+    seconds: float
+
+
+def _train(ctx: Context, backend: Any, ready: list[tuple[Live, Claim]], plan: schema.GangPlan | None,
+           outcomes: dict[int, BaseException | None]) -> list[_Trained]:
+    """Each member's chunk, in lockstep (`rfopt.training.gang.Gang`); a member that failed gets its outcome."""
     publishers = {}
     for live, _ in ready:
         reach("unit-started", trial=live.number, unit=live.committed)
         publishers[live.number] = ProgressPublisher(
             live.ref, unit=live.committed, num_units=live.schedule.num_units, steps=live.schedule.steps_per_chunk,
-            listeners=ctx.step_listeners, interval=ctx.progress_seconds, gang=plan.numbers)
+            listeners=ctx.step_listeners, interval=ctx.progress_seconds, gang=plan.numbers if plan else ())
         publishers[live.number].loading()
     started = time.perf_counter()
     gang = [GangMember(live.runner, should_stop=claim.lost, on_step=publishers[live.number].step)
             for live, claim in ready]
-    Gang(engine, gang).train()
-    trained: list[tuple[Live, Claim, Any]] = []
+    Gang(backend, gang).train()
+    seconds = time.perf_counter() - started
+    trained: list[_Trained] = []
     for (live, claim), member in zip(ready, gang):
         if member.error is not None:
             if not isinstance(member.error, Exception):  # SystemExit and the like end the run, as they would alone
@@ -337,52 +348,55 @@ def run_gang(ctx: Context, members: list[tuple[Live, Claim]]) -> dict[int, BaseE
         else:
             reach("chunk-trained", trial=live.number, unit=live.committed)
             publishers[live.number].evaluating()
-            trained.append((live, claim, member.result))
-    if not trained:
-        return outcomes
-    seconds = time.perf_counter() - started
-    evaluated = time.perf_counter()
-    results = evaluate_members(engine, [live.runner for live, _, _ in trained], ctx.eval_dataset, ctx.settings)
-    eval_seconds = time.perf_counter() - evaluated
+            trained.append(_Trained(live, claim, member.result, publishers[live.number], seconds))
+    return trained
+
+
+def _evaluate(ctx: Context, backend: Any, trained: list[_Trained], outcomes: dict[int, BaseException | None]
+              ) -> list[tuple[Live, Claim, UnitReport]]:
+    """Each trained member's evaluation, through the backend it trained on, as its unit's report; a member whose
+    evaluation failed (or whose claim was lost) gets its outcome."""
+    started = time.perf_counter()
+    runners = [t.live.runner for t in trained]
+    results = evaluate_members(backend, runners[0].model, runners[0].tokenizer, [r.eval_member() for r in runners],
+                               ctx.eval_dataset, ctx.settings)
+    eval_seconds = time.perf_counter() - started
     reports: list[tuple[Live, Claim, UnitReport]] = []
-    for (live, claim, chunk), result in zip(trained, results):
+    for t, result in zip(trained, results):
+        live = t.live
         try:
             if isinstance(result, Exception):
                 raise result
-            train = dict(chunk.values) | {"seconds": seconds, "swap_seconds": chunk.swap_seconds,
-                                          "started_at": publishers[live.number].started}
-            report = _report_of(ctx, live, live.committed, result, train, steps=chunk.steps,
+            train = dict(t.chunk.values) | {"seconds": t.seconds, "swap_seconds": t.chunk.swap_seconds,
+                                            "started_at": t.publisher.started}
+            report = _report_of(ctx, live, live.committed, result, train, steps=t.chunk.steps,
                                 eval_seconds=eval_seconds)
-            claim.fence_checkpoint(live.number)
+            t.claim.fence_checkpoint(live.number)
         except Exception as exc:  # noqa: BLE001 - its evaluation failed, or another process has it now
             outcomes[live.number] = exc
             continue
-        reports.append((live, claim, report))
-    if not reports:
-        return outcomes
+        reports.append((live, t.claim, report))
+    return reports
+
+
+def _save(ctx: Context, reports: list[tuple[Live, Claim, UnitReport]], plan: schema.GangPlan | None
+          ) -> dict[int, Any]:
+    """The units' checkpoints, durably: a trial alone's as its latest (`CheckpointStore.save`), a gang's all together
+    or none (`CheckpointStore.save_gang`). Each trial's location, or the exception that kept its checkpoint from being
+    written (every member's, when the gang record could not be written)."""
+    if plan is None:
+        saved: dict[int, Any] = {}
+        for live, _, report in reports:
+            try:
+                saved[live.number] = ctx.store.save(live.number, live.runner.state(), report)
+            except Exception as exc:  # noqa: BLE001 - the disk, an object store: it fails alone
+                saved[live.number] = exc
+        return saved
     try:
-        saved = ctx.store.save_gang([(live.number, live.runner.state(), report) for live, _, report in reports],
-                                    gang=f"{plan.id}-{reports[0][2].unit}")
+        return ctx.store.save_gang([(live.number, live.runner.state(), report) for live, _, report in reports],
+                                   gang=f"{plan.id}-{reports[0][2].unit}")
     except Exception as exc:  # noqa: BLE001 - the gang record could not be written: the members fail, as alone
-        for live, _, _ in reports:
-            outcomes[live.number] = exc
-        return outcomes
-    for live, _, _ in reports:
-        if isinstance(saved[live.number], Exception):  # its own checkpoint could not be written: it fails alone
-            outcomes[live.number] = saved[live.number]
-    reports = [entry for entry in reports if not isinstance(saved[entry[0].number], Exception)]
-    failed_callback: CallbackFailed | None = None
-    for live, claim, report in reports:
-        reach("checkpoint-saved", trial=live.number, unit=report.unit)
-        try:
-            commit(ctx, live, report, claim)
-        except CallbackFailed as exc:  # the unit is committed; the caller hears of it once every unit is
-            failed_callback = failed_callback or exc
-        except Exception as exc:  # noqa: BLE001 - another process has it now
-            outcomes[live.number] = exc
-    if failed_callback is not None:
-        raise failed_callback
-    return outcomes
+        return {live.number: exc for live, _, _ in reports}
 
 
 # ---------------------------------------------------------------------- the end

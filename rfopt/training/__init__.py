@@ -5,8 +5,8 @@
 | `models` | resident base models per device, adapters on them, placement and precision, memory planning |
 | `runner` | `TrialRunner`: one trial's `GRPOTrainer`, trained one chunk at a time, bit-identical to training straight through |
 | `evaluation` | each chunk's evaluation: fixed decoding, the trial's own reward functions |
-| `gang` | several trials' chunks in lockstep, their rollouts decoded together |
-| `rollouts` | the rollout engine: a gang's generation in one batch, a per-row adapter and random stream |
+| `gang` | one or several trials' chunks in lockstep, their rollouts through one rollout backend |
+| `rollouts` | the rollout backends (exact; batched: a static cache, a LoRA bank, a captured step), and who may share a batch |
 | `parallel` | one trial's chunk as a data-parallel job over several devices |
 | `progress` | a chunk's progress while it trains, published to the study (throttled) |
 | `trackers` | each trial's run in the user's experiment tracker (TensorBoard, wandb, MLflow, ...) |

@@ -15,6 +15,8 @@ from typing import Any
 from rfopt.config.rewardfuncs import checked_reward, is_async, reward_name
 from rfopt.config.settings import EvalSettings
 
+from .rollouts import ExactBackend, GenerationRequest, RolloutBackend, Sampling, Ungangable
+
 
 @dataclass
 class EvalResult:
@@ -66,6 +68,49 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return eos_ids
 
 
+@dataclass
+class EvalMember:
+    """What evaluating one trial needs besides the eval set: its adapter, its reward functions as its config names
+    them, how long a completion may be, and TRL's trainer state at the evaluated step."""
+
+    adapter: str | None
+    reward_funcs: list
+    reward_weights: list[float] | None
+    max_new_tokens: int
+    trainer_state: Any = None
+
+
+def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, members: list[EvalMember], dataset: Any,
+                     settings: EvalSettings) -> list[EvalResult | Exception]:
+    """Generate one completion per eval prompt for each member through `backend` (the batched backend decodes every
+    member's batch of `settings.batch_size` prompts together) and score it with the member's reward functions, called
+    as TRL calls them. A member whose decoding or scoring fails gets its exception; the others their results.
+
+    Greedy by default (`EvalSettings`); the generation settings are the model's generation config with evaluation's
+    over it, as ``model.generate(**settings)`` merges them (a model whose config has a repetition penalty keeps it).
+    """
+    prompts = EvalPrompts.of(dataset, tokenizer)
+    ids = prompts.token_ids(tokenizer)
+    eos = eos_token_ids(model, tokenizer)
+    requests = []
+    for member in members:
+        kwargs = _generate_kwargs(tokenizer, settings, settings.max_new_tokens or member.max_new_tokens, eos)
+        requests.append(GenerationRequest(member.adapter, ids, _sampling(model, kwargs), seed=settings.seed,
+                                          batch_rows=settings.batch_size, generate_kwargs=kwargs))
+    outcomes = backend.generate(requests)
+    results: list[EvalResult | Exception] = []
+    for member, outcome in zip(members, outcomes):
+        if isinstance(outcome, Exception):
+            results.append(outcome)
+            continue
+        try:
+            results.append(scored(prompts, outcome.token_ids, tokenizer, member.reward_funcs, member.reward_weights,
+                                  settings, member.trainer_state))
+        except Exception as exc:  # noqa: BLE001 - this member's reward functions failed: it fails alone
+            results.append(exc)
+    return results
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,
@@ -76,44 +121,34 @@ def evaluate(
     max_new_tokens: int,
     trainer_state: Any = None,
 ) -> EvalResult:
-    """Generate one completion per eval prompt and score it with the reward functions, called as TRL calls them
-    (`trainer_state` is the trial's `transformers.TrainerState` at the evaluated step)."""
-    import torch
+    """One model's evaluation (its active adapter) through ``model.generate``: `evaluate_members` on the exact
+    backend. `trainer_state` is the trial's `transformers.TrainerState` at the evaluated step."""
+    member = EvalMember(None, reward_funcs, reward_weights, max_new_tokens, trainer_state)
+    (result,) = evaluate_members(ExactBackend(model), model, tokenizer, [member], dataset, settings)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
-    prompts = EvalPrompts.of(dataset, tokenizer)
-    eos_ids = eos_token_ids(model, tokenizer)
-    device = next(model.parameters()).device
-    completion_ids: list[list[int]] = []
-    was_training = model.training
-    model.eval()
+
+def _generate_kwargs(tokenizer: Any, settings: EvalSettings, max_new_tokens: int, eos: list[int]) -> dict[str, Any]:
+    """What evaluation asks ``model.generate`` for (the exact backend calls it with these)."""
+    sampling = settings.temperature > 0
+    return dict(max_new_tokens=max_new_tokens, do_sample=sampling,
+                temperature=settings.temperature if sampling else None, top_p=settings.top_p if sampling else None,
+                top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=list(eos))
+
+
+def _sampling(model: Any, kwargs: dict[str, Any]) -> Sampling | None:
+    """The same settings merged over the model's generation config, as the batched backend samples them; None when
+    that config asks for what only ``model.generate`` does."""
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(**kwargs)
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-            torch.manual_seed(settings.seed)
-            texts = prompts.texts
-            for start in range(0, len(texts), settings.batch_size):
-                batch = tokenizer(
-                    texts[start : start + settings.batch_size],
-                    return_tensors="pt",
-                    padding=True,
-                    padding_side="left",  # as TRL pads prompts to generate, whatever the tokenizer's own side
-                    add_special_tokens=False,
-                ).to(device)
-                sampling = settings.temperature > 0
-                out = model.generate(
-                    **batch,
-                    max_new_tokens=settings.max_new_tokens or max_new_tokens,
-                    do_sample=sampling,
-                    temperature=settings.temperature if sampling else None,
-                    top_p=settings.top_p if sampling else None,
-                    top_k=None,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=eos_ids,
-                )
-                new_tokens = out[:, batch["input_ids"].shape[1] :]
-                completion_ids.extend(_until_eos(row, eos_ids, tokenizer.pad_token_id) for row in new_tokens.tolist())
-    finally:
-        model.train(was_training)
-    return scored(prompts, completion_ids, tokenizer, reward_funcs, reward_weights, settings, trainer_state)
+        return Sampling.of(config)
+    except Ungangable:
+        return None
 
 
 def scored(
@@ -171,13 +206,6 @@ def score_completions(
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
     """TRL's ``log_extra`` / ``log_metric``: evaluation keeps no such logs."""
-
-
-def _until_eos(ids: list[int], eos_ids: list[int], pad_id: int | None) -> list[int]:
-    for i, token in enumerate(ids):
-        if token in eos_ids:
-            return ids[: i + 1]
-    return [t for t in ids if t != pad_id] if pad_id not in eos_ids else ids
 
 
 def _nanmean(values: list[float]) -> float:

@@ -1,11 +1,15 @@
-"""Gangs: several trials of one device trained in lockstep, their rollouts decoded together (`rfopt.training.rollouts`).
+"""Gangs: one to several trials of one device trained in lockstep, their rollouts through one rollout backend
+(`rfopt.training.rollouts`).
 
-Each member keeps its own `GRPOTrainer`, optimizer, LR scheduler, random state and adapter (its `TrialRunner`),
-exactly as when it trains alone. The members' chunks run as greenlets (coroutines with their own stack) in the
-caller's thread, one member at a time, in a fixed order: a member runs until its trainer asks for rollouts (TRL's
-``rollout_func`` hook) or its chunk ends, and then the next member runs. When every member still training waits for
-rollouts, the device's `RolloutEngine` decodes all their requests in one batch, and the members run again in order.
+Every unit of training is a gang's: a trial alone is a gang of one on the exact backend (its trainer generates as
+plain TRL does), several trials of one base model a gang on the batched backend. Each member keeps its own
+`GRPOTrainer`, optimizer, LR scheduler, random state and adapter (its `TrialRunner`), exactly as when it trains alone.
+The members' chunks run as greenlets (coroutines with their own stack) in the caller's thread, one member at a time,
+in a fixed order: a member runs until its trainer asks for rollouts (TRL's ``rollout_func`` hook, given only when
+the backend `shares_batches`) or its chunk ends, and then the next member runs. When every member still training
+waits for rollouts, the backend decodes all their requests in one batch, and the members run again in order.
 So a gang is deterministic, and its generation costs about one batched decode per step instead of one per member.
+On the exact backend the members train one after another, each as it would alone.
 Greenlets and not threads, because torch's CPU kernels pay ~75 us more per small operation in a second thread that
 uses OpenMP (libgomp stops spin-waiting once a process has more OpenMP threads than cores; measured: a 4x576 by
 576x16 linear, 5 us in the main thread, 79 us in another, 2 intra-op threads), and a member's step and a decode are
@@ -19,24 +23,23 @@ member (`gang_key`), and the model is put back once, when the gang is done.
 
 A member that raises (a reward function, a sampling error of its own) leaves the gang alone; the others go on.
 `Gang.abort` (Ctrl-C, a lost lease) stops every member at its next optimizer step or decoded token.
+`Gang.decode_seconds` is the time its members waited for the backend.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rfopt import compat
-from rfopt.config.settings import EvalSettings
 from rfopt.storage.state import RngState
 
-from .evaluation import EvalPrompts, EvalResult, eos_token_ids, scored
 from .models import adapter_name
-from .rollouts import Aborted, Request, RolloutEngine, Sampling, Ungangable, seed_from_stream
+from .rollouts import Aborted, GenerationRequest, RolloutBackend, Sampling, seed_from_stream
 from .runner import ChunkMetrics, StepDone, TrialRunner
 
 DEFAULT_GANG_SIZE = 4
@@ -89,16 +92,17 @@ class _Context:
 class Gang:
     """Trains one chunk of each member in lockstep (see the module docstring).
 
-    >>> gang = Gang(engine, [GangMember(runner_3), GangMember(runner_5)])   # doctest: +SKIP
+    >>> gang = Gang(backend, [GangMember(runner_3), GangMember(runner_5)])   # doctest: +SKIP
     >>> gang.train()                          # each member's `result` (ChunkMetrics) or `error` is set
     """
 
-    def __init__(self, engine: RolloutEngine, members: list[GangMember]) -> None:
+    def __init__(self, backend: RolloutBackend, members: list[GangMember]) -> None:
         if not members:
             raise ValueError("a gang needs at least one member")
-        self.engine = engine
+        self.backend = backend
         self.members = members
-        self._pending: dict[int, Request] = {}
+        self.model = members[0].runner.model  # the shared model (a trial alone: its own)
+        self._pending: dict[int, GenerationRequest] = {}
         self._responses: dict[int, Any] = {}
         self._done: set[int] = set()
         self._contexts: dict[int, _Context] = {}
@@ -107,13 +111,14 @@ class Gang:
         self._aborted = threading.Event()
         self.decodes = 0
         """Batched decodes this gang ran (one per generation cycle of its members)."""
+        self.decode_seconds = 0.0
 
     # ------------------------------------------------------------------ the run
     def train(self) -> None:
         """Train each member's next chunk; returns when every member has its `result` or `error`."""
         import greenlet
 
-        model = self.engine.model
+        model = self.model
         members = self.members
         for member in members:
             member.result = member.error = None
@@ -135,7 +140,7 @@ class Gang:
                 outside.restore()
 
     def abort(self) -> None:
-        """Stop every member at its next optimizer step (or the engine at its next token)."""
+        """Stop every member at its next optimizer step (or the backend at its next token)."""
         self._aborted.set()
 
     def _drive(self) -> None:
@@ -149,16 +154,19 @@ class Gang:
                 continue
             batch = sorted(self._pending)
             requests = [self._pending.pop(j) for j in batch]
+            started = time.perf_counter()
             try:
                 if self._aborted.is_set():
                     raise Aborted("the gang was stopped")
-                outs: list[Any] = self.engine.generate(requests, should_stop=self._aborted.is_set)
+                outs: list[Any] = self.backend.generate(requests, should_stop=self._aborted.is_set)
             except BaseException as exc:  # noqa: BLE001 - stopped, or the engine failed: every waiting member hears
                 heard = exc if isinstance(exc, Exception) else Aborted("interrupted")
                 self._responses.update(zip(batch, [heard] * len(batch)))
                 if not isinstance(exc, Exception):  # Ctrl-C: the members stop, and it goes on up
                     raise
                 continue
+            finally:
+                self.decode_seconds += time.perf_counter() - started
             self.decodes += 1
             self._responses.update(zip(batch, outs))
 
@@ -178,11 +186,13 @@ class Gang:
     # ------------------------------------------------------------------ one member's code
     def _body(self, i: int) -> None:
         member = self.members[i]
+        rollouts = (lambda prompts, trainer: self._rollout(i, prompts, trainer)) if self.backend.shares_batches else None
         try:
             member.result = member.runner.train_chunk(
                 should_stop=lambda: self._aborted.is_set() or bool(member.should_stop and member.should_stop()),
-                rollout_func=lambda prompts, trainer: self._rollout(i, prompts, trainer),
+                rollout_func=rollouts,
                 on_step=member.on_step,
+                in_gang=True,
             )
         except BaseException as exc:  # noqa: BLE001 - the member's own failure; the gang goes on
             member.error = exc
@@ -191,108 +201,19 @@ class Gang:
         """TRL's ``rollout_func`` for member `i`: queue its request, let the others run, and take the completions."""
         if self._aborted.is_set():
             raise Aborted("the gang was stopped")
-        request = Request(
+        request = GenerationRequest(
             adapter=adapter_name(self.members[i].number),
             prompt_ids=compat.tokenized_prompts(trainer, prompts),
             sampling=Sampling.of(trainer.generation_config),
             seed=seed_from_stream(),  # from this member's own stream: its draws do not depend on the others
         )
         self._pending[i] = request
-        self._contexts[i] = _Context.capture(self.engine.model)
+        self._contexts[i] = _Context.capture(self.model)
         self._caller.switch()  # back to `_drive`; it resumes this member once the batch is decoded
         out = self._responses.pop(i)
         if isinstance(out, BaseException):
             raise out
-        return {"prompt_ids": request.prompt_ids, "completion_ids": out, "logprobs": None}
-
-
-def evaluate_members(engine: RolloutEngine, runners: list[TrialRunner], eval_dataset: Any, settings: EvalSettings
-                     ) -> list[EvalResult | Exception]:
-    """Each runner's evaluation (`TrialRunner.evaluate`'s), its completions decoded together with the others': one
-    batch per `settings.batch_size` prompts of every runner. A runner whose decoding or scoring fails gets its
-    exception; the others their results."""
-    tokenizer = runners[0].tokenizer
-    prompts = EvalPrompts.of(eval_dataset, tokenizer)
-    ids = prompts.token_ids(tokenizer)
-    eos = eos_token_ids(engine.model, tokenizer)
-    samplings: list[Sampling | None] = []
-    for runner in runners:
-        try:
-            samplings.append(_eval_sampling(engine.model, tokenizer, settings,
-                                            settings.max_new_tokens or runner.config.args.max_completion_length, eos))
-        except Ungangable:  # the model's own generation config asks for what the engine does not do
-            samplings.append(None)
-    completions: list[list[list[int]] | Exception] = [[] for _ in runners]
-    for start in range(0, len(ids), settings.batch_size):
-        rows = ids[start:start + settings.batch_size]
-        live = [i for i, done in enumerate(completions) if not isinstance(done, Exception) and samplings[i]]
-        outs = engine.generate([Request(adapter_name(runners[i].number), rows, samplings[i], seed=settings.seed + start)
-                                for i in live])
-        for i, out in zip(live, outs):
-            if isinstance(out, Exception):
-                completions[i] = out
-            else:
-                completions[i].extend(out)  # type: ignore[union-attr]
-    results: list[EvalResult | Exception] = []
-    for runner, sampling, done in zip(runners, samplings, completions):
-        if isinstance(done, Exception):
-            results.append(done)
-            continue
-        try:
-            if sampling is None:
-                results.append(runner.evaluate(eval_dataset, settings))
-            else:
-                results.append(scored(prompts, done, tokenizer, list(runner.config.reward_funcs),
-                                      runner.config.args.reward_weights, settings, runner.trainer_state()))
-        except Exception as exc:  # noqa: BLE001 - this member's reward functions failed: it fails alone
-            results.append(exc)
-    return results
-
-
-def _eval_sampling(model: Any, tokenizer: Any, settings: EvalSettings, max_new_tokens: int, eos: list[int]
-                   ) -> Sampling:
-    """What `rfopt.training.evaluation.evaluate` decodes with: the model's generation config with evaluation's settings over
-    it, as ``model.generate(**settings)`` merges them (a model whose config has a repetition penalty keeps it)."""
-    config = copy.deepcopy(model.generation_config)
-    sampling = settings.temperature > 0
-    config.update(max_new_tokens=max_new_tokens, do_sample=sampling,
-                  temperature=settings.temperature if sampling else None, top_p=settings.top_p if sampling else None,
-                  top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=list(eos))
-    return Sampling.of(config)
-
-
-def refusal(config: Any) -> str | None:
-    """Why a trial cannot train in a gang (it then trains alone, as with ``gang_size=1``), or None.
-
-    The rollout engine decodes plain LoRA adapters of a shared base model with the sampling settings
-    ``model.generate`` knows from TRL's `GenerationConfig` (`rfopt.training.rollouts.Sampling`)."""
-    from transformers import GenerationConfig
-
-    peft = config.peft_config
-    if peft is None:
-        return "full fine-tuning trains its own copy of the model"
-    if str(getattr(peft, "peft_type", "")).split(".")[-1] != "LORA":
-        return f"{type(peft).__name__} is not a LoRA adapter"
-    if getattr(peft, "use_dora", False):
-        return "DoRA adapters are not decoded by the rollout engine"
-    if getattr(peft, "bias", "none") != "none":
-        return f"LoRA bias={peft.bias!r} trains the base model's biases"
-    if getattr(peft, "modules_to_save", None):
-        return "modules_to_save trains copies of base modules"
-    args = config.args
-    if getattr(args, "use_vllm", False):
-        return "it generates with vLLM"
-    if getattr(args, "use_transformers_continuous_batching", False):
-        return "it generates with transformers' continuous batching"
-    # The generation settings GRPOTrainer builds from its args (its `generation_config` without vLLM).
-    kwargs = {"max_new_tokens": args.max_completion_length, "do_sample": True, "temperature": args.temperature,
-              "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
-              "repetition_penalty": args.repetition_penalty, **(args.generation_kwargs or {})}
-    try:
-        Sampling.of(GenerationConfig(**kwargs))
-    except (Ungangable, ValueError, TypeError) as exc:
-        return str(exc)
-    return None
+        return {"prompt_ids": request.prompt_ids, "completion_ids": out.token_ids, "logprobs": out.logprobs}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ trial (``peft_config=None``) gets its own copy of the weights.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,8 +19,9 @@ from rfopt.config.trial import TrialConfig
 from rfopt.errors import ConfigError
 from rfopt.smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 
-from .rollouts import RolloutEngine
+from .rollouts import BatchedBackend, ExactBackend, RolloutBackend, model_refusal
 
+logger = logging.getLogger("rfopt")
 
 def adapter_name(trial_number: int) -> str:
     return f"trial-{trial_number}"
@@ -273,6 +275,12 @@ class Placement:
         """The `GRPOConfig` fields this placement sets."""
         return {"use_cpu": self.use_cpu, "bf16": self.bf16, "fp16": self.fp16}
 
+    def compute_dtype(self) -> Any:
+        """The dtype mixed precision computes in (bf16 or fp16), or None (the model's own: fp32)."""
+        import torch
+
+        return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else None
+
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -292,7 +300,9 @@ class _Resident:
     tokenizer: Any
     peft_model: Any = None
     adapters: set[str] = field(default_factory=set)
-    engine: RolloutEngine | None = None
+    batched: BatchedBackend | None = None
+    unbatched: str | None = None
+    """Why its gangs cannot decode in one batch (`rfopt.training.rollouts.model_refusal`), once it was asked."""
 
 
 class ModelPool:
@@ -400,15 +410,30 @@ class ModelPool:
             model.set_adapter(name)
         return model
 
-    def engine(self, config: TrialConfig) -> RolloutEngine:
-        """The rollout engine of `config`'s resident base model (after a trial of it was acquired): one per base
-        model and device, shared by every gang that trains on it."""
+    def backend(self, trial_number: int, config: TrialConfig, batched: bool) -> RolloutBackend:
+        """What trial `trial_number` (acquired) generates through: with `batched`, the batched backend of its resident
+        base model (one per base model and device, shared by every gang that trains on it), unless that model cannot
+        be served batched (said once); else the exact backend on its model."""
+        model = self.acquire(trial_number, config) if config.peft_config is None else self._resident_model(config)
+        if not batched or config.peft_config is None:
+            return ExactBackend(model)
+        resident = self._resident[config.model_key]
+        if resident.batched is None or resident.batched.model is not model:
+            if resident.unbatched is None:
+                resident.unbatched = model_refusal(model) or ""
+                if resident.unbatched:
+                    logger.warning("%s: gangs train their members one after another (no batched rollouts): %s",
+                                   config.model, resident.unbatched)
+            if resident.unbatched:
+                return ExactBackend(model)
+            resident.batched = BatchedBackend(model, dtype=self.placement.compute_dtype())
+        return resident.batched
+
+    def _resident_model(self, config: TrialConfig) -> Any:
         resident = self._load(config)
         if resident.peft_model is None:
-            raise ValueError(f"no adapter is on {config.model!r} yet: acquire a trial before asking for its engine")
-        if resident.engine is None or resident.engine.model is not resident.peft_model:
-            resident.engine = RolloutEngine(resident.peft_model)
-        return resident.engine
+            raise ValueError(f"no adapter is on {config.model!r} yet: acquire a trial before asking for its backend")
+        return resident.peft_model
 
     def release(self, trial_number: int, config: TrialConfig) -> None:
         """Free what trial `trial_number` holds (its adapter or its model copy)."""

@@ -190,34 +190,24 @@ def lead_done(group: DataParallel) -> None:
 
 # ---------------------------------------------------------------------- sampling per row
 class RowSampler:
-    """A logits processor that samples every row's next token from a generator of its own, seeded by
-    ``(seed, step, row)`` where `step` names the generation (the trial's step at the chunk's start, and which
-    generation of the chunk) and `row` is the row's index in the global batch; it returns logits that leave the
-    sampled token the only choice, so the generation's own sampling picks it. The temperature, top-k, top-p and
-    min-p of `generation_config` are applied first, as transformers applies them."""
+    """A logits processor that samples every row's next token with the batched decoder's vectorized sampler
+    (`rfopt.training.rollouts.sampler`) from a noise stream of its own, keyed by ``(seed, step, row)`` where `step`
+    names the generation (the trial's step at the chunk's start, and which generation of the chunk) and `row` is the
+    row's index in the global batch; it returns logits that leave the sampled token the only choice, so the
+    generation's own sampling picks it. The temperature, top-k, top-p and min-p of `generation_config` are applied
+    first, as transformers applies them."""
 
     def __init__(self, seed: int, step: tuple[int, int], first_row: int, generation_config: Any) -> None:
-        from transformers import LogitsProcessorList
-        from transformers.generation import (
-            MinPLogitsWarper,
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
+        from .rollouts.sampler import Sampling
 
         self.seed, self.step, self.first_row = seed, step, first_row
         config = generation_config
-        warpers = []
-        if config.temperature is not None and config.temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(config.temperature))
-        if config.top_k:
-            warpers.append(TopKLogitsWarper(config.top_k))
-        if config.top_p is not None and config.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(config.top_p))
-        if config.min_p is not None:
-            warpers.append(MinPLogitsWarper(config.min_p))
-        self.warpers = LogitsProcessorList(warpers)
-        self.generators: list[Any] | None = None
+        self.sampling = Sampling(
+            max_new_tokens=1, eos_token_ids=(), pad_token_id=0, do_sample=True,
+            temperature=1.0 if config.temperature is None else float(config.temperature),
+            top_k=config.top_k or None, top_p=1.0 if config.top_p is None else float(config.top_p), min_p=config.min_p)
+        self.token = 0
+        self._rows: tuple[Any, Any] | None = None
 
     def row_seed(self, row: int) -> int:
         import hashlib
@@ -228,11 +218,18 @@ class RowSampler:
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        if self.generators is None:
-            self.generators = [torch.Generator(device=scores.device).manual_seed(self.row_seed(self.first_row + i))
-                               for i in range(scores.shape[0])]
-        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
-        picks = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators)])
+        from .rollouts.sampler import Features, RowSettings, row_key, sample, uniform_noise
+
+        rows, vocab = scores.shape
+        if self._rows is None:
+            keys = torch.tensor([row_key(self.row_seed(self.first_row + i), 0) for i in range(rows)],
+                                device=scores.device)
+            self._rows = (RowSettings.of([self.sampling] * rows, rows, vocab, scores.device), keys)
+        settings, keys = self._rows
+        features = Features.of([self.sampling])  # the repetition penalty: generate's own processors, before this one
+        picks, _ = sample(scores.float(), settings, features,
+                          noise=uniform_noise(keys, torch.tensor(self.token, device=scores.device)))
+        self.token += 1
         only = torch.full_like(scores, float("-inf"))
         return only.scatter_(1, picks[:, None], 0.0)
 

@@ -52,8 +52,9 @@ from rfopt.config.trial import TrialConfig
 from rfopt.errors import RfoptError
 from rfopt.storage.state import RngState, TrialSnapshot
 
-from .evaluation import EvalResult, evaluate
+from .evaluation import EvalMember, EvalResult, evaluate_members
 from .models import ModelPool, adapter_name
+from .rollouts import RolloutBackend
 from .trackers import Tracking
 
 _NO_STATE = -1
@@ -224,7 +225,7 @@ class TrialRunner:
 
     def train_chunk(self, should_stop: Callable[[], bool] | None = None,
                     rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
-                    on_step: Callable[[StepDone], None] | None = None) -> ChunkMetrics:
+                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False) -> ChunkMetrics:
         """Train the trial's next chunk unit; raises on a reward function error or a diverged loss.
 
         `should_stop` is asked after every optimizer step: when it says True, the chunk stops there and
@@ -232,8 +233,9 @@ class TrialRunner:
         `on_step` is called when the first step starts (step 0) and after every optimizer step with the step and
         TRL's logs of it (`StepDone`); it must not touch training state (the progress publisher writes one record,
         `rfopt.training.progress`).
-        `rollout_func`: a gang member's (`rfopt.training.gang`): its trainer generates through the gang's rollout engine (TRL's
-        ``rollout_func`` hook), and the gang, not the chunk, puts the shared model back when every member is done.
+        `rollout_func`: a gang member's on the batched backend (`rfopt.training.gang`): its trainer generates through the
+        gang's rollout backend (TRL's ``rollout_func`` hook). `in_gang`: the gang, not the chunk, puts the shared model
+        back when every member is done.
         """
         if self.units_done == _NO_STATE:
             raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
@@ -249,7 +251,7 @@ class TrialRunner:
                                       on_step)
         args = self.chunk_args()
         tracked = self.tracking.chunk(self.number) if self.tracking is not None else contextlib.nullcontext()
-        restored = compat.restore_shared_model(model, args) if rollout_func is None else contextlib.nullcontext()
+        restored = contextlib.nullcontext() if in_gang else compat.restore_shared_model(model, args)
         with tracked, restored, warnings.catch_warnings():
             # TRL calls its rollout hook experimental; rfopt's gangs are the ones who use it, knowingly.
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'", category=UserWarning)
@@ -301,16 +303,23 @@ class TrialRunner:
         return [checked_reward(func) for func in self.config.reward_funcs]
 
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
-        return evaluate(
-            self.model,
-            self.tokenizer,
-            eval_dataset,
-            list(self.config.reward_funcs),
-            self.config.args.reward_weights,
-            settings,
-            max_new_tokens=self.config.args.max_completion_length,
-            trainer_state=self.trainer_state(),
-        )
+        """The trial's evaluation alone, on the exact backend (``model.generate``)."""
+        (result,) = evaluate_members(self.rollout_backend(batched=False), self.model, self.tokenizer,
+                                     [self.eval_member()], eval_dataset, settings)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def eval_member(self) -> EvalMember:
+        """What evaluating the trial needs (`rfopt.training.evaluation.evaluate_members`)."""
+        return EvalMember(adapter_name(self.number) if self.config.peft_config is not None else None,
+                          list(self.config.reward_funcs), self.config.args.reward_weights,
+                          self.config.args.max_completion_length, self.trainer_state())
+
+    def rollout_backend(self, batched: bool) -> RolloutBackend:
+        """What the trial generates through: the pool's batched backend for its base model (`batched`, when that
+        model can be served batched), else the exact backend on its model."""
+        return self.pool.backend(self.number, self.config, batched)
 
     def trainer_state(self) -> Any:
         """What a reward function reading ``trainer_state`` gets from TRL at the trial's current step."""

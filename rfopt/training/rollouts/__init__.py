@@ -1,0 +1,30 @@
+"""Rollouts: what a trial's generation goes through (`backend`: the `RolloutBackend` seam, the exact backend, and
+`refusal`, which decides who may share a batch), the batched backend (`batched`), its LoRA bank (`bank`) and its
+sampler (`sampler`).
+
+| module | owns |
+|---|---|
+| `backend.py` | the protocol, `GenerationRequest`/`Completions`, `refusal`/`model_refusal`, `ExactBackend` |
+| `batched.py` | `BatchedBackend`: prefill, static-cache buffers, the graph-safe step, the host loop |
+| `bank.py` | the LoRA bank (every adapter of a batch in fixed buffers) and the model's view that reads it |
+| `sampler.py` | `Sampling` (one request's settings), the vectorized sampler and its counter-based noise |
+"""
+
+from .backend import (
+    Aborted,
+    Completions,
+    ExactBackend,
+    GenerationRequest,
+    Outcome,
+    RolloutBackend,
+    model_refusal,
+    refusal,
+    seed_from_stream,
+    until_eos,
+)
+from .batched import BatchedBackend, DecodeStats
+from .sampler import Sampling, Ungangable
+
+__all__ = ["Aborted", "BatchedBackend", "Completions", "DecodeStats", "ExactBackend", "GenerationRequest", "Outcome",
+           "RolloutBackend", "Sampling", "Ungangable", "model_refusal", "refusal", "seed_from_stream", "until_eos"]
+

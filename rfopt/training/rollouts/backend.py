@@ -1,0 +1,255 @@
+"""The rollout-backend seam: what a trial's generation goes through, and which trials may share a batch.
+
+A `RolloutBackend` decodes `GenerationRequest`s (one trial's rows: its adapter, its prompts' token ids, how it
+samples, the seed of its own stream) into `Completions` (token ids, and sampled-token log-probabilities when asked),
+or the exception that ended that request alone. Two backends:
+
+- **exact** (`ExactBackend`): generation as plain TRL does it. A trial trains with its trainer's own ``generate``
+  (the backend does not take part: `shares_batches` is False), and evaluation calls ``model.generate`` through the
+  trial's adapter, one request at a time. A trial alone (``gang_size=1``) trains on it, bit for bit as plain TRL.
+- **batched** (`rfopt.training.rollouts.batched.BatchedBackend`): every request of a gang in one batch, each row
+  through its own adapter (`rfopt.training.rollouts.bank`), with a static cache and a step captured as a CUDA graph
+  on a GPU.
+
+`refusal` is the one place that decides whether a trial's rollouts can share a batch (otherwise it trains alone, on
+the exact backend); `model_refusal` whether a resident base model can be served batched at all (otherwise its gangs
+train their members one after another on the exact backend).
+
+A vLLM backend would be a third: `generate` as ``LLM.generate`` with one ``LoRARequest`` per request (``enable_lora``,
+``max_loras`` = the gang size), the seed as ``SamplingParams.seed``; `adapters_changed` reloads the named adapters
+after their optimizer steps (a vLLM engine holds its own copy of the weights; the two backends here read the trial's
+weights at every call, so it is a no-op for them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rfopt import compat
+from rfopt.errors import RfoptError
+
+from .sampler import Sampling, Ungangable
+
+
+class Aborted(RfoptError, RuntimeError):
+    """Decoding was stopped between two tokens (`RolloutBackend.generate`'s `should_stop`)."""
+
+
+@dataclass
+class GenerationRequest:
+    """One trial's rows of a generation: its adapter, its tokenized prompts, how it samples, and the seed of its own
+    random stream for this call."""
+
+    adapter: str | None
+    """The trial's adapter on the shared model; None for a model of its own (full fine-tuning, exact backend)."""
+    prompt_ids: list[list[int]]
+    sampling: Sampling | None
+    """None: settings only ``model.generate`` implements (the exact backend's `generate_kwargs`)."""
+    seed: int = 0
+    batch_rows: int | None = None
+    """Decode at most this many of its rows at once (evaluation's ``batch_size``); None: all."""
+    logprobs: bool = False
+    """Also return each sampled token's log-probability under the distribution it was drawn from."""
+    generate_kwargs: dict[str, Any] | None = None
+    """What the exact backend calls ``model.generate`` with (default: `sampling` as its keyword arguments)."""
+
+
+@dataclass
+class Completions:
+    """One request's completions: a list of token ids per prompt row, each cut after its first EOS."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]] | None = None
+
+
+Outcome = Completions | Exception
+
+
+class RolloutBackend(Protocol):
+    """What a gang's generation goes through (see the module docstring)."""
+
+    shares_batches: bool
+    """True: the members' trainers generate through `generate` (TRL's ``rollout_func``), every member in one batch;
+    False: each trainer generates on its own, as plain TRL."""
+
+    def refusal(self, config: Any) -> str | None:
+        """Why `config`'s trial cannot train on this backend, or None."""
+
+    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None
+                 ) -> list[Outcome]:
+        """Each request's completions, or the exception that ended that request alone. Raises `Aborted` when
+        `should_stop` says so between two tokens."""
+
+    def adapters_changed(self, names: Iterable[str]) -> None:
+        """The named adapters' weights changed (an optimizer step, a loaded checkpoint)."""
+
+
+def refusal(config: Any) -> str | None:
+    """Why a trial's rollouts cannot share a batch (it then trains alone, on the exact backend, as with
+    ``gang_size=1``), or None: the one place that decides it.
+
+    The batched backend decodes plain LoRA adapters on Linear layers of a shared base model, with the sampling settings
+    ``model.generate`` knows from TRL's `GenerationConfig` (`Sampling`)."""
+    from transformers import GenerationConfig
+
+    peft = config.peft_config
+    if peft is None:
+        return "full fine-tuning trains its own copy of the model"
+    if str(getattr(peft, "peft_type", "")).split(".")[-1] != "LORA":
+        return f"{type(peft).__name__} is not a LoRA adapter"
+    if getattr(peft, "use_dora", False):
+        return "DoRA adapters are not decoded by the batched rollout backend"
+    if getattr(peft, "bias", "none") != "none":
+        return f"LoRA bias={peft.bias!r} trains the base model's biases"
+    if getattr(peft, "modules_to_save", None):
+        return "modules_to_save trains copies of base modules"
+    if getattr(peft, "target_parameters", None):
+        return "target_parameters adapts parameters, not Linear layers"
+    embedding = _embedding_target(getattr(peft, "target_modules", None))
+    if embedding is not None:
+        return f"target_modules names {embedding!r}, an embedding (only Linear layers are decoded in a batch)"
+    args = config.args
+    if getattr(args, "use_vllm", False):
+        return "it generates with vLLM"
+    if getattr(args, "use_transformers_continuous_batching", False):
+        return "it generates with transformers' continuous batching"
+    # The generation settings GRPOTrainer builds from its args (its `generation_config` without vLLM).
+    kwargs = {"max_new_tokens": args.max_completion_length, "do_sample": True, "temperature": args.temperature,
+              "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
+              "repetition_penalty": args.repetition_penalty, **(args.generation_kwargs or {})}
+    try:
+        Sampling.of(GenerationConfig(**kwargs))
+    except (Ungangable, ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
+
+
+def _embedding_target(target_modules: Any) -> str | None:
+    """The embedding module name `target_modules` would adapt (a list of names, or a regular expression), if any."""
+    if target_modules is None or target_modules == "all-linear":  # PEFT's all-linear adapts Linear layers only
+        return None
+    if isinstance(target_modules, str):
+        return next((name for name in _EMBEDDINGS if re.fullmatch(target_modules, f"model.{name}")
+                     or re.fullmatch(target_modules, name)), None)
+    return next((t for t in target_modules if any(t == name or t.endswith("." + name) for name in _EMBEDDINGS)),
+                None)
+
+
+def model_refusal(model: Any) -> str | None:
+    """Why the batched backend cannot serve `model` (a PeftModel) at all, or None: an attention it does not mask
+    (only ``sdpa`` and ``eager``), sliding-window layers (a static cache of full layers), or an evaluation whose
+    generation config asks for settings it does not sample with."""
+    config = model.get_base_model().config
+    attention = compat.attention_implementation(config)
+    if attention not in ("sdpa", "eager"):
+        return f"attention {attention!r} (the batched decoder masks sdpa and eager attention)"
+    layer_types = getattr(config.get_text_config(decoder=True), "layer_types", None) or ()
+    if any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))} (the batched decoder keeps a static cache of full layers)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    return None
+
+
+def seed_from_stream() -> int:
+    """A seed drawn from the calling trial's torch random stream (it advances that stream, and only it)."""
+    import torch
+
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+class _Stop:
+    """A `transformers.StoppingCriteria` that ends ``generate`` when `should_stop` says so."""
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        self.should_stop = should_stop
+        self.stopped = False
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        self.stopped = self.stopped or bool(self.should_stop())
+        return torch.full((input_ids.shape[0],), self.stopped, dtype=torch.bool, device=input_ids.device)
+
+
+class ExactBackend:
+    """Generation as plain TRL does it (see the module docstring): each request through ``model.generate`` with its
+    adapter active, its rows in batches of `GenerationRequest.batch_rows`, from torch's generator seeded with its
+    seed (the caller's random state untouched)."""
+
+    shares_batches = False
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def refusal(self, config: Any) -> str | None:
+        return None
+
+    def adapters_changed(self, names: Iterable[str]) -> None:
+        """Nothing to do: ``generate`` reads the adapter's weights."""
+
+    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None
+                 ) -> list[Outcome]:
+        results: list[Outcome] = []
+        for request in requests:
+            try:
+                results.append(self._generate(request, should_stop))
+            except Aborted:
+                raise
+            except RuntimeError as exc:  # e.g. "probability tensor contains either inf, nan or element < 0"
+                results.append(exc)
+        return results
+
+    def _generate(self, request: GenerationRequest, should_stop: Callable[[], bool] | None) -> Completions:
+        import torch
+        from transformers import StoppingCriteriaList
+
+        model = self.model
+        if request.adapter is not None and model.active_adapter != request.adapter:
+            model.set_adapter(request.adapter)
+        kwargs = dict(request.generate_kwargs if request.generate_kwargs is not None
+                      else request.sampling.generate_kwargs())
+        eos = kwargs.get("eos_token_id")
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        pad = kwargs.get("pad_token_id")
+        stop = _Stop(should_stop) if should_stop is not None else None
+        device = next(model.parameters()).device
+        rows = request.prompt_ids
+        step = request.batch_rows or max(1, len(rows))
+        completions: list[list[int]] = []
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+                torch.manual_seed(request.seed)
+                for start in range(0, len(rows), step):
+                    batch = rows[start:start + step]
+                    width = max(map(len, batch))
+                    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in batch], device=device)
+                    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in batch], device=device)
+                    out = model.generate(input_ids=ids, attention_mask=mask, **kwargs,
+                                         **({"stopping_criteria": StoppingCriteriaList([stop])} if stop else {}))
+                    if stop is not None and stop.stopped:
+                        raise Aborted("decoding stopped")
+                    completions.extend(until_eos(row, eos_ids, pad) for row in out[:, width:].tolist())
+        finally:
+            model.train(was_training)
+        return Completions(completions, None)
+
+
+def until_eos(ids: list[int], eos_ids: Sequence[int], pad_id: int | None) -> list[int]:
+    """A completion cut after its first EOS; without one, ``generate``'s right padding removed."""
+    for i, token in enumerate(ids):
+        if token in eos_ids:
+            return ids[: i + 1]
+    return [t for t in ids if t != pad_id] if pad_id not in eos_ids else ids
+
+
+__all__ = ["Aborted", "Completions", "ExactBackend", "GenerationRequest", "Outcome", "RolloutBackend",
+           "model_refusal", "refusal", "seed_from_stream", "until_eos"]

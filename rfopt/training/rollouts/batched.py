@@ -1,0 +1,476 @@
+"""The batched rollout backend: a gang's requests decoded in one batch, each row through its own adapter.
+
+A gang's trials share one base model and differ in their LoRA adapters. Decoding a small batch is latency-bound (the
+base weights are read once per token whether 4 rows are decoded or 64), so the backend decodes every member's rows
+together, in four parts:
+
+- **prefill**: each request's distinct prompts once (GRPO repeats every prompt ``num_generations`` times), through
+  the model's view with the LoRA bank (`rfopt.training.rollouts.bank`), into a dynamic cache;
+- the **buffers** of a bucket (`_Bucket`: groups x rows per group x cache length): transformers' `StaticCache`, into
+  which the prefilled keys and values are copied row by row, the tokens, positions, attention mask, each row's
+  sampling settings, seen tokens, noise keys and outputs, all preallocated and written in place;
+- the **step** (`_step`): one token for every row, a pure function of those buffers (the model's forward with a 4D
+  mask built from them, then `rfopt.training.rollouts.sampler.sample`), with no host synchronisation, no Python hook
+  and no shape that depends on the data. On a CUDA device it is captured once per bucket as a CUDA graph and replayed
+  for every token (``RFOPT_DECODE=graph``, the default there), or compiled by ``torch.compile`` and then captured
+  (``compiled``), or run eagerly (``eager``, the default on the CPU). Capturing costs one eager step; a bucket's graph
+  serves every later decode of that shape, across chunks and trials, as long as the bank keeps its buffers;
+- the **host loop**: replays the step and asks `should_stop` between tokens; it reads the device (whether every row
+  is done) only every `CHECK_EVERY` tokens.
+
+Rows are laid out group by group (a group: one request's rows, padded to the bucket's rows per group with rows that
+are done from the start), so that each LoRA layer's delta is two batched products (`rfopt.training.rollouts.bank`).
+Each request samples from its own noise (its seed and each row's index in the request), so its completions do not
+depend on which other requests share the batch, or on how its rows were split into batches (up to the floating-point
+effects of batching on the logits).
+
+The model decodes in eval mode (no dropout), as a vLLM engine samples; plain TRL samples with LoRA dropout active.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rfopt import compat
+
+from .backend import Aborted, Completions, GenerationRequest, Outcome, model_refusal, refusal
+from .bank import LoraBank, adapter_refusal, decode_view
+from .sampler import Features, RowSettings, Sampling, Ungangable, row_key, sample, uniform_noise
+
+logger = logging.getLogger("rfopt")
+
+CHECK_EVERY = 8
+"""Tokens between two reads of whether every row is done (each read waits for the device)."""
+LENGTH_STEP = 64
+"""Cache lengths are rounded up to a multiple of this (fewer buckets, fewer captures)."""
+MAX_ROWS = 256
+"""Rows decoded at once, at most; more are decoded in several rounds."""
+MAX_BUCKETS = 8
+"""Buckets (each with its cache and captured step) kept per backend, the least recently used dropped first."""
+MODES = ("eager", "graph", "compiled")
+
+
+def default_mode(device: Any) -> str:
+    """``RFOPT_DECODE`` if set; else ``graph`` on a CUDA device and ``eager`` elsewhere."""
+    mode = os.environ.get("RFOPT_DECODE")
+    if mode:
+        if mode not in MODES:
+            raise ValueError(f"RFOPT_DECODE={mode!r}: give one of {', '.join(MODES)}")
+        return mode
+    return "graph" if getattr(device, "type", str(device)) == "cuda" else "eager"
+
+
+@dataclass
+class DecodeStats:
+    """What the backend did (benchmarks read it)."""
+
+    decodes: int = 0
+    iterations: int = 0
+    """Decode steps run (one token for every row of a batch each)."""
+    rows: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    captures: int = 0
+    capture_seconds: float = 0.0
+
+
+@dataclass
+class _Bucket:
+    """The buffers of one decode shape (see the module docstring), and its captured step."""
+
+    groups: int
+    per_group: int
+    length: int
+    vocab: int
+    features: Features
+    cache: Any
+    tokens: Any
+    positions: Any
+    keep: Any
+    columns: Any
+    cursor: Any
+    step: Any
+    out: Any
+    logprobs: Any | None
+    done: Any
+    bad: Any
+    limit: Any
+    pad: Any
+    eos: Any
+    settings: RowSettings
+    seen: Any | None
+    keys: Any
+    graph: Any = None
+    compiled: Any = None
+    ready: bool = field(default=False)
+
+    @property
+    def rows(self) -> int:
+        return self.groups * self.per_group
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class BatchedBackend:
+    """Decodes a gang's requests in one batch through one shared PeftModel (see the module docstring).
+
+    >>> backend = BatchedBackend(peft_model)                                          # doctest: +SKIP
+    >>> out = backend.generate([GenerationRequest("trial-0", ids0, sampling0, seed=7),
+    ...                         GenerationRequest("trial-1", ids1, sampling1)])
+    >>> out[0].token_ids   # trial 0's completions, one list of token ids per prompt, each ending at its first EOS
+    """
+
+    shares_batches = True
+
+    def __init__(self, model: Any, *, mode: str | None = None, max_rows: int = MAX_ROWS, dtype: Any = None) -> None:
+        """`dtype`: what the decoder computes in (the training's mixed precision: bf16 for float32 master weights
+        trained with ``bf16=True``); None: the model's own."""
+        self.model = model
+        self.dtype = dtype
+        self.device = next(model.parameters()).device
+        self.mode = mode or default_mode(self.device)
+        if self.mode not in MODES:
+            raise ValueError(f"decode mode {self.mode!r}: give one of {', '.join(MODES)}")
+        if self.mode != "eager" and self.device.type != "cuda":
+            raise ValueError(f"decode mode {self.mode!r} needs a CUDA device; the model is on {self.device}")
+        self.max_rows = max_rows
+        self.stats = DecodeStats()
+        self._bank: LoraBank | None = None
+        self._view: Any = None
+        self._buckets: OrderedDict[tuple[Any, ...], _Bucket] = OrderedDict()
+        self._pool: Any = None
+        self._dtype: Any = None
+        self._attention = "sdpa"
+
+    # ------------------------------------------------------------------ the protocol
+    def refusal(self, config: Any) -> str | None:
+        return refusal(config)
+
+    def adapters_changed(self, names: Iterable[str]) -> None:
+        """Nothing to do: every decode copies its adapters' current weights into the bank."""
+
+    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None
+                 ) -> list[Outcome]:
+        results: list[Any] = [None] * len(requests)
+        live: list[int] = []
+        for i, r in enumerate(requests):
+            why = ("its generation settings need model.generate" if r.sampling is None
+                   else adapter_refusal(self.model, r.adapter) if r.adapter is not None
+                   else "it has no adapter on the shared model")
+            if why is not None:
+                results[i] = Ungangable(why)
+            elif not r.prompt_ids:
+                results[i] = Completions([], [] if r.logprobs else None)
+            else:
+                results[i] = Completions([], [] if r.logprobs else None)
+                live.append(i)
+        # Rounds: each request's rows in slices of its batch_rows (and of what fits beside the others).
+        while live:
+            share = max(1, self.max_rows // len(live))
+            parts = []
+            for i in live:
+                r, done = requests[i], len(results[i].token_ids)
+                take = min(r.batch_rows or len(r.prompt_ids), share)
+                parts.append((i, list(range(done, min(done + take, len(r.prompt_ids))))))
+            outs = self._decode([(requests[i], rows) for i, rows in parts], should_stop)
+            for (i, _), out in zip(parts, outs):
+                if isinstance(out, Exception):
+                    results[i] = out
+                    continue
+                results[i].token_ids.extend(out.token_ids)
+                if out.logprobs is not None:
+                    results[i].logprobs.extend(out.logprobs)
+            live = [i for i in live if isinstance(results[i], Completions)
+                    and len(results[i].token_ids) < len(requests[i].prompt_ids)]
+        return results
+
+    # ------------------------------------------------------------------ one batch
+    def _decode(self, parts: list[tuple[GenerationRequest, list[int]]], should_stop: Callable[[], bool] | None
+                ) -> list[Outcome]:
+        import torch
+
+        started = time.perf_counter()
+        with torch.no_grad():
+            self._prepare(len(parts))
+            self._bank.load([r.adapter for r, _ in parts])
+            per_group = _pow2(max(len(rows) for _, rows in parts))
+            # Each group's distinct prompts, and for every decode row the prefill row it starts from.
+            distinct: list[list[list[int]]] = []
+            source: list[int] = []
+            for r, rows in parts:
+                seen: dict[tuple[int, ...], int] = {}
+                mine: list[list[int]] = []
+                for j in rows:
+                    key = tuple(r.prompt_ids[j])
+                    if key not in seen:
+                        seen[key] = len(mine)
+                        mine.append(r.prompt_ids[j])
+                distinct.append(mine)
+            prefill_rows = max(len(d) for d in distinct)
+            for g, (r, rows) in enumerate(parts):
+                index = {tuple(p): k for k, p in enumerate(distinct[g])}
+                source += [g * prefill_rows + index[tuple(r.prompt_ids[j])] for j in rows]
+                source += [g * prefill_rows] * (per_group - len(rows))  # padding rows: done from the start
+            width = max(len(p) for d in distinct for p in d)
+            steps = max(r.sampling.max_new_tokens for r, _ in parts)
+            length = -(-(width + steps) // LENGTH_STEP) * LENGTH_STEP
+            samplings = [r.sampling for r, _ in parts]
+            features = Features.of(samplings, logprobs=any(r.logprobs for r, _ in parts))
+            eos_width = _pow2(max(1, max(len(s.eos_token_ids) for s in samplings)))
+            logits, cache, lengths = self._prefill(parts, distinct, prefill_rows)
+            prefilled = time.perf_counter()
+            bucket = self._bucket(len(parts), per_group, length, features, eos_width, cache)
+            self._load(bucket, parts, source, cache, width, lengths)
+            self._emit(bucket, logits.index_select(0, torch.tensor(source, device=self.device)))
+            iterations = 1
+            for t in range(1, steps):
+                if should_stop is not None and should_stop():
+                    raise Aborted("decoding stopped")
+                if t % CHECK_EVERY == 0 and bool(bucket.done.all()):
+                    break
+                self._run_step(bucket)
+                iterations += 1
+            out = bucket.out[:, :steps].tolist()
+            logprobs = bucket.logprobs[:, :steps].tolist() if bucket.logprobs is not None else None
+            bad = bucket.bad.tolist()
+        stats = self.stats
+        stats.decodes += 1
+        stats.iterations += iterations
+        stats.rows += sum(len(rows) for _, rows in parts)
+        stats.seconds += time.perf_counter() - started
+        stats.prefill_seconds += prefilled - started
+        results: list[Outcome] = []
+        for g, (r, rows) in enumerate(parts):
+            first = g * per_group
+            if any(bad[first:first + len(rows)]):
+                results.append(RuntimeError(
+                    f"adapter {r.adapter!r}: its logits are not finite (NaN or infinite weights?); its completions "
+                    "cannot be sampled"))
+                continue
+            eos = set(r.sampling.eos_token_ids)
+            limit = r.sampling.max_new_tokens
+            ids, lps = [], []
+            for k in range(len(rows)):
+                row = out[first + k][:limit]
+                end = next((i + 1 for i, tok in enumerate(row) if tok in eos), len(row))
+                ids.append(row[:end])
+                if logprobs is not None:
+                    lps.append(logprobs[first + k][:end])
+            results.append(Completions(ids, lps if r.logprobs else None))
+        return results
+
+    def _prepare(self, groups: int) -> None:
+        """The bank and the view, made again when the model's LoRA layers changed or the bank is too small."""
+        bank = LoraBank.fitting(self.model, groups, self._bank, dtype=self.dtype)
+        if bank is not self._bank:
+            self._bank = bank
+            self._view = decode_view(self.model, bank)
+            self._dtype = self._view.dtype
+            self._attention = compat.attention_implementation(self._view.config)
+            self._buckets.clear()  # their steps read the old bank's buffers
+            self._pool = None  # the graphs that shared it are gone: a new capture needs a new pool
+
+    def _prefill(self, parts: list[tuple[GenerationRequest, list[int]]], distinct: list[list[list[int]]],
+                 prefill_rows: int) -> tuple[Any, Any, list[int]]:
+        """The distinct prompts through the view (group by group, padded to `prefill_rows` each): the last logits of
+        each (float32), the dynamic cache, and each prefill row's prompt length."""
+        import torch
+        from transformers import DynamicCache
+
+        prompts = []
+        for mine in distinct:
+            prompts += mine + [mine[0]] * (prefill_rows - len(mine))
+        pad = parts[0][0].sampling.pad_token_id
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        cache = DynamicCache()
+        out = self._view(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float(), out.past_key_values, [len(p) for p in prompts]
+
+    # ------------------------------------------------------------------ buckets
+    def _bucket(self, groups: int, per_group: int, length: int, features: Features, eos_width: int,
+                cache: Any) -> _Bucket:
+        import torch
+        from transformers import StaticCache
+
+        key = (groups, per_group, length, features, eos_width, id(self._bank))
+        if key in self._buckets:
+            self._buckets.move_to_end(key)
+            return self._buckets[key]
+        if len(self._buckets) >= MAX_BUCKETS:
+            self._buckets.clear()  # (each graph's memory is in one shared pool: dropped all together)
+            self._pool = None
+        rows = groups * per_group
+        device = self.device
+        config = self._view.config
+        vocab = int(config.get_text_config(decoder=True).vocab_size)
+        static = StaticCache(config=config, max_cache_len=length)
+        layers = cache.layers
+        static.early_initialization(batch_size=rows, num_heads=[layer.keys.shape[1] for layer in layers],
+                                    head_dim=[layer.keys.shape[3] for layer in layers], dtype=layers[0].keys.dtype,
+                                    device=device)
+        long = dict(dtype=torch.long, device=device)
+        greedy = Sampling(max_new_tokens=0, eos_token_ids=(), pad_token_id=0, do_sample=False)
+        bucket = _Bucket(
+            groups=groups, per_group=per_group, length=length, vocab=vocab, features=features, cache=static,
+            tokens=torch.zeros((rows, 1), **long), positions=torch.zeros((rows, 1), **long),
+            keep=torch.ones((rows, length), dtype=torch.bool, device=device),
+            columns=torch.arange(length, **long), cursor=torch.zeros((), **long), step=torch.zeros((), **long),
+            out=torch.zeros((rows, length), **long),
+            logprobs=torch.zeros((rows, length), dtype=torch.float32, device=device) if features.logprobs else None,
+            done=torch.ones(rows, dtype=torch.bool, device=device),
+            bad=torch.zeros(rows, dtype=torch.bool, device=device), limit=torch.zeros(rows, **long),
+            pad=torch.zeros(rows, **long), eos=torch.full((rows, eos_width), -1, **long),
+            settings=RowSettings.of([greedy] * rows, rows, vocab, device),
+            seen=torch.zeros((rows, vocab), dtype=torch.bool, device=device) if features.repetition else None,
+            keys=torch.zeros(rows, **long),
+        )
+        self._buckets[key] = bucket
+        if self.mode != "eager":
+            self._capture(bucket)
+        return bucket
+
+    def _capture(self, bucket: _Bucket) -> None:
+        """Capture the bucket's step as a CUDA graph (compiled first in ``compiled`` mode), on its buffers as they are
+        (the warm-up steps change them; every decode writes them again before its first step)."""
+        import torch
+
+        started = time.perf_counter()
+        step: Callable[[], None] = lambda: self._step(bucket)  # noqa: E731
+        if self.mode == "compiled":
+            bucket.compiled = torch.compile(self._step, fullgraph=True, dynamic=False)
+            step = lambda: bucket.compiled(bucket)  # noqa: E731
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3 if self.mode == "compiled" else 2):  # the first runs allocate; a graph must not
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            step()
+        bucket.graph = graph
+        self.stats.captures += 1
+        self.stats.capture_seconds += time.perf_counter() - started
+
+    def _load(self, bucket: _Bucket, parts: list[tuple[GenerationRequest, list[int]]], source: list[int],
+              cache: Any, width: int, lengths: list[int]) -> None:
+        """Write this decode's state into the bucket's buffers, in place."""
+        import torch
+
+        device = self.device
+        rows = bucket.rows
+        per_group = bucket.per_group
+        index = torch.tensor(source, device=device)
+        for mine, theirs in zip(bucket.cache.layers, cache.layers):
+            mine.keys[:, :, :width].copy_(theirs.keys.index_select(0, index))
+            mine.values[:, :, :width].copy_(theirs.values.index_select(0, index))
+            mine.cumulative_length.fill_(width)
+        keep = torch.ones((rows, bucket.length), dtype=torch.bool)
+        positions = torch.zeros((rows, 1), dtype=torch.long)
+        for row, src in enumerate(source):
+            keep[row, : width - lengths[src]] = False  # the prefill's left padding
+            positions[row, 0] = lengths[src]
+        samplings: list[Sampling] = []
+        keys, limit, pad, eos, real = [], [], [], [], []
+        eos_width = bucket.eos.shape[1]
+        for r, rows_of in parts:
+            s = r.sampling
+            for k in range(per_group):
+                real.append(k < len(rows_of))
+                samplings.append(s)
+                keys.append(row_key(r.seed, rows_of[k]) if k < len(rows_of) else 0)
+                limit.append(s.max_new_tokens if k < len(rows_of) else 0)
+                pad.append(s.pad_token_id)
+                eos.append(list(s.eos_token_ids)[:eos_width] + [-1] * (eos_width - len(s.eos_token_ids)))
+        bucket.keep.copy_(keep)
+        bucket.positions.copy_(positions)
+        bucket.cursor.fill_(width)
+        bucket.step.fill_(0)
+        bucket.done.copy_(~torch.tensor(real))
+        bucket.bad.zero_()
+        bucket.limit.copy_(torch.tensor(limit))
+        bucket.pad.copy_(torch.tensor(pad))
+        bucket.eos.copy_(torch.tensor(eos))
+        bucket.keys.copy_(torch.tensor(keys, dtype=torch.long))
+        bucket.settings.copy_(RowSettings.of(samplings, rows, bucket.vocab, "cpu"))
+        bucket.out.zero_()
+        if bucket.seen is not None:
+            bucket.seen.zero_()
+            row_index, token_index = [], []
+            for row in range(len(source)):
+                g, k = divmod(row, per_group)
+                r, rows_of = parts[g]
+                if k < len(rows_of):
+                    ids = r.prompt_ids[rows_of[k]]
+                    row_index += [row] * len(ids)
+                    token_index += list(ids)
+            if row_index:
+                bucket.seen[torch.tensor(row_index, device=device), torch.tensor(token_index, device=device)] = True
+
+    # ------------------------------------------------------------------ the step
+    def _run_step(self, bucket: _Bucket) -> None:
+        if bucket.graph is not None:
+            bucket.graph.replay()
+        else:
+            self._step(bucket)
+
+    def _step(self, bucket: _Bucket) -> None:
+        """One token for every row: the view's forward on the last tokens, then `_emit`. Only tensor operations on the
+        bucket's buffers, updated in place (see the module docstring)."""
+        import torch
+
+        keep = bucket.keep & (bucket.columns <= bucket.cursor)
+        if self._attention == "sdpa":
+            mask = keep[:, None, None, :]
+        else:  # eager attention adds a float mask
+            dtype = self._dtype
+            mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+                ~keep, torch.finfo(dtype).min)[:, None, None, :]
+        out = self._view(input_ids=bucket.tokens, position_ids=bucket.positions, attention_mask=mask,
+                         past_key_values=bucket.cache, use_cache=True, logits_to_keep=1)
+        self._emit(bucket, out.logits[:, -1, :].float())
+        bucket.positions.add_(1)
+        bucket.cursor.add_(1)
+
+    def _emit(self, bucket: _Bucket, logits: Any) -> None:
+        """Sample every row's token at the bucket's step from `logits` and write it (and what follows from it)."""
+        import torch
+
+        bucket.bad |= ~torch.isfinite(logits).all(dim=-1)
+        noise = uniform_noise(bucket.keys, bucket.step) if bucket.features.sample else None
+        tokens, logprobs = sample(logits, bucket.settings, bucket.features, bucket.seen, noise)
+        tokens = torch.where(bucket.done, bucket.pad, tokens)
+        at = bucket.step.view(1)
+        bucket.out.index_copy_(1, at, tokens[:, None])
+        if bucket.logprobs is not None:
+            bucket.logprobs.index_copy_(1, at, logprobs[:, None])
+        bucket.done |= (tokens[:, None] == bucket.eos).any(dim=-1) | (bucket.step + 1 >= bucket.limit)
+        if bucket.seen is not None:
+            bucket.seen.scatter_(1, tokens[:, None], True)
+        bucket.tokens.copy_(tokens[:, None])
+        bucket.step.add_(1)
+
+
+def serves(model: Any) -> str | None:
+    """Why a `BatchedBackend` cannot serve `model`, or None (`rfopt.training.rollouts.backend.model_refusal`)."""
+    return model_refusal(model)
+
+
+__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "default_mode", "serves"]

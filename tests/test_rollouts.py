@@ -1,0 +1,265 @@
+"""Rollout backends (`rfopt.training.rollouts`): the conformance suite every backend passes, the batched backend's
+parts (the vectorized sampler, the LoRA bank, the graph-safe step), and who may share a batch (`refusal`).
+
+What every backend promises: greedy completions through an adapter are ``model.generate``'s through that adapter,
+token for token, whoever shares the call; a request's samples depend on its seed, not on its partners; a partner
+whose adapter emits one token changes no other completion; a request whose logits cannot be sampled fails alone;
+``should_stop`` stops between two tokens."""
+
+import math
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import rfopt
+from rfopt.training.rollouts import (
+    Aborted,
+    BatchedBackend,
+    ExactBackend,
+    GenerationRequest,
+    Sampling,
+    Ungangable,
+    refusal,
+)
+from rfopt.training.rollouts.bank import adapter_refusal
+from rfopt.training.rollouts.sampler import Features, RowSettings, row_key, sample, uniform_noise
+from rfopt_testkit import lora_config, reward_len, trial_config
+
+QUESTIONS = ["What is 2+3?", "Tell me a story about a cat", "hi", "Count: 1 2 3"]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model):
+    """The tiny model with three random LoRA adapters of different ranks and targets, and its tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False),
+                           adapter_name="a")
+    model.add_adapter("b", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.add_adapter("c", LoraConfig(r=16, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    return model, tokenizer
+
+
+BACKENDS = {
+    "exact": ExactBackend,
+    "batched": lambda model: BatchedBackend(model, mode="eager"),
+}
+if torch.cuda.is_available():  # the captured step; the CPU proves it capturable by compiling it (below)
+    BACKENDS["batched-graph"] = lambda model: BatchedBackend(model, mode="graph")
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend_of(request):
+    return BACKENDS[request.param]
+
+
+def _ids(tokenizer, questions=QUESTIONS):
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"] for q in questions]
+
+
+def _sampling(tokenizer, **kw):
+    return Sampling(**{"max_new_tokens": 16, "eos_token_ids": (tokenizer.eos_token_id,),
+                       "pad_token_id": tokenizer.pad_token_id, **kw})
+
+
+def _generate_alone(model, tokenizer, adapter, rows, max_new_tokens=16):
+    """What ``model.generate`` decodes greedily through one adapter, cut after the first EOS."""
+    model.set_adapter(adapter)
+    model.eval()
+    width = max(map(len, rows))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    completions = []
+    for row in out[:, width:].tolist():
+        end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        completions.append(row[:end])
+    return completions
+
+
+def _tokens(outcomes):
+    return [o.token_ids if not isinstance(o, Exception) else o for o in outcomes]
+
+
+# ---------------------------------------------------------------------- conformance: every backend
+def test_greedy_rows_are_generates_rows_through_their_own_adapter_whoever_shares_the_call(adapters, backend_of):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    greedy = _sampling(tokenizer, do_sample=False)
+    backend = backend_of(model)
+    together = _tokens(backend.generate([GenerationRequest(name, rows, greedy) for name in "abc"]))
+    for name, got in zip("abc", together):
+        assert got == _generate_alone(model, tokenizer, name, rows), name
+    # alone, and beside other partners, in another order, and with its rows split into batches
+    assert _tokens(backend.generate([GenerationRequest("b", rows, greedy)])) == [together[1]]
+    assert _tokens(backend.generate([GenerationRequest("c", rows[:1], greedy), GenerationRequest("b", rows, greedy)])
+                   )[1] == together[1]
+    assert _tokens(backend.generate([GenerationRequest("b", rows, greedy, batch_rows=3)])) == [together[1]]
+    assert together[0] != together[1] != together[2]  # the adapters do differ
+
+
+def test_a_requests_samples_depend_on_its_seed_not_on_its_partners(adapters, backend_of):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    sampling = _sampling(tokenizer, temperature=0.9, top_k=20, top_p=0.95, repetition_penalty=1.1)
+    backend = backend_of(model)
+    alone = _tokens(backend.generate([GenerationRequest("a", rows, sampling, seed=5)]))[0]
+    partnered = _tokens(backend.generate([
+        GenerationRequest("b", rows[:2], _sampling(tokenizer, temperature=1.3), seed=9),
+        GenerationRequest("a", rows, sampling, seed=5), GenerationRequest("c", rows[1:], sampling, seed=5)]))
+    assert partnered[1] == alone
+    assert _tokens(backend.generate([GenerationRequest("a", rows, sampling, seed=6)]))[0] != alone
+
+
+def test_a_partner_whose_adapter_emits_one_token_changes_no_other_completion(adapters, backend_of):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    model.add_adapter("eos", LoraConfig(r=2, lora_alpha=2, target_modules=["lm_head"], lora_bias=True))
+    try:
+        for module in model.modules():
+            if hasattr(module, "lora_B") and "eos" in module.lora_B:
+                with torch.no_grad():
+                    module.lora_B["eos"].bias.zero_()
+                    module.lora_B["eos"].bias[tokenizer.eos_token_id] = 1e4
+        sampling = _sampling(tokenizer)
+        backend = backend_of(model)
+        with_plain = _tokens(backend.generate([GenerationRequest("b", rows, sampling, seed=3),
+                                               GenerationRequest("a", rows, sampling, seed=3)]))
+        with_eos = _tokens(backend.generate([GenerationRequest("eos", rows, sampling, seed=3),
+                                             GenerationRequest("a", rows, sampling, seed=3)]))
+    finally:
+        model.delete_adapter("eos")
+    assert with_eos[0] == [[tokenizer.eos_token_id]] * len(rows)  # one token each
+    assert with_eos[1] == with_plain[1]
+
+
+def test_a_request_whose_logits_cannot_be_sampled_fails_alone(adapters, backend_of):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    model.add_adapter("nan", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj"], init_lora_weights=False))
+    try:
+        for module in model.modules():
+            if hasattr(module, "lora_A") and "nan" in module.lora_A:
+                with torch.no_grad():
+                    module.lora_A["nan"].weight.fill_(math.nan)
+        sampling = _sampling(tokenizer)
+        backend = backend_of(model)
+        out = backend.generate([GenerationRequest("nan", rows, sampling, seed=1),
+                                GenerationRequest("a", rows, sampling, seed=3)])
+        alone = backend.generate([GenerationRequest("a", rows, sampling, seed=3)])[0]
+    finally:
+        model.delete_adapter("nan")
+    assert isinstance(out[0], RuntimeError)
+    assert out[1].token_ids == alone.token_ids
+
+
+def test_should_stop_stops_decoding_between_two_tokens(adapters, backend_of):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    asked = []
+
+    def should_stop():
+        asked.append(1)
+        return len(asked) > 3
+
+    backend = backend_of(model)
+    with pytest.raises(Aborted):
+        backend.generate([GenerationRequest("a", rows, _sampling(tokenizer, max_new_tokens=64)),
+                          GenerationRequest("b", rows, _sampling(tokenizer, max_new_tokens=64))], should_stop)
+    assert len(asked) < 16  # it stopped after a few tokens, not at the end
+
+
+# ---------------------------------------------------------------------- the batched backend's parts
+def test_the_decode_step_compiles_as_one_graph_with_no_break(adapters):
+    """``torch.compile(fullgraph=True)`` refuses a graph break, and a host synchronisation (``.item()``, a
+    data-dependent branch) is one: the step that a CUDA graph captures has none, every sampler feature on."""
+    import torch._dynamo
+
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    sampling = _sampling(tokenizer, temperature=0.9, top_k=20, top_p=0.95, min_p=0.01, repetition_penalty=1.1)
+    requests = [GenerationRequest("a", rows, sampling, seed=5, logprobs=True),
+                GenerationRequest("c", rows, sampling, seed=5)]
+    backend = BatchedBackend(model, mode="eager")
+    eager = backend.generate(requests)
+    torch._dynamo.reset()
+    compiled = torch.compile(backend._step, fullgraph=True, backend="eager")
+    backend._step = compiled  # the host loop calls the compiled step from now on
+    try:
+        again = backend.generate(requests)
+    finally:
+        torch._dynamo.reset()
+    assert _tokens(again) == _tokens(eager)
+    flat = [lp for row in again[0].logprobs for lp in row]
+    assert flat == pytest.approx([lp for row in eager[0].logprobs for lp in row])
+    assert all(lp <= 0 for lp in flat) and again[1].logprobs is None  # asked for by the first request only
+
+
+def test_the_sampler_draws_from_the_softmax_of_the_filtered_logits():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]] * 4000)
+    keys = torch.tensor([row_key(11, r) for r in range(len(logits))])
+    settings = RowSettings.of([Sampling(max_new_tokens=1, eos_token_ids=(), pad_token_id=0, temperature=0.5,
+                                        top_k=3)] * len(logits), len(logits), 5, "cpu")
+    tokens, _ = sample(logits, settings, Features(sample=True, top_k=True), noise=uniform_noise(keys,
+                                                                                                 torch.tensor(0)))
+    counts = torch.bincount(tokens, minlength=5).float() / len(logits)
+    expected = torch.softmax(torch.tensor([2.0, 1.0, 0.0]) / 0.5, dim=0)
+    assert counts[3:].sum() == 0  # filtered by top-k
+    assert torch.allclose(counts[:3], expected, atol=0.03), (counts, expected)
+
+
+def test_a_rows_noise_depends_on_its_seed_row_and_token_only():
+    keys = torch.tensor([row_key(7, 0), row_key(7, 1), row_key(8, 0)])
+    a = uniform_noise(keys, torch.tensor(3))
+    b = uniform_noise(keys[[2, 0]], torch.tensor(3))
+    assert a[0] == b[1] and a[2] == b[0]  # its own, wherever it sits in the batch
+    assert len({float(x) for x in a}) == 3 and bool(((a > 0) & (a < 1)).all())
+    assert uniform_noise(keys, torch.tensor(4))[0] != a[0]
+
+
+def test_the_bank_refuses_what_it_cannot_serve_and_the_view_leaves_the_model_alone(adapters, tiny_model):
+    model, tokenizer = adapters
+    assert adapter_refusal(model, "a") is None
+    assert "no adapter" in adapter_refusal(model, "zzz")
+    model.add_adapter("emb", LoraConfig(r=2, target_modules=["embed_tokens"]))
+    try:
+        assert "Embedding" in adapter_refusal(model, "emb")
+        out = BatchedBackend(model).generate([GenerationRequest("emb", _ids(tokenizer)[:1], _sampling(tokenizer))])
+        assert isinstance(out[0], Ungangable)
+    finally:
+        model.delete_adapter("emb")
+    before = {id(m): dict(vars(m)) for m in model.modules()}
+    BatchedBackend(model).generate([GenerationRequest("a", _ids(tokenizer)[:2], _sampling(tokenizer))])
+    assert all(dict(vars(m)).keys() == before[id(m)].keys() for m in model.modules())
+
+
+def test_who_may_share_a_batch_is_decided_in_one_place(tiny_model):
+    assert refusal(trial_config(tiny_model)) is None
+    assert "num_beams" in refusal(trial_config(tiny_model, generation_kwargs={"num_beams": 2}))
+    assert "DoRA" in refusal(trial_config(tiny_model, peft=lora_config(use_dora=True)))
+    assert "embedding" in refusal(trial_config(tiny_model, peft=lora_config(target_modules=["q_proj",
+                                                                                              "embed_tokens"])))
+    assert "full fine-tuning" in refusal(rfopt.TrialConfig(model=str(tiny_model), reward_funcs=[reward_len],
+                                                           args=trial_config(tiny_model).args, peft_config=None))
+
+
+def test_under_mixed_precision_the_decoder_reads_a_bf16_copy_and_the_trained_weights_stay_float32(adapters):
+    """``bf16=True`` trains float32 master weights in bf16: the batched backend decodes through a bf16 copy of the
+    (frozen) base and bank, as a vLLM engine beside a trainer does, and never converts the shared model."""
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    before = {name: p.dtype for name, p in model.named_parameters()}
+    backend = BatchedBackend(model, dtype=torch.bfloat16)
+    greedy = _sampling(tokenizer, do_sample=False)
+    out = backend.generate([GenerationRequest("a", rows, greedy), GenerationRequest("b", rows, greedy)])
+    assert all(len(row) >= 1 for o in out for row in o.token_ids)
+    assert {name: p.dtype for name, p in model.named_parameters()} == before
+    assert {p.dtype for p in backend._view.parameters()} == {torch.bfloat16}
+    assert backend._view.lm_head.weight is backend._view.model.embed_tokens.weight  # still tied
+    assert next(iter(backend._bank.entries.values())).a.dtype == torch.bfloat16
