@@ -54,6 +54,8 @@ LAYERS = {
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],
     "dashboard": [{"access", "actions", "views"}, {"pages"}, {"routes"}, {"server"}, {"__init__"}],
+    "cli": [{"arguments", "launcher"}, {"training", "status", "ops", "clone", "dashboard"}, {"run", "worker"},
+            {"program"}, {"__init__"}, {"__main__"}],
 }
 
 

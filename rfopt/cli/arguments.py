@@ -1,0 +1,92 @@
+"""What every command's parser shares: a command's parser with ``-v``, ``--storage``, ``--study``, the numeric argument
+types (a count, a whole number from 1, a port, a number of seconds), and the storage a command that only reads or
+steers a study opens."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STORAGE = "sqlite:///rfopt.db"
+VERBOSE_HELP = "log each trial's progress and show tracebacks"
+
+
+def add_command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand's parser; it accepts -v too (``rfopt status -v``), without resetting a -v given before it."""
+    parser = commands.add_parser(name, **kwargs)
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    return parser
+
+
+def storage_argument(parser: argparse.ArgumentParser, *, creates: bool = False) -> None:
+    made = "created if missing" if creates else "it must exist"
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL: sqlite:///path.db (relative "
+                        f"to the working directory; {made}) or postgresql://user@host/db (default: %(default)s)")
+
+
+def study_argument(parser: argparse.ArgumentParser, *, help: str, required: bool = False) -> None:
+    parser.add_argument("--study", "--study-name", dest="study_name", metavar="NAME", required=required, help=help)
+
+
+def _whole_number(text: str, minimum: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number ({what}), got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """``--num-chunks``, ``--max-concurrent``: 1 or more."""
+    return _whole_number(text, 1, "1 or more")
+
+
+def count(text: str) -> int:
+    """``--n-trials``: 0 or more."""
+    return _whole_number(text, 0, "0 or more")
+
+
+def port(text: str) -> int:
+    value = _whole_number(text, 1, "a port from 1 to 65535")
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """``--cpus-per-worker``: a number more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def existing_storage(url: str) -> Any:
+    """The storage of a command that reads or steers a study: never created, never in memory (`check_lasting_url`)."""
+    from rfopt.storage.database import check_lasting_url, open_storage
+
+    check_lasting_url(url, create=False)
+    return open_storage(url, create=False)
+
+
+def absolute_sqlite(storage: str) -> str:
+    prefix = "sqlite:///"
+    if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
+        return prefix + str(Path(storage[len(prefix):]).resolve())
+    return storage

@@ -1,0 +1,118 @@
+"""What ``rfopt run`` and ``rfopt worker`` share: the options of a study's plan, the study file loaded (a failure
+while importing it reported as the file's, with the line), its study opened, and the trial counts and gang size
+both give `Study.optimize` / `Study.work`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from typing import Any
+
+from rfopt.training.gang import DEFAULT_GANG_SIZE
+
+from .arguments import count, positive_int, positive_seconds
+
+
+def plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, starter: str = "this command") -> None:
+    """``--n-trials``, ``--n-trials-total``, ``--timeout``, ``--num-chunks`` and ``--max-concurrent``, each checked by
+    the parser."""
+    parser.add_argument("--n-trials", type=count, metavar="N", help=f"new trials {starter} starts, 0 or more, as "
+                        "optuna's optimize(n_trials=...); trials a stopped run left continue on top (default: the "
+                        "study file's n_trials, else as many as --n-trials-total allows)")
+    parser.add_argument("--n-trials-total", type=count, metavar="N", help="the study's total trials, 0 or more, "
+                        "whichever command started them: a rerun tops the study up to it (default: the study file's "
+                        "n_trials_total unless --n-trials is given)")
+    parser.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", help="no chunk starts after this "
+                        "many seconds; trials not finished stay resumable (rerun the command to continue them)")
+    parser.add_argument("--num-chunks", type=positive_int, metavar="N", help="chunks the training set is split "
+                        "into, 1 or more (default: the study file's)")
+    parser.add_argument("--max-concurrent", type=positive_int, metavar="N",
+                        help=f"{max_concurrent}, 1 or more (default: the study file's)")
+    parser.add_argument("--gang-size", type=positive_int, metavar="N",
+                        help="trials of one base model trained at once, in lockstep, their rollouts generated in one "
+                        "batch; 1 trains one trial at a time, bit for bit as plain TRL (default: the study file's, "
+                        f"else {DEFAULT_GANG_SIZE}, or 1 with --devices-per-trial; see the README, Gangs)")
+    parser.add_argument("--report-to", action="append", metavar="TRACKER",
+                        help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "
+                        "mlflow, trackio, all, none); repeat for several. One run per trial, <study>-trial-<n>, "
+                        "grouped by study; stored on the study (default: the study's, none for a new one)")
+
+
+def load_spec(path: str) -> Any:
+    """The `StudySpec` of the study file at `path`. A failure while importing the file (a syntax error, a missing
+    import, any exception its code raises) is reported as the file's, with the line."""
+    import traceback
+
+    from rfopt.config import studyfile
+
+    try:
+        return studyfile.load_spec(path)
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames and frames[-1].filename == studyfile.__file__:
+            raise  # load_spec's own refusal (no such file, no STUDY) says it all
+        if isinstance(exc, SyntaxError):
+            reason, line = exc.msg, exc.lineno
+        else:
+            here = os.path.abspath(path)
+            reason = str(exc).strip()
+            line = next((f.lineno for f in reversed(frames) if os.path.abspath(f.filename) == here), None)
+        where = f" (line {line})" if line else ""
+        raise ValueError(f"study file {path}: {type(exc).__name__}: {reason}{where}") from exc
+
+
+def trial_counts(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, int | None]:
+    """``n_trials`` and ``n_trials_total`` for `Study.optimize` / `Study.work`: the flags, else the study file's (its
+    total only when no ``--n-trials`` says how many trials this command starts)."""
+    n_trials = args.n_trials if args.n_trials is not None else spec.n_trials
+    total = args.n_trials_total
+    if total is None and args.n_trials is None:
+        total = spec.n_trials_total
+    if n_trials is None and total is None and args.timeout is None and not _is_list(space):
+        print("rfopt: no --n-trials, --n-trials-total or --timeout (nor n_trials_total in the study file): new "
+              "trials start until Ctrl-C, as in Optuna; rerun to continue", file=sys.stderr)
+    return {"n_trials": n_trials, "n_trials_total": total}
+
+
+def _is_list(space: Any) -> bool:
+    from rfopt.config.spaces import ListSpace, as_space
+
+    return isinstance(as_space(space), ListSpace)
+
+
+def open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
+    """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
+    import rfopt
+    from rfopt.storage.database import check_lasting_url, redact
+    from rfopt.study import check_study_name
+    from rfopt.training.trackers import normalize as trackers_of
+
+    check_lasting_url(args.storage)  # a mistyped URL or a missing folder fails before the study file loads its data
+    check_study_name(args.study_name)  # so does a --study that would choose where files go
+    trackers_of(args.report_to)  # and a --report-to tracker that is not installed
+    spec = load_spec(args.study_file)
+    if args.fast:
+        spec = spec.with_fast()
+    name = args.study_name or spec.name
+    print(f"rfopt: {banner} {name!r} from {args.study_file} in {redact(args.storage)}", file=sys.stderr)
+    if spec.description:
+        print(textwrap.fill(spec.description, 100), file=sys.stderr)
+    train, evaluation = spec.datasets()
+    space = spec.search_space()
+    study = rfopt.create_study(
+        study_name=name,
+        storage=args.storage,
+        sampler=spec.sampler() if spec.sampler else None,
+        pruner=spec.pruner() if spec.pruner else None,
+        direction=spec.direction,
+        load_if_exists=True,
+        checkpoint_dir=args.checkpoint_dir,
+    )
+    return spec, study, space, train, evaluation
+
+
+def gang_size(args: argparse.Namespace, spec: Any) -> int | None:
+    """``--gang-size``, else the study file's, else None: rfopt's default (`rfopt.training.gang.DEFAULT_GANG_SIZE`)."""
+    return args.gang_size if args.gang_size is not None else spec.gang_size

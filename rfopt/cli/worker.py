@@ -1,0 +1,130 @@
+"""``rfopt worker``: join a study file's study as a worker on one device, beside workers on other devices or hosts;
+given several devices, one worker process each (`rfopt.cli.launcher`)."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from typing import Any
+
+from .arguments import add_command, positive_int, positive_seconds, storage_argument, study_argument
+from .launcher import start_workers
+from .training import gang_size, load_spec, open_study_file, plan_arguments, trial_counts
+
+
+def register(commands: Any) -> None:
+    worker = add_command(
+        commands,
+        "worker",
+        help="join a study as workers, one process per device, beside workers on other devices or hosts",
+        description="Train a study file's study together with every other worker on the same storage: each unit "
+        "is trained under a lease on its trial, kept in the study's database (renewed while it trains; a worker "
+        "whose lease expired cannot commit; a dead worker's unit is trained by another once its lease expires). "
+        "PostgreSQL for many hosts (with a checkpoint store every host can reach: a shared directory or an fsspec URL "
+        "such as s3://bucket/prefix), SQLite on one host.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent(
+            """\
+            examples:
+              rfopt worker arithmetic --devices auto                  # one worker per GPU, or the CPU
+              rfopt worker arithmetic --devices cuda:0,cuda:1 --storage postgresql://db/rfopt \\
+                  --checkpoint-dir s3://my-bucket/rfopt      # or a directory every host mounts
+              rfopt worker arithmetic --devices cpu,cpu --n-trials-total 16      # two workers on the CPU
+            """
+        ),
+    )
+    worker.add_argument("study_file", help="the study file (or ready-made study) every worker of the study runs")
+    storage_argument(worker, creates=True)
+    study_argument(worker, help="study name (default: the study file's name)")
+    worker.add_argument("--devices", default="cpu", help="auto (every CUDA device, else the CPU), cpu, cuda:N, or a "
+                        "comma-separated list: one worker process each (default: %(default)s)")
+    worker.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
+    plan_arguments(worker, max_concurrent="trials time-sliced at once across all workers",
+                   starter="each worker process")
+    worker.add_argument("--checkpoint-dir", help="checkpoint store every worker can reach: a shared directory or an "
+                        "fsspec URL such as s3://bucket/prefix (default: the one the study recorded, else "
+                        "rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a PostgreSQL study needs one)")
+    worker.add_argument("--lease-seconds", type=positive_seconds, default=30.0, metavar="SECONDS",
+                        help="how long a unit's lease lasts without a renewal, more than 0: a dead worker's unit is "
+                        "taken over after this (default: %(default)s)")
+    worker.add_argument("--devices-per-trial", type=positive_int, metavar="K", help="train each trial over K of the "
+                        "listed devices at once, as one data-parallel job (its batch split over them; rollouts "
+                        "sampled per row, so K devices match one); the devices form groups of K, one worker each")
+    worker.add_argument("--data-parallel-rank", help=argparse.SUPPRESS)  # RANK/K@ADDRESS:PORT, for the group's processes
+    worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
+    worker.set_defaults(handler=work)
+
+
+def work(args: argparse.Namespace) -> int:
+    devices = _devices(args.devices)
+    group = _data_parallel(args, devices)
+    if group is not None:
+        group.start(devices[0])  # before the study file builds its configs: Accelerate reads the group once
+    if len(devices) > 1:  # one process per device, each this same command on its one device
+        from rfopt.storage.database import check_lasting_url
+        from rfopt.study import check_study_name
+        from rfopt.training.trackers import normalize as trackers_of
+
+        check_lasting_url(args.storage)  # bad input fails here once, not in every worker
+        check_study_name(args.study_name)
+        trackers_of(args.report_to)
+        load_spec(args.study_file)
+        return start_workers(args, devices)
+
+    spec, study, space, train, evaluation = open_study_file(args, f"worker on {devices[0]} for study")
+    study.work(
+        space,
+        train,
+        evaluation,
+        **trial_counts(args, spec, space),
+        timeout=args.timeout,
+        num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
+        max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
+        objective=spec.objective,
+        eval_settings=spec.eval_settings,
+        device=devices[0],
+        precision=args.precision,
+        lease_seconds=args.lease_seconds,
+        report_to=args.report_to,
+        data_parallel=group,
+        gang_size=gang_size(args, spec),
+    )
+    if group is not None:
+        group.stop()
+    if group is None or group.lead:
+        print(study.leaderboard_text())
+    return 0
+
+
+def _data_parallel(args: argparse.Namespace, devices: list[str]) -> Any:
+    """This process's place in a data-parallel group: from ``--data-parallel-rank`` (a process of a group the command
+    started), or rank 0 of 1 for ``--devices-per-trial 1`` on one device (one device, rollouts sampled per row, as a
+    group's trial)."""
+    from rfopt.training.parallel import DataParallel
+
+    if args.data_parallel_rank:
+        place, _, where = args.data_parallel_rank.partition("@")
+        rank, _, world = place.partition("/")
+        address, _, port = where.rpartition(":")
+        return DataParallel(int(rank), int(world), address, int(port))
+    if args.devices_per_trial is not None and len(devices) == 1:
+        if args.devices_per_trial != 1:
+            raise ValueError(f"--devices-per-trial {args.devices_per_trial} needs that many devices in --devices "
+                             f"(got {devices[0]})")
+        return DataParallel(0, 1)
+    return None
+
+
+def _devices(spec: str) -> list[str]:
+    """`--devices`: auto (every CUDA device, else the CPU), or a comma-separated list such as cuda:0,cuda:1."""
+    if spec == "auto":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+    devices = [d.strip() for d in spec.split(",") if d.strip()]
+    bad = [d for d in devices if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()))]
+    if not devices or bad:
+        raise ValueError(f"--devices {spec!r}: give auto, cpu, cuda:N, or a comma-separated list of them")
+    return devices
