@@ -7,9 +7,8 @@ import argparse
 import textwrap
 from typing import Any
 
-from .arguments import absolute_sqlite, add_command, positive_float, positive_int, positive_seconds, storage_argument, \
-    study_argument
-from .training import gang_size, open_study_file, plan_arguments, trial_counts
+from .arguments import absolute_sqlite, add_command, positive_float, positive_int
+from .training import gang_size, open_study_file, sharing_options, study_options, trial_counts
 
 
 def register(commands: Any) -> None:
@@ -32,19 +31,9 @@ def register(commands: Any) -> None:
             """
         ),
     )
-    run.add_argument("study_file", help="a study file (my_study.py), or a ready-made study: "
-                     "arithmetic, gsm8k_lite, deepmath, numina_tir")
-    storage_argument(run, creates=True)
-    study_argument(run, help="study name (default: the study file's name)")
-    plan_arguments(run, max_concurrent="trials time-sliced at once")
+    study_options(run, worker=False)
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every trial trains, whatever the "
                      "study file's use_cpu/bf16 say (default: %(default)s)")
-    run.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                     help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
-    run.add_argument("--checkpoint-dir", help="where checkpoints and adapters go: a directory or an fsspec URL such "
-                     "as s3://bucket/prefix (default: rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a "
-                     "PostgreSQL study needs one)")
-    run.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="train on a Ray cluster: one worker per "
                      "GPU of the cluster (else per --cpus-per-worker CPUs), each a Ray actor sharing the study through "
@@ -55,11 +44,7 @@ def register(commands: Any) -> None:
                      "per GPU, else one per --cpus-per-worker CPUs)")
     run.add_argument("--cpus-per-worker", type=positive_float, default=1.0, metavar="N",
                      help="with --ray: each CPU worker's share of a node's CPUs (default: %(default)s)")
-    run.add_argument("--lease-seconds", type=positive_seconds, default=30.0, metavar="SECONDS",
-                     help="with --ray: a dead worker's unit is trained again after this (default: %(default)s)")
-    run.add_argument("--devices-per-trial", type=positive_int, default=1, metavar="K",
-                     help="with --ray: train each trial over K workers' devices at once, as one data-parallel job "
-                     "(default: %(default)s)")
+    sharing_options(run, worker=False)
     run.set_defaults(handler=run_study)
 
 
@@ -73,8 +58,8 @@ def run_study(args: argparse.Namespace) -> int:
                              "GPU each where the cluster has GPUs); leave --device out")
         executor = rfopt.RayCluster(address=args.ray or None, num_workers=args.workers,
                                     cpus_per_worker=args.cpus_per_worker, lease_seconds=args.lease_seconds,
-                                    devices_per_trial=args.devices_per_trial)
-    elif args.workers is not None or args.devices_per_trial != 1:
+                                    devices_per_trial=args.devices_per_trial or 1)
+    elif args.workers is not None or args.devices_per_trial not in (None, 1):
         raise ValueError("--workers and --devices-per-trial are for --ray; to start workers on this machine use "
                          "rfopt worker --devices ... [--devices-per-trial K]")
     spec, study, space, train, evaluation = open_study_file(args, "study")

@@ -1,4 +1,5 @@
-"""What ``rfopt run`` and ``rfopt worker`` share: the options of a study's plan, the study file loaded (a failure
+"""What ``rfopt run`` and ``rfopt worker`` share: their options, defined once (the study file, its storage and name,
+the plan, the precision, the checkpoint store, and how workers share a study), the study file loaded (a failure
 while importing it reported as the file's, with the line), its study opened, and the trial counts and gang size
 both give `Study.optimize` / `Study.work`."""
 
@@ -12,12 +13,46 @@ from typing import Any
 
 from rfopt.training.gang import DEFAULT_GANG_SIZE
 
-from .arguments import count, positive_int, positive_seconds
+from .arguments import count, positive_int, positive_seconds, storage_argument, study_argument
+
+
+def study_options(parser: argparse.ArgumentParser, *, worker: bool) -> None:
+    """The study file and the options of its run that ``rfopt run`` and ``rfopt worker`` (`worker`) both take: the
+    storage, the study's name, its plan (`plan_arguments`), the precision, the checkpoint store, the fast variant."""
+    parser.add_argument("study_file", help="a study file (my_study.py), or a ready-made study: arithmetic, gsm8k_lite, "
+                        "deepmath, numina_tir" + ("; every worker of the study runs the same" if worker else ""))
+    storage_argument(parser, creates=True)
+    study_argument(parser, help="study name (default: the study file's name)")
+    if worker:
+        plan_arguments(parser, max_concurrent="trials time-sliced at once across all workers",
+                       starter="each worker process")
+    else:
+        plan_arguments(parser, max_concurrent="trials time-sliced at once")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
+    parser.add_argument("--checkpoint-dir", help="where checkpoints and adapters go, a store every worker can reach: a "
+                        "directory or an fsspec URL such as s3://bucket/prefix (default: the one the study recorded, "
+                        "else rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a PostgreSQL study needs one)")
+    parser.add_argument("--fast", action="store_true", help="the study file's quick variant (fewer trials and rows)")
+
+
+def sharing_options(parser: argparse.ArgumentParser, *, worker: bool) -> None:
+    """How workers share a study: ``--lease-seconds`` and ``--devices-per-trial``, for ``rfopt worker`` (`worker`) and
+    ``rfopt run --ray``."""
+    ray = "" if worker else "with --ray: "
+    parser.add_argument("--lease-seconds", type=positive_seconds, default=30.0, metavar="SECONDS",
+                        help=f"{ray}how long a unit's lease lasts without a renewal, more than 0: a dead worker's unit "
+                        "is taken over after this (default: %(default)s)")
+    over = "K of the listed devices" if worker else "K workers' devices"
+    groups = "; the devices form groups of K, one worker each" if worker else " (default: 1)"
+    parser.add_argument("--devices-per-trial", type=positive_int, metavar="K", help=f"{ray}train each trial over {over} "
+                        "at once, as one data-parallel job (its batch split over them; rollouts sampled per row, so K "
+                        f"devices match one){groups}")
 
 
 def plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, starter: str = "this command") -> None:
-    """``--n-trials``, ``--n-trials-total``, ``--timeout``, ``--num-chunks`` and ``--max-concurrent``, each checked by
-    the parser."""
+    """``--n-trials``, ``--n-trials-total``, ``--timeout``, ``--num-chunks``, ``--max-concurrent``, ``--gang-size`` and
+    ``--report-to``, each checked by the parser."""
     parser.add_argument("--n-trials", type=count, metavar="N", help=f"new trials {starter} starts, 0 or more, as "
                         "optuna's optimize(n_trials=...); trials a stopped run left continue on top (default: the "
                         "study file's n_trials, else as many as --n-trials-total allows)")

@@ -7,9 +7,9 @@ import argparse
 import textwrap
 from typing import Any
 
-from .arguments import add_command, positive_int, positive_seconds, storage_argument, study_argument
+from .arguments import add_command
 from .launcher import start_workers
-from .training import gang_size, load_spec, open_study_file, plan_arguments, trial_counts
+from .training import gang_size, load_spec, open_study_file, sharing_options, study_options, trial_counts
 
 
 def register(commands: Any) -> None:
@@ -33,26 +33,11 @@ def register(commands: Any) -> None:
             """
         ),
     )
-    worker.add_argument("study_file", help="the study file (or ready-made study) every worker of the study runs")
-    storage_argument(worker, creates=True)
-    study_argument(worker, help="study name (default: the study file's name)")
+    study_options(worker, worker=True)
     worker.add_argument("--devices", default="cpu", help="auto (every CUDA device, else the CPU), cpu, cuda:N, or a "
                         "comma-separated list: one worker process each (default: %(default)s)")
-    worker.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                        help="auto: fp32 on the CPU, bf16 on a GPU that has it (default: %(default)s)")
-    plan_arguments(worker, max_concurrent="trials time-sliced at once across all workers",
-                   starter="each worker process")
-    worker.add_argument("--checkpoint-dir", help="checkpoint store every worker can reach: a shared directory or an "
-                        "fsspec URL such as s3://bucket/prefix (default: the one the study recorded, else "
-                        "rfopt-checkpoints/<study>-<id>/ beside the SQLite file; a PostgreSQL study needs one)")
-    worker.add_argument("--lease-seconds", type=positive_seconds, default=30.0, metavar="SECONDS",
-                        help="how long a unit's lease lasts without a renewal, more than 0: a dead worker's unit is "
-                        "taken over after this (default: %(default)s)")
-    worker.add_argument("--devices-per-trial", type=positive_int, metavar="K", help="train each trial over K of the "
-                        "listed devices at once, as one data-parallel job (its batch split over them; rollouts "
-                        "sampled per row, so K devices match one); the devices form groups of K, one worker each")
+    sharing_options(worker, worker=True)
     worker.add_argument("--data-parallel-rank", help=argparse.SUPPRESS)  # RANK/K@ADDRESS:PORT, for the group's processes
-    worker.add_argument("--fast", action="store_true", help="the study file's quick variant")
     worker.set_defaults(handler=work)
 
 
