@@ -15,21 +15,11 @@ with (`end_with_parent`)."""
 
 
 def start_workers(args: argparse.Namespace, devices: list[str]) -> int:
-    """Run one worker process per device in `devices` (each this same command on its one device) and wait for them;
-    the exit code furthest from 0."""
+    """Run one worker process per device in `devices` and wait for them; the exit code furthest from 0. Each is the
+    user's own command line (``args.argv``) on its one device, with its rank in its data-parallel group: every
+    argument the user gave reaches the workers as given."""
     import subprocess
 
-    base = ["-v"] * args.verbose + ["worker", args.study_file, "--storage", args.storage,
-                                    "--lease-seconds", str(args.lease_seconds),
-                                    "--precision", args.precision] + ["--fast"] * args.fast
-    for flag, value in (("--study", args.study_name), ("--n-trials", args.n_trials),
-                        ("--n-trials-total", args.n_trials_total), ("--timeout", args.timeout),
-                        ("--num-chunks", args.num_chunks), ("--max-concurrent", args.max_concurrent),
-                        ("--gang-size", args.gang_size), ("--checkpoint-dir", args.checkpoint_dir)):
-        if value is not None:
-            base += [flag, str(value)]
-    for tracker in args.report_to or ():
-        base += ["--report-to", tracker]
     per_trial = args.devices_per_trial or 1
     if len(devices) % per_trial:
         raise ValueError(f"--devices {args.devices} --devices-per-trial {per_trial}: {len(devices)} devices do "
@@ -43,15 +33,28 @@ def start_workers(args: argparse.Namespace, devices: list[str]) -> int:
     workers = len(devices) // per_trial
     print(f"rfopt: {workers} workers on {', '.join(devices)}"
           + (f", {per_trial} devices per trial" if per_trial > 1 else ""), file=sys.stderr)
+    command = [sys.executable, "-m", "rfopt.cli", *without_option(args.argv, "--devices")]
     child_env = dict(os.environ, **{WORKER_PARENT: str(os.getpid())})  # each ends with this process
-    processes = [subprocess.Popen([sys.executable, "-m", "rfopt.cli", *base, "--devices", d, *rank], env=child_env)
-                 for d, rank in zip(devices, ranks)]
+    processes = [subprocess.Popen([*command, "--devices", d, *rank], env=child_env) for d, rank in zip(devices, ranks)]
     try:
         codes = [p.wait() for p in processes]
     except BaseException:  # Ctrl-C or a signal to this process alone: its workers stop too, as after a Ctrl-C
         _interrupt(processes)
         raise
     return max(codes, key=abs)
+
+
+def without_option(argv: list[str], flag: str) -> list[str]:
+    """`argv` without the option `flag` and its value, given as ``FLAG VALUE`` or ``FLAG=VALUE`` (argparse takes no
+    shorter spelling of ``--devices``: it is also the start of ``--devices-per-trial``)."""
+    kept: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token == flag:
+            next(tokens, None)
+        elif not token.startswith(flag + "="):
+            kept.append(token)
+    return kept
 
 
 def _free_port() -> int:

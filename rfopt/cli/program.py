@@ -38,7 +38,9 @@ from .launcher import end_with_starter
 def main(argv: list[str] | None = None) -> int:
     end_with_starter()
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line as given: `rfopt worker --devices a,b` hands it on to its workers
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
