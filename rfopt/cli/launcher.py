@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Any
 
+from rfopt.errors import Refusal
+
 WORKER_PARENT = "RFOPT_WORKER_PARENT"
 """Set by ``rfopt worker --devices a,b`` on each worker process it starts: the parent's pid, which the worker ends
 with (`end_with_parent`)."""
@@ -22,7 +24,7 @@ def start_workers(args: argparse.Namespace, devices: list[str]) -> int:
 
     per_trial = args.devices_per_trial or 1
     if len(devices) % per_trial:
-        raise ValueError(f"--devices {args.devices} --devices-per-trial {per_trial}: {len(devices)} devices do "
+        raise Refusal(f"--devices {args.devices} --devices-per-trial {per_trial}: {len(devices)} devices do "
                          f"not form groups of {per_trial}; list a multiple of {per_trial}")
     ranks = [[] for _ in devices]
     if args.devices_per_trial is not None:

@@ -63,10 +63,13 @@ def main(argv: list[str] | None = None) -> int:
 def _error_text(exc: Exception) -> str:
     """The error as a person reads it: rfopt's own errors (`RfoptError`; ValueError, LookupError, OSError,
     RuntimeError and their kin) say what and how to fix; anything else, from a library or a study file, is named by
-    its type too."""
+    its type too. Its notes (``exc.add_note``: where, such as ``in configs[2]``) follow in parentheses."""
     from rfopt.errors import RfoptError
 
     text = str(exc).strip()
+    notes = [str(note).strip() for note in getattr(exc, "__notes__", ()) if str(note).strip()]
+    if notes:
+        text = f"{text} ({'; '.join(notes)})" if text else "; ".join(notes)
     if text and (isinstance(exc, RfoptError) or isinstance(exc, (ValueError, LookupError, OSError, RuntimeError))
                  and not isinstance(exc, KeyError)):
         return text

@@ -7,6 +7,8 @@ import argparse
 import textwrap
 from typing import Any
 
+from rfopt.errors import Refusal
+
 from .arguments import absolute_sqlite, add_command, positive_float, positive_int
 from .training import gang_size, open_study_file, sharing_options, study_options, trial_counts
 
@@ -54,13 +56,13 @@ def run_study(args: argparse.Namespace) -> int:
         import rfopt
 
         if args.device != "cpu":
-            raise ValueError(f"--device {args.device} with --ray: each worker trains on the device Ray gives it (a "
+            raise Refusal(f"--device {args.device} with --ray: each worker trains on the device Ray gives it (a "
                              "GPU each where the cluster has GPUs); leave --device out")
         executor = rfopt.RayCluster(address=args.ray or None, num_workers=args.workers,
                                     cpus_per_worker=args.cpus_per_worker, lease_seconds=args.lease_seconds,
                                     devices_per_trial=args.devices_per_trial or 1)
     elif args.workers is not None or args.devices_per_trial not in (None, 1):
-        raise ValueError("--workers and --devices-per-trial are for --ray; to start workers on this machine use "
+        raise Refusal("--workers and --devices-per-trial are for --ray; to start workers on this machine use "
                          "rfopt worker --devices ... [--devices-per-trial K]")
     spec, study, space, train, evaluation = open_study_file(args, "study")
     study.optimize(

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from typing import Any
 
+from rfopt.errors import Refusal
 from rfopt.training.gang import DEFAULT_GANG_SIZE
 
 from .arguments import count, positive_int, positive_seconds, storage_argument, study_argument
@@ -95,7 +96,7 @@ def load_spec(path: str) -> Any:
             reason = str(exc).strip()
             line = next((f.lineno for f in reversed(frames) if os.path.abspath(f.filename) == here), None)
         where = f" (line {line})" if line else ""
-        raise ValueError(f"study file {path}: {type(exc).__name__}: {reason}{where}") from exc
+        raise Refusal(f"study file {path}: {type(exc).__name__}: {reason}{where}") from exc
 
 
 def trial_counts(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, int | None]:

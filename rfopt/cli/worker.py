@@ -7,6 +7,8 @@ import argparse
 import textwrap
 from typing import Any
 
+from rfopt.errors import Refusal
+
 from .arguments import add_command
 from .launcher import start_workers
 from .training import gang_size, load_spec, open_study_file, sharing_options, study_options, trial_counts
@@ -95,7 +97,7 @@ def _data_parallel(args: argparse.Namespace, devices: list[str]) -> Any:
         return DataParallel(int(rank), int(world), address, int(port))
     if args.devices_per_trial is not None and len(devices) == 1:
         if args.devices_per_trial != 1:
-            raise ValueError(f"--devices-per-trial {args.devices_per_trial} needs that many devices in --devices "
+            raise Refusal(f"--devices-per-trial {args.devices_per_trial} needs that many devices in --devices "
                              f"(got {devices[0]})")
         return DataParallel(0, 1)
     return None
@@ -111,5 +113,5 @@ def _devices(spec: str) -> list[str]:
     devices = [d.strip() for d in spec.split(",") if d.strip()]
     bad = [d for d in devices if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()))]
     if not devices or bad:
-        raise ValueError(f"--devices {spec!r}: give auto, cpu, cuda:N, or a comma-separated list of them")
+        raise Refusal(f"--devices {spec!r}: give auto, cpu, cuda:N, or a comma-separated list of them")
     return devices

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rfopt.errors import Refusal, TypeRefusal
+
 
 @dataclass(frozen=True)
 class EvalSettings:
@@ -50,7 +52,7 @@ class EvalSettings:
         if not _is_int(self.num_samples) or self.num_samples < 0:
             problems.append(f"num_samples={self.num_samples!r}: give a whole number >= 0 (completions kept)")
         if problems:
-            raise ValueError("EvalSettings: " + "; ".join(problems))
+            raise Refusal("EvalSettings: " + "; ".join(problems))
 
 
 def _is_number(value: Any) -> bool:
@@ -80,13 +82,13 @@ class StudySettings:
 
     def __post_init__(self) -> None:
         if self.num_chunks is not None and (not _is_int(self.num_chunks) or self.num_chunks < 1):
-            raise ValueError(f"num_chunks must be a whole number >= 1, got {self.num_chunks!r}")
+            raise Refusal(f"num_chunks must be a whole number >= 1, got {self.num_chunks!r}")
         if self.chunk_seed is not None and not _is_int(self.chunk_seed):
-            raise ValueError(f"chunk_seed must be a whole number, got {self.chunk_seed!r}")
+            raise Refusal(f"chunk_seed must be a whole number, got {self.chunk_seed!r}")
         if self.objective is not None and not isinstance(self.objective, str):
-            raise TypeError(f"objective must be 'reward' or a reward function's name, got {self.objective!r}")
+            raise TypeRefusal(f"objective must be 'reward' or a reward function's name, got {self.objective!r}")
         if self.eval_settings is not None and not isinstance(self.eval_settings, EvalSettings):
-            raise TypeError(f"eval_settings must be an rfopt.EvalSettings, got {type(self.eval_settings).__name__}")
+            raise TypeRefusal(f"eval_settings must be an rfopt.EvalSettings, got {type(self.eval_settings).__name__}")
 
     def given(self) -> dict[str, Any]:
         """The settings this holds (not None), by name."""
@@ -94,11 +96,11 @@ class StudySettings:
 
     def resolved(self, stored: StudySettings, study_name: str = "") -> StudySettings:
         """Every setting: the `stored` one, else the one given here, else the default. A given value that differs from
-        the stored one is refused (`ValueError`, naming it): a study's settings are fixed so that its trials compare."""
+        the stored one is refused (a `Refusal`, naming it): a study's settings are fixed so that its trials compare."""
         kept = stored.given()
         for name, value in self.given().items():
             if name in kept and kept[name] != value:
-                raise ValueError(
+                raise Refusal(
                     f"study {study_name!r} was planned with {name}={_shown(kept[name])}, and this call gives "
                     f"{name}={_shown(value)}; a study's {name} is fixed when it is first planned, so that its trials "
                     f"compare. Leave {name} out to use the stored one, or use a new study name"
