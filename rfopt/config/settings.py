@@ -13,13 +13,12 @@ refused, naming it.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rfopt.errors import Refusal, TypeRefusal
+from rfopt.values import is_finite_number, is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -38,29 +37,23 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.max_new_tokens is not None and (not _is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
             problems.append(f"max_new_tokens={self.max_new_tokens!r}: give a whole number >= 1, or None for the "
                             "trial's max_completion_length")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if not is_finite_number(self.temperature) or self.temperature < 0:
             problems.append(f"temperature={self.temperature!r}: give a number >= 0 (0 decodes greedily)")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             problems.append(f"top_p={self.top_p!r}: give a number in (0, 1]")
-        if not _is_int(self.batch_size) or self.batch_size < 1:
+        if not is_int(self.batch_size) or self.batch_size < 1:
             problems.append(f"batch_size={self.batch_size!r}: give a whole number >= 1 (prompts generated at once)")
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             problems.append(f"seed={self.seed!r}: give a whole number")
-        if not _is_int(self.num_samples) or self.num_samples < 0:
+        if not is_int(self.num_samples) or self.num_samples < 0:
             problems.append(f"num_samples={self.num_samples!r}: give a whole number >= 0 (completions kept)")
         if problems:
             raise Refusal("EvalSettings: " + "; ".join(problems))
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's floats are Real
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -81,9 +74,9 @@ class StudySettings:
                                           "eval_settings": EvalSettings()}
 
     def __post_init__(self) -> None:
-        if self.num_chunks is not None and (not _is_int(self.num_chunks) or self.num_chunks < 1):
+        if self.num_chunks is not None and (not is_int(self.num_chunks) or self.num_chunks < 1):
             raise Refusal(f"num_chunks must be a whole number >= 1, got {self.num_chunks!r}")
-        if self.chunk_seed is not None and not _is_int(self.chunk_seed):
+        if self.chunk_seed is not None and not is_int(self.chunk_seed):
             raise Refusal(f"chunk_seed must be a whole number, got {self.chunk_seed!r}")
         if self.objective is not None and not isinstance(self.objective, str):
             raise TypeRefusal(f"objective must be 'reward' or a reward function's name, got {self.objective!r}")
