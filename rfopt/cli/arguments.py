@@ -29,13 +29,25 @@ def study_argument(parser: argparse.ArgumentParser, *, help: str, required: bool
     parser.add_argument("--study", "--study-name", dest="study_name", metavar="NAME", required=required, help=help)
 
 
-def _whole_number(text: str, minimum: int, what: str) -> int:
+def _whole_number(text: str, minimum: int, what: str, maximum: int | None = None) -> int:
+    """`text` as a whole number from `minimum` (to `maximum`), `what` saying which in the parser's refusal."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number ({what}), got {text!r}") from None
-    if value < minimum:
+    if value < minimum or maximum is not None and value > maximum:
         raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+    return value
+
+
+def _positive_number(text: str, kind: str, unit: str = "") -> float:
+    """`text` as a number more than 0 (which also refuses nan), `kind` and `unit` naming it in the parser's refusal."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0{unit}, got {text}")
     return value
 
 
@@ -50,31 +62,18 @@ def count(text: str) -> int:
 
 
 def port(text: str) -> int:
-    value = _whole_number(text, 1, "a port from 1 to 65535")
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
-    return value
+    """``--port``: 1 to 65535."""
+    return _whole_number(text, 1, "a port from 1 to 65535", maximum=65535)
 
 
 def positive_float(text: str) -> float:
     """``--cpus-per-worker``: a number more than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
+    return _positive_number(text, "a number")
 
 
 def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
+    """``--timeout``, ``--lease-seconds``: a number of seconds more than 0."""
+    return _positive_number(text, "a number of seconds", " seconds")
 
 
 def existing_storage(url: str) -> Any:
