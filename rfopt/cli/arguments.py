@@ -19,6 +19,14 @@ def add_command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentPar
     return parser
 
 
+def study_command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of a command on one study of a storage that exists: ``--storage``, and ``--study`` required."""
+    parser = add_command(commands, name, **kwargs)
+    storage_argument(parser)
+    study_argument(parser, help="the study's name", required=True)
+    return parser
+
+
 def storage_argument(parser: argparse.ArgumentParser, *, creates: bool = False) -> None:
     made = "created if missing" if creates else "it must exist"
     parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL: sqlite:///path.db (relative "
@@ -82,6 +90,13 @@ def existing_storage(url: str) -> Any:
 
     check_lasting_url(url, create=False)
     return open_storage(url, create=False)
+
+
+def load_study(args: argparse.Namespace) -> Any:
+    """The study ``--study`` names in ``--storage``, for a command that reads or steers it (`existing_storage`)."""
+    import rfopt
+
+    return rfopt.load_study(args.study_name, existing_storage(args.storage))
 
 
 def absolute_sqlite(storage: str) -> str:

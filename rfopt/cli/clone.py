@@ -7,11 +7,11 @@ import argparse
 import textwrap
 from typing import Any
 
-from .arguments import add_command, existing_storage, storage_argument, study_argument
+from .arguments import load_study, study_command
 
 
 def register(commands: Any) -> None:
-    clone = add_command(
+    clone = study_command(
         commands,
         "clone",
         help="enqueue a copy of a trial with changed settings",
@@ -26,8 +26,6 @@ def register(commands: Any) -> None:
             """
         ),
     )
-    storage_argument(clone)
-    study_argument(clone, help="the study's name", required=True)
     clone.add_argument("trial", type=int, help="the parent trial's number")
     clone.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                        help="a GRPOConfig field (learning_rate, reward_weights), a LoRA field (lora_r, lora_alpha, "
@@ -39,12 +37,11 @@ def register(commands: Any) -> None:
 
 
 def clone_trial(args: argparse.Namespace) -> int:
-    import rfopt
     from rfopt.config.overrides import parse_assignments
     from rfopt.engine.clones import clone_in_study
 
     overrides = parse_assignments(args.set)
-    study = rfopt.load_study(args.study_name, existing_storage(args.storage))
+    study = load_study(args)
     made = clone_in_study(study.optuna, args.trial, overrides, warm_start=args.warm_start)
     print(made.describe(args.trial, args.warm_start))
     return 0

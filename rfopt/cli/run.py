@@ -10,7 +10,7 @@ from typing import Any
 from rfopt.errors import Refusal
 
 from .arguments import absolute_sqlite, add_command, positive_float, positive_int
-from .training import gang_size, open_study_file, sharing_options, study_options, trial_counts
+from .training import open_study_file, run_arguments, sharing_options, study_options
 
 
 def register(commands: Any) -> None:
@@ -65,23 +65,8 @@ def run_study(args: argparse.Namespace) -> int:
         raise Refusal("--workers and --devices-per-trial are for --ray; to start workers on this machine use "
                          "rfopt worker --devices ... [--devices-per-trial K]")
     spec, study, space, train, evaluation = open_study_file(args, "study")
-    study.optimize(
-        space,
-        train,
-        evaluation,
-        **trial_counts(args, spec, space),
-        timeout=args.timeout,
-        num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
-        max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
-        objective=spec.objective,
-        eval_settings=spec.eval_settings,
-        device=args.device,
-        precision=args.precision,
-        show_progress_bar=not args.no_progress,
-        report_to=args.report_to,
-        executor=executor,
-        gang_size=gang_size(args, spec),
-    )
+    study.optimize(space, train, evaluation, **run_arguments(args, spec, space), device=args.device,
+                   show_progress_bar=not args.no_progress, executor=executor)
     _print_summary(study, args.storage)
     return 0
 

@@ -1,7 +1,7 @@
 """What ``rfopt run`` and ``rfopt worker`` share: their options, defined once (the study file, its storage and name,
 the plan, the precision, the checkpoint store, and how workers share a study), the study file loaded (a failure
-while importing it reported as the file's, with the line), its study opened, and the trial counts and gang size
-both give `Study.optimize` / `Study.work`."""
+while importing it reported as the file's, with the line), its study opened, and the settings both give
+`Study.optimize` / `Study.work` (`run_arguments`)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,23 @@ def load_spec(path: str) -> Any:
         raise Refusal(f"study file {path}: {type(exc).__name__}: {reason}{where}") from exc
 
 
-def trial_counts(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, int | None]:
+def run_arguments(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, Any]:
+    """What ``rfopt run`` and ``rfopt worker`` give `Study.optimize` / `Study.work` alike: each setting from its flag,
+    else from the study file."""
+    return dict(
+        **_trial_counts(args, spec, space),
+        timeout=args.timeout,
+        num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
+        max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
+        objective=spec.objective,
+        eval_settings=spec.eval_settings,
+        precision=args.precision,
+        report_to=args.report_to,
+        gang_size=_gang_size(args, spec),
+    )
+
+
+def _trial_counts(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, int | None]:
     """``n_trials`` and ``n_trials_total`` for `Study.optimize` / `Study.work`: the flags, else the study file's (its
     total only when no ``--n-trials`` says how many trials this command starts)."""
     n_trials = args.n_trials if args.n_trials is not None else spec.n_trials
@@ -149,6 +165,6 @@ def open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, An
     return spec, study, space, train, evaluation
 
 
-def gang_size(args: argparse.Namespace, spec: Any) -> int | None:
+def _gang_size(args: argparse.Namespace, spec: Any) -> int | None:
     """``--gang-size``, else the study file's, else None: rfopt's default (`rfopt.training.gang.DEFAULT_GANG_SIZE`)."""
     return args.gang_size if args.gang_size is not None else spec.gang_size

@@ -11,7 +11,7 @@ from rfopt.errors import Refusal
 
 from .arguments import add_command
 from .launcher import start_workers
-from .training import gang_size, load_spec, open_study_file, sharing_options, study_options, trial_counts
+from .training import load_spec, open_study_file, run_arguments, sharing_options, study_options
 
 
 def register(commands: Any) -> None:
@@ -60,23 +60,8 @@ def work(args: argparse.Namespace) -> int:
         return start_workers(args, devices)
 
     spec, study, space, train, evaluation = open_study_file(args, f"worker on {devices[0]} for study")
-    study.work(
-        space,
-        train,
-        evaluation,
-        **trial_counts(args, spec, space),
-        timeout=args.timeout,
-        num_chunks=args.num_chunks if args.num_chunks is not None else spec.num_chunks,
-        max_concurrent=args.max_concurrent if args.max_concurrent is not None else spec.max_concurrent,
-        objective=spec.objective,
-        eval_settings=spec.eval_settings,
-        device=devices[0],
-        precision=args.precision,
-        lease_seconds=args.lease_seconds,
-        report_to=args.report_to,
-        data_parallel=group,
-        gang_size=gang_size(args, spec),
-    )
+    study.work(space, train, evaluation, **run_arguments(args, spec, space), device=devices[0],
+               lease_seconds=args.lease_seconds, data_parallel=group)
     if group is not None:
         group.stop()
     if group is None or group.lead:
