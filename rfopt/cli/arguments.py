@@ -1,6 +1,6 @@
 """What every command's parser shares: a command's parser with ``-v``, ``--storage``, ``--study``, the numeric argument
-types (a count, a whole number from 1, a port, a number of seconds), and the storage a command that only reads or
-steers a study opens."""
+types (a count, a whole number from 1, a port, a number of seconds); the parser of a command on one study
+(`study_command`), and the storage and study such a command opens (`existing_storage`, `load_study`)."""
 
 from __future__ import annotations
 
