@@ -7,9 +7,11 @@ builtin base users caught it by before (``ValueError`` for a refused input, ``Ru
 running):
 
 - `Refusal` (a ``ValueError``): rfopt refuses an input or a request before writing anything; the message names the
-  field and the fix. `rfopt.ConfigError`, `rfopt.PlanError`, `rfopt.OpError`, `rfopt.StorageLocationError`,
-  `rfopt.StudyNameError`, ``rfopt.engine.cluster.ClusterStorageError``. The dashboard answers these with 400 and the
-  message; any other exception is a bug, not the user's mistake.
+  field and the fix, and a note (``exc.add_note``) may say where (``in configs[2]``). `TypeRefusal` (also a
+  ``TypeError``: a value of the wrong type), `MissingPackage` (also an ``ImportError``), `rfopt.ConfigError`,
+  `rfopt.PlanError`, `rfopt.OpError`, `rfopt.StorageLocationError`, `rfopt.StudyNameError`,
+  ``rfopt.engine.cluster.ClusterStorageError``. The dashboard answers these with 400 and the message; any other
+  exception is a bug, not the user's mistake.
 - ``RuntimeError`` kin: `rfopt.CheckpointError`, `rfopt.RewardFunctionError`, `rfopt.ModelUnavailableError`,
   `rfopt.StorageUnavailableError`, `rfopt.StorageRefusedError`, `rfopt.StudyDeletedError`, `rfopt.TrialDiverged`,
   `rfopt.CompatError`, ``rfopt.storage.leases.StudyBusyError``, ``rfopt.engine.cluster.StorageUnreachableError``,
@@ -36,6 +38,15 @@ class RfoptError(Exception):
 class Refusal(RfoptError, ValueError):
     """An input or a request that rfopt refuses before anything is written; the message names the field and the fix,
     so the fix can be applied and the call repeated."""
+
+
+class TypeRefusal(Refusal, TypeError):
+    """A `Refusal` of a value of the wrong type: also a ``TypeError``, as Python's own refusal of one is."""
+
+
+class MissingPackage(Refusal, ImportError):
+    """A `Refusal` of an input that needs a package that is not installed (the message names the ``pip install``):
+    also an ``ImportError``."""
 
 
 class ConfigError(Refusal):

@@ -16,9 +16,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rfopt"
 # rfopt's sub-packages and top-level modules, lowest first. A module may import from its own group (by the layers
 # below) or from a lower group, never from a higher one.
 GROUPS = [
-    # foundations: rfopt's exceptions, every patch of another library's internals, the chunk plan, the offline demo
-    # model and the test model, the reward functions users pick from
-    {"errors", "compat", "chunks", "smollm2", "tiny", "rewards"},
+    # foundations: rfopt's exceptions, what kind a value is, every patch of another library's internals, the chunk
+    # plan, the offline demo model and the test model, the reward functions users pick from
+    {"errors", "values", "compat", "chunks", "smollm2", "tiny", "rewards"},
     # what outlives a process: Optuna storage, the rfopt:* records, checkpoints, leases (never training)
     {"storage"},
     # rung policies: Optuna's pruners at rung boundaries, population-based training's plan
@@ -54,6 +54,8 @@ LAYERS = {
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],
     "dashboard": [{"access", "actions", "views"}, {"pages"}, {"routes"}, {"server"}, {"__init__"}],
+    "cli": [{"arguments", "launcher"}, {"training", "status", "ops", "clone", "dashboard"}, {"run", "worker"},
+            {"program"}, {"__init__"}, {"__main__"}],
 }
 
 

@@ -6,6 +6,7 @@ import pytest
 from datasets import Dataset
 
 import rfopt
+from rfopt.errors import Refusal
 from rfopt_testkit import (
     grpo_config,
     prompts_dataset,
@@ -83,16 +84,16 @@ def test_invalid_grpo_config_is_refused_by_trl_with_its_message():
 def test_dataset_without_prompt_column_is_refused_before_training(tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage)
     bad = Dataset.from_list([{"question": "1+1", "answer": "2"}] * 8)
-    with pytest.raises(ValueError, match="no 'prompt' column.*rename_column"):
+    with pytest.raises(Refusal, match="no 'prompt' column.*rename_column"):
         study.optimize([trial_config(tiny_model)], bad, prompts_dataset(2), num_chunks=1, show_progress_bar=False)
-    with pytest.raises(ValueError, match="eval_dataset has no 'prompt' column"):
+    with pytest.raises(Refusal, match="eval_dataset has no 'prompt' column"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8), bad, num_chunks=1, show_progress_bar=False)
     assert study.optuna.trials == []
 
 
 def test_impossible_chunk_plan_in_a_list_is_refused_before_any_training(tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage)
-    with pytest.raises(rfopt.PlanError, match="configs\\[1\\].*fewer than the 4 one training step needs"):
+    with pytest.raises(rfopt.PlanError, match="fewer than the 4 one training step needs") as refused:
         study.optimize(
             [trial_config(tiny_model), trial_config(tiny_model, gradient_accumulation_steps=4)],
             prompts_dataset(8),
@@ -100,6 +101,7 @@ def test_impossible_chunk_plan_in_a_list_is_refused_before_any_training(tiny_mod
             num_chunks=4,
             show_progress_bar=False,
         )
+    assert refused.value.__notes__ == ["in configs[1]"]
     assert study.optuna.trials == []
 
 
@@ -113,10 +115,10 @@ def test_vllm_generation_is_refused_with_a_clear_message(tiny_model):
 def test_study_refuses_a_different_training_set_on_rerun(tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage)
     study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), num_chunks=1, show_progress_bar=False)
-    with pytest.raises(ValueError, match="this call.s train_dataset is not the one it was run with"):
+    with pytest.raises(Refusal, match="this call.s train_dataset is not the one it was run with"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8, prefix="X"), prompts_dataset(2),
                        num_chunks=1, show_progress_bar=False)
-    with pytest.raises(ValueError, match="was planned with num_chunks=1, and this call gives num_chunks=2"):
+    with pytest.raises(Refusal, match="was planned with num_chunks=1, and this call gives num_chunks=2"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), num_chunks=2,
                        show_progress_bar=False)
 
@@ -136,7 +138,7 @@ def test_a_cuda_device_without_cuda_is_refused_before_the_study_changes(tiny_mod
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU-only machine, and on a GPU one
     study = rfopt.create_study(study_name="no-gpu", storage=storage)
-    with pytest.raises(ValueError, match=r"device 'cuda:1': CUDA is not available here"):
+    with pytest.raises(Refusal, match=r"device 'cuda:1': CUDA is not available here"):
         getattr(study, run)([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2,
                             device="cuda:1")
     loaded = optuna.load_study(study_name="no-gpu", storage=storage)

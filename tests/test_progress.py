@@ -17,7 +17,7 @@ import rfopt
 from rfopt.engine import ops
 from rfopt.storage import schema
 from rfopt.chunks import ChunkPlan, TrialSchedule
-from rfopt.cli import _status_text
+from rfopt.cli.status import status_text as _status_text
 from rfopt.compat import storage_of, trial_id_of
 from rfopt.reports.display import ProgressBar
 from rfopt.storage.leases import Presence

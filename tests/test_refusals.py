@@ -2,7 +2,8 @@
 results depend on are guarded, so results never mix; one trial's bad input fails that trial alone, and user code
 that stops the process leaves every trial resumable.
 
-Each refusal test checks the message and that storage and checkpoints are as they were before the call."""
+Each refusal test checks the message and that storage and checkpoints are as they were before the call; every refused
+input is an `rfopt.errors.Refusal` (an `rfopt.RfoptError`, and the builtin error callers caught it by before)."""
 
 import json
 import math
@@ -18,6 +19,7 @@ from datasets import Dataset
 
 import rfopt
 import rfopt_testkit
+from rfopt.errors import MissingPackage, Refusal
 from rfopt.storage.schema import TrialRecord
 from rfopt_testkit import prompts_dataset, reward_len, trial_config
 from rfopt.storage.schema import trial_attrs
@@ -54,7 +56,7 @@ def test_a_different_eval_set_is_refused_when_a_study_continues(tiny_model, tmp_
     _optimize(study, [trial_config(tiny_model)])
     before = _snapshot(study, tmp_path)
     more = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=1e-3)]
-    with pytest.raises(ValueError, match=r"this call's eval_dataset is not the one its trials were evaluated on .*"
+    with pytest.raises(Refusal, match=r"this call's eval_dataset is not the one its trials were evaluated on .*"
                        "Use the same one to continue the study, or a new study name"):
         _optimize(study, more, evaluation=prompts_dataset(2, "Other"))
     assert _snapshot(study, tmp_path) == before
@@ -103,7 +105,7 @@ def test_a_list_that_adds_a_choice_to_a_categorical_param_is_refused(tiny_model,
 
 def test_n_trials_beyond_a_lists_configs_is_refused(tiny_model, tmp_path):
     study = _study(tmp_path)
-    with pytest.raises(ValueError, match=r"n_trials=3, but 1 of the list's 1 configs are left to run; .*leave "
+    with pytest.raises(Refusal, match=r"n_trials=3, but 1 of the list's 1 configs are left to run; .*leave "
                        "n_trials out"):
         _optimize(study, [trial_config(tiny_model)], n_trials=3)
     _untouched(study, tmp_path)
@@ -200,9 +202,10 @@ def test_too_many_chunks_for_a_function_space_is_refused_before_the_plan_is_stor
         return trial_config(tiny_model, learning_rate=trial.suggest_float("lr", 1e-4, 1e-2),
                             per_device_train_batch_size=16)
 
-    with pytest.raises(rfopt.PlanError, match=r"the search space function's config: each of the 8 chunks holds 2 "
-                       r"prompts, fewer than the 4 one training step needs .* use at most 4 chunks"):
+    with pytest.raises(rfopt.PlanError, match=r"each of the 8 chunks holds 2 prompts, fewer than the 4 one training "
+                       r"step needs .* use at most 4 chunks") as refused:
         _optimize(study, space, train=prompts_dataset(16), n_trials=1, num_chunks=8)
+    assert refused.value.__notes__ == ["in the search space function's config"]
     _untouched(study, tmp_path)
     _optimize(study, space, train=prompts_dataset(16), n_trials=1, num_chunks=4)
     assert [t.state.name for t in study.optuna.get_trials()] == ["COMPLETE"]
@@ -213,7 +216,7 @@ def test_a_mistyped_objective_is_refused_before_anything_trains_and_the_fixed_ca
     study = _study(tmp_path)
     space = [trial_config(tiny_model)] if kind == "list" else (lambda trial: trial_config(tiny_model))
     n_trials = None if kind == "list" else 1
-    with pytest.raises(ValueError, match=r"objective='goood' is neither 'reward' .* nor the name of one of the reward "
+    with pytest.raises(Refusal, match=r"objective='goood' is neither 'reward' .* nor the name of one of the reward "
                        r"functions \['reward_len', 'reward_vowels'\]"):
         _optimize(study, space, n_trials=n_trials, objective="goood")
     _untouched(study, tmp_path)
@@ -229,7 +232,7 @@ def test_a_mistyped_objective_is_refused_before_anything_trains_and_the_fixed_ca
     (dict(num_samples=-1), "num_samples=-1: give a whole number >= 0"),
 ])
 def test_bad_eval_settings_are_refused_where_they_are_made(settings, message):
-    with pytest.raises(ValueError, match="EvalSettings: " + message):
+    with pytest.raises(Refusal, match="EvalSettings: " + message):
         rfopt.EvalSettings(**settings)
 
 
@@ -243,7 +246,7 @@ def test_bad_eval_settings_are_refused_where_they_are_made(settings, message):
 ])
 def test_prompts_that_are_not_text_or_chat_and_an_empty_train_set_are_refused(tiny_model, tmp_path, make, message):
     study = _study(tmp_path)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(Refusal, match=message):
         _optimize(study, [trial_config(tiny_model)], train=make())
     _untouched(study, tmp_path)
 
@@ -251,16 +254,18 @@ def test_prompts_that_are_not_text_or_chat_and_an_empty_train_set_are_refused(ti
 def test_an_eval_set_missing_a_column_a_reward_function_takes_is_refused_before_training(tiny_model, tmp_path):
     study = _study(tmp_path)
     config = trial_config(tiny_model, rewards=[reward_len, rfopt_testkit.reward_answer])
-    with pytest.raises(ValueError, match=r"configs\[0\]: reward function 'reward_answer' takes 'answer', which "
-                       r"eval_dataset has no column for \(its columns: \['prompt'\]\); add the column"):
+    with pytest.raises(Refusal, match=r"reward function 'reward_answer' takes 'answer', which eval_dataset has no "
+                       r"column for \(its columns: \['prompt'\]\); add the column") as refused:
         _optimize(study, [config], evaluation=EVAL.remove_columns("answer"))
+    assert refused.value.__notes__ == ["in configs[0]"]
     _untouched(study, tmp_path)
 
 
 def test_a_nan_learning_rate_is_refused_naming_the_field(tiny_model, tmp_path):
     study = _study(tmp_path)
-    with pytest.raises(rfopt.ConfigError, match=r"configs\[0\]: args.learning_rate: NaN; give a number"):
+    with pytest.raises(rfopt.ConfigError, match=r"args.learning_rate: NaN; give a number") as refused:
         _optimize(study, [trial_config(tiny_model, learning_rate=math.nan)])
+    assert refused.value.__notes__ == ["in configs[0]"]
     _untouched(study, tmp_path)
     # From a function, the trial fails alone at once, before it trains, with the same message.
     space = lambda trial: trial_config(tiny_model, learning_rate=trial.suggest_categorical("lr", [1e-3, math.nan]))  # noqa: E731
@@ -277,7 +282,7 @@ def test_a_nan_learning_rate_is_refused_naming_the_field(tiny_model, tmp_path):
 @pytest.mark.skipif(__import__("importlib").util.find_spec("scipy") is not None, reason="scipy is installed")
 def test_a_wilcoxon_pruner_without_scipy_is_refused_when_the_study_is_created(tmp_path):
     for pruner in (optuna.pruners.WilcoxonPruner(), optuna.pruners.PatientPruner(optuna.pruners.WilcoxonPruner(), 1)):
-        with pytest.raises(ImportError, match="WilcoxonPruner needs scipy, which is not installed: pip install scipy"):
+        with pytest.raises(MissingPackage, match="WilcoxonPruner needs scipy, which is not installed: pip install scipy"):
             _study(tmp_path, pruner=pruner)
     assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'study.db'}") == []
 
@@ -380,6 +385,27 @@ def test_an_async_reward_function_is_awaited_in_evaluation_as_in_training(tiny_m
     assert trial.value == study.chunk_metrics(0)[0]["eval"]["rewards/reward_len_async/mean"]
 
 
+# ---------------------------------------------------------------------- a refusal is an RfoptError
+def test_a_refusal_is_an_rfopt_error_and_the_builtin_error_callers_catch_it_by():
+    from rfopt.engine.request import RunRequest
+    from rfopt.errors import TypeRefusal
+
+    for kind, builtin in ((Refusal, ValueError), (TypeRefusal, TypeError), (MissingPackage, ImportError)):
+        assert issubclass(kind, rfopt.RfoptError) and issubclass(kind, builtin) and issubclass(kind, ValueError)
+    with pytest.raises(TypeError, match=r"callbacks: 1 is not callable") as refused:
+        RunRequest([], TRAIN, EVAL, callbacks=[1])
+    assert isinstance(refused.value, rfopt.RfoptError)
+
+
+def test_the_command_line_shows_where_a_refusal_applies_on_its_one_line():
+    from rfopt.cli.program import _error_text
+
+    refused = rfopt.PlanError("each of the 8 chunks holds 2 prompts, fewer than the 4 one training step needs")
+    refused.add_note("in configs[1]")
+    assert _error_text(refused) == ("each of the 8 chunks holds 2 prompts, fewer than the 4 one training step needs "
+                                    "(in configs[1])")
+
+
 # ---------------------------------------------------------------------- a name never chooses a location
 _BAD_NAMES = [
     ("../../x", "'/' is not allowed"),
@@ -456,11 +482,11 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_stored(ti
     monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: False)  # as on a machine without wandb
     says = (r"report_to: wandb is not installed here, so every trial would fail at its first chunk; install it \(pip "
             r"install wandb\) or leave it out of report_to")
-    with pytest.raises(ValueError, match=says):
+    with pytest.raises(Refusal, match=says):
         rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}", report_to="wandb")
     assert not (tmp_path / "study.db").exists()
     study = _study(tmp_path)
-    with pytest.raises(ValueError, match=says):
+    with pytest.raises(Refusal, match=says):
         _optimize(study, [trial_config(tiny_model)], report_to=["tensorboard", "wandb"])
     _untouched(study, tmp_path)
 

@@ -4,6 +4,7 @@ import pytest
 
 from rfopt.chunks import ChunkPlan
 from rfopt.config.settings import EvalSettings, StudySettings
+from rfopt.errors import Refusal
 
 
 def test_settings_round_trip_through_the_attrs_the_study_stores():
@@ -40,8 +41,9 @@ def test_a_study_planned_before_settings_were_stored_one_by_one_reads_them_from_
     ("eval_settings", {"temperature": 1}, TypeError, "eval_settings must be an rfopt.EvalSettings, got dict"),
 ])
 def test_a_bad_setting_is_refused_when_it_is_made(field, value, error, says):
-    with pytest.raises(error, match=says):
+    with pytest.raises(error, match=says) as refused:
         StudySettings(**{field: value})
+    assert isinstance(refused.value, Refusal)
 
 
 @pytest.mark.parametrize("given, error, says", [
@@ -64,6 +66,7 @@ def test_optimize_and_work_refuse_a_bad_argument_alike_before_anything_is_stored
     study = rfopt.create_study(study_name="refused", storage=storage)
     space, train, test = [trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E")
     for call in (study.optimize, study.work):
-        with pytest.raises(error, match=says):
+        with pytest.raises(error, match=says) as refused:
             call(space, train, test, **given)
+        assert isinstance(refused.value, Refusal)
     assert study.optuna.trials == [] and study_attrs(study.optuna) == {}

@@ -9,7 +9,7 @@ from rfopt_testkit import prompts_dataset, trial_config
 from safetensors.torch import load_file
 
 import rfopt
-from rfopt.cli import _parser
+from rfopt.cli.program import _parser
 from rfopt.storage.schema import TrialRecord
 from rfopt.storage.schema import study_attrs
 

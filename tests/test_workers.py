@@ -112,6 +112,34 @@ def test_worker_refuses_an_unknown_device_before_starting_anything(capsys):
     assert "--devices 'gpu0,cpu': give auto, cpu, cuda:N, or a comma-separated list of them" in capsys.readouterr().err
 
 
+def test_each_worker_process_runs_the_users_own_arguments_on_its_one_device(tmp_path, monkeypatch):
+    """`rfopt worker --devices a,b` hands its workers the command line as the user gave it (any flag, even one the
+    launcher has never heard of), less --devices, plus each one's device and its rank in its data-parallel group."""
+    import subprocess
+
+    from rfopt.cli import main
+
+    started = []
+
+    class Process:
+        def __init__(self, argv, env):
+            started.append(argv)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Process)
+    given = ["-v", "worker", str(STUDY_FILE), "--storage", f"sqlite:///{tmp_path / 'w.db'}", "--n-trials-total", "4",
+             "--devices=cpu,cpu", "--gang-size", "1", "--report-to", "none", "--devices-per-trial", "2", "--fast"]
+    assert main(given) == 0
+    kept = [a for a in given if not a.startswith("--devices=")]
+    assert len(started) == 2
+    for rank, argv in enumerate(started):
+        assert argv[:3] == [argv[0], "-m", "rfopt.cli"] and argv[3:3 + len(kept)] == kept
+        assert argv[3 + len(kept):-1] == ["--devices", "cpu", "--data-parallel-rank"]
+        assert argv[-1].startswith(f"{rank}/2@127.0.0.1:")
+
+
 def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_and_the_unit_is_trained_once(
     tiny_model, tmp_path, monkeypatch, caplog
 ):

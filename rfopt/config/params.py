@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from rfopt.errors import ConfigError
+from rfopt.values import is_finite_number
 
 RENAMED: dict[str, str] = {"peft_config.r": "lora_r", "reward_funcs": "rewards", "quantization_config": "quantization"}
 """Config fields whose param is not named after the field's last part (path -> param name), both ways."""
@@ -95,7 +95,7 @@ def admits(dist: BaseDistribution, value: Any) -> bool:
     range and on its step."""
     if isinstance(dist, CategoricalDistribution):
         return value in dist.choices
-    if not _is_number(value):
+    if not is_finite_number(value):
         return False
     if not dist.low <= value <= dist.high:
         return False
@@ -118,7 +118,7 @@ def distribution(values: Sequence[Any], existing: BaseDistribution | None = None
     not a number (or not a whole one, or not > 0 on a log scale) for a range. `given` says where the values come
     from in the message (``"the list now gives"``).
     """
-    numbers = all(_is_number(v) for v in values)
+    numbers = all(is_finite_number(v) for v in values)
     if existing is None:
         if not numbers:
             return CategoricalDistribution(sorted(set(values), key=_sort_key))
@@ -168,10 +168,6 @@ def param_holding(name: str, value: Any, distributions: Mapping[str, BaseDistrib
         except ConfigError:
             continue
     return None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _sort_key(value: Any) -> tuple[str, Any]:

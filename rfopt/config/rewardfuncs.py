@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rfopt.errors import RfoptError
+from rfopt.values import reads_as_number, shown
 
 
 class RewardFunctionError(RfoptError, RuntimeError):
@@ -93,29 +94,18 @@ def _checked_values(name: str, values: Any, expected: int) -> list[Any]:
     if values is None:
         raise RewardFunctionError(f"{what} returned None; {rule}")
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not hasattr(values, "tolist"):
-        raise RewardFunctionError(f"{what} returned {_shown(values)}; {rule}")
+        raise RewardFunctionError(f"{what} returned {shown(values)}; {rule}")
     values = values.tolist() if hasattr(values, "tolist") else list(values)
     if len(values) != expected:
         raise RewardFunctionError(f"{what} returned {len(values)} values for {expected} completions; {rule}")
     for i, value in enumerate(values):
         if value is None:
             continue
-        if not _is_number(value):  # bools count, as in TRL
-            raise RewardFunctionError(f"{what} returned {_shown(value)} for completion {i}; {rule}")
+        if not reads_as_number(value):  # bools count, as in TRL
+            raise RewardFunctionError(f"{what} returned {shown(value)} for completion {i}; {rule}")
         if math.isinf(float(value)):
             raise RewardFunctionError(f"{what} returned {float(value)} for completion {i}; rewards must be finite "
                                       "(return None, or NaN, for a completion it does not score)")
     return values
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
-
-
-def _is_number(value: Any) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return not isinstance(value, (str, bytes))

@@ -13,11 +13,12 @@ refused, naming it.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from rfopt.errors import Refusal, TypeRefusal
+from rfopt.values import is_finite_number, is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -36,29 +37,23 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.max_new_tokens is not None and (not _is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
             problems.append(f"max_new_tokens={self.max_new_tokens!r}: give a whole number >= 1, or None for the "
                             "trial's max_completion_length")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if not is_finite_number(self.temperature) or self.temperature < 0:
             problems.append(f"temperature={self.temperature!r}: give a number >= 0 (0 decodes greedily)")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             problems.append(f"top_p={self.top_p!r}: give a number in (0, 1]")
-        if not _is_int(self.batch_size) or self.batch_size < 1:
+        if not is_int(self.batch_size) or self.batch_size < 1:
             problems.append(f"batch_size={self.batch_size!r}: give a whole number >= 1 (prompts generated at once)")
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             problems.append(f"seed={self.seed!r}: give a whole number")
-        if not _is_int(self.num_samples) or self.num_samples < 0:
+        if not is_int(self.num_samples) or self.num_samples < 0:
             problems.append(f"num_samples={self.num_samples!r}: give a whole number >= 0 (completions kept)")
         if problems:
-            raise ValueError("EvalSettings: " + "; ".join(problems))
+            raise Refusal("EvalSettings: " + "; ".join(problems))
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's floats are Real
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -79,14 +74,14 @@ class StudySettings:
                                           "eval_settings": EvalSettings()}
 
     def __post_init__(self) -> None:
-        if self.num_chunks is not None and (not _is_int(self.num_chunks) or self.num_chunks < 1):
-            raise ValueError(f"num_chunks must be a whole number >= 1, got {self.num_chunks!r}")
-        if self.chunk_seed is not None and not _is_int(self.chunk_seed):
-            raise ValueError(f"chunk_seed must be a whole number, got {self.chunk_seed!r}")
+        if self.num_chunks is not None and (not is_int(self.num_chunks) or self.num_chunks < 1):
+            raise Refusal(f"num_chunks must be a whole number >= 1, got {self.num_chunks!r}")
+        if self.chunk_seed is not None and not is_int(self.chunk_seed):
+            raise Refusal(f"chunk_seed must be a whole number, got {self.chunk_seed!r}")
         if self.objective is not None and not isinstance(self.objective, str):
-            raise TypeError(f"objective must be 'reward' or a reward function's name, got {self.objective!r}")
+            raise TypeRefusal(f"objective must be 'reward' or a reward function's name, got {self.objective!r}")
         if self.eval_settings is not None and not isinstance(self.eval_settings, EvalSettings):
-            raise TypeError(f"eval_settings must be an rfopt.EvalSettings, got {type(self.eval_settings).__name__}")
+            raise TypeRefusal(f"eval_settings must be an rfopt.EvalSettings, got {type(self.eval_settings).__name__}")
 
     def given(self) -> dict[str, Any]:
         """The settings this holds (not None), by name."""
@@ -94,11 +89,11 @@ class StudySettings:
 
     def resolved(self, stored: StudySettings, study_name: str = "") -> StudySettings:
         """Every setting: the `stored` one, else the one given here, else the default. A given value that differs from
-        the stored one is refused (`ValueError`, naming it): a study's settings are fixed so that its trials compare."""
+        the stored one is refused (a `Refusal`, naming it): a study's settings are fixed so that its trials compare."""
         kept = stored.given()
         for name, value in self.given().items():
             if name in kept and kept[name] != value:
-                raise ValueError(
+                raise Refusal(
                     f"study {study_name!r} was planned with {name}={_shown(kept[name])}, and this call gives "
                     f"{name}={_shown(value)}; a study's {name} is fixed when it is first planned, so that its trials "
                     f"compare. Leave {name} out to use the stored one, or use a new study name"

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rfopt.errors import ConfigError
+from rfopt.values import shown
 
 from .codec import (
     TokenizerSpec,
@@ -158,13 +159,13 @@ class TrialConfig:
             )
         self.model = model
         if reward_funcs is None or isinstance(reward_funcs, Mapping):
-            raise ConfigError(f"reward_funcs: got {_kind(reward_funcs)}; give a reward function, a 'module:function' "
+            raise ConfigError(f"reward_funcs: got {shown(reward_funcs)}; give a reward function, a 'module:function' "
                               "path, or a list of them (as TRL's reward_funcs)")
         self.reward_funcs = [_reward_func(r, i) for i, r in enumerate(_as_list(reward_funcs))]
         self.args, self.quantization_config = _args_and_quantization(args, quantization_config)
         self.processing_class = _processing_class(processing_class)
         if callbacks is not None and not isinstance(callbacks, (list, tuple)):
-            raise ConfigError(f"callbacks: got {_kind(callbacks)}; give a list of transformers.TrainerCallback classes "
+            raise ConfigError(f"callbacks: got {shown(callbacks)}; give a list of transformers.TrainerCallback classes "
                               "or instances (as the Trainer's callbacks), e.g. callbacks=[MyCallback]")
         self.callbacks = list(callbacks or [])
         for cb in self.callbacks:
@@ -407,15 +408,9 @@ def _bnb_config(value: Any) -> Any:
     if isinstance(value, Mapping):
         return BitsAndBytesConfig.from_dict(dict(value))
     if value is not None and not isinstance(value, BitsAndBytesConfig):
-        raise ConfigError(f"quantization_config: got {_kind(value)}; give a transformers.BitsAndBytesConfig (e.g. "
+        raise ConfigError(f"quantization_config: got {shown(value)}; give a transformers.BitsAndBytesConfig (e.g. "
                           "BitsAndBytesConfig(load_in_4bit=True)), its dict, or None")
     return value
-
-
-def _kind(value: Any) -> str:
-    """A wrong value as a message shows it: its type and a short repr."""
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
 
 def _processing_class(value: Any) -> str | TokenizerSpec | None:

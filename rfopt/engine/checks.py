@@ -26,7 +26,7 @@ from rfopt.config.settings import StudySettings
 from rfopt.config.spaces import ListSpace, as_space
 from rfopt.config.trial import TrialConfig
 from rfopt.config.usercode import importing_user_file, study_on_import
-from rfopt.errors import ConfigError, Refusal
+from rfopt.errors import MissingPackage, Refusal, TypeRefusal
 from rfopt.pruning import PopulationBasedTraining
 from rfopt.storage import schema
 from rfopt.storage.schema import study_record
@@ -77,7 +77,7 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
     _check_dataset(train_dataset, "train_dataset")
     _check_dataset(eval_dataset, "eval_dataset")
     if request.n_trials_total is not None and isinstance(space, ListSpace):
-        raise ValueError("n_trials_total is for a search space function; a study driven by a list of configs "
+        raise Refusal("n_trials_total is for a search space function; a study driven by a list of configs "
                          "runs its configs (n_trials limits how many of them this call starts)")
     pruner = request.pruner if request.pruner is not None else study.pruner
     check_pruner(pruner)
@@ -96,7 +96,7 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
              "eval_fingerprint": dataset_fingerprint(eval_dataset)}
     for name, value in attrs.items():
         if name in record.settings and record.settings[name] != value:
-            raise ValueError(f"study {study.study_name!r}: {_SETTING_CHANGED[name](record.settings[name], value)}; "
+            raise Refusal(f"study {study.study_name!r}: {_SETTING_CHANGED[name](record.settings[name], value)}; "
                              "trials would not be comparable. Use the same one to continue the study, or a new "
                              "study name")
     attrs.update(settings.to_attrs())
@@ -105,7 +105,7 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
         configs = list(enumerate(space.configs))
         left = space.check_study(study)
         if n_trials is not None and n_trials > left:
-            raise ValueError(
+            raise Refusal(
                 f"n_trials={n_trials}, but {left} of the list's {len(space)} configs are left to run; a study "
                 "driven by a list of configs runs its configs: leave n_trials out to run them all, or append "
                 "configs to the list"
@@ -124,8 +124,9 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
             _check_objective(settings.objective, config)
             _check_columns(config, train_dataset, "train_dataset")
             _check_columns(config, eval_dataset, "eval_dataset")
-        except (ConfigError, PlanError, ValueError) as exc:
-            raise type(exc)(f"{label}: {exc}") from exc
+        except ValueError as exc:  # a Refusal (ConfigError, PlanError, ...): the note says which config it refuses
+            exc.add_note(f"in {label}")
+            raise
     _check_population(pruner, space, plan, [config for _, config in configs], sample)
     _say_rows_left_out(study, plan, configs)
     # The stored trackers are checked too: one uninstalled since would fail every trial.
@@ -193,7 +194,7 @@ def check_study_name(name: Any) -> None:
     if name is None:
         return
     if not isinstance(name, str):
-        raise TypeError(f"study_name must be text, got {type(name).__name__} {name!r}")
+        raise TypeRefusal(f"study_name must be text, got {type(name).__name__} {name!r}")
     shown = repr(name if len(name) <= 60 else name[:60] + "...")
     problem = None
     if not name.strip():
@@ -214,19 +215,19 @@ def check_study_name(name: Any) -> None:
 def _check_dataset(dataset: Any, name: str) -> None:
     columns = getattr(dataset, "column_names", None)
     if columns is None or not hasattr(dataset, "select"):
-        raise TypeError(f"{name} must be a datasets.Dataset, got {type(dataset).__name__}")
+        raise TypeRefusal(f"{name} must be a datasets.Dataset, got {type(dataset).__name__}")
     if "prompt" not in columns:
-        raise ValueError(
+        raise Refusal(
             f"{name} has no 'prompt' column (columns: {columns}); rename the column holding the prompts to 'prompt', "
             "e.g. dataset.rename_column('question', 'prompt')"
         )
     if len(dataset) == 0:
         use = "training splits it into chunks" if name == "train_dataset" else "evaluation after each chunk needs it"
-        raise ValueError(f"{name} is empty; {use}: give at least one row")
+        raise Refusal(f"{name} is empty; {use}: give at least one row")
     for i, prompt in enumerate(dataset["prompt"]):
         if not _is_prompt(prompt):
             shown = repr(prompt)
-            raise ValueError(
+            raise Refusal(
                 f"{name} row {i}: the prompt is {type(prompt).__name__} {shown[:80]}; a prompt is text, or a list of chat "
                 "messages such as [{'role': 'user', 'content': '...'}]. Fix or drop such rows, e.g. "
                 f"{name}.filter(lambda row: isinstance(row['prompt'], str))"
@@ -244,7 +245,7 @@ def _is_prompt(prompt: Any) -> bool:
 def _check_objective(objective: str, config: TrialConfig) -> None:
     names = config.reward_names
     if objective != "reward" and objective not in names:
-        raise ValueError(f"objective={objective!r} is neither 'reward' (the weighted total of the rewards) nor the "
+        raise Refusal(f"objective={objective!r} is neither 'reward' (the weighted total of the rewards) nor the "
                          f"name of one of the reward functions {names}")
 
 
@@ -253,7 +254,7 @@ def _check_columns(config: TrialConfig, dataset: Any, name: str) -> None:
     for func in config.reward_funcs:
         missing = [c for c in reward_columns(func) if c not in dataset.column_names]
         if missing:
-            raise ValueError(
+            raise Refusal(
                 f"reward function {reward_name(func)!r} takes {', '.join(map(repr, missing))}, which {name} has no "
                 f"column for (its columns: {dataset.column_names}); add the column, or give the parameter a default"
             )
@@ -266,7 +267,7 @@ def check_pruner(pruner: Any) -> None:
     while isinstance(pruner, optuna.pruners.PatientPruner):
         pruner = compat.pruner_settings(pruner)["wrapped_pruner"]
     if isinstance(pruner, optuna.pruners.WilcoxonPruner) and importlib.util.find_spec("scipy") is None:
-        raise ImportError("WilcoxonPruner needs scipy, which is not installed: pip install scipy (or choose "
+        raise MissingPackage("WilcoxonPruner needs scipy, which is not installed: pip install scipy (or choose "
                           "another pruner)")
 
 
@@ -282,13 +283,13 @@ def _check_population(pruner: Any, space: Any, plan: ChunkPlan, configs: list[Tr
     if isinstance(space, ListSpace):
         searched = sorted(space.distributions)
         if not searched:
-            raise ValueError("PopulationBasedTraining explores the trials' searched params (their Optuna params), and "
+            raise Refusal("PopulationBasedTraining explores the trials' searched params (their Optuna params), and "
                              "this list of configs varies none: its clones would copy their parents unchanged. List "
                              "configs that differ in what to explore (e.g. learning_rate), or search with a function "
                              "space")
         missing = sorted(set(named or ()) - set(searched))
         if missing:
-            raise ValueError(f"PopulationBasedTraining(params={named}): the list of configs does not vary "
+            raise Refusal(f"PopulationBasedTraining(params={named}): the list of configs does not vary "
                              f"{missing}, so they are not searched params and have no range to explore in; its "
                              f"searched params are {searched}")
         parent = _scratch_member(space.configs[0], {name: values[0] for name, values in space.params.items()},
@@ -300,7 +301,7 @@ def _check_population(pruner: Any, space: Any, plan: ChunkPlan, configs: list[Tr
             searched = _searched_params(space, SAMPLE_DRAWS) | set(sample.distributions)
             missing = sorted(set(named or ()) - searched)
             if missing:
-                raise ValueError(f"PopulationBasedTraining(params={named}): the search space function suggests no "
+                raise Refusal(f"PopulationBasedTraining(params={named}): the search space function suggests no "
                                  f"param {missing} (in {SAMPLE_DRAWS} calls on scratch trials it suggested "
                                  f"{sorted(searched)}); a param is named as the function suggests it "
                                  "(trial.suggest_float('learning_rate', ...) is 'learning_rate')")
@@ -308,18 +309,18 @@ def _check_population(pruner: Any, space: Any, plan: ChunkPlan, configs: list[Tr
     changeable = explorable(pruner, space, parent)
     fixed = [name for name in (named or ()) if name in parent.distributions and name not in changeable]
     if fixed:
-        raise ValueError(f"PopulationBasedTraining(params={named}): a warm-started clone cannot change {fixed} (it "
+        raise Refusal(f"PopulationBasedTraining(params={named}): a warm-started clone cannot change {fixed} (it "
                          "loads its parent's weights, so the model and the adapter's shape stay; a param with one "
                          "value has nothing to change to): its clones would copy their parents in them. Leave them "
                          "out of params")
     if not changeable:
-        raise ValueError(f"PopulationBasedTraining: no searched param ({sorted(parent.distributions)}) can change in a "
+        raise Refusal(f"PopulationBasedTraining: no searched param ({sorted(parent.distributions)}) can change in a "
                          "warm-started clone (it loads its parent's weights, so the model and the adapter's shape "
                          "stay), so every clone would copy its parent. Search a param it can explore, such as "
                          "learning_rate or lora_alpha")
     units = max((trial_schedule(plan, config.args).num_units for config in configs), default=None)
     if units is not None and pruner.interval >= units:
-        raise ValueError(f"PopulationBasedTraining(interval={pruner.interval}): the trials train {units} chunks "
+        raise Refusal(f"PopulationBasedTraining(interval={pruner.interval}): the trials train {units} chunks "
                          f"({plan.num_chunks} chunks a pass over the train set), and it acts every {pruner.interval} "
                          f"chunks but never after a trial's last, so it would never act. Give interval <= "
                          f"{units - 1}, or more chunks (num_chunks)")

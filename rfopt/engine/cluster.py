@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 from rfopt.config.spaces import ListSpace
 from rfopt.errors import Refusal, RfoptError
 from rfopt.pruning import optuna_pruner
+from rfopt.reports.status import state_counts
 from rfopt.storage.database import redact
 from rfopt.storage.schema import TrialRecord
 
@@ -421,10 +422,9 @@ class Watcher:
     def poll(self, on_unit: Callable[[int, int, float], None] | None = None,
              callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()) -> RunProgress:
         trials = self.study.get_trials(deepcopy=False)
-        counts: dict[str, int] = {}
+        counts = state_counts(trials, shown=False)
         remaining = 0
         for trial in trials:
-            counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
             record = TrialRecord(trial)
             for step in sorted(trial.intermediate_values):
                 if (trial.number, step) not in self._units_seen:

@@ -16,8 +16,10 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from rfopt.config.settings import StudySettings
+from rfopt.errors import Refusal, TypeRefusal
 from rfopt.training.gang import DEFAULT_GANG_SIZE
 from rfopt.training.parallel import DataParallel
+from rfopt.values import is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,9 @@ class Worker:
     """This process's place in a group that trains each trial together, one device each (`rfopt.training.parallel`)."""
 
     def __post_init__(self) -> None:
-        if not _is_number(self.lease_seconds) or not _is_number(self.poll_seconds) or self.lease_seconds <= 0 \
+        if not is_number(self.lease_seconds) or not is_number(self.poll_seconds) or self.lease_seconds <= 0 \
                 or self.poll_seconds <= 0:
-            raise ValueError(f"lease_seconds and poll_seconds must be > 0, got {self.lease_seconds} and "
+            raise Refusal(f"lease_seconds and poll_seconds must be > 0, got {self.lease_seconds} and "
                              f"{self.poll_seconds}")
 
 
@@ -71,30 +73,30 @@ class RunRequest:
     def __post_init__(self) -> None:
         for name in ("n_trials", "n_trials_total"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 0):
-                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-        if self.timeout is not None and (not _is_number(self.timeout) or not self.timeout >= 0):
-            raise ValueError(f"timeout must be a number of seconds >= 0, got {self.timeout!r}")
-        if self.max_concurrent is not None and (not _is_int(self.max_concurrent) or self.max_concurrent < 1):
-            raise ValueError(f"max_concurrent must be a whole number >= 1, got {self.max_concurrent!r}")
+            if value is not None and (not is_int(value) or value < 0):
+                raise Refusal(f"{name} must be a whole number >= 0, got {value!r}")
+        if self.timeout is not None and (not is_number(self.timeout) or not self.timeout >= 0):
+            raise Refusal(f"timeout must be a number of seconds >= 0, got {self.timeout!r}")
+        if self.max_concurrent is not None and (not is_int(self.max_concurrent) or self.max_concurrent < 1):
+            raise Refusal(f"max_concurrent must be a whole number >= 1, got {self.max_concurrent!r}")
         callbacks = tuple(self.callbacks or ())
         for callback in callbacks:
             if not callable(callback):
-                raise TypeError(f"callbacks: {callback!r} is not callable; a callback is called as "
+                raise TypeRefusal(f"callbacks: {callback!r} is not callable; a callback is called as "
                                 "callback(optuna_study, frozen_trial) after each trial ends")
         catch = self.catch if isinstance(self.catch, tuple) else (self.catch,)
         if not all(isinstance(c, type) and issubclass(c, Exception) for c in catch):
-            raise TypeError(f"catch must be a tuple of exception classes, got {self.catch!r}")
-        if self.gang_size is not None and (not _is_int(self.gang_size) or self.gang_size < 1):
-            raise ValueError(f"gang_size={self.gang_size!r}: give a whole number >= 1 (1 trains one trial at a time)")
+            raise TypeRefusal(f"catch must be a tuple of exception classes, got {self.catch!r}")
+        if self.gang_size is not None and (not is_int(self.gang_size) or self.gang_size < 1):
+            raise Refusal(f"gang_size={self.gang_size!r}: give a whole number >= 1 (1 trains one trial at a time)")
         data_parallel = self.worker.data_parallel if self.worker is not None else None
         if data_parallel is not None and self.gang > 1:
-            raise ValueError(f"gang_size={self.gang_size} with devices per trial ({data_parallel.world_size}): a gang "
+            raise Refusal(f"gang_size={self.gang_size} with devices per trial ({data_parallel.world_size}): a gang "
                              "trains several trials in lockstep in one process, a data-parallel trial one trial over "
                              "processes, each with its own rollouts; give gang_size=1 (--gang-size 1), or leave "
                              "--devices-per-trial out")
         if self.executor is not None and self.device != "cpu":
-            raise ValueError(f"device={self.device!r}: on a cluster each worker trains on the device Ray gives it (a "
+            raise Refusal(f"device={self.device!r}: on a cluster each worker trains on the device Ray gives it (a "
                              "GPU each where the cluster has GPUs: RayCluster(gpus=...)); leave device out")
         object.__setattr__(self, "callbacks", callbacks)
         object.__setattr__(self, "catch", catch)
@@ -108,10 +110,3 @@ class RunRequest:
         data_parallel = self.worker.data_parallel if self.worker is not None else None
         return 1 if data_parallel is not None else DEFAULT_GANG_SIZE
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -32,6 +32,7 @@ from rfopt.compat import trial_id_of
 from rfopt.config.trial import TrialConfig
 from rfopt.errors import PrunerFailed, StaleRead
 from rfopt.pruning import PopulationBasedTraining, PrunerRungs, RungPolicy
+from rfopt.reports.status import state_counts
 from rfopt.storage import schema
 from rfopt.storage.database import STORAGE_ERRORS
 from rfopt.storage.leases import LeaseLost
@@ -100,9 +101,7 @@ class Roster:
     def reconcile_all(self) -> list[TrialRecord]:
         """Read the study once and reconcile every RUNNING trial; drop live trials that ended elsewhere."""
         records = [TrialRecord(t) for t in self.study.get_trials(deepcopy=False)]
-        self._counts = {}
-        for record in records:
-            self._counts[record.state.name] = self._counts.get(record.state.name, 0) + 1
+        self._counts = state_counts((r.trial for r in records), shown=False)
         running = {r.number: r for r in records if r.state == TrialState.RUNNING}
         for number in [n for n in self.live if n not in running]:
             # Another worker finished it (a normal hand-over), or a person failed it (optuna-dashboard's button).

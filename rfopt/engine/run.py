@@ -35,6 +35,7 @@ from rfopt.compat import storage_of
 from rfopt.config.spaces import ListSpace, as_space
 from rfopt.errors import RfoptError
 from rfopt.reports.display import ProgressBar
+from rfopt.reports.status import state_counts
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointError, CheckpointStore, location_exists
 from rfopt.storage.database import describe, engine_of
@@ -231,9 +232,7 @@ def _presence(study: optuna.Study, kind: str) -> Any:
 
 
 def _nothing_done(study: optuna.Study, space: Any) -> str:
-    counts: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    counts = state_counts(study.get_trials(deepcopy=False), shown=False)
     has = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no trials"
     paused = sum(TrialRecord(t).paused for t in study.get_trials(deepcopy=False, states=[TrialState.RUNNING]))
     if paused:

@@ -105,11 +105,12 @@ STATE_ORDER = ("RUNNING", "WAITING", "COMPLETE", "PRUNED", "FAIL", "CANCELLED")
 """The order trial states are listed in for people: live first."""
 
 
-def state_counts(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
-    """Trials by the state a person is shown (`TrialRecord.shown_state`)."""
+def state_counts(trials: Iterable[optuna.trial.FrozenTrial], *, shown: bool = True) -> dict[str, int]:
+    """Trials by state, in the order first met: the state a person is shown (`TrialRecord.shown_state`: a clone
+    cancelled before it started is CANCELLED), or with `shown` False Optuna's own (it is FAIL)."""
     counts: dict[str, int] = {}
     for t in trials:
-        state = TrialRecord(t).shown_state
+        state = TrialRecord(t).shown_state if shown else t.state.name
         counts[state] = counts.get(state, 0) + 1
     return counts
 

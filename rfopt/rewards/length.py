@@ -3,6 +3,8 @@
 from collections.abc import Sequence
 from typing import Any
 
+from rfopt.values import is_int
+
 from .extract import completion_texts
 from .spec import FactoryReward
 
@@ -47,11 +49,11 @@ class SoftOverlongPunishment(FactoryReward):
 
     def __init__(self, max_completion_length: int, soft_punish_cache: int) -> None:
         errors = []
-        if not _is_int(max_completion_length) or max_completion_length < 1:
+        if not is_int(max_completion_length) or max_completion_length < 1:
             errors.append(f"max_completion_length must be an integer >= 1, got {max_completion_length!r}")
-        if not _is_int(soft_punish_cache) or soft_punish_cache < 0:
+        if not is_int(soft_punish_cache) or soft_punish_cache < 0:
             errors.append(f"soft_punish_cache must be an integer >= 0, got {soft_punish_cache!r}")
-        elif _is_int(max_completion_length) and soft_punish_cache > max_completion_length:
+        elif is_int(max_completion_length) and soft_punish_cache > max_completion_length:
             errors.append(
                 f"soft_punish_cache ({soft_punish_cache}) must not exceed "
                 f"max_completion_length ({max_completion_length})"
@@ -105,10 +107,10 @@ class LengthReward(FactoryReward):
 
     def __init__(self, target_length: int, tolerance: int | None = None) -> None:
         errors = []
-        if not _is_int(target_length) or target_length < 0:
+        if not is_int(target_length) or target_length < 0:
             errors.append(f"target_length must be an integer >= 0, got {target_length!r}")
         effective = target_length if tolerance is None else tolerance
-        if not _is_int(effective) or effective < 1:
+        if not is_int(effective) or effective < 1:
             errors.append(f"tolerance must be an integer >= 1 (it defaults to target_length), got {effective!r}")
         if errors:
             raise ValueError("length_reward: " + "; ".join(errors))
@@ -132,6 +134,3 @@ class LengthReward(FactoryReward):
             for n in completion_lengths(completions, completion_ids, self.__name__)
         ]
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -16,7 +16,7 @@ from typing import Any
 from rfopt import compat
 from rfopt.config.codec import TokenizerSpec
 from rfopt.config.trial import TrialConfig
-from rfopt.errors import ConfigError
+from rfopt.errors import ConfigError, Refusal
 from rfopt.smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 
 from .rollouts import BatchedBackend, ExactBackend, RolloutBackend, model_refusal
@@ -229,16 +229,16 @@ def _bind_device(device: str) -> str:
     try:
         where = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device {device!r}: not a device torch knows ({exc}); use 'cpu', 'cuda' or 'cuda:N'") from exc
+        raise Refusal(f"device {device!r}: not a device torch knows ({exc}); use 'cpu', 'cuda' or 'cuda:N'") from exc
     if where.type != "cuda":
         return device
     if not torch.cuda.is_available():
         why = "this torch is a CPU build" if torch.version.cuda is None else "no GPU is visible"
-        raise ValueError(f"device {device!r}: CUDA is not available here ({why}); train on 'cpu' instead")
+        raise Refusal(f"device {device!r}: CUDA is not available here ({why}); train on 'cpu' instead")
     if where.index is not None:
         count = torch.cuda.device_count()
         if where.index >= count:
-            raise ValueError(f"device {device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+            raise Refusal(f"device {device!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
         torch.cuda.set_device(where.index)
     return device
 
@@ -319,7 +319,7 @@ class ModelPool:
         self._full: dict[int, Any] = {}
 
     def check_room(self, configs: list[TrialConfig]) -> None:
-        """On a CUDA device, refuse (`ValueError`, before anything is loaded or stored) base models whose weights
+        """On a CUDA device, refuse (a `Refusal`, before anything is loaded or stored) base models whose weights
         cannot fit in the device's free memory: this process holds one copy of each base model its trials use, beside
         what other processes on the same GPU hold (several workers per GPU: ``--devices cuda:0,cuda:0``)."""
         import torch
@@ -339,7 +339,7 @@ class ModelPool:
         need = sum(size for _, size in models.values())
         if need * ROOM_MARGIN > free:
             names = ", ".join(f"{name} ({size / GIB:.2f} GiB)" for name, size in models.values())
-            raise ValueError(
+            raise Refusal(
                 f"device {self.device!r}: {free / GIB:.2f} GiB of its {total / GIB:.2f} GiB are free, and this worker's "
                 f"base model weights need about {need / GIB:.2f} GiB ({names}), {ROOM_MARGIN:.1f}x with room for the "
                 "adapters, optimizer states and activations. Each worker process on a GPU holds its own copy: run "

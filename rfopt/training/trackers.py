@@ -33,6 +33,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from rfopt.errors import MissingPackage, Refusal, TypeRefusal
+
 NAMED = ("tensorboard", "wandb", "mlflow", "trackio")
 """The trackers rfopt names each trial's run for (others are passed to TRL as they are)."""
 
@@ -58,7 +60,7 @@ def normalize(report_to: str | Sequence[str] | None) -> list[str]:
         return []
     names = [report_to] if isinstance(report_to, str) else list(report_to)
     if not all(isinstance(n, str) for n in names):
-        raise TypeError(f"report_to must be a tracker name or a list of them, got {report_to!r}")
+        raise TypeRefusal(f"report_to must be a tracker name or a list of them, got {report_to!r}")
     names = [n.strip() for n in names if n.strip() and n.strip() != "none"]
     if names == ["all"]:
         return names
@@ -66,13 +68,13 @@ def normalize(report_to: str | Sequence[str] | None) -> list[str]:
 
     unknown = [n for n in names if n not in INTEGRATION_TO_CALLBACK]
     if unknown:
-        raise ValueError(f"report_to: unknown tracker {unknown}; use one of {sorted(INTEGRATION_TO_CALLBACK)}, "
+        raise Refusal(f"report_to: unknown tracker {unknown}; use one of {sorted(INTEGRATION_TO_CALLBACK)}, "
                          "'all' or 'none'")
     names = list(dict.fromkeys(names))
     missing = [n for n in names if not _installed(n)]
     if missing:
         packages = " ".join(_INSTALLED[n][1] for n in missing)
-        raise ValueError(f"report_to: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here, "
+        raise MissingPackage(f"report_to: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here, "
                          f"so every trial would fail at its first chunk; install {'it' if len(missing) == 1 else 'them'} "
                          f"(pip install {packages}) or leave {'it' if len(missing) == 1 else 'them'} out of report_to "
                          f"(installed here: {installed() or 'none'})")

@@ -1,0 +1,106 @@
+"""What every command's parser shares: a command's parser with ``-v``, ``--storage``, ``--study``, the numeric argument
+types (a count, a whole number from 1, a port, a number of seconds); the parser of a command on one study
+(`study_command`), and the storage and study such a command opens (`existing_storage`, `load_study`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STORAGE = "sqlite:///rfopt.db"
+VERBOSE_HELP = "log each trial's progress and show tracebacks"
+
+
+def add_command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand's parser; it accepts -v too (``rfopt status -v``), without resetting a -v given before it."""
+    parser = commands.add_parser(name, **kwargs)
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    return parser
+
+
+def study_command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of a command on one study of a storage that exists: ``--storage``, and ``--study`` required."""
+    parser = add_command(commands, name, **kwargs)
+    storage_argument(parser)
+    study_argument(parser, help="the study's name", required=True)
+    return parser
+
+
+def storage_argument(parser: argparse.ArgumentParser, *, creates: bool = False) -> None:
+    made = "created if missing" if creates else "it must exist"
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL: sqlite:///path.db (relative "
+                        f"to the working directory; {made}) or postgresql://user@host/db (default: %(default)s)")
+
+
+def study_argument(parser: argparse.ArgumentParser, *, help: str, required: bool = False) -> None:
+    parser.add_argument("--study", "--study-name", dest="study_name", metavar="NAME", required=required, help=help)
+
+
+def _whole_number(text: str, minimum: int, what: str, maximum: int | None = None) -> int:
+    """`text` as a whole number from `minimum` (to `maximum`), `what` saying which in the parser's refusal."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number ({what}), got {text!r}") from None
+    if value < minimum or maximum is not None and value > maximum:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+    return value
+
+
+def _positive_number(text: str, kind: str, unit: str = "") -> float:
+    """`text` as a number more than 0 (which also refuses nan), `kind` and `unit` naming it in the parser's refusal."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0{unit}, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """``--num-chunks``, ``--max-concurrent``: 1 or more."""
+    return _whole_number(text, 1, "1 or more")
+
+
+def count(text: str) -> int:
+    """``--n-trials``: 0 or more."""
+    return _whole_number(text, 0, "0 or more")
+
+
+def port(text: str) -> int:
+    """``--port``: 1 to 65535."""
+    return _whole_number(text, 1, "a port from 1 to 65535", maximum=65535)
+
+
+def positive_float(text: str) -> float:
+    """``--cpus-per-worker``: a number more than 0."""
+    return _positive_number(text, "a number")
+
+
+def positive_seconds(text: str) -> float:
+    """``--timeout``, ``--lease-seconds``: a number of seconds more than 0."""
+    return _positive_number(text, "a number of seconds", " seconds")
+
+
+def existing_storage(url: str) -> Any:
+    """The storage of a command that reads or steers a study: never created, never in memory (`check_lasting_url`)."""
+    from rfopt.storage.database import check_lasting_url, open_storage
+
+    check_lasting_url(url, create=False)
+    return open_storage(url, create=False)
+
+
+def load_study(args: argparse.Namespace) -> Any:
+    """The study ``--study`` names in ``--storage``, for a command that reads or steers it (`existing_storage`)."""
+    import rfopt
+
+    return rfopt.load_study(args.study_name, existing_storage(args.storage))
+
+
+def absolute_sqlite(storage: str) -> str:
+    prefix = "sqlite:///"
+    if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
+        return prefix + str(Path(storage[len(prefix):]).resolve())
+    return storage
