@@ -78,6 +78,10 @@ Kept for exactness or correctness (none of them is a speed trick):
     ``trackio.init`` finishes the run that is current (``trackio.context_vars.current_run``, a ``ContextVar``) before
     it opens another, so one process could hold one run. In a context of its own each ``init`` sees none and leaves
     the caller's alone. Buys: a trackio run per trial of a gang (`rfopt.training.trackers`).
+``trackio_flush``  `trackio_flush` writes what a local trackio run (``Run._is_local``) has queued now (``Run._flush_queues_inline``,
+    under ``Run._client_lock``, as its sender thread does every ``BATCH_SEND_INTERVAL``); trackio has no public
+    flush but ``finish``. Buys: a committed chunk is in trackio's database when the commit returns, so a crash right
+    after it loses nothing of it.
 
 None is kept for speed: each speed patch was measured on the SmolLM2 full study and removed when it
 did not buy 1% of it (BENCHMARKS.md, "Engine core").
@@ -496,3 +500,12 @@ def trackio_run(**kwargs: Any) -> Any:
     check_version("trackio")
     _require(context_vars, "current_run", "trackio_run_per_trial")
     return contextvars.Context().run(trackio.init, **kwargs)
+
+
+def trackio_flush(run: Any) -> None:
+    """Write what `run` (a local ``trackio.Run``) has queued now (entry ``trackio_flush``)."""
+    _require(run, "_flush_queues_inline", "trackio_flush")
+    if not getattr(run, "_is_local", False):  # a Space's or server's run: its sender thread sends it
+        return
+    with run._client_lock:
+        run._flush_queues_inline()

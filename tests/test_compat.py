@@ -2,6 +2,7 @@
 patches of another library's internals relies on is gone, so an upgrade cannot leave a patch silently doing nothing."""
 
 import inspect
+import os
 import warnings
 
 import optuna
@@ -336,3 +337,23 @@ def test_ddp_reads_the_parameters_to_ignore_from_the_attribute_rfopt_sets():
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ["bias"])
     assert module._ddp_params_and_buffers_to_ignore == ["bias"]
     assert "_ddp_params_and_buffers_to_ignore" in inspect.getsource(DistributedDataParallel.__init__)
+
+
+# ---------------------------------------------------------------------- trackio_run_per_trial, trackio_flush
+def test_trackio_runs_opened_one_after_another_all_stay_open_and_a_flush_writes_what_they_logged():
+    """trackio.init finishes the current run (a ContextVar); opened in a context of their own, two runs both log."""
+    pytest.importorskip("trackio", reason="trackio is not installed: pip install -e '.[trackers]'")
+    from trackio.sqlite_storage import SQLiteStorage
+
+    project = f"canary-{os.getpid()}"
+    a = compat.trackio_run(project=project, name="a", auto_log_cpu=False, auto_log_gpu=False)
+    b = compat.trackio_run(project=project, name="b", auto_log_cpu=False, auto_log_gpu=False)
+    assert not a._stop_flag.is_set()  # opening b did not finish a (trackio.init alone would have)
+    a.log({"x": 1.0}, step=1)
+    b.log({"x": 2.0}, step=1)
+    compat.trackio_flush(a)
+    compat.trackio_flush(b)
+    assert [log["x"] for log in SQLiteStorage.get_logs(project, "a")] == [1.0]  # on disk before any finish
+    assert [log["x"] for log in SQLiteStorage.get_logs(project, "b")] == [2.0]
+    a.finish()
+    b.finish()
