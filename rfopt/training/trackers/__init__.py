@@ -39,7 +39,8 @@ from typing import Any
 
 from rfopt.compat import storage_of, study_id_of
 from rfopt.errors import Refusal
-from rfopt.storage.schema import TrialRecord, study_record
+from rfopt.storage import schema
+from rfopt.storage.schema import TrialRecord, TrialRef, study_record
 
 from ._records import ChunkLog, Leaderboard, Tracker, TrialEnd, TrialInfo, TrialRun
 
@@ -220,9 +221,14 @@ class _Trial:
     """A trial whose runs this process has open."""
 
     info: TrialInfo
+    ref: TrialRef
     runs: dict[str, TrialRun]
     offset: int
     """A warm clone's last inherited step: its trainer counts from 0 again, its run continues the parent's axis."""
+    tracked: dict[str, int]
+    """Units each tracker is known to hold (``rfopt:tracked``), as this process last wrote it."""
+    through: int = 0
+    """Units logged by this process (replayed from storage or committed here)."""
     logged: set[int] = field(default_factory=set)
     """Steps logged here while they trained (a committed unit's other steps are logged from storage)."""
 
@@ -234,6 +240,12 @@ class Tracking:
     (`step_listener`); it tells it of each committed unit (`committed`) and each trial it ends (`ended`), and closes
     it when the run ends (`close`). Runs are opened when first needed and kept open until the trial ends or the run
     does.
+
+    A trial's runs hold each committed unit at least once, whatever crashed when: after each committed unit the
+    runs are flushed (W&B's is finished, to be resumed at the next step: W&B writes a run's file every 15 s, and a
+    killed process loses the rest) and the units each tracker holds are stored on the trial (``rfopt:tracked``). The
+    process that opens a trial's runs next logs the committed units after that from storage: the units a crash (or
+    a tracker added to ``report_to`` later) left out.
 
         >>> tracking = Tracking(["wandb"], study)                              # doctest: +SKIP
         >>> runner.train_chunk(on_step=tracking.step_listener(3, on_step))     # trial 3's steps, in its run
@@ -277,22 +289,21 @@ class Tracking:
         return listener
 
     def committed(self, number: int, unit: int, value: float) -> None:
-        """Trial `number` committed `unit` with `value`: log its value and eval metrics, and the unit's steps this
-        process did not see train (a unit a crash left durable, committed from its checkpoint)."""
+        """Trial `number` committed `unit` with `value`: log its value and eval metrics (and the unit's steps this
+        process did not see train: a unit a crash left durable, committed from its checkpoint); flush the runs and
+        store that they hold it."""
         if not self.own:
             return
         trial = self._trial(number)
         if trial is None:
             return
-        record = self._record(number)
-        rows = [{k: v for k, v in row.items() if k not in ("unit", "chunk")}
-                for row in record.step_metrics() if row["unit"] == unit]
-        missing = [row for row in rows if int(row["step"]) not in trial.logged]
-        if missing:
-            self._each(trial, "steps", missing)
-        end_step = max((int(row["step"]) for row in rows), default=0)
-        metrics = next((m.eval for m in record.unit_metrics() if m.unit == unit), {})
-        self._each(trial, "chunk", ChunkLog(unit=unit, step=end_step, value=value, eval=dict(metrics)))
+        if unit >= trial.through:  # else the runs were opened just now, and the replay logged it
+            record = self._record(number)
+            steps = _unit_steps(record, unit)
+            self._each(trial, "steps", [row for row in steps if int(row["step"]) not in trial.logged])
+            self._each(trial, "chunk", _chunk_log(record, unit, steps, value))
+            trial.through = unit + 1
+        self._flushed(trial)
 
     def ended(self, study: Any, frozen: Any) -> None:
         """A trial this process ended (as an Optuna callback is called): record how in its runs, and close them."""
@@ -328,7 +339,8 @@ class Tracking:
 
     # ------------------------------------------------------------------ runs
     def _trial(self, number: int, frozen: Any = None) -> _Trial | None:
-        """Trial `number`'s open runs, opened now if none is (None if no tracker could open one)."""
+        """Trial `number`'s open runs, opened now if none is (None if no tracker could open one); a run opened now
+        gets the committed units its tracker does not hold yet, from storage."""
         trial = self._trials.get(number)
         if trial is not None:
             return trial
@@ -339,7 +351,8 @@ class Tracking:
                 tracker = self._call(name, "starting", lambda n=name: _tracker(n, self.name, uid))
                 if tracker is not None:
                     self._trackers[name] = tracker
-        record = TrialRecord(frozen) if frozen is not None else self._record(number)
+        ref = self._ref(number)
+        record = TrialRecord(frozen) if frozen is not None else ref.read()
         info = _info(self.name, uid, record)
         runs: dict[str, TrialRun] = {}
         for name, tracker in self._trackers.items():
@@ -349,9 +362,40 @@ class Tracking:
         if not runs:
             return None
         inherited = [row["step"] for row in record.step_metrics() if row["unit"] < record.start_unit]
-        trial = _Trial(info=info, runs=runs, offset=int(max(inherited, default=0)))
+        trial = _Trial(info=info, ref=ref, runs=runs, offset=int(max(inherited, default=0)), tracked=record.tracked,
+                       through=record.committed)
         self._trials[number] = trial
+        self._replay(trial, record)
         return trial
+
+    def _replay(self, trial: _Trial, record: TrialRecord) -> None:
+        """Log the committed units each tracker does not hold (after its ``rfopt:tracked`` mark) from storage."""
+        behind = {name: trial.tracked.get(name, 0) for name in trial.runs
+                  if trial.tracked.get(name, 0) < record.committed}
+        if not behind:
+            return
+        values = record.trial.intermediate_values
+        for unit in range(min(behind.values()), record.committed):
+            steps = _unit_steps(record, unit)
+            log = _chunk_log(record, unit, steps, values[unit]) if unit in values else None
+            for name in [n for n, mark in behind.items() if mark <= unit and n in trial.runs]:
+                run = trial.runs[name]
+                self._call(name, f"trial {trial.info.number}'s replay", lambda r=run, s=steps: r.steps(s))
+                if log is not None:
+                    self._call(name, f"trial {trial.info.number}'s replay", lambda r=run, c=log: r.chunk(c))
+        self._flushed(trial)
+
+    def _flushed(self, trial: _Trial) -> None:
+        """Flush the trial's runs; store that the trackers whose flush worked hold its units so far."""
+        self._each(trial, "flush")
+        held = {name: trial.through for name in trial.runs if name not in self._broken}
+        if all(trial.tracked.get(name) == units for name, units in held.items()):
+            return
+        trial.tracked = trial.tracked | held
+        try:
+            schema.write_tracked(trial.ref, trial.tracked)
+        except Exception as exc:  # noqa: BLE001 - the trial ended elsewhere: the next opener replays a little more
+            logger.debug("trial %d: could not store what its trackers hold (%s)", trial.info.number, exc)
 
     def _end(self, number: int, trial: _Trial, end: TrialEnd) -> None:
         self._each(trial, "end", end)
@@ -377,10 +421,26 @@ class Tracking:
                            name, what, type(exc).__name__, exc, name)
             return None
 
-    def _record(self, number: int) -> TrialRecord:
+    def _ref(self, number: int) -> TrialRef:
         storage = storage_of(self.study)
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id_of(self.study), number)
-        return TrialRecord(storage.get_trial(trial_id))
+        return TrialRef(storage, trial_id, number)
+
+    def _record(self, number: int) -> TrialRecord:
+        trial = self._trials.get(number)
+        return (trial.ref if trial is not None else self._ref(number)).read()
+
+
+def _unit_steps(record: TrialRecord, unit: int) -> list[dict[str, float]]:
+    """TRL's logs of `unit`'s steps as stored, on the trial's step axis."""
+    return [{k: v for k, v in row.items() if k not in ("unit", "chunk")}
+            for row in record.step_metrics() if row["unit"] == unit]
+
+
+def _chunk_log(record: TrialRecord, unit: int, steps: list[dict[str, float]], value: float) -> ChunkLog:
+    metrics = next((m.eval for m in record.unit_metrics() if m.unit == unit), {})
+    return ChunkLog(unit=unit, step=max((int(row["step"]) for row in steps), default=0), value=value,
+                    eval=dict(metrics))
 
 
 def _info(study: str, study_id: str, record: TrialRecord) -> TrialInfo:

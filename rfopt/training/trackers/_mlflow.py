@@ -114,6 +114,9 @@ class MlflowRun:
     def chunk(self, log: ChunkLog) -> None:
         self._log(log.metrics(), log.step)
 
+    def flush(self) -> None:
+        pass  # the client writes each call through
+
     def end(self, end: TrialEnd) -> None:
         tags = {"rfopt.state": end.state}
         if end.reason:

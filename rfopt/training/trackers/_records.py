@@ -108,6 +108,9 @@ class TrialRun(Protocol):
     def chunk(self, log: ChunkLog) -> None:
         """A committed chunk's value and eval metrics."""
 
+    def flush(self) -> None:
+        """Make what was logged durable: a committed unit must survive a crash right after it."""
+
     def end(self, end: TrialEnd) -> None:
         """The trial ended: record how, and close the run for good."""
 

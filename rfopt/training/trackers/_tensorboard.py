@@ -70,6 +70,9 @@ class TensorboardRun:
             self.writer.add_scalar(key, value, log.step)
         self.writer.flush()
 
+    def flush(self) -> None:
+        self.writer.flush()
+
     def end(self, end: TrialEnd) -> None:
         self.writer.add_text("end", end.state + (f": {end.reason}" if end.reason else ""))
         self.writer.close()

@@ -69,7 +69,9 @@ class TrackioRun:
 
     def chunk(self, log: ChunkLog) -> None:
         self.run.log(log.metrics(), step=log.step)
-        compat.trackio_flush(self.run)  # the committed chunk on disk now (trackio writes every half second)
+
+    def flush(self) -> None:
+        compat.trackio_flush(self.run)  # on disk now: trackio's own thread writes every half second
 
     def end(self, end: TrialEnd) -> None:
         import trackio

@@ -7,9 +7,10 @@ restarts when a run resumes offline and refuses to go back after a crash."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-from ._records import ChunkLog, Leaderboard, TrialEnd, TrialInfo
+from ._records import END_STATES, ChunkLog, Leaderboard, TrialEnd, TrialInfo
 
 STEP = "train/global_step"
 
@@ -35,12 +36,15 @@ class WandbTracker:
                           settings=wandb.Settings(console="off"), **kwargs)
 
     def open(self, info: TrialInfo) -> WandbRun:
+        return WandbRun(lambda: self._open(info))
+
+    def _open(self, info: TrialInfo) -> Any:
         tags = ["rfopt", "trial"] + (["clone"] if info.clone_of is not None else [])
         run = self._init(id=run_id(self.study_id, info.number), name=info.name, job_type="trial",
                          config=info.run_config(), tags=tags, notes=info.description)
         run.define_metric(STEP)
         run.define_metric("*", step_metric=STEP)
-        return WandbRun(run)
+        return run
 
     def leaderboard(self, board: Leaderboard) -> None:
         import wandb
@@ -60,8 +64,18 @@ class WandbTracker:
 
 
 class WandbRun:
-    def __init__(self, run: Any) -> None:
-        self.run = run
+    """A trial's W&B run, finished at each flush (W&B writes an offline run's file every 15 s and when it finishes;
+    a killed process loses the rest) and resumed when next logged to."""
+
+    def __init__(self, start: Callable[[], Any]) -> None:
+        self.start = start
+        self._run: Any = None
+
+    @property
+    def run(self) -> Any:
+        if self._run is None:
+            self._run = self.start()
+        return self._run
 
     def steps(self, rows: list[dict[str, float]]) -> None:
         for row in rows:
@@ -70,15 +84,21 @@ class WandbRun:
     def chunk(self, log: ChunkLog) -> None:
         self.run.log({STEP: log.step, **log.metrics()})
 
+    def flush(self) -> None:
+        self.release()
+
     def end(self, end: TrialEnd) -> None:
-        self.run.summary["state"] = end.state
+        run = self.run
+        run.summary["state"] = end.state
         if end.reason:
-            self.run.summary["end_reason"] = end.reason
+            run.summary["end_reason"] = end.reason
         if end.value is not None:
-            self.run.summary["value"] = end.value
-        self.run.tags = (*[t for t in self.run.tags or () if t not in ("complete", "pruned", "stopped", "failed")],
-                         end.state)
-        self.run.finish(exit_code=1 if end.failed else 0)
+            run.summary["value"] = end.value
+        run.tags = (*[t for t in run.tags or () if t not in END_STATES], end.state)
+        run.finish(exit_code=1 if end.failed else 0)
+        self._run = None
 
     def release(self) -> None:
-        self.run.finish()
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
