@@ -89,11 +89,13 @@ def normalize(report_to: str | Sequence[str] | None) -> list[str]:
     missing = [n for n in names if not _installed(n)]
     if missing:
         packages = " ".join(_INSTALLED[n][1] for n in missing)
+        extra = ("; pip install 'rfopt[trackers]' installs the four that rfopt logs itself"
+                 if any(n in NAMED for n in missing) else "")
         raise TrackerRefused(
             f"report_to: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here, so every "
             f"trial would fail at its first chunk; install {'it' if len(missing) == 1 else 'them'} (pip install "
-            f"{packages}, or pip install 'rfopt[trackers]' for all four that rfopt logs itself) or leave "
-            f"{'it' if len(missing) == 1 else 'them'} out of report_to (installed here: {installed() or 'none'})")
+            f"{packages}) or leave {'it' if len(missing) == 1 else 'them'} out of report_to (installed here: "
+            f"{installed() or 'none'}){extra}")
     return names
 
 
