@@ -280,7 +280,11 @@ class Tracking:
 
         def listener(done: Any) -> None:
             if done.step > 0 and done.logs:
-                trial = self._trial(number)
+                try:
+                    trial = self._trial(number)
+                except Exception as exc:  # noqa: BLE001 - reading the trial failed: its training goes on regardless
+                    logger.warning("trial %d: its runs could not be opened (%s: %s)", number, type(exc).__name__, exc)
+                    trial = None
                 if trial is not None:
                     row = dict(done.logs) | {"step": done.logs.get("step", done.global_step) + trial.offset}
                     trial.logged.add(int(row["step"]))
