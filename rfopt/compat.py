@@ -83,6 +83,14 @@ Kept for exactness or correctness (none of them is a speed trick):
     rung decisions (``rfopt.pruning``) run Optuna's pruners on a view of the study at one step, and
     need their constructor arguments (kept in private attributes), Optuna's percentile helpers (for
     the reason text) and a read-only `optuna.Study` that serves trials from a list.
+``trackio_run_per_trial``  `trackio_run` opens a run with ``trackio.init`` in an empty ``contextvars.Context``:
+    ``trackio.init`` finishes the run that is current (``trackio.context_vars.current_run``, a ``ContextVar``) before
+    it opens another, so one process could hold one run. In a context of its own each ``init`` sees none and leaves
+    the caller's alone. Buys: a trackio run per trial of a gang (`rfopt.training.trackers`).
+``trackio_flush``  `trackio_flush` writes what a local trackio run (``Run._is_local``) has queued now (``Run._flush_queues_inline``,
+    under ``Run._client_lock``, as its sender thread does every ``BATCH_SEND_INTERVAL``); trackio has no public
+    flush but ``finish``. Buys: a committed chunk is in trackio's database when the commit returns, so a crash right
+    after it loses nothing of it.
 
 None is kept for speed: each speed patch was measured on the SmolLM2 full study and removed when it
 did not buy 1% of it (BENCHMARKS.md, "Engine core").
@@ -110,6 +118,7 @@ TESTED: dict[str, str] = {
     "optuna": "~=5.0.0",
     "optuna-dashboard": "~=0.21.0",
     "torch": ">=2.4,<2.15",
+    "trackio": "~=0.43.0",
 }
 """The versions each patched library was checked against (compatible-release ranges, as pinned in pyproject.toml)."""
 
@@ -540,3 +549,25 @@ class StudyView(optuna.Study):
 
     def _best_of(self, deepcopy: bool) -> Any:
         raise NotImplementedError
+
+
+# ---------------------------------------------------------------------- trackio (rfopt.training.trackers)
+def trackio_run(**kwargs: Any) -> Any:
+    """``trackio.init(**kwargs)``'s run, the runs opened before it left running (entry ``trackio_run_per_trial``)."""
+    import contextvars
+
+    import trackio
+    from trackio import context_vars
+
+    check_version("trackio")
+    _require(context_vars, "current_run", "trackio_run_per_trial")
+    return contextvars.Context().run(trackio.init, **kwargs)
+
+
+def trackio_flush(run: Any) -> None:
+    """Write what `run` (a local ``trackio.Run``) has queued now (entry ``trackio_flush``)."""
+    _require(run, "_flush_queues_inline", "trackio_flush")
+    if not getattr(run, "_is_local", False):  # a Space's or server's run: its sender thread sends it
+        return
+    with run._client_lock:
+        run._flush_queues_inline()

@@ -182,9 +182,10 @@ class Study:
                 configs say (their ``use_cpu``, ``bf16`` and ``fp16`` are not used).
             precision: ``"auto"`` (fp32 on the CPU, bf16 on a GPU that has it), ``"fp32"``, ``"bf16"`` or ``"fp16"``.
             on_unit: called after each committed unit with ``(trial_number, step, value)``.
-            report_to: the experiment trackers each trial's TRL logs go to, as TRL's ``report_to`` (``"tensorboard"``,
-                ``"wandb"``, ``"mlflow"``, ``"trackio"``, a list, ``"none"``): one run per trial, named
-                ``<study>-trial-<n>``, grouped by study (`rfopt.training.trackers`). Stored on the study: None takes the stored
+            report_to: the experiment trackers each trial is logged to, by TRL's ``report_to`` names (``"tensorboard"``,
+                ``"wandb"``, ``"mlflow"``, ``"trackio"``, a list, ``"none"``): one run per trial (in gangs too), named
+                ``<study>-trial-<n>``, grouped by study, with the trial's params, TRL's step logs, each chunk's value and
+                eval metrics and how it ended (`rfopt.training.trackers`). Stored on the study: None takes the stored
                 value (none for a new study); a value given replaces it for this and later runs.
             executor: None (train here), or `rfopt.RayCluster(...)`: one worker per device of a Ray cluster trains the
                 study (`rfopt.engine.cluster`), each device its own (`device` is left out); this process shows the progress

@@ -1,5 +1,6 @@
 import logging
 import os
+import tempfile
 import warnings
 
 import pytest
@@ -11,6 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore", category=UserWarning)
+# trackio reads its directory once, when first imported: the tests' trackio runs go to a folder of their own, not the
+# user's ~/.cache (each test names its own project). Set before any test imports trackio; inherited by subprocesses.
+os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="rfopt-tests-trackio-"))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
-"""Trials' TRL logs in the user's tracker through TRL's own ``report_to``: one run per trial, per-step scalars on the
-trial's global step, a resumed trial continuing its run, and results bit-identical with the tracker on."""
+"""Trials' TRL logs in TensorBoard: one run per trial, per-step scalars on the trial's global step, a resumed trial
+continuing its run, and results bit-identical with the tracker on; ``report_to`` checked before anything runs, and a
+tracker passed on to TRL's one-run-per-process integration training one trial at a time. (W&B, MLflow and trackio,
+and TensorBoard's part of them: tests/test_tracker_runs.py.)"""
 
 from pathlib import Path
 
@@ -46,7 +48,7 @@ def test_tensorboard_gets_one_run_per_trial_with_per_step_scalars_and_the_same_r
     tracked.optimize(configs, TRAIN, EVAL, show_progress_bar=False)  # continues trial 0, runs trial 1
 
     runs = sorted(p.name for p in (tmp_path / "tb" / "tracked").iterdir())
-    assert runs == ["trial-0", "trial-1"]  # one run per trial, grouped under the study
+    assert runs == ["leaderboard", "trial-0", "trial-1"]  # one run per trial, grouped under the study
     for number in (0, 1):
         run = event_accumulator.EventAccumulator(str(tmp_path / "tb" / "tracked" / f"trial-{number}"))
         run.Reload()
@@ -57,7 +59,7 @@ def test_tensorboard_gets_one_run_per_trial_with_per_step_scalars_and_the_same_r
         stored = TrialRecord(tracked.optuna.trials[number]).step_metrics()
         assert [e.value for e in rewards] == pytest.approx([row["reward"] for row in stored])
     resumed = Path(tmp_path / "tb" / "tracked" / "trial-0")
-    assert len(list(resumed.glob("events.out.tfevents.*"))) == 2  # each chunk's trainer appended to the trial's run
+    assert len(list(resumed.glob("events.out.tfevents.*"))) == 2  # each process appended to the trial's run
 
     for number in (0, 1):
         a, b = plain.optuna.trials[number], tracked.optuna.trials[number]
@@ -85,7 +87,7 @@ def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_run
     command = run_command(storage, "--report-to", "tensorboard", "--checkpoint-dir", str(tmp_path / "ck"))
     assert run(command, tmp_path, environ, tmp_path / "log") == 0, (tmp_path / "log").read_text()
     runs = tmp_path / "runs" / "tiny"
-    assert sorted(p.name for p in runs.iterdir()) == ["trial-0", "trial-1"]
+    assert sorted(p.name for p in runs.iterdir()) == ["leaderboard", "trial-0", "trial-1"]
     study = rfopt.load_study("tiny", storage)
     for number in (0, 1):
         events = event_accumulator.EventAccumulator(str(runs / f"trial-{number}"))
@@ -97,46 +99,20 @@ def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_run
     assert study_attrs(study.optuna)["rfopt:report_to"] == ["tensorboard"]
 
 
-def test_trackers_with_one_active_run_per_process_are_named_so_a_gang_trains_one_trial_at_a_time(monkeypatch):
-    """wandb and MLflow keep one active run per process: a run reporting to them trains with gang_size 1
-    (`Study._run` says so in a warning); TensorBoard writes each member's own run."""
-    from rfopt.training import trackers
-    from rfopt.training.trackers import Tracking
-
-    assert Tracking(["wandb", "tensorboard"], "s").single_run_trackers() == ["wandb"]
-    assert Tracking(["mlflow"], "s").single_run_trackers() == ["mlflow"]
-    assert Tracking(["tensorboard"], "s").single_run_trackers() == []
-    monkeypatch.setattr(trackers, "_installed", lambda name: name == "mlflow")
-    assert Tracking(["all"], "s").single_run_trackers() == ["mlflow"]  # "all": those installed
-
-
-def test_a_run_reporting_to_a_one_run_tracker_trains_one_trial_at_a_time_and_says_so(
+def test_a_run_reporting_to_a_tracker_passed_on_to_trl_trains_one_trial_at_a_time_and_says_so(
         tiny_model, tmp_path, monkeypatch, caplog):
-    from rfopt.training.trackers import Tracking
+    """TRL's integrations of trackers other than the four rfopt logs itself keep one active run per process: a run
+    reporting to one trains with gang_size 1 and says so in a warning."""
+    from rfopt.training import trackers
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
-    monkeypatch.setattr(Tracking, "single_run_trackers", lambda self: ["wandb"])  # wandb is not installed here
+    monkeypatch.setattr(trackers, "passed_on", lambda report_to: ["comet_ml"])  # comet_ml is not installed here
+    monkeypatch.setattr(trackers.Tracking, "trainer_args", lambda self, number: {"report_to": []})
     study = rfopt.create_study(study_name="one-run", storage=f"sqlite:///{tmp_path / 's.db'}", num_chunks=2,
                                report_to="tensorboard")
     with caplog.at_level("WARNING", logger="rfopt"):
         study.optimize(rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3]), TRAIN, EVAL,
                        show_progress_bar=False)
-    assert "one trial at a time (gang_size 1 instead of 4)" in caplog.text
+    assert "report_to comet_ml: one trial at a time (gang_size 1 instead of 4)" in caplog.text
     assert not [k for t in study.optuna.trials for k in t.system_attrs if k.startswith("rfopt:gang:")]
     assert all(t.state.name == "COMPLETE" for t in study.optuna.trials)
-
-
-def test_each_gang_member_gets_its_own_tensorboard_run_where_the_user_set_no_directory(tmp_path, monkeypatch):
-    """A gang's members open their chunk blocks one inside another: the second must not read the first's directory
-    as the user's (it nested its run inside the first's)."""
-    import os
-
-    from rfopt.training.trackers import Tracking
-
-    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
-    tracking = Tracking(["tensorboard"], "s")
-    with tracking.chunk(0):
-        assert os.environ["TENSORBOARD_LOGGING_DIR"] == os.path.join("runs", "s", "trial-0")
-        with tracking.chunk(1):
-            assert os.environ["TENSORBOARD_LOGGING_DIR"] == os.path.join("runs", "s", "trial-1")
-    assert "TENSORBOARD_LOGGING_DIR" not in os.environ  # the user's (unset) value is back

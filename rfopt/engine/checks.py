@@ -30,6 +30,7 @@ from rfopt.errors import MissingPackage, Refusal, TypeRefusal
 from rfopt.pruning import PopulationBasedTraining
 from rfopt.storage import schema
 from rfopt.storage.schema import study_record
+from rfopt.training.trackers import check as check_trackers
 from rfopt.training.trackers import normalize as trackers_of
 
 from .request import RunRequest
@@ -132,6 +133,7 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
     # The stored trackers are checked too: one uninstalled since would fail every trial.
     trackers = trackers_of(request.report_to if request.report_to is not None
                            else record.settings.get("report_to", []))
+    check_trackers(trackers)  # one that cannot log here (unreachable, no credentials) would lose every trial's run
     return CheckedRun(request, space, plan, settings, attrs, [config for _, config in configs], trackers, pruner,
                       None if request.timeout is None else started + request.timeout)
 

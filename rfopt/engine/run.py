@@ -131,19 +131,24 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
     """Drive the study until nothing is left to do here; return how many units this call committed."""
     request = checked.request
     workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
+    tracking = Tracking(checked.report_to, study) if checked.report_to else None
     ctx = Context(study=study, store=store, plan=checked.plan, train_dataset=request.train_dataset,
                   eval_dataset=request.eval_dataset, objective=checked.settings.objective,
-                  settings=checked.settings.eval_settings, pool=pool, workdir=workdir,
-                  tracking=Tracking(checked.report_to, study.study_name) if checked.report_to else None,
+                  settings=checked.settings.eval_settings, pool=pool, workdir=workdir, tracking=tracking,
                   subscribers=[publish_unit])
+    if tracking is not None:  # each committed unit's value and eval metrics in the trial's runs
+        ctx.subscribers.append(lambda event: tracking.committed(event.trial.number, event.unit, event.value))
     data_parallel = request.worker.data_parallel if request.worker is not None else None
     if data_parallel is not None:
         ctx.runner_class = functools.partial(DataParallelRunner, group=data_parallel)
     gang_size = request.gang
-    if gang_size > 1 and ctx.tracking is not None and (single := ctx.tracking.single_run_trackers()):
-        logger.warning("report_to %s: one trial at a time (gang_size 1 instead of %d): %s keep%s one active run "
-                       "per process, so gang members would write into each other's runs", ", ".join(single),
-                       gang_size, " and ".join(single), "s" if len(single) == 1 else "")
+    if gang_size > 1 and tracking is not None and tracking.passed_on:
+        # rfopt logs each trial's run itself for tensorboard, wandb, mlflow and trackio; TRL's integrations of the
+        # others keep one active run per process, so gang members would write into each other's runs.
+        single = tracking.passed_on
+        logger.warning("report_to %s: one trial at a time (gang_size 1 instead of %d): TRL's integration of %s "
+                       "keeps one active run per process, so gang members would write into each other's runs",
+                       ", ".join(single), gang_size, " and ".join(single))
         gang_size = 1
     if request.on_unit is not None:
         ctx.callbacks.append(lambda event: request.on_unit(event.trial.number, event.unit, event.value))
@@ -151,7 +156,10 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
         ctx.step_listeners.append(progress.step)
     committed = []
     ctx.subscribers.append(committed.append)
-    roster = Roster(ctx, checked.space, pruner=checked.pruner, callbacks=request.callbacks, catch=request.catch)
+    # The trackers hear of a trial's end first: a user's callback that raises ends the run.
+    ended = [tracking.ended] if tracking is not None else []
+    roster = Roster(ctx, checked.space, pruner=checked.pruner, callbacks=[*ended, *request.callbacks],
+                    catch=request.catch)
     if progress is not None:  # one line per committed unit, a gang's several commits of one round included
         ctx.subscribers.append(lambda event: progress(roster.progress()))
     more_to_ask = _more_to_ask(study, checked, n_trials)
@@ -178,6 +186,8 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
     finally:
         for number in list(roster.live):
             roster.live.pop(number).runner.cleanup()
+        if tracking is not None:
+            tracking.close()
         pool.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return len(committed)

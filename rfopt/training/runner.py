@@ -173,8 +173,8 @@ class TrialRunner:
         tracking: Tracking | None = None,
     ) -> None:
         """`start_unit` > 0 starts a warm-started clone at its parent's progress: it trains the remaining units
-        with a fresh optimizer and LR schedule over the remaining steps. `tracking`: the trackers every chunk's trainer
-        reports to (`rfopt.training.trackers`); none by default."""
+        with a fresh optimizer and LR schedule over the remaining steps. `tracking`: where the trial's steps are logged
+        (`rfopt.training.trackers`); none by default."""
         self.number = number
         self.config = config
         self.plan = plan
@@ -247,12 +247,13 @@ class TrialRunner:
         model = self.model
         # The first chunk keeps the RNG the trainer's constructor seeded; later ones continue the trial's own.
         new_epoch = self._rng is not None and self.schedule.chunk_of_unit(unit) == 0
+        args = self.chunk_args()
+        if self.tracking is not None:  # each step's TRL logs in the trial's runs (`rfopt.training.trackers`)
+            on_step = self.tracking.step_listener(self.number, on_step)
         boundary = _boundary_callback(stop_at, self.schedule.steps_per_chunk, self._rng, new_epoch, should_stop,
                                       on_step)
-        args = self.chunk_args()
-        tracked = self.tracking.chunk(self.number) if self.tracking is not None else contextlib.nullcontext()
         restored = contextlib.nullcontext() if in_gang else compat.restore_shared_model(model, args)
-        with tracked, restored, warnings.catch_warnings():
+        with restored, warnings.catch_warnings():
             # TRL calls its rollout hook experimental; rfopt's gangs are the ones who use it, knowingly.
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'", category=UserWarning)
             trainer = compat.chunk_trainer_class()(
@@ -419,17 +420,12 @@ class TrialRunner:
         )
 
     def _tracker_args(self) -> dict[str, Any]:
-        """``report_to`` and the run's name (and trackio's project) for the trial's trackers (`rfopt.training.trackers`)."""
-        if self.tracking is None or not self.tracking.report_to:
+        """``report_to`` and the run's name for the trackers passed on to TRL's integrations; rfopt logs to the others
+        itself (`rfopt.training.trackers`)."""
+        if self.tracking is None:
             return {"report_to": []}
-        args = {"report_to": list(self.tracking.report_to), "run_name": self.tracking.run_name(self.number)}
-        if self.tracking.uses("trackio") and self.config.args.project == _DEFAULT_PROJECT:
-            args["project"] = self.tracking.study
-        return args
+        return self.tracking.trainer_args(self.number)
 
-
-_DEFAULT_PROJECT = "huggingface"
-"""`TrainingArguments.project`'s default: a trial config that keeps it reports to trackio under the study's name."""
 
 _SELECTED: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Any]] = weakref.WeakKeyDictionary()
 

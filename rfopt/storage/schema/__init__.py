@@ -39,7 +39,7 @@ column: see `StepColumns`), ``rfopt:pruning:<step>`` (rung decisions),
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
 request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``, ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
+``rfopt:adapter``, ``rfopt:tracked`` (the units each tracker holds), ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
 ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
@@ -110,6 +110,7 @@ from ._trial import (
     write_request,
     write_schedule,
     write_stop,
+    write_tracked,
     write_unit,
     write_withdrawal,
 )
@@ -172,6 +173,7 @@ __all__ = [
     "write_schedule",
     "write_settings",
     "write_stop",
+    "write_tracked",
     "write_unit",
     "write_withdrawal",
 ]

@@ -31,6 +31,7 @@ from ._keys import (
     _SCHEDULE,
     _STEPS,
     _STOPPED,
+    _TRACKED,
     _WITHDRAWN,
     decision_key,
     metrics_key,
@@ -289,6 +290,13 @@ class TrialRecord:
         return self.attrs.get(_ADAPTER)
 
     @property
+    def tracked(self) -> dict[str, int]:
+        """Units whose logs each tracker of ``report_to`` is known to hold, by tracker (`rfopt.training.trackers`):
+        a process that opens the trial's runs logs the committed units after these again, from storage."""
+        data = self.attrs.get(_TRACKED)
+        return {str(k): int(v) for k, v in data.items()} if isinstance(data, Mapping) else {}
+
+    @property
     def pruned_by_rung(self) -> PruneDecision | None:
         """The stored rung decision that pruned it, if one did."""
         for step in sorted(self.trial.intermediate_values, reverse=True):
@@ -416,3 +424,7 @@ def write_fail_reason(ref: TrialRef, reason: str) -> None:
 
 def write_adapter(ref: TrialRef, location: str) -> None:
     ref.set(_ADAPTER, location)
+
+
+def write_tracked(ref: TrialRef, tracked: Mapping[str, int]) -> None:
+    ref.set(_TRACKED, dict(tracked))
