@@ -435,6 +435,23 @@ def test_leaderboard_lists_the_best_trial_first_with_its_params_and_eval_rewards
     assert "★ best" in board
 
 
+def test_a_user_attr_named_like_an_rfopt_record_leaves_every_page_readable(study, tmp_path):
+    """Issue 35: ``rfopt:stopped = True`` as a user attr made the study's pages answer 500 (read as an earlier rfopt's
+    stop record). On a trial this rfopt configured it is the user's; on one an earlier rfopt configured, a record of
+    another shape is skipped."""
+    storage, sid = study.optuna._storage, study.optuna._study_id
+    storage.set_trial_user_attr(_trials(study)[2]._trial_id, "rfopt:stopped", True)
+    config = trial_config("tiny-model-not-loaded-here").to_json()
+    study.optuna.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED, intermediate_values={0: 0.1},
+                                                     user_attrs={"rfopt:config": config, "rfopt:stopped": True}))
+    study.optuna.set_user_attr("rfopt:halt", "now")
+    with serving(storage) as server:
+        for path in (f"/rfopt/studies/{sid}", f"/rfopt/api/studies/{sid}/page", f"/rfopt/api/studies/{sid}/trials",
+                     "/rfopt", f"/rfopt/studies/{sid}/compare", f"/rfopt/api/studies/{sid}/trials/3/config"):
+            assert call(server, "GET", path)[0] == 200, path
+    assert cli(["status", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study", "demo"]) == 0
+
+
 def test_plotly_js_and_the_pages_files_are_served_locally_with_caching_headers(study):
     import gzip
 
