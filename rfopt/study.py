@@ -87,6 +87,8 @@ class Study:
         self.optuna = optuna_study
         self._requested = None if checkpoint_dir is None else normalize_location(checkpoint_dir)
         self._pruner = pruner if pruner is not None else optuna_study.pruner
+        if isinstance(optuna_study.pruner, PopulationBasedTraining):  # made with optuna.create_study(pruner=pbt)
+            optuna_study.pruner = optuna_pruner(optuna_study.pruner)  # a NopPruner, as rfopt.create_study gives it
         follow_moved_checkpoints(optuna_study, self._requested)
 
     @property
