@@ -407,7 +407,7 @@ def create_study(
     check_pruner(pruner)
     given = StudySettings(num_chunks, chunk_seed, objective, eval_settings)
     trackers = None if report_to is None else trackers_of(report_to)
-    storage = open_storage(storage or "sqlite:///rfopt.db")
+    storage = open_storage("sqlite:///rfopt.db" if storage is None else storage)  # "" is refused, not the default
     study = optuna.create_study(
         study_name=study_name,
         storage=storage,

@@ -184,6 +184,8 @@ def test_open_storage_without_create_refuses_a_missing_file_and_opens_an_existin
                                        "give sqlite:///path.db"),
     ("sqlite://", "storage 'sqlite://' is an in-memory SQLite database, which ends with this command and holds no study "
                   "before it; give a file: sqlite:///path.db"),
+    ("sqlite://s.db", "storage 'sqlite://s.db' is not a SQLite URL: 's.db' stands where a host would, and a SQLite file "
+                      "is named after three slashes: sqlite:///s.db; give sqlite:///path.db"),
 ])
 @pytest.mark.parametrize("command", [["status"], ["run", "study.py"]])
 def test_a_malformed_storage_url_is_one_line_naming_the_url_and_the_accepted_forms(url, message, command, tmp_path,
@@ -195,6 +197,26 @@ def test_a_malformed_storage_url_is_one_line_naming_the_url_and_the_accepted_for
     assert f"rfopt: error: {message}" in err
     assert "postgresql://user@host/db" in err and "Traceback" not in err
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("", "storage '' is not a database URL; give sqlite:///path.db"),
+    ("sqlite://s.db", "storage 'sqlite://s.db' is not a SQLite URL: 's.db' stands where a host would"),
+    ("sqllite:///x.db", "storage 'sqllite:///x.db': unknown database kind 'sqllite'"),
+])
+def test_the_python_api_refuses_a_malformed_storage_as_the_command_line_does_creating_nothing(url, message, tmp_path,
+                                                                                             monkeypatch):
+    """Issue 35: ``create_study(storage="")`` silently made rfopt.db; ``"sqlite://s.db"`` gave SQLAlchemy's raw
+    error."""
+    import rfopt
+    from rfopt.storage.database import StorageLocationError
+
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: rfopt.create_study(study_name="x", storage=url), lambda: rfopt.load_study("x", url)):
+        with pytest.raises(StorageLocationError) as raised:
+            call()
+        assert message in str(raised.value) and "postgresql://user@host/db" in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("source", "message"), [

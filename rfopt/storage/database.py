@@ -154,6 +154,11 @@ def check_url(storage: str, *, create: bool = True) -> URL:
             f"storage {redact(storage)!r}: the Python driver for {url.drivername!r} is not installed ({exc}){extra}; "
             f"install it, or give {URL_FORMS}"
         ) from None
+    if url.get_backend_name() == "sqlite" and (url.host or url.port or url.username or url.password):
+        # "sqlite://s.db": two slashes make "s.db" a host, which SQLite does not have (SQLAlchemy refuses it later).
+        raise StorageLocationError(
+            f"storage {redact(storage)!r} is not a SQLite URL: {url.host!r} stands where a host would, and a SQLite "
+            f"file is named after three slashes: sqlite:///{url.host or 'path.db'}; give {URL_FORMS}")
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
             and not url.query.get("uri"):  # a file: URI (mode=ro, ...) is SQLite's own business
         _check_sqlite_file(url.database, create=create)
