@@ -336,3 +336,18 @@ def test_ddp_reads_the_parameters_to_ignore_from_the_attribute_rfopt_sets():
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ["bias"])
     assert module._ddp_params_and_buffers_to_ignore == ["bias"]
     assert "_ddp_params_and_buffers_to_ignore" in inspect.getsource(DistributedDataParallel.__init__)
+
+
+def test_the_loss_types_rfopt_accepts_are_the_ones_trls_grpo_trainer_computes():
+    """Canary for `compat.GRPO_LOSS_TYPES`: GRPOConfig takes any text as loss_type, and GRPOTrainer raises "Unknown
+    loss type" at the first step for one it does not compute."""
+    import inspect
+    import re
+
+    import trl.trainer.grpo_trainer as grpo
+
+    source = inspect.getsource(grpo)
+    assert "Unknown loss type" in source
+    named = set(re.findall(r'loss_type (?:==|in) \[?"([a-z_]+)"', source)) | set(
+        re.findall(r'"([a-z_]+)"', " ".join(re.findall(r"loss_type in \[([^\]]+)\]", source))))
+    assert named == set(compat.GRPO_LOSS_TYPES), named ^ set(compat.GRPO_LOSS_TYPES)

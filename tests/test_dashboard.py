@@ -191,6 +191,61 @@ def test_refused_op_answers_400_with_the_reason_and_changes_nothing(study, numbe
     assert _snapshot(study) == before
 
 
+@pytest.mark.parametrize("assignment, message", [
+    ("learning_rate=1e400", "learning_rate: '1e400' is not a finite number (it reads as inf)"),
+    ("learning_rate=nan", "learning_rate: 'nan' is not a finite number"),
+    ("per_device_train_batch_size=0", "per_device_train_batch_size=0: each must be a whole number, 1 or more"),
+    ("gradient_accumulation_steps=0", "gradient_accumulation_steps=0"),
+    ("deepspeed=missing.json", "deepspeed: DeepSpeed is not supported yet"),
+    ("fsdp=full_shard", "fsdp: FSDP is not supported yet"),
+    ("max_completion_length=0", "args.max_completion_length: 0; a completion needs at least one token"),
+    ("num_iterations=0", "num_iterations=0: each must be a whole number, 1 or more"),
+    ("loss_type=bogus", "args.loss_type: 'bogus' is not a loss GRPOTrainer computes; use one of 'grpo'"),
+    ("lora_r=0", "PEFT refuses this adapter on"),
+    ('peft_config.target_modules=["nope"]', "Target modules {'nope'} not found in the base model"),
+])
+@pytest.mark.parametrize("check_only", [True, False])
+def test_a_clone_that_its_first_chunk_would_refuse_is_answered_400_by_check_and_clone_alike(
+        study, tiny_model, assignment, message, check_only):
+    """Issue 35: ``1e400``/``NaN`` got "'<=' not supported" under a ``grpo:`` label; a batch size or gradient
+    accumulation of 0 and a missing DeepSpeed file answered 500; Check accepted what failed at the clone's first chunk.
+    Check builds what the first chunk builds (its GRPOConfig with the plan's max_steps, its adapter on the model's
+    shape on the meta device)."""
+    schema.write_config(_ref_of(study, 2), trial_config(tiny_model).to_json())  # a model whose shape can be read
+    before = _snapshot(study)
+    with serving(study.optuna._storage) as server:
+        status, answer, _ = call(server, "POST", api(study, 2, "clone"), {"set": [assignment], "check_only": check_only})
+    assert status == 400, answer
+    assert message in answer["error"] and answer["error"].startswith("clone of trial 2: ")
+    assert _snapshot(study) == before
+
+
+def test_check_says_what_it_checked_and_what_only_training_checks(study, tiny_model):
+    schema.write_config(_ref_of(study, 2), trial_config(tiny_model).to_json())
+    with serving(study.optuna._storage) as server:
+        status, answer, _ = call(server, "POST", api(study, 2, "clone"), {"set": ["lora_r=8"], "check_only": True})
+    assert status == 200, answer
+    assert "would be accepted (nothing written): its config, chunk plan, first chunk's GRPOConfig and adapter" in (
+        answer["message"])
+    assert "not checked until it trains: its model's weights, generation and reward scores" in answer["message"]
+
+
+def test_a_study_id_past_sqls_integers_is_not_found(study):
+    """Issue 35: a huge study id in a URL answered 500 (OverflowError: Python int too large to convert to SQLite
+    INTEGER)."""
+    huge = 10**30
+    with serving(study.optuna._storage) as server:
+        for path in (f"/rfopt/studies/{huge}", f"/rfopt/api/studies/{huge}/page", f"/rfopt/api/studies/{huge}/trials",
+                     f"/rfopt/api/studies/{huge}/trials/0/config"):
+            assert call(server, "GET", path)[0] == 404, path
+        assert call(server, "POST", f"/rfopt/api/studies/{huge}/trials/0/pause", {})[0] == 404
+
+
+def _ref_of(study, number):
+    frozen = _trials(study)[number]
+    return schema.TrialRef(study.optuna._storage, frozen._trial_id, frozen.number)
+
+
 def test_only_rfopts_refusals_are_answered_as_the_users_mistake(study, monkeypatch):
     """A clone refused by rfopt answers 400 with the reason; a ValueError from anywhere else is a bug (500), not a
     message telling the user what to fix."""

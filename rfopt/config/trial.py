@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rfopt import compat
 from rfopt.errors import ConfigError
 
 from .codec import (
@@ -56,7 +57,7 @@ from .codec import (
     reward_from_json,
     reward_to_json,
 )
-from .overrides import override_dict
+from .overrides import UNSUPPORTED_FIELDS, override_dict
 from .rewardfuncs import reward_name
 from .usercode import import_path, resolve_import
 
@@ -208,6 +209,9 @@ class TrialConfig:
                 value = getattr(args, f.name, None)
                 if isinstance(value, float) and math.isnan(value):
                     problems.append(f"args.{f.name}: NaN; give a number")
+                elif isinstance(value, float) and not math.isfinite(value):
+                    problems.append(f"args.{f.name}: {value}; give a finite number (a stored config keeps JSON numbers)")
+            problems += _first_chunk_problems(args)
         if not self.reward_funcs:
             problems.append("reward_funcs: empty; give at least one reward function")
         for i, func in enumerate(self.reward_funcs if check_code else []):
@@ -385,6 +389,22 @@ def _reward_func(func: Any, i: int) -> Any:
                           "(f(prompts, completions, **kwargs) -> list of floats), a 'module:function' path, or a "
                           "callable instance")
     return func
+
+
+def _first_chunk_problems(args: Any) -> list[str]:
+    """What a `GRPOConfig` accepts and the first chunk refuses (or rfopt does not support): a loss TRL does not
+    compute, nothing to generate, DeepSpeed or FSDP."""
+    problems = []
+    if args.loss_type not in compat.GRPO_LOSS_TYPES:
+        problems.append(f"args.loss_type: {args.loss_type!r} is not a loss GRPOTrainer computes; use one of "
+                        f"{', '.join(map(repr, compat.GRPO_LOSS_TYPES))}")
+    if args.max_completion_length is not None and args.max_completion_length < 1:
+        problems.append(f"args.max_completion_length: {args.max_completion_length}; a completion needs at least one "
+                        "token")
+    for name in ("deepspeed", "fsdp"):
+        if getattr(args, name, None):
+            problems.append(f"args.{name}: {UNSUPPORTED_FIELDS[name]}")
+    return problems
 
 
 def _is_grpo_config(args: Any) -> bool:

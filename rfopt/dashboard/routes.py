@@ -153,7 +153,7 @@ class _Routes:
         """The study with that id; else raises the 404 answer."""
         try:
             name = self.storage.get_study_name_from_id(study_id)
-        except KeyError:
+        except (KeyError, OverflowError):  # an id past SQL's integers names no study either
             raise json_error(404, f"no study with id {study_id}") from None
         return optuna.load_study(study_name=name, storage=self.storage, sampler=optuna.samplers.RandomSampler())
 

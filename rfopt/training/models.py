@@ -122,6 +122,25 @@ def _meta_model(config: TrialConfig) -> tuple[Any, Any, int] | None:
     return model, model_config, _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
 
 
+def check_adapter(config: TrialConfig) -> str | None:
+    """Build `config`'s PEFT adapter on its base model on the meta device (no weights loaded), as its first chunk
+    builds it: `ConfigError` with PEFT's own message where PEFT refuses it (``r=0``, target modules the model does not
+    have); a note (what was not checked) where the base model's shape cannot be read here; None when it builds."""
+    if config.peft_config is None:
+        return None
+    meta = _meta_model(config)
+    if meta is None:
+        return (f"its adapter was not built on {config.model!r} here (the model's shape cannot be read without loading "
+                "it): the first chunk builds it")
+    from peft import get_peft_model
+
+    try:
+        get_peft_model(meta[0], copy.deepcopy(config.peft_config))
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        raise ConfigError(f"peft_config: PEFT refuses this adapter on {config.model!r}: {exc}") from None
+    return None
+
+
 @dataclass(frozen=True)
 class GangMemory:
     """What training a gang of trials on one base model holds in memory, by part (bytes), as `gang_memory` estimates
