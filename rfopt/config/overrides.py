@@ -65,7 +65,8 @@ def override_dict(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tupl
             if key in UNSUPPORTED_FIELDS:
                 raise ConfigError(f"{name}: {UNSUPPORTED_FIELDS[key]}")
             if key in PLACEMENT_FIELDS:
-                raise ConfigError(f"{name}: the device a study runs on decides use_cpu, bf16 and fp16 "
+                raise ConfigError(f"{name}: the device a study runs on decides use_cpu, bf16 and fp16 (and "
+                                  "dataloader_pin_memory, which transformers derives from use_cpu) "
                                   "(optimize(device=..., precision=...), rfopt run --device ... --precision ...)")
             data["args"][key] = typed[name] = jsonable(typed_value(GRPOConfig, key, value, name))
             if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
