@@ -333,7 +333,10 @@ class Study:
         if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
             raise LookupError(f"study {self.study_name!r} has no finished trial yet")
         best = self.optuna.best_trial
-        path = TrialRecord(best).adapter
+        record = TrialRecord(best)
+        path = record.adapter
+        if path is None and record.told_outside is not None:
+            raise LookupError(f"trial {best.number}, the best, was {record.told_outside}: nothing to export")
         if path is None or not location_exists(path):
             raise LookupError(f"trial {best.number}: its adapter is not in the checkpoint store ({path})")
         return path if is_url(path) else Path(path)
