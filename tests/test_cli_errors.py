@@ -219,6 +219,38 @@ def test_the_python_api_refuses_a_malformed_storage_as_the_command_line_does_cre
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_study_file_that_calls_sys_exit_when_imported_is_named_not_a_silent_exit(tmp_path, monkeypatch, capsys):
+    """Issue 35: ``sys.exit(3)`` at import exited with code 3 and no message."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    assert main(["run", "exits.py"]) == 1
+    err = capsys.readouterr().err
+    assert "rfopt: error: study file exits.py: it called sys.exit(3) (line 2) while it was imported" in err
+    assert list(p.name for p in tmp_path.iterdir()) == ["exits.py"]
+
+
+DATASETS_RAISE = """
+import rfopt
+from rfopt_testkit import trial_config
+
+def load_data():
+    return 1 / 0
+
+STUDY = rfopt.StudySpec(name="x", space=[trial_config("m")], datasets=load_data)
+"""
+
+
+def test_a_study_files_datasets_function_that_raises_is_named_with_the_file_and_line(tmp_path, monkeypatch, capsys):
+    """Issue 35: a ``datasets`` callable that raised gave a bare ``ZeroDivisionError``: which file, which function?"""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data_study.py").write_text(DATASETS_RAISE)
+    assert main(["run", "data_study.py"]) == 1
+    err = capsys.readouterr().err
+    assert ("rfopt: error: study file data_study.py: its datasets function load_data failed: ZeroDivisionError: "
+            "division by zero (line 6)") in err
+    assert list(p.name for p in tmp_path.iterdir()) == ["data_study.py"]
+
+
 @pytest.mark.parametrize(("source", "message"), [
     ("import rfopt\n\nSTUDY = rfopt.StudySpec(name='x',\n", "SyntaxError: '(' was never closed (line 3)"),
     ("import rfopt\nimport no_such_module_anywhere\n",

@@ -260,6 +260,27 @@ def test_only_rfopts_refusals_are_answered_as_the_users_mistake(study, monkeypat
     assert refused == 400 and "expected FIELD=VALUE" in reason["error"]
 
 
+@pytest.mark.parametrize("breakage, says", [("raise RuntimeError('boom')", "RuntimeError: boom (line 3)"),
+                                            ("import sys\nsys.exit(3)", "it called sys.exit(3) (line 4)"),
+                                            ("1 / 0", "ZeroDivisionError: division by zero (line 3)")])
+def test_a_clone_of_a_study_whose_file_broke_is_made_with_a_note_not_a_500(study, tmp_path, breakage, says):
+    """Issue 35: once a study's file broke (any exception, or sys.exit, as it is imported), the dashboard's clone
+    answered 500 and ``rfopt clone`` printed only "boom": the note held for ImportError only."""
+    from rfopt import compat
+
+    study_file = tmp_path / "broken_study.py"
+    study_file.write_text(f"def correctness(completions, **kwargs):\n    return [0.0] * len(completions)\n{breakage}\n")
+    config = json.loads(trial_attrs(_trials(study)[2])["rfopt:config"])
+    config["reward_funcs"] = [f"{study_file}:correctness"]
+    storage = compat.storage_of(study.optuna)
+    storage.set_trial_system_attr(compat.trial_id_of(_trials(study)[2]), "rfopt:config", json.dumps(config))
+    with serving(storage) as server:
+        status, body, _ = call(server, "POST", api(study, 2, "clone"), {"set": ["learning_rate=0.004"]})
+    assert status == 200 and body["trial"] == 3, body
+    assert "cannot be imported here" in body["notes"][0] and "broken_study.py" in body["notes"][0]
+    assert says in body["notes"][0]
+
+
 def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in_every_other_way(study):
     """The study's reward functions live in a study file this process cannot import: the clone is still made, the
     reply says what could not be checked here, and a bad override is still refused."""
