@@ -528,6 +528,30 @@ def test_a_user_attr_named_like_an_rfopt_record_leaves_every_page_readable(study
     assert cli(["status", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study", "demo"]) == 0
 
 
+def test_a_sqlite_file_this_user_cannot_write_is_shown_read_only_and_the_buttons_say_so(study, tmp_path):
+    """Issue 35: ``rfopt dashboard`` refused to start on a read-only SQLite file, so a shared, finished study could not
+    be looked at. It opens the file read-only; a button answers "read-only database", promising nothing."""
+    import os
+    import subprocess
+
+    path = tmp_path / "study.db"
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i (an immutable file, read-only even for root) is not available here")
+    try:
+        assert not os.access(path, os.W_OK)
+        before = _snapshot(study)
+        with serving(f"sqlite:///{path}") as server:
+            assert call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[0] == 200
+            assert call(server, "GET", f"/rfopt/api/studies/{study.optuna._study_id}/trials")[0] == 200
+            status, answer, _ = call(server, "POST", api(study, 2, "pause"), {})
+            checked = call(server, "POST", api(study, 2, "clone"), {"set": ["learning_rate=0.004"], "check_only": True})
+        assert status == 409 and answer["error"].startswith("read-only database: ") and "continue" not in answer["error"]
+        assert checked[0] == 200  # a check writes nothing
+        assert _snapshot(study) == before
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
 def test_plotly_js_and_the_pages_files_are_served_locally_with_caching_headers(study):
     import gzip
 
