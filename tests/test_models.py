@@ -368,3 +368,19 @@ def test_a_study_mixing_modules_to_save_and_full_fine_tuning_trains_the_full_tri
     mixed_values, mixed_weights = run("lora-first", [lora, full])
     assert mixed_values == values
     assert mixed_weights.keys() == weights.keys() and all((mixed_weights[k] == weights[k]).all() for k in weights)
+
+
+def test_the_adapter_check_on_the_meta_device_refuses_what_peft_refuses_and_not_what_needs_weights(tiny_model):
+    """A clone's Check builds its adapter on the model's shape (`check_adapter`): PEFT's refusals (r=0, target modules
+    the model lacks) are refused; an initialization that needs the weights (PiSSA) is not the config's fault."""
+    from rfopt.errors import ConfigError
+    from rfopt.training.models import check_adapter
+    from rfopt_testkit import lora_config
+
+    assert check_adapter(trial_config(tiny_model, peft=lora_config(init_lora_weights="pissa"))) is None
+    assert check_adapter(trial_config(tiny_model, peft=lora_config(target_modules="all-linear", use_dora=True))) is None
+    with pytest.raises(ConfigError, match="`r` should be a positive integer"):
+        check_adapter(trial_config(tiny_model, peft=lora_config(r=0)))
+    with pytest.raises(ConfigError, match="Target modules {'nope'} not found"):
+        check_adapter(trial_config(tiny_model, peft=lora_config(target_modules=["nope"])))
+    assert "the first chunk builds it" in check_adapter(trial_config("no/such-model-here"))
