@@ -97,6 +97,11 @@ class TrialSchedule:
 def _block(grpo: Any, world_size: int = 1) -> tuple[int, int, int]:
     """``(prompts, cycles, micro-steps a cycle)`` of the smallest whole block a chunk is made of for a trial with
     GRPOConfig `grpo`: whole generation cycles that end on an optimizer step."""
+    small = [f"{name}={getattr(grpo, name)!r}" for name in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                                             "steps_per_generation", "num_iterations", "num_generations")
+             if not isinstance(getattr(grpo, name), int) or getattr(grpo, name) < 1]
+    if small:
+        raise PlanError(f"{', '.join(small)}: each must be a whole number, 1 or more, for a training step to exist")
     G = grpo.num_generations
     generation_batch = grpo.per_device_train_batch_size * world_size * grpo.steps_per_generation
     if generation_batch % G:

@@ -245,6 +245,11 @@ def chunk_trainer_class() -> type:
     return ChunkTrainer
 
 
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+"""The ``loss_type`` values GRPOTrainer computes (TRL 1.16: its loss raises "Unknown loss type" for any other, at the
+first training step, while ``GRPOConfig`` accepts any text). Checked against TRL's source by tests/test_compat.py."""
+
+
 def create_model(model_id: str, **kwargs: Any) -> Any:
     """A model loaded from a Hub id or directory as ``GRPOTrainer`` loads a string ``model`` (entry
     ``trl_model_loading``): ``trl.trainer.utils.create_model_from_path(model_id, **kwargs)``, kwargs being

@@ -87,6 +87,8 @@ class Study:
         self.optuna = optuna_study
         self._requested = None if checkpoint_dir is None else normalize_location(checkpoint_dir)
         self._pruner = pruner if pruner is not None else optuna_study.pruner
+        if isinstance(optuna_study.pruner, PopulationBasedTraining):  # made with optuna.create_study(pruner=pbt)
+            optuna_study.pruner = optuna_pruner(optuna_study.pruner)  # a NopPruner, as rfopt.create_study gives it
         follow_moved_checkpoints(optuna_study, self._requested)
 
     @property
@@ -332,7 +334,10 @@ class Study:
         if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
             raise LookupError(f"study {self.study_name!r} has no finished trial yet")
         best = self.optuna.best_trial
-        path = TrialRecord(best).adapter
+        record = TrialRecord(best)
+        path = record.adapter
+        if path is None and record.told_outside is not None:
+            raise LookupError(f"trial {best.number}, the best, was {record.told_outside}: nothing to export")
         if path is None or not location_exists(path):
             raise LookupError(f"trial {best.number}: its adapter is not in the checkpoint store ({path})")
         return path if is_url(path) else Path(path)
@@ -406,7 +411,7 @@ def create_study(
     check_pruner(pruner)
     given = StudySettings(num_chunks, chunk_seed, objective, eval_settings)
     trackers = None if report_to is None else trackers_of(report_to)
-    storage = open_storage(storage or "sqlite:///rfopt.db")
+    storage = open_storage("sqlite:///rfopt.db" if storage is None else storage)  # "" is refused, not the default
     study = optuna.create_study(
         study_name=study_name,
         storage=storage,

@@ -184,6 +184,8 @@ def test_open_storage_without_create_refuses_a_missing_file_and_opens_an_existin
                                        "give sqlite:///path.db"),
     ("sqlite://", "storage 'sqlite://' is an in-memory SQLite database, which ends with this command and holds no study "
                   "before it; give a file: sqlite:///path.db"),
+    ("sqlite://s.db", "storage 'sqlite://s.db' is not a SQLite URL: 's.db' stands where a host would, and a SQLite file "
+                      "is named after three slashes: sqlite:///s.db; give sqlite:///path.db"),
 ])
 @pytest.mark.parametrize("command", [["status"], ["run", "study.py"]])
 def test_a_malformed_storage_url_is_one_line_naming_the_url_and_the_accepted_forms(url, message, command, tmp_path,
@@ -195,6 +197,58 @@ def test_a_malformed_storage_url_is_one_line_naming_the_url_and_the_accepted_for
     assert f"rfopt: error: {message}" in err
     assert "postgresql://user@host/db" in err and "Traceback" not in err
     assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("", "storage '' is not a database URL; give sqlite:///path.db"),
+    ("sqlite://s.db", "storage 'sqlite://s.db' is not a SQLite URL: 's.db' stands where a host would"),
+    ("sqllite:///x.db", "storage 'sqllite:///x.db': unknown database kind 'sqllite'"),
+])
+def test_the_python_api_refuses_a_malformed_storage_as_the_command_line_does_creating_nothing(url, message, tmp_path,
+                                                                                             monkeypatch):
+    """Issue 35: ``create_study(storage="")`` silently made rfopt.db; ``"sqlite://s.db"`` gave SQLAlchemy's raw
+    error."""
+    import rfopt
+    from rfopt.storage.database import StorageLocationError
+
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: rfopt.create_study(study_name="x", storage=url), lambda: rfopt.load_study("x", url)):
+        with pytest.raises(StorageLocationError) as raised:
+            call()
+        assert message in str(raised.value) and "postgresql://user@host/db" in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_study_file_that_calls_sys_exit_when_imported_is_named_not_a_silent_exit(tmp_path, monkeypatch, capsys):
+    """Issue 35: ``sys.exit(3)`` at import exited with code 3 and no message."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    assert main(["run", "exits.py"]) == 1
+    err = capsys.readouterr().err
+    assert "rfopt: error: study file exits.py: it called sys.exit(3) (line 2) while it was imported" in err
+    assert list(p.name for p in tmp_path.iterdir()) == ["exits.py"]
+
+
+DATASETS_RAISE = """
+import rfopt
+from rfopt_testkit import trial_config
+
+def load_data():
+    return 1 / 0
+
+STUDY = rfopt.StudySpec(name="x", space=[trial_config("m")], datasets=load_data)
+"""
+
+
+def test_a_study_files_datasets_function_that_raises_is_named_with_the_file_and_line(tmp_path, monkeypatch, capsys):
+    """Issue 35: a ``datasets`` callable that raised gave a bare ``ZeroDivisionError``: which file, which function?"""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data_study.py").write_text(DATASETS_RAISE)
+    assert main(["run", "data_study.py"]) == 1
+    err = capsys.readouterr().err
+    assert ("rfopt: error: study file data_study.py: its datasets function load_data failed: ZeroDivisionError: "
+            "division by zero (line 6)") in err
+    assert list(p.name for p in tmp_path.iterdir()) == ["data_study.py"]
 
 
 @pytest.mark.parametrize(("source", "message"), [

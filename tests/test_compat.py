@@ -395,3 +395,18 @@ def test_trackio_runs_opened_one_after_another_all_stay_open_and_a_flush_writes_
     assert [log["x"] for log in SQLiteStorage.get_logs(project, "b")] == [2.0]
     a.finish()
     b.finish()
+
+
+def test_the_loss_types_rfopt_accepts_are_the_ones_trls_grpo_trainer_computes():
+    """Canary for `compat.GRPO_LOSS_TYPES`: GRPOConfig takes any text as loss_type, and GRPOTrainer raises "Unknown
+    loss type" at the first step for one it does not compute."""
+    import inspect
+    import re
+
+    import trl.trainer.grpo_trainer as grpo
+
+    source = inspect.getsource(grpo)
+    assert "Unknown loss type" in source
+    named = set(re.findall(r'loss_type (?:==|in) \[?"([a-z_]+)"', source)) | set(
+        re.findall(r'"([a-z_]+)"', " ".join(re.findall(r"loss_type in \[([^\]]+)\]", source))))
+    assert named == set(compat.GRPO_LOSS_TYPES), named ^ set(compat.GRPO_LOSS_TYPES)

@@ -140,15 +140,31 @@ def test_the_model_key_picks_what_base_model_of_picks_from_the_stored_config():
     ("callbacks", "MyCallback", r"callbacks: got str 'MyCallback'; give a list of transformers.TrainerCallback"),
     ("quantization_config", "4bit", r"quantization_config: got str '4bit'; give a transformers.BitsAndBytesConfig "
                                     r"\(e.g. BitsAndBytesConfig\(load_in_4bit=True\)\), its dict, or None"),
-    ("args", {"learning_rate": 1e-3}, r"args: expected a trl.GRPOConfig, got dict"),
-    ("peft_config", "lora", r"peft_config: expected a peft.LoraConfig or None, got str"),
-    ("model", 123, r"model: expected a string or a function returning \(model, tokenizer\), got int"),
+    ("args", {"learning_rate": 1e-3}, r"args: got dict .*; give a trl.GRPOConfig"),
+    ("peft_config", "lora", r"peft_config: got str 'lora'; give a peft.LoraConfig"),
+    ("model", 123, r"model: got int 123; give a Hub id or a local directory"),
 ])
 def test_a_wrong_type_in_a_trial_config_is_refused_naming_the_field_and_what_to_give(field, value, says):
     with pytest.raises(ConfigError, match=says):
         config = _config(**{field: value})
         config.validate()
         config.to_json()
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("reward_funcs", [42], r"reward_funcs\[0\]: got int 42; give a reward function with TRL's signature"),
+    ("reward_funcs", [reward_len, None], r"reward_funcs\[1\]: got NoneType None; give a reward function"),
+    ("model", 123, r"model: got int 123; give a Hub id or a local directory \(a string\), 'smollm2', or a top-level "
+                   r"function returning \(model, tokenizer\)"),
+    ("args", {"learning_rate": 1e-3}, r"args: got dict \{'learning_rate': 0.001\}; give a trl.GRPOConfig, as "
+                                      r"GRPOTrainer takes it \(GRPOConfig\(\*\*your_dict\) makes one of a dict\)"),
+    ("peft_config", {"r": 4}, r"peft_config: got dict \{'r': 4\}; give a peft.LoraConfig"),
+])
+def test_a_wrong_type_is_refused_where_the_config_is_made_naming_the_field_and_the_type(field, value, says):
+    """Issue 35: ``reward_funcs=[42]`` and ``model=123`` got "cannot be stored by import path (a lambda or a nested
+    function)" when stored; ``args=dict(...)`` a raw AttributeError."""
+    with pytest.raises(ConfigError, match=says):
+        _config(**{field: value})
 
 
 def test_names_that_moved_out_of_the_config_module_are_importable_from_it_as_before():

@@ -191,6 +191,61 @@ def test_refused_op_answers_400_with_the_reason_and_changes_nothing(study, numbe
     assert _snapshot(study) == before
 
 
+@pytest.mark.parametrize("assignment, message", [
+    ("learning_rate=1e400", "learning_rate: '1e400' is not a finite number (it reads as inf)"),
+    ("learning_rate=nan", "learning_rate: 'nan' is not a finite number"),
+    ("per_device_train_batch_size=0", "per_device_train_batch_size=0: each must be a whole number, 1 or more"),
+    ("gradient_accumulation_steps=0", "gradient_accumulation_steps=0"),
+    ("deepspeed=missing.json", "deepspeed: DeepSpeed is not supported yet"),
+    ("fsdp=full_shard", "fsdp: FSDP is not supported yet"),
+    ("max_completion_length=0", "args.max_completion_length: 0; a completion needs at least one token"),
+    ("num_iterations=0", "num_iterations=0: each must be a whole number, 1 or more"),
+    ("loss_type=bogus", "args.loss_type: 'bogus' is not a loss GRPOTrainer computes; use one of 'grpo'"),
+    ("lora_r=0", "PEFT refuses this adapter on"),
+    ('peft_config.target_modules=["nope"]', "Target modules {'nope'} not found in the base model"),
+])
+@pytest.mark.parametrize("check_only", [True, False])
+def test_a_clone_that_its_first_chunk_would_refuse_is_answered_400_by_check_and_clone_alike(
+        study, tiny_model, assignment, message, check_only):
+    """Issue 35: ``1e400``/``NaN`` got "'<=' not supported" under a ``grpo:`` label; a batch size or gradient
+    accumulation of 0 and a missing DeepSpeed file answered 500; Check accepted what failed at the clone's first chunk.
+    Check builds what the first chunk builds (its GRPOConfig with the plan's max_steps, its adapter on the model's
+    shape on the meta device)."""
+    schema.write_config(_ref_of(study, 2), trial_config(tiny_model).to_json())  # a model whose shape can be read
+    before = _snapshot(study)
+    with serving(study.optuna._storage) as server:
+        status, answer, _ = call(server, "POST", api(study, 2, "clone"), {"set": [assignment], "check_only": check_only})
+    assert status == 400, answer
+    assert message in answer["error"] and answer["error"].startswith("clone of trial 2: ")
+    assert _snapshot(study) == before
+
+
+def test_check_says_what_it_checked_and_what_only_training_checks(study, tiny_model):
+    schema.write_config(_ref_of(study, 2), trial_config(tiny_model).to_json())
+    with serving(study.optuna._storage) as server:
+        status, answer, _ = call(server, "POST", api(study, 2, "clone"), {"set": ["lora_r=8"], "check_only": True})
+    assert status == 200, answer
+    assert "would be accepted (nothing written): its config, chunk plan, first chunk's GRPOConfig and adapter" in (
+        answer["message"])
+    assert "not checked until it trains: its model's weights, generation and reward scores" in answer["message"]
+
+
+def test_a_study_id_past_sqls_integers_is_not_found(study):
+    """Issue 35: a huge study id in a URL answered 500 (OverflowError: Python int too large to convert to SQLite
+    INTEGER)."""
+    huge = 10**30
+    with serving(study.optuna._storage) as server:
+        for path in (f"/rfopt/studies/{huge}", f"/rfopt/api/studies/{huge}/page", f"/rfopt/api/studies/{huge}/trials",
+                     f"/rfopt/api/studies/{huge}/trials/0/config"):
+            assert call(server, "GET", path)[0] == 404, path
+        assert call(server, "POST", f"/rfopt/api/studies/{huge}/trials/0/pause", {})[0] == 404
+
+
+def _ref_of(study, number):
+    frozen = _trials(study)[number]
+    return schema.TrialRef(study.optuna._storage, frozen._trial_id, frozen.number)
+
+
 def test_only_rfopts_refusals_are_answered_as_the_users_mistake(study, monkeypatch):
     """A clone refused by rfopt answers 400 with the reason; a ValueError from anywhere else is a bug (500), not a
     message telling the user what to fix."""
@@ -203,6 +258,27 @@ def test_only_rfopts_refusals_are_answered_as_the_users_mistake(study, monkeypat
         refused, reason, _ = call(server, "POST", api(study, 1, "clone"), {"set": ["learning_rate"]})
     assert status == 500 and "an internal bug" not in str(answer)
     assert refused == 400 and "expected FIELD=VALUE" in reason["error"]
+
+
+@pytest.mark.parametrize("breakage, says", [("raise RuntimeError('boom')", "RuntimeError: boom (line 3)"),
+                                            ("import sys\nsys.exit(3)", "it called sys.exit(3) (line 4)"),
+                                            ("1 / 0", "ZeroDivisionError: division by zero (line 3)")])
+def test_a_clone_of_a_study_whose_file_broke_is_made_with_a_note_not_a_500(study, tmp_path, breakage, says):
+    """Issue 35: once a study's file broke (any exception, or sys.exit, as it is imported), the dashboard's clone
+    answered 500 and ``rfopt clone`` printed only "boom": the note held for ImportError only."""
+    from rfopt import compat
+
+    study_file = tmp_path / "broken_study.py"
+    study_file.write_text(f"def correctness(completions, **kwargs):\n    return [0.0] * len(completions)\n{breakage}\n")
+    config = json.loads(trial_attrs(_trials(study)[2])["rfopt:config"])
+    config["reward_funcs"] = [f"{study_file}:correctness"]
+    storage = compat.storage_of(study.optuna)
+    storage.set_trial_system_attr(compat.trial_id_of(_trials(study)[2]), "rfopt:config", json.dumps(config))
+    with serving(storage) as server:
+        status, body, _ = call(server, "POST", api(study, 2, "clone"), {"set": ["learning_rate=0.004"]})
+    assert status == 200 and body["trial"] == 3, body
+    assert "cannot be imported here" in body["notes"][0] and "broken_study.py" in body["notes"][0]
+    assert says in body["notes"][0]
 
 
 def test_a_clone_of_a_study_whose_code_the_dashboard_cannot_import_is_checked_in_every_other_way(study):
@@ -433,6 +509,47 @@ def test_leaderboard_lists_the_best_trial_first_with_its_params_and_eval_rewards
     for head in ("value", "learning_rate", "eval reward_len", "eval reward_vowels", "why it ended"):
         assert f">{head.replace('_', '_<wbr>')}</th>" in board  # a long name may break after an underscore
     assert "★ best" in board
+
+
+def test_a_user_attr_named_like_an_rfopt_record_leaves_every_page_readable(study, tmp_path):
+    """Issue 35: ``rfopt:stopped = True`` as a user attr made the study's pages answer 500 (read as an earlier rfopt's
+    stop record). On a trial this rfopt configured it is the user's; on one an earlier rfopt configured, a record of
+    another shape is skipped."""
+    storage, sid = study.optuna._storage, study.optuna._study_id
+    storage.set_trial_user_attr(_trials(study)[2]._trial_id, "rfopt:stopped", True)
+    config = trial_config("tiny-model-not-loaded-here").to_json()
+    study.optuna.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED, intermediate_values={0: 0.1},
+                                                     user_attrs={"rfopt:config": config, "rfopt:stopped": True}))
+    study.optuna.set_user_attr("rfopt:halt", "now")
+    with serving(storage) as server:
+        for path in (f"/rfopt/studies/{sid}", f"/rfopt/api/studies/{sid}/page", f"/rfopt/api/studies/{sid}/trials",
+                     "/rfopt", f"/rfopt/studies/{sid}/compare", f"/rfopt/api/studies/{sid}/trials/3/config"):
+            assert call(server, "GET", path)[0] == 200, path
+    assert cli(["status", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study", "demo"]) == 0
+
+
+def test_a_sqlite_file_this_user_cannot_write_is_shown_read_only_and_the_buttons_say_so(study, tmp_path):
+    """Issue 35: ``rfopt dashboard`` refused to start on a read-only SQLite file, so a shared, finished study could not
+    be looked at. It opens the file read-only; a button answers "read-only database", promising nothing."""
+    import os
+    import subprocess
+
+    path = tmp_path / "study.db"
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i (an immutable file, read-only even for root) is not available here")
+    try:
+        assert not os.access(path, os.W_OK)
+        before = _snapshot(study)
+        with serving(f"sqlite:///{path}") as server:
+            assert call(server, "GET", f"/rfopt/studies/{study.optuna._study_id}")[0] == 200
+            assert call(server, "GET", f"/rfopt/api/studies/{study.optuna._study_id}/trials")[0] == 200
+            status, answer, _ = call(server, "POST", api(study, 2, "pause"), {})
+            checked = call(server, "POST", api(study, 2, "clone"), {"set": ["learning_rate=0.004"], "check_only": True})
+        assert status == 409 and answer["error"].startswith("read-only database: ") and "continue" not in answer["error"]
+        assert checked[0] == 200  # a check writes nothing
+        assert _snapshot(study) == before
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
 def test_plotly_js_and_the_pages_files_are_served_locally_with_caching_headers(study):

@@ -459,3 +459,30 @@ def test_a_refusal_is_told_from_an_outage_by_its_sqlstate_or_message():
                    "FATAL:  the database system is starting up", "server closed the connection unexpectedly"):
         error = wrapped(psycopg.OperationalError(outage))
         assert refusal(error) is None and is_unreachable(error)
+
+
+@pytest.mark.parametrize("cut", [0, 5, 40, -3])
+def test_export_best_refuses_a_truncated_adapter_naming_the_file_and_leaves_nothing(tmp_path, cut):
+    """Issue 35: `export_best` copied a truncated adapter without a word; it checks every safetensors file it copies
+    (header, and a size that is the header's plus the data it describes)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from rfopt.storage import schema
+    from rfopt.storage.files import CheckpointError
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file({"lora_A": torch.ones(4, 8), "lora_B": torch.zeros(8, 4)}, adapter / "adapter_model.safetensors")
+    (adapter / "adapter_config.json").write_text("{}")
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=1.0, system_attrs={"rfopt:adapter": str(adapter)}))
+    assert schema.TrialRecord(study.trials[0]).adapter == str(adapter)
+    good = rfopt.Study(study).export_best(tmp_path / "good")
+    assert (good / "adapter_model.safetensors").read_bytes() == (adapter / "adapter_model.safetensors").read_bytes()
+    data = (adapter / "adapter_model.safetensors").read_bytes()
+    (adapter / "adapter_model.safetensors").write_bytes(data[:cut])
+    with pytest.raises(CheckpointError) as raised:
+        rfopt.Study(study).export_best(tmp_path / "out")
+    assert f"adapter_model.safetensors in {adapter} is not a whole safetensors file" in str(raised.value)
+    assert not (tmp_path / "out").exists()

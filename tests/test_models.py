@@ -288,3 +288,99 @@ def test_a_study_file_written_for_the_cpu_puts_the_shared_model_on_the_cuda_devi
     pool.tokenizer(config)  # loads the base model
     assert placed == [{"": "cuda:1"}] and moved == [torch.device("cuda:1")]
     assert pool.placement.args() == {"use_cpu": False, "bf16": True, "fp16": False}
+
+
+# ---------------------------------------------------------------------- a full fine-tuning trial beside adapters
+def _as_loaded(tiny_model, model):
+    """Whether `model` is the tiny model as loaded: its weights, which of them train, its tied LM head, its modules."""
+    import torch
+
+    from rfopt.training.models import load_model
+
+    loaded, _ = load_model(trial_config(tiny_model))
+    ours, theirs = model.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys()
+    changed = [name for name in theirs if not torch.equal(ours[name], theirs[name])]
+    assert not changed, f"weights changed: {changed}"
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        n for n, p in loaded.named_parameters() if p.requires_grad}
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as SmolLM2's
+    assert [type(m) for m in model.modules()] == [type(m) for m in loaded.modules()]
+    assert not hasattr(model, "peft_config")
+
+
+def _train_adapter_and_its_modules_to_save(pool, tiny_model):
+    """Trial 0: a LoRA adapter with ``modules_to_save=["lm_head"]`` (the tiny model ties it to the embeddings), its
+    trainable weights changed as a chunk of training would."""
+    import torch
+
+    from rfopt_testkit import lora_config
+
+    config = trial_config(tiny_model, peft=lora_config(modules_to_save=["lm_head"]))
+    model = pool.acquire(0, config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.5)
+    return config
+
+
+def test_a_full_fine_tuning_trial_copies_the_base_as_loaded_never_another_trials_adapter_or_modules_to_save(
+        tiny_model):
+    pool = ModelPool("cpu")
+    _train_adapter_and_its_modules_to_save(pool, tiny_model)
+    full = trial_config(tiny_model)
+    full.peft_config = None
+    _as_loaded(tiny_model, pool.acquire(1, full))
+
+
+def test_releasing_the_last_adapter_leaves_the_base_as_loaded_without_its_trained_modules_to_save(tiny_model):
+    pool = ModelPool("cpu")
+    config = _train_adapter_and_its_modules_to_save(pool, tiny_model)
+    pool.release(0, config)
+    _as_loaded(tiny_model, pool._resident[config.model_key].base)
+
+
+def test_a_study_mixing_modules_to_save_and_full_fine_tuning_trains_the_full_trial_alike_in_either_order(
+        tiny_model, tmp_path):
+    """Issue 35: the full trial, run after a LoRA trial with ``modules_to_save=["lm_head"]``, copied the shared base
+    with that trial's trained LM head in it: it reported the other trial's values, then failed to save."""
+    from safetensors.torch import load_file
+
+    import rfopt
+    from rfopt.storage.schema import TrialRecord
+    from rfopt_testkit import lora_config, prompts_dataset
+
+    full = trial_config(tiny_model, learning_rate=1e-2)
+    full.peft_config = None
+    lora = trial_config(tiny_model, peft=lora_config(modules_to_save=["lm_head"]), learning_rate=5e-2)
+
+    def run(name, configs):
+        study = rfopt.create_study(study_name=name, storage=f"sqlite:///{tmp_path / 'mix.db'}", num_chunks=2,
+                                   checkpoint_dir=tmp_path / name)
+        study.optimize(configs, prompts_dataset(4), prompts_dataset(2, "E"), show_progress_bar=False)
+        assert [t.state.name for t in study.trials] == ["COMPLETE"] * len(configs), [
+            TrialRecord(t).fail_reason for t in study.trials]
+        trial = study.trials[configs.index(full)]
+        return trial.intermediate_values, load_file(f"{TrialRecord(trial).adapter}/model.safetensors")
+
+    values, weights = run("full-first", [full, lora])  # its copy is made before the LoRA trial trains: as alone
+    mixed_values, mixed_weights = run("lora-first", [lora, full])
+    assert mixed_values == values
+    assert mixed_weights.keys() == weights.keys() and all((mixed_weights[k] == weights[k]).all() for k in weights)
+
+
+def test_the_adapter_check_on_the_meta_device_refuses_what_peft_refuses_and_not_what_needs_weights(tiny_model):
+    """A clone's Check builds its adapter on the model's shape (`check_adapter`): PEFT's refusals (r=0, target modules
+    the model lacks) are refused; an initialization that needs the weights (PiSSA) is not the config's fault."""
+    from rfopt.errors import ConfigError
+    from rfopt.training.models import check_adapter
+    from rfopt_testkit import lora_config
+
+    assert check_adapter(trial_config(tiny_model, peft=lora_config(init_lora_weights="pissa"))) is None
+    assert check_adapter(trial_config(tiny_model, peft=lora_config(target_modules="all-linear", use_dora=True))) is None
+    with pytest.raises(ConfigError, match="`r` should be a positive integer"):
+        check_adapter(trial_config(tiny_model, peft=lora_config(r=0)))
+    with pytest.raises(ConfigError, match="Target modules {'nope'} not found"):
+        check_adapter(trial_config(tiny_model, peft=lora_config(target_modules=["nope"])))
+    assert "the first chunk builds it" in check_adapter(trial_config("no/such-model-here"))

@@ -324,3 +324,46 @@ def test_a_study_an_earlier_rfopt_kept_in_user_attrs_is_read_and_continued_and_i
         assert "rfopt:metrics:0001" in trial.system_attrs and "rfopt:metrics:0001" not in trial.user_attrs
         assert [int(r["unit"]) for r in record.step_metrics()][-1] == 1
     assert [row.chunks_done for row in study.leaderboard()] == [2, 2]
+
+
+def test_a_user_attr_named_like_an_rfopt_record_is_the_users_and_never_breaks_the_study(tiny_model, storage, caplog):
+    """Issue 35: ``trial.set_user_attr("rfopt:stopped", True)`` in a search space made `optimize` raise
+    AttributeError (the attr read as an earlier rfopt's stop record), leaving both trials RUNNING, and `rfopt status`
+    fail the same way."""
+    def space(trial):
+        trial.set_user_attr("rfopt:stopped", True)
+        trial.set_user_attr("rfopt:paused", True)  # the shape an earlier rfopt wrote: still the user's
+        return trial_config(tiny_model, learning_rate=trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True))
+
+    study = rfopt.create_study(study_name="attrs", storage=storage, direction="maximize", sampler=_sampler())
+    study.set_user_attr("rfopt:plan", "mine")
+    study.optimize(space, prompts_dataset(4), EVAL, n_trials=2, num_chunks=1, show_progress_bar=False)
+    assert _states(study) == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert study.trials[0].user_attrs == {"rfopt:stopped": True, "rfopt:paused": True}  # left as the user set them
+    assert "rfopt:plan" in study_attrs(study.optuna) and study_attrs(study.optuna)["rfopt:plan"] != "mine"
+    assert main(["status", "--storage", storage, "--study", "attrs"]) == 0
+
+
+def test_an_earlier_rfopts_records_are_read_only_with_the_shape_it_wrote_else_skipped_with_a_warning(caplog):
+    """A trial configured by an earlier rfopt keeps its records in user attrs: a record of another shape (set by the
+    user, or broken) is skipped with a warning naming the trial and the key; the others are read."""
+    from rfopt.storage.schema import TrialRecord
+
+    config = trial_config("a-model-not-loaded-here").to_json()
+    study = optuna.create_study(study_name="earlier")
+    study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED, intermediate_values={0: 0.5}, user_attrs={
+        "rfopt:config": config, "rfopt:metrics:0000": {"chunk": 0, "train": {"loss": 1.0}, "eval": {}},
+        "rfopt:stopped": True, "rfopt:pruning:x": {"prune": True}, "rfopt:samples:0000": "text", "rfopt:mine": 1,
+        "rfopt:ops": [{"op": "pause", "by": "me@host"}]}))
+    legacy = study.trials[0]
+    with caplog.at_level("WARNING", logger="rfopt"):
+        record = TrialRecord(legacy)
+        assert record.config_json == config and [m.train for m in record.unit_metrics()] == [{"loss": 1.0}]
+        assert record.stop is None and record.samples() == {} and record.decided_steps == set()
+        assert [op.op for op in record.applied] == ["pause"]
+        assert "stop" not in (record.end_reason or "")  # the bad stop record is not read as one
+        TrialRecord(legacy)  # read again: warned once
+    warned = [r.getMessage() for r in caplog.records]
+    for key in ("rfopt:stopped", "rfopt:pruning:x", "rfopt:samples:0000", "rfopt:mine"):
+        assert len([m for m in warned if f"trial 0: its user attr {key!r}" in m]) == 1, warned
+    assert not [m for m in warned if "rfopt:metrics:0000" in m or "rfopt:config" in m or "rfopt:ops" in m]

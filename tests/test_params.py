@@ -148,3 +148,23 @@ def test_a_value_a_categorical_param_cannot_hold_goes_to_the_first_alternate_par
     taken = {"model": model, "model#2": CategoricalDistribution(["m2"])}
     assert param_holding("model", "m3", taken) == ("model#3", CategoricalDistribution(["m3"]))
     assert param_holding("lr", 0.5, {"lr": FloatDistribution(0.1, 0.2)}) == ("lr", FloatDistribution(0.1, 0.5))
+
+
+def test_what_transformers_derives_from_use_cpu_is_no_difference_between_configs():
+    """Issue 35: the leaderboard named ``dataloader_pin_memory=True/False`` (transformers sets it False where
+    ``use_cpu``) as the difference between a config written for the CPU and one written for a GPU. The device decides
+    it, as it decides use_cpu: not stored, not a param, not an override."""
+    import json
+
+    cpu = trial_config("m", learning_rate=1e-3)
+    gpu = trial_config("m", learning_rate=5e-3, use_cpu=False)
+    assert cpu.args.dataloader_pin_memory is False and gpu.args.dataloader_pin_memory is True
+    space = ListSpace([cpu, gpu])
+    assert list(space.params) == ["learning_rate"]
+    assert "dataloader_pin_memory" not in cpu.to_dict()["args"]
+    # A config an earlier rfopt stored with it reads as the same config (a rerun of its list is not refused).
+    stored = cpu.to_dict()
+    stored["args"]["dataloader_pin_memory"] = False
+    assert TrialConfig.config_dict(json.dumps(stored)) == TrialConfig.config_dict(cpu.to_json())
+    with pytest.raises(ConfigError, match="dataloader_pin_memory: the device a study runs on decides"):
+        override_dict(cpu.to_dict(), {"dataloader_pin_memory": "true"})

@@ -67,6 +67,22 @@ def test_it_is_the_studys_rung_policy_and_not_an_optuna_pruner(storage):
     assert rfopt.create_study(study_name="halving", storage=storage, pruner=halving).optuna.pruner is halving
 
 
+def test_given_to_optuna_create_study_it_refuses_naming_rfopt_create_study(storage):
+    """Issue 35: ``optuna.create_study(pruner=PopulationBasedTraining())`` was accepted, and each trial failed with
+    ``AttributeError: ... no attribute 'prune'``; an rfopt.Study made over such a study takes it as its rung policy."""
+    from rfopt.pruning._pbt import PopulationBasedTrainingMisplaced
+
+    pbt = rfopt.PopulationBasedTraining(interval=2)
+    plain = optuna.create_study(study_name="plain", storage=storage, pruner=pbt)
+    trial = plain.ask()
+    trial.report(1.0, 0)
+    with pytest.raises(PopulationBasedTrainingMisplaced, match=r"trial 0: .*rfopt.create_study\(pruner=\.\.\.\)"):
+        trial.should_prune()
+    wrapped = rfopt.Study(plain)
+    assert wrapped.pruner is pbt and isinstance(plain.pruner, optuna.pruners.NopPruner)
+    assert not trial.should_prune()
+
+
 def test_a_list_study_with_nothing_to_explore_is_refused_before_training(tiny_model, storage):
     study = rfopt.create_study(study_name="same", storage=storage, pruner=rfopt.PopulationBasedTraining())
     same = [trial_config(tiny_model), trial_config(tiny_model)]

@@ -192,3 +192,16 @@ def test_the_workers_judge_rungs_with_the_callers_pruner(tiny_model, tmp_path):
     assert judged and {decision.pruner for decision in judged} == {"PopulationBasedTraining"}
     clones = [t for t in ended if TrialRecord(t).lineage is not None]
     assert clones and all(TrialRecord(t).lineage.by == "PopulationBasedTraining" for t in clones)
+
+
+def test_a_worker_no_node_of_a_real_cluster_can_hold_is_refused_at_once(tiny_model, tmp_path):
+    """Issue 35: ``--cpus-per-worker`` larger than any node waited forever, Ray printing "No available node types can
+    fulfill resource request" every 35 s. A local cluster's one node is this machine: no machine has 4096 CPUs."""
+    storage = f"sqlite:///{tmp_path / 'big.db'}"
+    started = time.monotonic()
+    code = run(ray_command(storage, tmp_path / "ck", "--cpus-per-worker", "4096"), tmp_path,
+               env(tiny_model, **SWEEP), tmp_path / "out.log", timeout=180)
+    output = (tmp_path / "out.log").read_text()
+    assert code == 1 and time.monotonic() - started < 180, output[-3000:]
+    assert "no node of the Ray cluster can hold a worker: each asks for 4096 CPUs (--cpus-per-worker 4096" in output
+    assert trials(storage, "tiny") == []  # refused before any trial was asked

@@ -1,6 +1,7 @@
 """A study on SQLite: trials trained round-robin, reported per chunk, stored, and their adapters saved."""
 
 import json
+import re
 
 import optuna
 import pytest
@@ -168,3 +169,31 @@ def test_an_rfopt_listener_of_committed_units_that_raises_does_not_fail_the_tria
                    show_progress_bar=False)
     assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
     assert "a listener of committed units failed (OSError: artifact store full); the trial goes on" in caplog.text
+
+
+def test_a_trial_told_complete_outside_rfopt_while_it_trains_is_said_so_and_marked_on_the_leaderboard(
+        tiny_model, storage, monkeypatch, caplog):
+    """Issue 35: optuna-dashboard's "Mark as Complete" (value 99) on a trial rfopt was training: the run logged "trial
+    1 failed: UpdateFinishedTrialError", and that one-chunk, adapter-less trial became the best with nothing said."""
+    import rfopt_testkit
+    from rfopt_testkit import reward_len, reward_len_hooked
+
+    def mark_complete_once():
+        monkeypatch.setattr(rfopt_testkit, "REWARD_HOOK", None)
+        optuna.load_study(study_name="told", storage=storage).tell(1, 99.0)  # as the dashboard's button does
+
+    monkeypatch.setattr(rfopt_testkit, "REWARD_HOOK", mark_complete_once)
+    study = rfopt.create_study(study_name="told", storage=storage, num_chunks=2)
+    configs = [trial_config(tiny_model, rewards=(reward_len,)),
+               trial_config(tiny_model, rewards=(reward_len_hooked,), learning_rate=1e-2)]
+    with caplog.at_level("WARNING", logger="rfopt"):
+        study.optimize(configs, prompts_dataset(4), prompts_dataset(2, "E"), gang_size=1, show_progress_bar=False)
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "trial 1 failed" in m], said
+    told = "told COMPLETE with value 99 outside rfopt after 0 of 2 chunks (optuna-dashboard's buttons, or Optuna's tell)"
+    assert any(m.startswith(f"trial 1 was {told}; no adapter was saved while it trained its chunk 1") for m in said)
+    rows = {row.number: row for row in study.leaderboard()}
+    assert rows[1].state == "COMPLETE" and rows[1].reason == f"{told}; no adapter was saved"
+    assert rows[0].reason is None and rows[0].chunks_done == 2
+    with pytest.raises(LookupError, match=re.escape(f"trial 1, the best, was {told}; no adapter was saved: nothing")):
+        study.export_best(storage.removeprefix("sqlite:///") + ".export")

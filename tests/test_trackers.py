@@ -77,6 +77,40 @@ def test_report_to_is_checked_before_anything_runs_and_the_cli_takes_it(tmp_path
         assert args.report_to == ["tensorboard", "mlflow"]
 
 
+def test_report_to_of_the_wrong_type_is_refused_naming_what_to_give(tmp_path):
+    """Issue 35: ``create_study(report_to=42)`` raised ``TypeError: 'int' object is not iterable``."""
+    storage = f"sqlite:///{tmp_path / 'x.db'}"
+    for value in (42, {"tensorboard": True}, True):
+        with pytest.raises(TypeError, match="report_to must be a tracker name or a list of them"):
+            rfopt.create_study(study_name="x", storage=storage, report_to=value)
+    import optuna
+
+    assert not (tmp_path / "x.db").exists() or optuna.get_all_study_summaries(storage) == []  # nothing stored
+
+
+def test_report_to_in_a_trials_grpo_config_is_named_with_the_studys_that_applies(tiny_model, tmp_path, caplog):
+    """Issue 35: a TRL user writes ``report_to`` in the GRPOConfig; rfopt gives every chunk's trainer the study's, and
+    dropped the config's without a word."""
+    from rfopt.engine.checks import check_run, say_placement
+    from rfopt.engine.request import RunRequest
+    from rfopt.training.models import Placement
+
+    study = rfopt.create_study(study_name="x", storage=f"sqlite:///{tmp_path / 'x.db'}")
+    configs = [trial_config(tiny_model), trial_config(tiny_model, report_to="tensorboard")]
+    checked = check_run(study.optuna, RunRequest(configs, prompts_dataset(8), prompts_dataset(2), settings=_settings()))
+    with caplog.at_level("WARNING", logger="rfopt"):
+        say_placement(Placement.of("cpu"), checked)
+    [message] = [r.getMessage() for r in caplog.records if "report_to" in r.getMessage()]
+    assert "configs[1] sets report_to=['tensorboard'] in its GRPOConfig, which rfopt does not use" in message
+    assert "the study's report_to applies to every trial (now none)" in message and "--report-to" in message
+
+
+def _settings():
+    from rfopt.config.settings import StudySettings
+
+    return StudySettings(num_chunks=2)
+
+
 def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_runs(tiny_model, tmp_path):
     """`rfopt run STUDY --report-to tensorboard && tensorboard --logdir runs`: the runs land in ./runs/<study>/."""
     from crashkit import env, run, run_command

@@ -5,6 +5,7 @@ types (a count, a whole number from 1, a port, a number of seconds); the parser 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,14 @@ def _whole_number(text: str, minimum: int, what: str, maximum: int | None = None
 
 
 def _positive_number(text: str, kind: str, unit: str = "") -> float:
-    """`text` as a number more than 0 (which also refuses nan), `kind` and `unit` naming it in the parser's refusal."""
+    """`text` as a finite number more than 0 (which also refuses nan and inf), `kind` and `unit` naming it in the
+    parser's refusal."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0{unit}, got {text}")
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number more than 0{unit}, got {text}")
     return value
 
 

@@ -85,10 +85,13 @@ def load_spec(path: str) -> Any:
 
     try:
         return studyfile.load_spec(path)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import, too: said, not a silent exit
         frames = traceback.extract_tb(exc.__traceback__)
         if frames and frames[-1].filename == studyfile.__file__:
             raise  # load_spec's own refusal (no such file, no STUDY) says it all
+        if isinstance(exc, SystemExit):
+            raise Refusal(f"study file {path}: {studyfile.failure(exc, path)} while it was imported; a study "
+                          "file defines STUDY and runs nothing when imported") from exc
         if isinstance(exc, SyntaxError):
             reason, line = exc.msg, exc.lineno
         else:
@@ -137,6 +140,7 @@ def _is_list(space: Any) -> bool:
 def open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, Any, Any, Any]:
     """``(spec, study, space, train, evaluation)`` of ``args.study_file`` (its fast variant with ``--fast``)."""
     import rfopt
+    from rfopt.config import studyfile
     from rfopt.storage.database import check_lasting_url, redact
     from rfopt.study import check_study_name
     from rfopt.training.trackers import normalize as trackers_of
@@ -151,13 +155,13 @@ def open_study_file(args: argparse.Namespace, banner: str) -> tuple[Any, Any, An
     print(f"rfopt: {banner} {name!r} from {args.study_file} in {redact(args.storage)}", file=sys.stderr)
     if spec.description:
         print(textwrap.fill(spec.description, 100), file=sys.stderr)
-    train, evaluation = spec.datasets()
-    space = spec.search_space()
+    train, evaluation = studyfile.call(args.study_file, spec, "datasets")  # a failure names the file and function
+    space = studyfile.call(args.study_file, spec, "configs")
     study = rfopt.create_study(
         study_name=name,
         storage=args.storage,
-        sampler=spec.sampler() if spec.sampler else None,
-        pruner=spec.pruner() if spec.pruner else None,
+        sampler=studyfile.call(args.study_file, spec, "sampler") if spec.sampler else None,
+        pruner=studyfile.call(args.study_file, spec, "pruner") if spec.pruner else None,
         direction=spec.direction,
         load_if_exists=True,
         checkpoint_dir=args.checkpoint_dir,

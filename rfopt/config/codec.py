@@ -52,8 +52,9 @@ PLUMBING_FIELDS = frozenset(
     }
 )
 # Where and in what precision a chunk trains: decided by the device the study runs on (models.Placement), whatever
-# the config says; not stored, so a config means the same on a CPU and on a GPU.
-PLACEMENT_FIELDS = frozenset({"use_cpu", "bf16", "fp16"})
+# the config says; not stored, so a config means the same on a CPU and on a GPU. transformers derives
+# dataloader_pin_memory from use_cpu (False on the CPU): stored, it made a CPU config and a GPU one differ in it.
+PLACEMENT_FIELDS = frozenset({"use_cpu", "bf16", "fp16", "dataloader_pin_memory"})
 # Derived from other fields in GRPOConfig.__post_init__; storing both would make TRL refuse the config.
 _DERIVED_FIELDS = frozenset({"generation_batch_size"})
 
@@ -287,7 +288,7 @@ def current_layout(data: Mapping[str, Any]) -> dict[str, Any]:
     ``reward_weights``, ``model_kwargs``, ``tokenizer_kwargs``, ``quantization``; import paths into the top-level
     packages ``rewards`` and ``studies``) is translated, so that its study keeps loading; nothing is imported."""
     if "grpo" not in data:
-        return dict(data)
+        return _without_placement(dict(data))
     old = json.loads(json.dumps(data))  # a deep copy
     args = dict(old["grpo"])
     if old.get("reward_weights") is not None:
@@ -304,8 +305,18 @@ def current_layout(data: Mapping[str, Any]) -> dict[str, Any]:
         processing_class = TokenizerSpec(model, settings, tokenizer_kwargs).to_dict()
     rewards = [_moved_path(r) if isinstance(r, str) else {**r, "factory": _moved_path(r["factory"])}
                for r in old["rewards"]]
-    return {"model": model, "reward_funcs": rewards, "args": args, "processing_class": processing_class,
-            "callbacks": [], "quantization_config": old.get("quantization"), "peft_config": old.get("peft")}
+    return _without_placement({"model": model, "reward_funcs": rewards, "args": args, "processing_class": processing_class,
+                               "callbacks": [], "quantization_config": old.get("quantization"),
+                               "peft_config": old.get("peft")})
+
+
+def _without_placement(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without placement fields in its args: an earlier rfopt stored ``dataloader_pin_memory`` (False for a
+    config written for the CPU), which the device decides."""
+    args = data.get("args")
+    if isinstance(args, Mapping) and PLACEMENT_FIELDS & set(args):
+        data["args"] = {k: v for k, v in args.items() if k not in PLACEMENT_FIELDS}
+    return data
 
 
 def _moved_path(path: str) -> str:

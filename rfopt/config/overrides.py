@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,12 @@ from .codec import PLACEMENT_FIELDS, PLUMBING_FIELDS, current_layout, jsonable, 
 from .params import field_path
 
 _OWN_FIELDS = ("model", "reward_funcs")
+UNSUPPORTED_FIELDS = {
+    "deepspeed": "DeepSpeed is not supported yet; a trial over several devices is data parallel (--devices-per-trial)",
+    "fsdp": "FSDP is not supported yet; a trial over several devices is data parallel (--devices-per-trial)",
+    "fsdp_config": "FSDP is not supported yet; a trial over several devices is data parallel (--devices-per-trial)",
+}
+"""GRPOConfig fields rfopt refuses (README, "not yet"), with why."""
 
 
 def override_dict(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -55,8 +62,11 @@ def override_dict(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tupl
                 raise ConfigError(f"{name}: GRPOConfig has no field {key!r}")
             if key in PLUMBING_FIELDS:
                 raise ConfigError(f"{name}: rfopt sets {key} itself; it cannot be overridden")
+            if key in UNSUPPORTED_FIELDS:
+                raise ConfigError(f"{name}: {UNSUPPORTED_FIELDS[key]}")
             if key in PLACEMENT_FIELDS:
-                raise ConfigError(f"{name}: the device a study runs on decides use_cpu, bf16 and fp16 "
+                raise ConfigError(f"{name}: the device a study runs on decides use_cpu, bf16 and fp16 (and "
+                                  "dataloader_pin_memory, which transformers derives from use_cpu) "
                                   "(optimize(device=..., precision=...), rfopt run --device ... --precision ...)")
             data["args"][key] = typed[name] = jsonable(typed_value(GRPOConfig, key, value, name))
             if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
@@ -96,6 +106,15 @@ def typed_value(config_class: type, field_name: str, value: Any, name: str | Non
         raise ConfigError(f"{name}: expected {_type_name(hint)}, got {value!r}")
     if float in _members(hint) and int not in _members(hint) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    return _finite(value, name)
+
+
+def _finite(value: Any, name: str) -> Any:
+    """`value`, unless it is (or holds) a number that is not finite: a stored config keeps numbers as JSON, and training
+    refuses them anyway (``1e400`` reads as inf)."""
+    numbers = value if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+        raise ConfigError(f"{name}: {value!r} is not a finite number; give a finite one")
     return value
 
 
@@ -120,7 +139,10 @@ def _parse_text(config_class: type, field_name: str, hint: Any, text: str, name:
         (parsed,) = parser.parse_args_into_dataclasses(args=[f"--{field_name}", *map(str, items)])
     except (argparse.ArgumentError, ValueError, TypeError, SystemExit):
         raise ConfigError(f"{name}: expected {_type_name(hint)}, got {text!r}") from None
-    return getattr(parsed, field_name)
+    value = getattr(parsed, field_name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: {text!r} is not a finite number (it reads as {value}); give a finite one")
+    return value
 
 
 def _own_value(field_name: str, value: Any) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 from rfopt.errors import ConfigError
 
 from .settings import EvalSettings
-from .usercode import load_file_module
+from .usercode import failure, load_file_module
 
 BUILTIN_PACKAGE = "rfopt.studies"
 """Where the ready-made studies live: ``rfopt run arithmetic`` runs ``rfopt/studies/arithmetic.py``."""
@@ -108,6 +108,18 @@ def load_spec(path: str | Path) -> StudySpec:
     if not isinstance(spec, StudySpec):
         raise ConfigError(f"{path}: defines no STUDY = rfopt.StudySpec(...)")
     return spec
+
+
+def call(path: str | Path, spec: StudySpec, what: str) -> Any:
+    """Call the study file's `what` (``datasets``, ``configs``, ``pruner``, ``sampler``), naming the file, the function
+    and the line where it fails: a bare ``ZeroDivisionError`` from a study's data loader says neither."""
+    function = getattr(spec, what)
+    try:
+        return spec.search_space() if what == "configs" else function()
+    except (Exception, SystemExit) as exc:
+        name = getattr(function, "__qualname__", repr(function))
+        file = getattr(getattr(function, "__code__", None), "co_filename", str(path))
+        raise ConfigError(f"study file {path}: its {what} function {name} failed: {failure(exc, file)}") from exc
 
 
 def builtin_studies() -> list[str]:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rfopt import compat
 from rfopt.errors import ConfigError
 from rfopt.values import shown
 
@@ -57,7 +58,7 @@ from .codec import (
     reward_from_json,
     reward_to_json,
 )
-from .overrides import override_dict
+from .overrides import UNSUPPORTED_FIELDS, override_dict
 from .rewardfuncs import reward_name
 from .usercode import import_path, resolve_import
 
@@ -157,11 +158,18 @@ class TrialConfig:
                 "any worker and after any restart. Give its Hub id or local directory (model.save_pretrained(directory) "
                 "for one you changed), or a top-level function returning (model, tokenizer)"
             )
+        if not (isinstance(model, str) or callable(model) or isinstance(model, Mapping)):  # a Mapping: `from_dict`'s
+            raise ConfigError(f"model: got {_kind(model)}; give a Hub id or a local directory (a string), 'smollm2', "
+                              "or a top-level function returning (model, tokenizer)")
         self.model = model
         if reward_funcs is None or isinstance(reward_funcs, Mapping):
             raise ConfigError(f"reward_funcs: got {shown(reward_funcs)}; give a reward function, a 'module:function' "
                               "path, or a list of them (as TRL's reward_funcs)")
         self.reward_funcs = [_reward_func(r, i) for i, r in enumerate(_as_list(reward_funcs))]
+        if args is not None and not _is_grpo_config(args):
+            hint = " (GRPOConfig(**your_dict) makes one of a dict)" if isinstance(args, Mapping) else ""
+            raise ConfigError(f"args: got {_kind(args)}; give a trl.GRPOConfig, as GRPOTrainer takes it{hint}, or None "
+                              "for TRL's default")
         self.args, self.quantization_config = _args_and_quantization(args, quantization_config)
         self.processing_class = _processing_class(processing_class)
         if callbacks is not None and not isinstance(callbacks, (list, tuple)):
@@ -170,6 +178,9 @@ class TrialConfig:
         self.callbacks = list(callbacks or [])
         for cb in self.callbacks:
             callback_to_json(cb)  # refused now, not when the trial is stored
+        if peft_config is not None and not _is_peft_config(peft_config):
+            raise ConfigError(f"peft_config: got {_kind(peft_config)}; give a peft.LoraConfig (or another PEFT config), "
+                              "or None for full fine-tuning")
         self.peft_config = peft_config
 
     # ------------------------------------------------------------------ validation
@@ -199,6 +210,9 @@ class TrialConfig:
                 value = getattr(args, f.name, None)
                 if isinstance(value, float) and math.isnan(value):
                     problems.append(f"args.{f.name}: NaN; give a number")
+                elif isinstance(value, float) and not math.isfinite(value):
+                    problems.append(f"args.{f.name}: {value}; give a finite number (a stored config keeps JSON numbers)")
+            problems += _first_chunk_problems(args)
         if not self.reward_funcs:
             problems.append("reward_funcs: empty; give at least one reward function")
         for i, func in enumerate(self.reward_funcs if check_code else []):
@@ -371,7 +385,39 @@ def _reward_func(func: Any, i: int) -> Any:
         return resolve_import(func)
     if _is_module(func):
         raise ConfigError(f"reward_funcs[{i}]: a model ({type(func).__name__}) as reward function; {_REWARD_MODELS}")
+    if not callable(func):
+        raise ConfigError(f"reward_funcs[{i}]: got {_kind(func)}; give a reward function with TRL's signature "
+                          "(f(prompts, completions, **kwargs) -> list of floats), a 'module:function' path, or a "
+                          "callable instance")
     return func
+
+
+def _first_chunk_problems(args: Any) -> list[str]:
+    """What a `GRPOConfig` accepts and the first chunk refuses (or rfopt does not support): a loss TRL does not
+    compute, nothing to generate, DeepSpeed or FSDP."""
+    problems = []
+    if args.loss_type not in compat.GRPO_LOSS_TYPES:
+        problems.append(f"args.loss_type: {args.loss_type!r} is not a loss GRPOTrainer computes; use one of "
+                        f"{', '.join(map(repr, compat.GRPO_LOSS_TYPES))}")
+    if args.max_completion_length is not None and args.max_completion_length < 1:
+        problems.append(f"args.max_completion_length: {args.max_completion_length}; a completion needs at least one "
+                        "token")
+    for name in ("deepspeed", "fsdp"):
+        if getattr(args, name, None):
+            problems.append(f"args.{name}: {UNSUPPORTED_FIELDS[name]}")
+    return problems
+
+
+def _is_grpo_config(args: Any) -> bool:
+    from trl import GRPOConfig
+
+    return isinstance(args, GRPOConfig)
+
+
+def _is_peft_config(value: Any) -> bool:
+    from peft import PeftConfig
+
+    return isinstance(value, PeftConfig)
 
 
 def _args_and_quantization(args: Any, quantization_config: Any) -> tuple[Any, Any]:

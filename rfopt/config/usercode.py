@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,29 @@ def resolve_import(path: str) -> Any:
         obj: Any = module
         for part in qualname.split("."):
             obj = getattr(obj, part)
+    except ConfigError:
+        raise
     except (ImportError, AttributeError, FileNotFoundError) as exc:
         raise ConfigError(f"{path!r} cannot be imported: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # the module's own code failed as it was imported (a broken study file)
+        raise ConfigError(f"{path!r} cannot be imported: {failure(exc, module_name)}") from exc
     return obj
+
+
+def failure(exc: BaseException, file: str | Path) -> str:
+    """What went wrong running a user file's code, for a message: the exception (``sys.exit(3)`` by name) and the
+    line of `file` it came from, if it did."""
+    import traceback
+
+    if isinstance(exc, SystemExit):
+        what = f"it called sys.exit({exc.code!r})"
+    else:
+        text = str(exc).strip()
+        what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    here = os.path.abspath(str(file))
+    line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__))
+                 if os.path.abspath(f.filename) == here), None)
+    return f"{what} (line {line})" if line else what
 
 
 def load_file_module(path: Path):

@@ -17,6 +17,7 @@ from bottle import HTTPResponse, redirect, request
 
 from rfopt.reports.status import liveness, summaries
 from rfopt.errors import Refusal
+from rfopt.storage.database import StorageRefusedError
 from rfopt.storage.schema import TrialRecord, json_safe, study_attrs
 
 from . import actions, pages
@@ -153,7 +154,7 @@ class _Routes:
         """The study with that id; else raises the 404 answer."""
         try:
             name = self.storage.get_study_name_from_id(study_id)
-        except KeyError:
+        except (KeyError, OverflowError):  # an id past SQL's integers names no study either
             raise json_error(404, f"no study with id {study_id}") from None
         return optuna.load_study(study_name=name, storage=self.storage, sampler=optuna.samplers.RandomSampler())
 
@@ -175,6 +176,13 @@ def _act(action: Any, *args: Any, **kwargs: Any) -> Any:
         return action(*args, **kwargs)
     except Refusal as exc:  # OpError, ConfigError (a bad FIELD=VALUE too), a malformed body
         return json_error(400, str(exc))
+    except StorageRefusedError as exc:  # a read-only database (a shared file opened read-only), a missing right
+        if exc.refused is not None and exc.refused.kind == "read-only":
+            return json_error(409, "read-only database: this dashboard cannot write to the study's storage (a file "
+                              "this user may not write is opened read-only), so pause, resume, stop, cancel, "
+                              "withdraw, clone and halt cannot be stored; nothing was changed. Open a writable "
+                              "database to steer the study")
+        return json_error(409, str(exc))
 
 
 def _trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial | None:

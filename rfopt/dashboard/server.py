@@ -43,10 +43,12 @@ def create_app(
     """
     import optuna_dashboard
 
-    from rfopt.storage.database import open_storage
+    from rfopt.storage.database import open_storage, read_only_sqlite
 
     if isinstance(storage, str):  # as optuna-dashboard does: no cache in front of the storage, others write to it
-        storage = open_storage(storage, cache=False)
+        # A SQLite file this user cannot write (a shared, finished study) is opened read-only: every page shows, and
+        # each button answers that the database is read-only. It is never created.
+        storage = open_storage(read_only_sqlite(storage) or storage, cache=False, create=False)
         storage = optuna.storages.get_storage(storage) if isinstance(storage, str) else storage
     app = optuna_dashboard.wsgi(storage, artifact_store=StudyArtifacts(storage, artifact_dir))
     add_routes(app, storage)

@@ -167,6 +167,15 @@ def say_placement(placement: Any, checked: CheckedRun) -> None:
                        "choice, and this study trains in %s on %s. Give the precision to the run instead: "
                        "optimize(device=..., precision=...), rfopt run --device cuda --precision bf16", which,
                        precision, placement.device)
+    study_trackers = list(checked.report_to or [])
+    for index, config in enumerate(checked.configs):  # a TRL user writes report_to in the GRPOConfig: not used here
+        if list(config.args.report_to or []) not in ([], study_trackers):
+            label = f"configs[{index}]" if isinstance(checked.space, ListSpace) else "the search space function's config"
+            logger.warning("%s sets report_to=%s in its GRPOConfig, which rfopt does not use: the study's report_to "
+                           "applies to every trial (now %s). Give it to the study instead: create_study(report_to=...), "
+                           "optimize(report_to=...), rfopt run --report-to", label, list(config.args.report_to),
+                           study_trackers or "none")
+            break
 
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -55,7 +55,9 @@ class Clone:
         changes = ", ".join(f"{name}={value!r}" for name, value in self.overrides.items()) or "no changes"
         start = ", from its parent's latest checkpoint" if warm_start else ""
         notes = "".join(f"; note: {note}" for note in self.notes)
-        return f"checked: a clone of trial {parent} with {changes}{start} would be accepted (nothing written){notes}"
+        return (f"checked: a clone of trial {parent} with {changes}{start} would be accepted (nothing written): its "
+                f"config, chunk plan, first chunk's GRPOConfig and adapter (on the model's shape); not checked until it "
+                f"trains: its model's weights, generation and reward scores{notes}")
 
 
 def clone(
@@ -93,6 +95,7 @@ def clone(
         child_data, overrides = override_dict(data, overrides)
         child = _checked(child_data, data, notes)
         schedule = trial_schedule(plan, child.args)
+        _check_first_chunk(child, schedule, notes if check_only else [])  # Check says what it could not build
         # The config as stored: normalized by its own round trip where its code imports here, else as overridden.
         config_json = TrialConfig.json_of(child_data) if notes else child.to_json()
     except (ConfigError, ValueError) as exc:
@@ -197,6 +200,23 @@ def _checked(child_data: dict[str, Any], parent_data: dict[str, Any], notes: lis
     config.validate()
     _check_model_if_changed(config, child_data, parent_data)
     return config
+
+
+def _check_first_chunk(config: TrialConfig, schedule: Any, notes: list[str]) -> None:
+    """Build what the clone's first chunk builds before it trains, without training: its GRPOConfig as a chunk trains
+    it (the plan's ``max_steps``; TRL's own checks) and its adapter on the base model on the meta device (PEFT's own
+    checks). What cannot be built here is said in `notes`."""
+    from rfopt.training.models import check_adapter
+
+    try:
+        replace(config.args, max_steps=schedule.total_steps, use_cpu=True, bf16=False, fp16=False,
+                            report_to=[], save_strategy="no", generation_batch_size=None, model_init_kwargs=None)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise ConfigError(f"args: TRL refuses the first chunk's GRPOConfig (max_steps={schedule.total_steps}): "
+                          f"{exc}") from None
+    note = check_adapter(config)
+    if note is not None:
+        notes.append(note)
 
 
 def _check_model_if_changed(config: TrialConfig, child_data: dict[str, Any], parent_data: dict[str, Any]) -> None:

@@ -49,6 +49,13 @@ from .run import follow_moved_checkpoints, run, started
 
 logger = logging.getLogger("rfopt")
 
+LOCAL_CLUSTER = """A local Ray cluster that rfopt starts (no address, no ``RAY_ADDRESS``) starts no Ray dashboard (its web
+server, with job submission, would listen on port 8265) unless ``init_kwargs`` asks for one. Ray's own servers (GCS,
+raylet, its workers) listen on every interface, and Ray 2.60 has no setting that binds them to the loopback interface
+alone (a loopback ``_node_ip_address`` is resolved back to the machine's address): what guards them is Ray's token
+authentication, which Ray turns on where a token exists (``ray get-auth-token --generate``, or ``RAY_AUTH_MODE=token``
+in the environment before Ray is imported)."""
+
 GRACE_SECONDS = 10.0
 """After one worker returns (nothing is left to train), how long the others get to return before they are
 released."""
@@ -60,6 +67,10 @@ class ClusterStorageError(Refusal):
 
 class StorageUnreachableError(RfoptError, RuntimeError):
     """The cluster's workers cannot connect to the study's storage."""
+
+
+class ClusterTooSmallError(Refusal):
+    """No node of the Ray cluster can hold one worker (its CPUs, or a GPU and a CPU): Ray would wait forever."""
 
 
 @dataclass
@@ -78,6 +89,8 @@ class RayCluster:
         runtime_env: Ray's ``runtime_env`` for the actors (``env_vars``, ``working_dir``, ``pip``, ...).
         max_restarts: how often Ray restarts a dead actor (-1: always).
         devices_per_trial: train each trial over this many actors' devices at once (data parallel).
+        node_wait_seconds: where no node of the cluster can hold a worker, how long to wait for an autoscaling cluster
+            to add one (its autoscaler is asked for it) before refusing; 0 (the default): refuse at once.
     """
 
     address: str | None = None
@@ -93,18 +106,33 @@ class RayCluster:
     this many actors. A group whose actor dies is restarted whole by the caller."""
     init_kwargs: dict[str, Any] = field(default_factory=dict)
     """More keyword arguments for ``ray.init`` when this call starts or connects to the cluster."""
+    node_wait_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        """Every argument checked at once, by type and value, before anything starts."""
         problems = []
-        if self.num_workers is not None and (not isinstance(self.num_workers, int) or self.num_workers < 1):
-            problems.append(f"num_workers must be 1 or more, got {self.num_workers!r}")
-        if not self.cpus_per_worker > 0:
-            problems.append(f"cpus_per_worker must be more than 0, got {self.cpus_per_worker!r}")
-        if not self.lease_seconds > 0 or not self.poll_seconds > 0:
-            problems.append(f"lease_seconds and poll_seconds must be more than 0, got {self.lease_seconds!r} and "
-                            f"{self.poll_seconds!r}")
-        if not isinstance(self.devices_per_trial, int) or self.devices_per_trial < 1:
-            problems.append(f"devices_per_trial must be 1 or more, got {self.devices_per_trial!r}")
+        if self.address is not None and not isinstance(self.address, str):
+            problems.append(f"address must be None, 'auto' or a cluster's address as text, got {self.address!r}")
+        if self.num_workers is not None and (not _whole(self.num_workers) or self.num_workers < 1):
+            problems.append(f"num_workers must be a whole number, 1 or more, got {self.num_workers!r}")
+        if not _finite(self.cpus_per_worker) or not self.cpus_per_worker > 0:
+            problems.append(f"cpus_per_worker must be a finite number more than 0, got {self.cpus_per_worker!r}")
+        if self.gpus is not None and not isinstance(self.gpus, bool):
+            problems.append(f"gpus must be True, False or None (if the cluster has GPUs), got {self.gpus!r}")
+        for name in ("lease_seconds", "poll_seconds"):
+            if not _finite(getattr(self, name)) or not getattr(self, name) > 0:
+                problems.append(f"{name} must be a finite number of seconds more than 0, got {getattr(self, name)!r}")
+        if not _finite(self.node_wait_seconds) or self.node_wait_seconds < 0:
+            problems.append(f"node_wait_seconds must be a finite number of seconds, 0 or more, got "
+                            f"{self.node_wait_seconds!r}")
+        if not _whole(self.max_restarts) or self.max_restarts < -1:
+            problems.append(f"max_restarts must be a whole number, -1 (always) or more, got {self.max_restarts!r}")
+        if not _whole(self.devices_per_trial) or self.devices_per_trial < 1:
+            problems.append(f"devices_per_trial must be a whole number, 1 or more, got {self.devices_per_trial!r}")
+        for name in ("runtime_env", "init_kwargs"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, dict):
+                problems.append(f"{name} must be a dict, got {type(value).__name__} {value!r}")
         if problems:
             raise ValueError("RayCluster: " + "; ".join(problems))
 
@@ -140,12 +168,15 @@ class RayCluster:
         ray = _import_ray()
         started_here = not ray.is_initialized()
         if started_here:
-            ray.init(address=self.address, logging_level=logging.WARNING, **self.init_kwargs)
+            kwargs = dict(self.init_kwargs)
+            if self.address is None and not os.environ.get("RAY_ADDRESS"):  # a new local cluster, on this machine
+                kwargs.setdefault("include_dashboard", False)  # see LOCAL_CLUSTER
+            ray.init(address=self.address, logging_level=logging.WARNING, **kwargs)
         groups: list[_Group] = []
         try:
             nodes = [node for node in ray.nodes() if node.get("Alive")]
             job = job.on_cluster(len(nodes))
-            count, resources = self.placement(ray.cluster_resources())
+            count, resources = self._place(ray, nodes)
             alone = self.devices_per_trial == 1  # Ray restarts a lone worker; a group is restarted whole, here
             # Two threads: `ping` answers while `work` runs (a group asks whether its members are alive).
             worker = ray.remote(_Worker).options(**resources, max_restarts=self.max_restarts if alone else 0,
@@ -164,22 +195,82 @@ class RayCluster:
             if started_here:
                 ray.shutdown()
 
-    def placement(self, resources: dict[str, float]) -> tuple[int, dict[str, float]]:
-        """How many actors, and what each asks of Ray, on a cluster with these total resources."""
+    def placement(self, resources: dict[str, float], nodes: Sequence[dict[str, float]] | None = None
+                  ) -> tuple[int, dict[str, float]]:
+        """How many actors, and what each asks of Ray, on a cluster with these total resources. With `nodes` (each
+        alive node's resources, as ``ray.nodes()`` gives them), a worker must fit on one node: where none can hold one,
+        `ClusterTooSmallError` naming the largest node and the flag (Ray would wait for such a node forever), and by
+        default one worker per worker a node holds."""
+        count, each = self._worker(resources)
+        if nodes is not None:
+            room = sum(_holds(node, each) for node in nodes)
+            if room == 0:
+                raise ClusterTooSmallError(self._too_small(nodes, each))
+            if self.num_workers is None:
+                count = room
+            elif self.num_workers > room:
+                logger.warning("RayCluster(num_workers=%d): the cluster's nodes hold %d such workers; the others wait "
+                               "for room", self.num_workers, room)
+        if count < self.devices_per_trial:
+            raise ValueError(f"RayCluster(devices_per_trial={self.devices_per_trial}): the cluster gives {count} "
+                             f"worker device(s); a trial needs {self.devices_per_trial}")
+        return count - count % self.devices_per_trial, each
+
+    def _worker(self, resources: dict[str, float]) -> tuple[int, dict[str, float]]:
+        """The default number of workers on a cluster with these total resources, and what each asks of Ray."""
         cluster_gpus = int(resources.get("GPU", 0))
         gpus = cluster_gpus > 0 if self.gpus is None else self.gpus
         if gpus:
             if cluster_gpus < 1:
                 raise ValueError("RayCluster(gpus=True): the cluster has no GPU; leave gpus=None to train on its CPUs")
-            count, each = self.num_workers or cluster_gpus, {"num_gpus": 1, "num_cpus": 1}
-        else:
-            cpus = resources.get("CPU", 0)
-            count, each = self.num_workers or max(1, math.floor(cpus / self.cpus_per_worker)), {
-                "num_cpus": self.cpus_per_worker}
-        if count < self.devices_per_trial:
-            raise ValueError(f"RayCluster(devices_per_trial={self.devices_per_trial}): the cluster gives {count} "
-                             f"worker device(s); a trial needs {self.devices_per_trial}")
-        return count - count % self.devices_per_trial, each
+            return self.num_workers or cluster_gpus, {"num_gpus": 1, "num_cpus": 1}
+        cpus = resources.get("CPU", 0)
+        return self.num_workers or max(1, math.floor(cpus / self.cpus_per_worker)), {"num_cpus": self.cpus_per_worker}
+
+    def _too_small(self, nodes: Sequence[dict[str, float]], each: dict[str, float]) -> str:
+        def size(node: dict[str, float]) -> str:
+            return f"{_amount(node.get('CPU', 0))} CPU(s)" + (f" and {_amount(node['GPU'])} GPU(s)"
+                                                               if node.get("GPU") else "")
+
+        if each.get("num_gpus"):
+            largest = max(nodes, key=lambda n: (min(n.get("GPU", 0), n.get("CPU", 0)), n.get("CPU", 0)))
+            return (f"no node of the Ray cluster can hold a worker: each takes a GPU and a CPU, and the largest node "
+                    f"has {size(largest)}. Give gpus=False (rfopt run --ray trains on the CPUs of a cluster without "
+                    "GPUs), or add a node with a GPU")
+        largest = max(nodes, key=lambda n: n.get("CPU", 0))
+        need = _amount(each["num_cpus"])
+        return (f"no node of the Ray cluster can hold a worker: each asks for {need} CPUs (--cpus-per-worker {need}, "
+                f"RayCluster(cpus_per_worker={need})), and the largest of its {len(nodes)} node(s) has {size(largest)}. "
+                f"Give --cpus-per-worker {_amount(largest.get('CPU', 0))} or less, or add larger nodes")
+
+    def _place(self, ray: Any, nodes: list[dict[str, Any]]) -> tuple[int, dict[str, float]]:
+        """`placement` on the cluster `ray` is connected to; where no node can hold a worker and `node_wait_seconds`
+        allows, the cluster's autoscaler is asked for one, and its nodes are read again until one can (or refused)."""
+        try:
+            return self.placement(ray.cluster_resources(), [node.get("Resources", {}) for node in nodes])
+        except ClusterTooSmallError as exc:
+            if self.node_wait_seconds <= 0:
+                raise
+            refusal = exc
+        from ray.autoscaler.sdk import request_resources
+
+        logger.warning("%s; waiting up to %.0f s for the cluster to add one", refusal, self.node_wait_seconds)
+        each = self._worker(ray.cluster_resources())[1]
+        request_resources(bundles=[{"CPU": each["num_cpus"], **({"GPU": each["num_gpus"]} if "num_gpus" in each
+                                                                 else {})}])
+        try:
+            deadline = time.monotonic() + self.node_wait_seconds
+            while time.monotonic() < deadline:
+                time.sleep(min(self.poll_seconds, max(0.0, deadline - time.monotonic())))
+                nodes = [node for node in ray.nodes() if node.get("Alive")]
+                try:
+                    return self.placement(ray.cluster_resources(), [node.get("Resources", {}) for node in nodes])
+                except ClusterTooSmallError as exc:
+                    refusal = exc
+        finally:
+            request_resources(bundles=[])  # the actors ask for what they need from here on
+        raise ClusterTooSmallError(f"{refusal} (waited {self.node_wait_seconds:g} s for the cluster to add such a "
+                                   "node: node_wait_seconds)")
 
     def _wait(self, ray: Any, study: optuna.Study, groups: list[_Group], start: _GroupStarter, job: WorkerJob,
               callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
@@ -446,6 +537,25 @@ class Watcher:
                         last=self._last)
 
 
+def _holds(node: dict[str, float], each: dict[str, float]) -> int:
+    """How many workers that each ask `each` (Ray's ``num_cpus``, ``num_gpus``) a node with these resources holds."""
+    fits = [math.floor(node.get(resource, 0) / need + 1e-9)
+            for resource, need in (("CPU", each.get("num_cpus", 0)), ("GPU", each.get("num_gpus", 0))) if need > 0]
+    return min(fits) if fits else 0
+
+
+def _amount(value: float) -> str:
+    return f"{value:g}"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _import_ray() -> Any:
     try:
         import ray
@@ -454,5 +564,5 @@ def _import_ray() -> Any:
     return ray
 
 
-__all__ = ["ClusterStorageError", "RayCluster", "StorageUnreachableError", "Watcher", "WorkerJob",
+__all__ = ["ClusterStorageError", "ClusterTooSmallError", "RayCluster", "StorageUnreachableError", "Watcher", "WorkerJob",
            "check_reachable"]

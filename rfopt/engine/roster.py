@@ -106,9 +106,10 @@ class Roster:
         for number in [n for n in self.live if n not in running]:
             # Another worker finished it (a normal hand-over), or a person failed it (optuna-dashboard's button).
             state = records[number].state if number < len(records) else None
-            log = logger.warning if state in (TrialState.FAIL, None) else logger.info
-            log("trial %d became %s outside this process; it trains no further here", number,
-                state.name if state is not None else "deleted")
+            told = records[number].told_outside if state is not None else None
+            log = logger.warning if state in (TrialState.FAIL, None) or told else logger.info
+            log("trial %d %s; it trains no further here", number,
+                told or f"became {state.name if state is not None else 'deleted'} outside this process")
             self._drop(number)
         for record in running.values():
             self.reconcile(record)
@@ -336,6 +337,12 @@ class Roster:
         if isinstance(error, (LeaseLost, ChunkAborted)):  # another worker has the trial now; what this one holds is stale
             logger.warning("%s", error)
             live.loaded = False
+            return
+        if isinstance(error, optuna.exceptions.UpdateFinishedTrialError):  # told finished outside rfopt meanwhile
+            told = TrialRecord(self.study.get_trials(deepcopy=False)[live.number]).told_outside
+            logger.warning("trial %d was %s while it trained its chunk %d, which is not recorded; it trains no "
+                           "further here", live.number, told or "ended outside this process", live.committed + 1)
+            self._drop(live.number)
             return
         try:
             claim.fence_finish(live.number)

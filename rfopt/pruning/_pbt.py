@@ -42,9 +42,14 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt.errors import RfoptError
 from rfopt.storage.schema import PbtStep, Replacement
 
 EXPLORE_MODES = ("perturb", "sampler")
+
+
+class PopulationBasedTrainingMisplaced(RfoptError, TypeError):
+    """`PopulationBasedTraining` used as an Optuna pruner: only rfopt can carry it out."""
 
 
 class PopulationBasedTraining:
@@ -130,6 +135,15 @@ class PopulationBasedTraining:
         return (f"PopulationBasedTraining(interval={self.interval}, quantile={self.quantile:g}, "
                 f"factors={self.factors}, resample_probability={self.resample_probability:g}, "
                 f"params={self.params}, explore={self.explore!r}, max_units={self.max_units}, seed={self.seed})")
+
+    def prune(self, study: Any, trial: Any) -> bool:
+        """Refused: an Optuna study that holds this as its pruner (``optuna.create_study(pruner=...)``) would call it
+        from ``trial.should_prune()``, and only rfopt can replace trials by clones of others."""
+        raise PopulationBasedTrainingMisplaced(
+            f"trial {trial.number}: PopulationBasedTraining is not an Optuna pruner: it replaces trials by clones of "
+            "others, which only rfopt can do. Give it to rfopt.create_study(pruner=...) (or rfopt.load_study, or "
+            "rfopt.Study(optuna_study, pruner=...)) and run the study with study.optimize or study.work; an Optuna "
+            "study made with optuna.create_study(pruner=PopulationBasedTraining(...)) cannot use it")
 
     def is_exploit_step(self, step: int, n_steps: int) -> bool:
         """Whether members are ranked after the chunk of `step` (the last chunk ends the trials instead)."""

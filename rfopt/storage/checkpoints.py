@@ -69,10 +69,40 @@ def location_exists(location: Location) -> bool:
 
 
 def download(location: Location, target: str | os.PathLike) -> Path:
-    """Copy the directory at `location` (a local path or a URL) into the new local directory `target`."""
+    """Copy the directory at `location` (a local path or a URL) into the new local directory `target`, and check every
+    safetensors file copied (`safetensors_problem`): a truncated or corrupt one raises `CheckpointError` naming it, and
+    leaves no `target` behind."""
     target = Path(target)
     files_at(location).download("", target)
+    for path in sorted(target.rglob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem is not None:
+            shutil.rmtree(target, ignore_errors=True)
+            name = path.relative_to(target).as_posix()
+            raise CheckpointError(f"{name} in {location} is not a whole safetensors file: {problem}; nothing was "
+                                  "exported (the file was cut short or damaged where it is stored)")
     return target
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with the safetensors file at `path`, or None: its 8-byte header length, its JSON header, and a
+    size that is exactly the header's plus the tensor data the header describes (a truncated file is shorter)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, fewer than a safetensors header's 8"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return f"its header says {length} bytes follow, and {size - 8} do"
+        try:
+            header = json.loads(f.read(length))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return "its header is not a safetensors header"
+    if 8 + length + end != size:
+        return f"{size} bytes, and its header describes {8 + length + end}"
+    return None
 
 
 class CheckpointStore:

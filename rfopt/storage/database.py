@@ -71,6 +71,11 @@ class StorageLocationError(Refusal):
 class StorageRefusedError(RfoptError, RuntimeError):
     """The database refuses a call for a reason waiting does not fix (`refusal`): raised at once, not retried."""
 
+    def __init__(self, message: str, refused: Refusal | None = None) -> None:
+        super().__init__(message)
+        self.refused = refused
+        """Why (`Refusal`: its ``kind``, e.g. ``read-only``)."""
+
 
 STORAGE_ERRORS = (StorageUnavailableError, StorageRefusedError, StorageLocationError)
 """The study's database failing, not a trial: these end the run (every trial resumable), they never fail a trial."""
@@ -154,6 +159,11 @@ def check_url(storage: str, *, create: bool = True) -> URL:
             f"storage {redact(storage)!r}: the Python driver for {url.drivername!r} is not installed ({exc}){extra}; "
             f"install it, or give {URL_FORMS}"
         ) from None
+    if url.get_backend_name() == "sqlite" and (url.host or url.port or url.username or url.password):
+        # "sqlite://s.db": two slashes make "s.db" a host, which SQLite does not have (SQLAlchemy refuses it later).
+        raise StorageLocationError(
+            f"storage {redact(storage)!r} is not a SQLite URL: {url.host!r} stands where a host would, and a SQLite "
+            f"file is named after three slashes: sqlite:///{url.host or 'path.db'}; give {URL_FORMS}")
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
             and not url.query.get("uri"):  # a file: URI (mode=ro, ...) is SQLite's own business
         _check_sqlite_file(url.database, create=create)
@@ -170,6 +180,24 @@ def check_lasting_url(storage: str, *, create: bool = True) -> URL:
             f"before it; give a file: {URL_FORMS}"
         )
     return url
+
+
+def read_only_sqlite(storage: str) -> str | None:
+    """For the URL of an existing SQLite file that this user cannot write (the file, or its folder, where SQLite
+    writes its journal), the URL that opens it read-only (SQLite's ``mode=ro``); None for any other storage. A
+    dashboard opens a shared, finished study that way: reading needs no write."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(storage)
+    except Exception:  # noqa: BLE001 - not a URL: `check_url` says so
+        return None
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:") or url.query.get("uri"):
+        return None
+    path = Path(os.path.abspath(url.database))
+    if not path.is_file() or (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        return None
+    return f"sqlite:///file:{path}?mode=ro&uri=true"
 
 
 def _check_sqlite_file(database: str, *, create: bool) -> None:
@@ -300,7 +328,8 @@ def retry(call: Callable[[], T], budget: float, where: str, what: str,
             raise
         raise StorageRefusedError(
             f"storage {where}: {what} failed at once, not retried: {refused.cause} ({_root(exc)}). {refused.fix}; "
-            "then rerun the same command: the study continues from its last committed chunks"
+            "then repeat what failed (nothing of it was written; a run continues from its last committed chunks)",
+            refused,
         ) from exc
 
 

@@ -2,7 +2,8 @@
 
 Trials whose configs name the same base model (same id, loading kwargs and tokenizer: `TrialConfig.model_key`)
 share one resident copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A full fine-tuning
-trial (``peft_config=None``) gets its own copy of the weights.
+trial (``peft_config=None``) gets its own copy of the base model as it was loaded: never one with another trial's
+adapter layers or its trained ``modules_to_save`` copies in it (`pristine`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,31 @@ def _meta_model(config: TrialConfig) -> tuple[Any, Any, int] | None:
     if dtype == "auto":
         dtype = getattr(model_config, "dtype", None) or "float32"
     return model, model_config, _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
+
+
+def check_adapter(config: TrialConfig) -> str | None:
+    """Build `config`'s PEFT adapter on its base model on the meta device (no weights loaded), as its first chunk
+    builds it: `ConfigError` with PEFT's own message where PEFT refuses it (``r=0``, target modules the model does not
+    have); a note (what was not checked) where the base model's shape cannot be read here; None when it builds."""
+    if config.peft_config is None:
+        return None
+    meta = _meta_model(config)
+    if meta is None:
+        return (f"its adapter was not built on {config.model!r} here (the model's shape cannot be read without loading "
+                "it): the first chunk builds it")
+    from peft import get_peft_model
+
+    peft_config = copy.deepcopy(config.peft_config)
+    if hasattr(peft_config, "init_lora_weights"):  # PiSSA, LoftQ, ... initialize from weights the meta device lacks
+        peft_config.init_lora_weights = False
+    try:
+        get_peft_model(meta[0], peft_config)
+    except ValueError as exc:  # PEFT's own refusals: r, target modules, ...
+        raise ConfigError(f"peft_config: PEFT refuses this adapter on {config.model!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - what the meta device cannot compute is not the config's fault
+        return f"its adapter could not be built on the meta device here ({type(exc).__name__}: {exc}); the first " \
+               "chunk builds it"
+    return None
 
 
 @dataclass(frozen=True)
@@ -294,10 +320,43 @@ def _bf16_supported() -> bool:
         return False
 
 
+def pristine(model: Any, trainable: set[str]) -> Any:
+    """The base model under `model` (a PeftModel, or a model PEFT injected adapters into), as it was loaded: every
+    adapter layer replaced by the layer it wraps, every ``modules_to_save`` (and trainable-tokens) wrapper by the
+    module it wraps, in place, and the parameters named in `trainable` trainable again (PEFT froze them).
+
+    Not PEFT's ``unload()``: it keeps the active adapter's trained ``modules_to_save`` copy in the model (its trained
+    ``lm_head``, say), which another trial must never see."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import AuxiliaryTrainingWrapper
+
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+
+    def wrapped(module: Any) -> Any:
+        if isinstance(module, AuxiliaryTrainingWrapper):
+            return module.original_module
+        return module.get_base_layer() if isinstance(module, BaseTunerLayer) else None
+
+    while found := [(name, module) for name, module in base.named_modules() if name and wrapped(module) is not None]:
+        outer = [(name, module) for name, module in found  # wrappers inside another are replaced in the next pass
+                 if not any(name.startswith(f"{other}.") for other, _ in found)]
+        for name, module in outer:
+            parent, _, leaf = name.rpartition(".")
+            setattr(base.get_submodule(parent), leaf, wrapped(module))
+    if hasattr(base, "peft_config"):  # PEFT names its config on the model it injects into (as unload() does)
+        del base.peft_config
+    for name, parameter in base.named_parameters():
+        parameter.requires_grad_(name in trainable)
+    return base
+
+
 @dataclass
 class _Resident:
     base: Any
     tokenizer: Any
+    trainable: set[str] = field(default_factory=set)
+    """The base model's parameters that were trainable before PEFT froze them to add the first adapter."""
     peft_model: Any = None
     adapters: set[str] = field(default_factory=set)
     batched: BatchedBackend | None = None
@@ -386,14 +445,18 @@ class ModelPool:
         resident = self._load(config)
         if config.peft_config is None:
             if trial_number not in self._full:
-                self._full[trial_number] = copy.deepcopy(resident.base)
+                model = copy.deepcopy(resident.base)
+                if resident.peft_model is not None:  # it carries other trials' adapters (and modules_to_save copies)
+                    model = pristine(model, resident.trainable)
+                self._full[trial_number] = model
             return self._full[trial_number]
         name = adapter_name(trial_number)
         if name not in resident.adapters:
             from peft import get_peft_model
 
             set_seed(config.args.seed)
-            if resident.peft_model is None:
+            if resident.peft_model is None:  # PEFT freezes the base: what trained as loaded is restored by `pristine`
+                resident.trainable = {n for n, p in resident.base.named_parameters() if p.requires_grad}
                 resident.peft_model = get_peft_model(resident.base, copy.deepcopy(config.peft_config), adapter_name=name)
             else:
                 resident.peft_model.add_adapter(name, copy.deepcopy(config.peft_config))
@@ -450,8 +513,8 @@ class ModelPool:
                 resident.peft_model.set_adapter(min(resident.adapters))
             resident.peft_model.delete_adapter(name)
         else:
-            # The last adapter: take the LoRA layers out again, leaving the untouched base weights.
-            resident.base = resident.peft_model.unload()
+            # The last adapter: take the adapter layers out again, leaving the base model as it was loaded.
+            resident.base = pristine(resident.peft_model, resident.trainable)
             resident.peft_model = None
 
     def _load(self, config: TrialConfig) -> _Resident:

@@ -24,7 +24,10 @@ trial table (as text cut at 1024 characters, so rfopt's JSON records made the pa
 study's user attrs on the study page; it shows no system attrs. Optuna, its samplers and `trials_dataframe` leave
 ``rfopt:*`` system attrs alone. A study written by an earlier rfopt keeps its records in user attrs: they are read
 from there too (`TrialRecord`, `StudyRecord`; a system attr wins over a user attr of the same key), and new records go
-to system attrs.
+to system attrs. Only there, and only with the shape rfopt wrote: on a trial whose config is a system attr (or a study
+whose plan is), an ``rfopt:*`` user attr is the user's, and one of another shape is skipped with a warning naming the
+trial (or study) and the key (`_keys`), so that a user's ``trial.set_user_attr("rfopt:stopped", True)`` never makes a
+study unreadable.
 
 On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries), ``rfopt:checkpoint_dir``,
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),

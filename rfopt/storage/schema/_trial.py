@@ -306,10 +306,33 @@ class TrialRecord:
         return None
 
     @property
+    def told_outside(self) -> str | None:
+        """How an rfopt trial was ended outside rfopt (optuna-dashboard's "Mark as Complete"/"Fail Trial" buttons,
+        Optuna's ``tell``), or None: rfopt writes its adapter before telling COMPLETE, its reason before FAIL, and its
+        stop or rung decision before PRUNED, so a finished rfopt trial without them was told by someone else."""
+        if self.config_json is None or not self.state.is_finished():
+            return None
+        if self.state == TrialState.COMPLETE and self.adapter is None:
+            what = f"COMPLETE with value {self.trial.value:g}" if self.trial.values else "COMPLETE"
+        elif self.state == TrialState.FAIL and not self.fail_reason:
+            what = "FAIL"
+        elif self.state == TrialState.PRUNED and self.stop is None and not self.decided_steps:
+            what = "PRUNED"
+        else:
+            return None
+        done = f" after {self.committed} of {self.num_units} chunks" if self.num_units else ""
+        return (f"told {what} outside rfopt{done} (optuna-dashboard's buttons, or Optuna's tell)"
+                + ("; no adapter was saved" if self.state == TrialState.COMPLETE else ""))
+
+    @property
     def end_reason(self) -> str | None:
-        """Why it failed, was stopped or was pruned (None for a trial that did neither)."""
+        """Why it failed, was stopped or was pruned, or how it was ended outside rfopt (None for a trial that did
+        none of these)."""
         if self.fail_reason:
             return self.fail_reason
+        outside = self.told_outside
+        if outside is not None:
+            return outside
         if self.state != TrialState.PRUNED and self.state != TrialState.RUNNING:
             return None
         if self.stop is not None:

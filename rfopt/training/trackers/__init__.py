@@ -73,6 +73,9 @@ def normalize(report_to: str | Sequence[str] | None) -> list[str]:
     fail at its first chunk), is refused here, before anything runs."""
     if report_to is None:
         return []
+    if not isinstance(report_to, (str, list, tuple)):
+        raise TypeRefusal(f"report_to must be a tracker name or a list of them (e.g. 'tensorboard'), got "
+                          f"{type(report_to).__name__} {report_to!r}")
     names = [report_to] if isinstance(report_to, str) else list(report_to)
     if not all(isinstance(n, str) for n in names):
         raise TypeRefusal(f"report_to must be a tracker name or a list of them, got {report_to!r}")
