@@ -56,7 +56,9 @@ def _positive_number(text: str, kind: str, unit: str = "") -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0{unit}, got {text}")
+    if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number more than 0{unit}, got {text}")
     return value
 
