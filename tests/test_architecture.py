@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rfopt"
 # below) or from a lower group, never from a higher one.
 GROUPS = [
     # foundations: rfopt's exceptions, every patch of another library's internals, the chunk plan, the offline demo
-    # model and the test model, the reward functions users pick from
-    {"errors", "compat", "chunks", "smollm2", "tiny", "rewards"},
+    # model and the test model, the reward functions users pick from, the noise of an eval mean
+    {"errors", "compat", "chunks", "smollm2", "tiny", "rewards", "noise"},
     # what outlives a process: Optuna storage, the rfopt:* records, checkpoints, leases (never training)
     {"storage"},
     # rung policies: Optuna's pruners at rung boundaries, population-based training's plan

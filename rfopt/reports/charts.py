@@ -40,6 +40,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt import noise
 from rfopt.storage.schema import TrialRecord
 
 from .timeline import step_times, value_times
@@ -135,6 +136,53 @@ def best_trial(trials: Sequence[FrozenTrial], direction: StudyDirection | None) 
     if running:
         return max(running, key=lambda vn: (sign * vn[0], -vn[1]))[1], "leading"
     return None, ""
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The best (or leading) trial against the runner-up (the next best value), prompt by prompt on their values'
+    evaluations (`rfopt.noise.gap`): whether the lead is more than noise."""
+
+    best: int
+    runner_up: int
+    gap: noise.Gap
+
+    @property
+    def tie(self) -> bool:
+        """The lead is within noise: the two values could swap on other eval prompts."""
+        return self.gap.within_noise
+
+    def text(self) -> str:
+        """``tie: within noise of trial 2 (gap 0 ± 0 over 8 eval prompts)`` or ``ahead of trial 2 by more than noise
+        (...)``."""
+        if self.tie:
+            return f"tie: within noise of trial {self.runner_up} ({self.gap.text()})"
+        return f"ahead of trial {self.runner_up} by more than noise ({self.gap.text()})"
+
+
+def lead(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "reward") -> Lead | None:
+    """The best trial (`best_trial`) against the runner-up; None without two valued trials or stored scores."""
+    best, _ = best_trial(trials, direction)
+    if best is None or direction is None:
+        return None
+    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
+    by_number = {t.number: TrialRecord(t) for t in trials}
+    others = [(r.value, n) for n, r in by_number.items() if n != best and r.value is not None
+              and math.isfinite(r.value) and r.cancelled is None]
+    if not others:
+        return None
+    runner_up = max(others, key=lambda vn: (sign * vn[0], -vn[1]))[1]
+    found = noise.gap(_value_scores(by_number[best], objective), _value_scores(by_number[runner_up], objective))
+    return None if found is None else Lead(best, runner_up, found)
+
+
+def _value_scores(record: TrialRecord, objective: str) -> list[float]:
+    """The per-prompt scores behind the trial's value (its last reported unit)."""
+    values = record.trial.intermediate_values
+    if not values:
+        return []
+    unit = max(values)
+    return next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == unit), [])
 
 
 def comparison(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective") -> Comparison:

@@ -165,6 +165,14 @@ class UnitMetrics:
     chunk: int
     train: dict[str, float]
     eval: dict[str, float]
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    """Each eval prompt's score, in eval-set order, by objective name (``reward``, each reward function's name): the
+    eval means are their means (`rfopt.noise` gives their standard errors); NaN where a reward function gave None.
+    Empty for units an earlier rfopt stored."""
+
+    def scores_of(self, objective: str) -> list[float]:
+        """The per-prompt scores behind `objective` (``reward`` or a reward function's name); empty if not stored."""
+        return self.scores.get(objective, [])
 
 
 @dataclass(frozen=True)
