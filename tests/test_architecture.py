@@ -44,12 +44,12 @@ GROUP = {name: i for i, names in enumerate(GROUPS) for name in names}
 # Inside a sub-package, lowest first ("__init__" is the package's own module: what it offers its users).
 LAYERS = {
     "storage": [{"crashpoints", "state", "database", "schema", "files"}, {"checkpoints", "leases"}, {"__init__"}],
-    "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide"}, {"_policy"}, {"__init__"}],
+    "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide", "_outlook"}, {"_policy"}, {"__init__"}],
     "config": [{"usercode", "params", "rewardfuncs", "settings"}, {"codec"}, {"overrides", "studyfile"}, {"trial"},
                {"spaces", "form"}, {"__init__"}],
     "training": [{"evaluation", "rollouts", "trackers"}, {"models"}, {"runner"}, {"parallel", "gang", "progress"},
                  {"__init__"}],
-    "reports": [{"timeline", "display", "status", "trial_svg"}, {"charts"}, {"__init__"}],
+    "reports": [{"timeline", "display", "status", "trial_svg"}, {"charts", "forecast"}, {"__init__"}],
     "engine": [{"scheduler", "ops", "clones", "artifacts", "request"}, {"unit", "population"}, {"coordinator", "roster"},
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],

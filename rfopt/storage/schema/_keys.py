@@ -37,6 +37,7 @@ _ADAPTER = "rfopt:adapter"
 _PBT_STEP = "rfopt:pbt:"
 _PROGRESS = "rfopt:progress"
 _HALT = "rfopt:halt"
+_RUN_SHAPE = "rfopt:run_shape"
 _PREFIX = "rfopt:"
 _GANG = "rfopt:gang:"
 
