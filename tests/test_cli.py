@@ -53,7 +53,7 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "COMPLETE" in run.stdout
+    assert "complete" in run.stdout
     assert "best adapter (PEFT format):" in run.stdout
     # Not a terminal: plain lines, one per committed chunk, no "\r" redraws; no library progress bars or warnings.
     assert "\r" not in run.stderr and "Loading weights" not in run.stderr and "Warning" not in run.stderr
@@ -95,7 +95,7 @@ def test_status_of_one_study_prints_its_leaderboard(tiny_model, tmp_path, capsys
     study.tell(trial, 0.5)
     assert main(["status", "--storage", storage, "--study", "x"]) == 0
     out = capsys.readouterr().out
-    assert "COMPLETE" in out and "0.5000" in out
+    assert "complete" in out and "0.5000" in out
 
 
 def test_help_describes_every_command(capsys):

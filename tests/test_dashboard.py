@@ -391,7 +391,10 @@ def test_the_best_trial_is_marked_in_every_chart_and_a_leader_while_none_is_comp
     assert best_trial(trials, optuna.study.StudyDirection.MAXIMIZE) == (0, "best")  # the only COMPLETE one
     running = [t for t in trials if t.state == TrialState.RUNNING]
     assert best_trial(running, optuna.study.StudyDirection.MAXIMIZE) == (2, "leading")  # 0.6 beats 0.4
-    assert best_trial(running, optuna.study.StudyDirection.MINIMIZE) == (1, "leading")
+    assert TrialRecord(trials[1]).paused  # trial 1 (0.4) is paused: only a live trial leads
+    assert best_trial(running, optuna.study.StudyDirection.MINIMIZE) == (2, "leading")
+    schema.write_paused(schema.TrialRef.of(study.optuna, trials[1]), False)
+    assert best_trial(_trials(study)[1:], optuna.study.StudyDirection.MINIMIZE) == (1, "leading")
     assert best_trial(trials, None) == (None, "")  # multi-objective: no single best
     for figure in _figures(trials).values():
         [star] = _by_role(figure, "best")
@@ -538,7 +541,10 @@ def test_root_leads_to_rfopts_index_which_lists_each_study_and_optuna_dashboard_
         index = call(server, "GET", "/rfopt")[1]
         status, page, headers = call(server, "GET", f"/dashboard/studies/{study.optuna._study_id}")
     row = index[index.index(f"<tr data-study='{study.optuna._study_id}'>"):]
-    assert "1 running" not in row and "2 running, 1 complete" in row and "0.3 (trial 0)" in row and ">idle<" in row
+    # What each trial is doing, in the page's words: nobody runs the study, so its RUNNING trials are interrupted
+    # (the paused one stays paused), never "running" beside "idle".
+    assert " running" not in row.split("</tr>")[0].split("<td")[3]
+    assert "1 paused, 1 interrupted, 1 complete" in row and "0.3 (trial 0)" in row and ">idle<" in row
     assert status == 200 and "id='rfopt-backlink'" in page and "/rfopt/static/backlink.js" in page
     assert int(headers["Content-Length"]) == len(page.encode())
 

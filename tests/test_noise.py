@@ -103,3 +103,16 @@ def test_a_leader_within_noise_of_the_runner_up_is_a_tie(storage):
     clear = lead(_study(storage.replace("study.db", "b.db"), [[s + 0.5 for s in base], base]).get_trials(),
                  study.direction, "reward")
     assert not clear.tie and clear.text().startswith("ahead of trial 1 by more than noise")
+
+
+def test_the_page_and_the_leaderboard_text_show_each_value_with_its_standard_error(storage):
+    from rfopt.dashboard.pages import _render_leaderboard
+    from rfopt.dashboard.views import trial_views
+
+    base = [0.3, 0.0, 1.0, 0.2, 0.0, 0.3, 0.6, 0.0]
+    study = _study(storage, [base, list(base)])
+    views = trial_views(study.get_trials(), study)
+    assert views[0].value_text() == "0.3 ± 0.12 (8 prompts)"
+    html = _render_leaderboard(views, 0, "leading", study.direction, lead(study.get_trials(), study.direction))
+    assert "± 0.12 (n=8)" in html and "<span class='tie'" in html and "tie with trial 1" in html
+    assert TrialRecord(study.get_trials()[0]).unit_metrics()[0].scores_of("reward") == base

@@ -32,7 +32,7 @@ import optuna
 from rfopt.compat import study_id_of
 from rfopt.config.form import reward_weighting
 from rfopt.reports.status import Liveness, StudySummary, tally
-from rfopt.reports.charts import colour, comparison, parallel_svg, trial_labels
+from rfopt.reports.charts import Lead, colour, comparison, lead, parallel_svg, trial_labels
 from rfopt.reports.timeline import NowTraining, StudyCost, duration, now_training, study_cost
 from rfopt.storage.schema import TrialRecord, json_safe, study_record
 
@@ -74,7 +74,8 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
     direction = study.directions[0] if len(study.directions) == 1 else None
     objective = record.settings.get("objective", "objective")
     compared = comparison(trials, direction, objective)
-    views = trial_views(trials, study)
+    views = trial_views(trials, study, live)
+    ahead = lead(trials, direction, objective)
     records = [TrialRecord(t) for t in trials]
     steerable = record.plan is not None
     parts = {
@@ -82,7 +83,7 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
         "liveness": _render_liveness(live, sid, steerable),
         "now": _render_now(records, live),
         "warnings": _render_warnings(records, objective),
-        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction),
+        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction, ahead),
         "why": parallel_svg(trials, direction, objective),
     }
     cards = [(v.number, _render_trial(sid, v, steerable)) for v in views]
@@ -139,7 +140,7 @@ def _render_facts(study: Any, record: Any, views: list[TrialView], objective: st
     plan = record.plan
     counts: dict[str, int] = {}
     for v in views:
-        counts[v.state] = counts.get(v.state, 0) + 1
+        counts[v.situation] = counts.get(v.situation, 0) + 1
     shown = tally(counts) if counts else "none yet"
     facts = [
         f"objective: {_e(objective)} ({direction.name.lower() if direction else 'multi-objective'})",
@@ -226,7 +227,8 @@ def _render_warnings(records: list[TrialRecord], objective: str) -> str:
             f"one reward's eval column, or clone with the same reward_weights.<ul>{items}</ul></div>")
 
 
-def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any) -> str:
+def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any,
+                        ahead: Lead | None = None) -> str:
     """Every trial in a table, best first (`views` come in that order); the page sorts it by any column."""
     maximize = direction is not None and direction.name == "MAXIMIZE"
     params = list(dict.fromkeys(k for v in views for k in v.params))
@@ -245,20 +247,22 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     rows = []
     for v in views:
         star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
+        if v.number == best and ahead is not None and ahead.tie:
+            star += f" <span class='tie' title='{_e(ahead.text())}'>tie with trial {ahead.runner_up}</span>"
         name = (f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial {v.number}</span>"
                 f"{star}")
         elapsed = v.ended - v.started if v.started is not None and v.ended is not None else None
         cells = [
             (v.number, name),
-            (v.state, _e(v.state.lower())),
-            (v.value, _num(v.value)),
+            (v.situation, _e(v.situation)),
+            (v.value, _value_cell(v)),
             (None if v.value_step is None else v.value_step + 1, _num(None if v.value_step is None else v.value_step + 1)),
             (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
         ]
         cells += [_param_cell(v, p) for p in params]
         cells += [(v.eval.get(k), _num(v.eval.get(k))) for k in rewards]
         cells += [(v.lineage, _e(v.lineage))] if lineage else []
-        if v.started is not None and v.ended is None and v.state == "RUNNING":
+        if v.started is not None and v.ended is None and v.situation == "training":
             since = f"since {_clock_time(v.started)}"
             cells += [(v.started, f"<span class='clock' data-since='{v.started:.0f}' title='{since}'>{since}</span>")]
         elif elapsed is not None:
@@ -274,6 +278,17 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
         f"<div class='table-scroll'><table class='leaderboard'><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table></div></section>"
     )
+
+
+def _value_cell(v: TrialView) -> str:
+    """The value, with its standard error and eval count beneath where its unit stored per-prompt scores."""
+    if v.value is None:
+        return "-"
+    if v.eval_count is None:
+        return _num(v.value)
+    error = "" if v.value_error is None else f"± {v.value_error:.2g} "
+    return (f"{_num(v.value)}<br><span class='sem' title='standard error of the mean over {v.eval_count} eval "
+            f"prompts'>{error}(n={v.eval_count})</span>")
 
 
 def _by_gang(gangs: dict[int, tuple[int, ...]]) -> list[tuple[tuple[int, ...], list[int]]]:
@@ -298,10 +313,12 @@ def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
 
 def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
     api = f"/rfopt/api/studies/{study_id}/trials/{v.number}"
-    state = v.state + (" · paused" if v.paused else "")
+    state = v.situation
+    if v.situation == "training" and len(v.gang) > 1:
+        state += f" with trials {', '.join(str(n) for n in v.gang if n != v.number)}"
     steps = f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "") + " chunks trained"
-    value = (f"value {_num(v.value)} after chunk {v.value_step + 1}" if v.value is not None and v.value_step is not None
-             else "no value yet")
+    value = (f"value {_e(v.value_text())} after chunk {v.value_step + 1}"
+             if v.value is not None and v.value_step is not None else "no value yet")
     notes = []
     if v.params:
         notes.append(", ".join(f"{_e(k)}={_e(_num(p))}" for k, p in v.params.items()))
@@ -352,7 +369,8 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
             f"({n} chunk{'s' if n > 1 else ''})</summary><div class='samples-body'>loading…</div></details>"
         )
     return (
-        f"<section class='trial {v.state.lower()}' data-trial='{v.number}' data-state='{v.state}'>"
+        f"<section class='trial {v.state.lower()} {v.situation}' data-trial='{v.number}' data-state='{v.state}' "
+        f"data-situation='{v.situation}' data-pending='{' '.join(v.pending)}'>"
         f"<header><span class='swatch' style='background:{v.colour}'></span><h3>Trial {v.number}</h3>"
         f"<span class='state'>{_e(state)}</span><span class='progress'>{steps}</span><span>{value}</span>"
         f"<a href='/dashboard/studies/{study_id}/trials?numbers={v.number}'>details</a></header>"

@@ -131,8 +131,8 @@ def best_trial(trials: Sequence[FrozenTrial], direction: StudyDirection | None) 
     complete = [(t.values[0], t.number) for t in trials if t.state == TrialState.COMPLETE and t.values]
     if complete:
         return max(complete, key=lambda vn: (sign * vn[0], -vn[1]))[1], "best"
-    running = [(v, t.number) for t in trials if t.state == TrialState.RUNNING
-               and (v := TrialRecord(t).last_value) is not None]
+    running = [(v, t.number) for t in trials if t.state == TrialState.RUNNING and not (r := TrialRecord(t)).paused
+               and (v := r.last_value) is not None]  # only a live, trained trial leads
     if running:
         return max(running, key=lambda vn: (sign * vn[0], -vn[1]))[1], "leading"
     return None, ""

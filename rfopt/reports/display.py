@@ -141,18 +141,26 @@ def format_leaderboard(rows: list[Any], objective: str = "reward") -> str:
     lines = []
     for rank, row in enumerate(rows, 1):
         value = "-" if row.value is None else f"{row.value:.4f}"
+        if row.value is not None and getattr(row, "value_error", None) is not None:
+            value += f" ± {row.value_error:.2g}"
         params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(row.params.items()))
         note = row.reason or (row.adapter or "")
         held = row.held_as
         if held:  # said on the row itself: the Optuna param a reader would look for does not hold the trial's value
             note = "; ".join([f"! its {k} is the param {v} (not a choice of {k})" for k, v in sorted(held.items())]
                              + ([note] if note else []))
-        lines.append([str(rank), str(row.number), row.state, value, str(row.chunks_done), params, note])
+        lines.append([str(rank), str(row.number), getattr(row, "situation", "") or row.state, value,
+                      str(row.chunks_done), params, note])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     widths[-1] = len(header[-1])
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     out.append("  ".join("-" * w for w in widths))
     out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    counts = {row.eval_count for row in rows if getattr(row, "eval_count", None)}
+    if counts:
+        prompts = " or ".join(str(n) for n in sorted(counts))
+        out.append(f"(± is the standard error over the {prompts} eval prompts: values within about two of them of each "
+                   "other could swap on other prompts)")
     return "\n".join(out)
 
 
