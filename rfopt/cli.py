@@ -704,9 +704,10 @@ def _status_text(study: Any) -> str:
     not applied yet and the WAITING trials: what ``rfopt status --study`` prints under the leaderboard."""
     from optuna.trial import TrialState
 
+    from rfopt.reports.forecast import forecast
     from rfopt.reports.status import liveness
     from rfopt.reports.timeline import now_training, study_cost
-    from rfopt.storage.schema import TrialRecord
+    from rfopt.storage.schema import TrialRecord, study_record
 
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord(t) for t in trials]
@@ -716,9 +717,11 @@ def _status_text(study: Any) -> str:
     if live.running:
         flights = now_training(records, processes)
         lines += [f"now training: {n.line()}" for n in flights] or ["now training: nothing (between chunks)"]
+        lines.append(_forecast_line(forecast(records, study_record(study).run_shape, processes),
+                                    [n.trial for n in flights if n.stuck()]))
     cost = study_cost(records, processes)
     if cost.units_without_pruning:
-        lines.append(cost.line() if live.running else cost.line().split(" · study:")[0])
+        lines.append(cost.line())
     for record in records:
         for request in record.pending:
             lines.append(f"pending: {request.op} trial {record.number}, asked by {request.by} at {request.at}; it "
@@ -732,6 +735,23 @@ def _status_text(study: Any) -> str:
                 + (f" with {lineage.overrides}" if lineage.overrides else ""))
             lines.append(f"WAITING: trial {record.number} ({what}); starts when a slot frees in a run of the study")
     return "\n".join(lines)
+
+
+def _forecast_line(ahead: Any, stuck: list[int]) -> str:
+    """``study: ~4m10s left, ends by 12:03:40 (...)``: the page's forecast, in the same words; on hold while a trial
+    is stuck."""
+    import time
+
+    from rfopt.reports.timeline import clock_time
+
+    if stuck:
+        return (f"study: its end is on hold while trial{'s' if len(stuck) > 1 else ''} "
+                f"{', '.join(map(str, stuck))} make{'s' if len(stuck) == 1 else ''} no progress "
+                f"({ahead.units_left:.3g} chunk units left)")
+    text = f"study: {ahead.text(time.time())}"
+    if ahead.end_at is not None and ahead.units_left > 0:
+        text += f"; ends by {clock_time(ahead.end_at)}"
+    return text
 
 
 def _cmd_halt(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ trained, when it should end) are sent as timestamps (``data-since``, ``data-unti
 
 from __future__ import annotations
 
-import datetime
 import html
 import json
 import math
@@ -33,8 +32,9 @@ from rfopt.compat import study_id_of
 from rfopt.config.form import reward_weighting
 from rfopt.reports.status import Liveness, StudySummary, tally
 from rfopt.reports.charts import Lead, colour, comparison, lead, parallel_svg, trial_labels
-from rfopt.reports.timeline import NowTraining, StudyCost, duration, now_training, study_cost
-from rfopt.storage.schema import TrialRecord, json_safe, study_record
+from rfopt.reports.forecast import Forecast, forecast
+from rfopt.reports.timeline import NowTraining, StudyCost, clock_time, duration, now_training, study_cost
+from rfopt.storage.schema import RunShape, TrialRecord, json_safe, study_record
 
 from .views import TrialView, trial_views
 
@@ -81,7 +81,7 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
     parts = {
         "facts": _render_facts(study, record, views, objective, direction),
         "liveness": _render_liveness(live, sid, steerable),
-        "now": _render_now(records, live),
+        "now": _render_now(records, live, record.run_shape),
         "warnings": _render_warnings(records, objective),
         "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction, ahead),
         "why": parallel_svg(trials, direction, objective),
@@ -156,15 +156,19 @@ def _render_liveness(live: Liveness, study_id: int, steerable: bool) -> str:
             f"{_e(live.message)}</p>")
 
 
-def _render_now(records: list[TrialRecord], live: Liveness) -> str:
-    """What trains now, one line per trial in flight, with ETAs; and the compute spent and left."""
-    flights = now_training(records, max(1, len(live.holders))) if live.running else []
-    cost = study_cost(records, processes=max(1, len(live.holders)))
+def _render_now(records: list[TrialRecord], live: Liveness, shape: RunShape | None) -> str:
+    """What trains now, one line per trial in flight (with its silence: slow or stuck), the study's forecast, and the
+    compute pruning saved."""
+    processes = max(1, len(live.holders))
+    flights = now_training(records, processes) if live.running else []
+    cost = study_cost(records, processes=processes)
     lines = "".join(_now_line(n) for n in flights)
     if live.running and not flights:
         lines = "<li class='between'>between chunks (choosing, loading or committing one)</li>"
     head = "<h2>Now training</h2>" if flights else ""
-    return f"{head}<ul class='now'>{lines}</ul>{_cost_line(cost, flights)}" if (lines or cost.units_without_pruning) else ""
+    eta = _eta_line(forecast(records, shape, processes), flights) if live.running else ""
+    body = f"{head}<ul class='now'>{lines}</ul>{eta}{_cost_line(cost)}"
+    return body if (lines or cost.units_without_pruning) else ""
 
 
 def _now_line(now: NowTraining) -> str:
@@ -184,27 +188,46 @@ def _now_line(now: NowTraining) -> str:
         parts.append(f"chunk ends <span class='clock' data-until='{now.chunk_end_at:.0f}'>"
                      f"by {_clock_time(now.chunk_end_at)}</span>")
     if now.trial_end_at is not None and p.unit + 1 < p.num_units:
-        parts.append(f"its last chunk done <span class='clock' data-until='{now.trial_end_at:.0f}'>"
+        parts.append(f"its last chunk, if it is kept, done <span class='clock' data-until='{now.trial_end_at:.0f}'>"
                      f"by {_clock_time(now.trial_end_at)}</span>")
     if len(p.gang) > 1:
         parts.append(f"trained together with trials {', '.join(str(n) for n in p.gang if n != now.trial)}")
-    return (f"<li data-trial='{now.trial}' data-unit='{p.unit}' data-step='{p.step}' data-phase='{p.phase}'>"
-            f"{' · '.join(parts)}</li>")
+    silence = now.silence
+    quiet = ""
+    stuck = ""
+    if silence is not None:
+        noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading"}[silence.what]
+        quiet = (f" data-moved='{silence.since:.1f}' data-stuck-at='{silence.stuck_at:.1f}' data-quiet='{noun}' "
+                 f"data-usual='{_e(silence.usual_text())}'")
+        if now.stuck():
+            stuck = " stuck"
+    text = silence.text() + ": stuck or very slow; ETAs on hold" if stuck and silence is not None else ""
+    return (f"<li class='flight{stuck}' data-trial='{now.trial}' data-unit='{p.unit}' data-step='{p.step}' "
+            f"data-phase='{p.phase}'{quiet}>{' · '.join(parts)} <span class='silence'>{_e(text)}</span></li>")
 
 
-def _cost_line(cost: StudyCost, flights: list[NowTraining]) -> str:
+def _eta_line(ahead: Forecast, flights: list[NowTraining]) -> str:
+    """The study's forecast (`rfopt.reports.forecast`): when it ends, as its pruner's schedule lets the trials go on,
+    with a range where that is an expectation."""
+    if ahead.units_left <= 0:
+        return ""
+    if ahead.end_at is None:
+        return (f"<p id='eta' class='eta'>study: {ahead.units_left:.3g} chunk units left ({_e(ahead.schedule)}); "
+                "no unit's time measured yet</p>")
+    ends = (f"ends <span class='clock' data-until='{ahead.end_at:.0f}'>by {_clock_time(ahead.end_at)}</span>")
+    if ahead.ranged and ahead.end_at_max is not None:
+        ends += (f", <span class='clock' data-until='{ahead.end_at_max:.0f}'>by {_clock_time(ahead.end_at_max)}"
+                 "</span> at the latest (if nothing more is pruned)")
+    stuck = " on-hold" if any(n.stuck() for n in flights) else ""
+    return (f"<p id='eta' class='eta{stuck}' data-end='{ahead.end_at:.0f}' data-units='{ahead.units_left:.3g}'>study "
+            f"{ends} · {ahead.units_left:.3g} chunk units left of {ahead.trials} live trial"
+            f"{'s' if ahead.trials != 1 else ''} ({_e(ahead.schedule)})</p>")
+
+
+def _cost_line(cost: StudyCost) -> str:
     if not cost.units_without_pruning:
         return ""
-    text = (f"compute: <b>{cost.units_trained} of {cost.units_without_pruning}</b> chunk units "
-            f"({100 * (cost.fraction or 0):.0f}%) that training every started trial to its end would take · "
-            f"{duration(cost.seconds)} of training and evaluation so far")
-    if flights and cost.units_left and cost.eta_seconds is not None:
-        anchor = max(n.progress.updated for n in flights)
-        spread = f", {cost.processes} processes" if cost.processes > 1 else ""
-        text += (f" · study ends <span class='clock' data-until='{anchor + cost.eta_seconds:.0f}'>by "
-                 f"{_clock_time(anchor + cost.eta_seconds)}</span> at this pace if nothing more is pruned "
-                 f"({cost.units_left} chunk units left of the trials started{spread})")
-    return f"<p id='cost' class='hint'>{text}</p>"
+    return f"<p id='cost' class='hint'>{_e(cost.line())}</p>"
 
 
 def _render_warnings(records: list[TrialRecord], objective: str) -> str:
@@ -448,7 +471,7 @@ def render_index(studies: list[StudySummary]) -> str:
         rows.append(
             f"<tr data-study='{sid}'><td><a href='/rfopt/studies/{sid}'>{_e(s.name)}</a></td><td>{kind}</td>"
             f"<td>{tally(s.counts)}</td><td>{best}</td><td class='status {s.status}' title='{_e(s.live.message)}'>"
-            f"{s.status}</td>"
+            f"{s.status}{''.join(f'<span class=stuck>⚠ {_e(line)}</span>' for line in s.stuck)}</td>"
             f"<td><a href='/dashboard/studies/{sid}'>optuna-dashboard</a></td></tr>"
         )
     table = ("<table class='index'><tr><th>study</th><th>kind</th><th>trials</th><th>best value</th><th>now</th><th></th>"
@@ -504,6 +527,4 @@ def _cut(text: str, n: int) -> str:
 
 def _clock_time(epoch: float) -> str:
     """The local time of day (with the date when not today), as the server's clock reads it."""
-    when = datetime.datetime.fromtimestamp(epoch).astimezone()
-    today = datetime.datetime.now().astimezone().date()
-    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M")
+    return clock_time(epoch)

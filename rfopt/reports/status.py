@@ -19,6 +19,8 @@ from rfopt.storage import schema
 from rfopt.storage.leases import seen_on
 from rfopt.storage.schema import TrialRecord
 
+from .timeline import Silence
+
 
 @dataclass(frozen=True)
 class Liveness:
@@ -124,6 +126,9 @@ class StudySummary:
     best: tuple[int, float] | None
     """(trial, value) of Optuna's best trial; None before one completes (or for several objectives)."""
     live: Liveness
+    stuck: tuple[str, ...] = ()
+    """Its units in flight that read as stuck (`rfopt.reports.timeline.Silence`): ``trial 3: no step for 1m40s (a
+    step takes ~8.1 s)``."""
 
     @property
     def finished(self) -> bool:
@@ -139,7 +144,8 @@ class StudySummary:
         """``demo: 2 training, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
         best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
         status = self.live.message if self.live.running else self.status
-        return f"{self.name}: {tally(self.counts)}; best {best}; {status}"
+        stuck = "".join(f"; STUCK? {line}" for line in self.stuck)
+        return f"{self.name}: {tally(self.counts)}; best {best}; {status}{stuck}"
 
 
 def state_counts(trials: Iterable[optuna.trial.FrozenTrial], live: Liveness | None = None) -> dict[str, int]:
@@ -172,8 +178,15 @@ def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
         best = None
         if len(study.directions) == 1 and any(t.state == TrialState.COMPLETE for t in trials):
             best = (study.best_trial.number, study.best_value)
+        stuck = []
+        if live.running:
+            now = time.time()
+            for t in trials:
+                silence = Silence.of(TrialRecord(t))
+                if silence is not None and silence.stuck(now):
+                    stuck.append(f"trial {t.number}: {silence.text(now)}")
         out.append(StudySummary(frozen.study_name, study_id_of(frozen), schema.study_record(frozen).planned, counts,
-                                best, live))
+                                best, live, tuple(stuck)))
     return out
 
 

@@ -101,10 +101,26 @@ function span(seconds) {
   return `${Math.floor(m / 60)}h${String(m % 60).padStart(2, "0")}m`;
 }
 
+// A unit in flight that has not moved (no step ended) for several of its usual step times reads as stuck: the data
+// does not change while it hangs (nothing is written), so the page tells it from the clock, every second.
 function tick() {
   const now = Date.now() / 1000;
+  let held = false;
+  for (const li of document.querySelectorAll("#now li[data-stuck-at]")) {
+    const stuck = now >= Number(li.dataset.stuckAt);
+    li.classList.toggle("stuck", stuck);
+    held = held || stuck;
+    const box = li.querySelector(".silence");
+    if (box) {
+      box.textContent = stuck ? `${li.dataset.quiet} for ${span(now - Number(li.dataset.moved))} (${li.dataset.usual}): `
+        + "stuck or very slow; ETAs on hold" : "";
+    }
+  }
+  const eta = document.getElementById("eta");
+  if (eta) eta.classList.toggle("on-hold", held);
   for (const el of document.querySelectorAll(".clock[data-since]")) el.textContent = `for ${span(now - Number(el.dataset.since))}`;
   for (const el of document.querySelectorAll(".clock[data-until]")) {
+    if (el.closest("li.stuck") || (held && el.closest("#eta"))) { el.textContent = "on hold: no progress"; continue; }
     const left = Number(el.dataset.until) - now;
     el.textContent = left > 0 ? `in ~${span(left)}` : `any moment now (${span(-left)} later than its pace says)`;
   }
