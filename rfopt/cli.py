@@ -2,11 +2,11 @@
 
     rfopt run arithmetic | my_study.py              run (or continue) a ready-made study or a study file
     rfopt status [--study NAME]                     studies in a storage; a study's leaderboard, what trains now
-    rfopt halt --study NAME                         stop every process running a study (trials stay resumable)
-    rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
-    rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
-    rfopt cancel TRIAL --study NAME                 cancel a WAITING clone before it starts
-    rfopt withdraw pause|resume|stop TRIAL --study NAME   take back a pending request before it applies
+    rfopt halt [--study NAME]                       stop every process running a study (trials stay resumable)
+    rfopt pause|resume|stop TRIAL [--study NAME]    steer a running trial (applied at its next chunk boundary)
+    rfopt clone TRIAL [--study NAME] --set k=v ...  enqueue a copy of a trial with changed settings
+    rfopt cancel TRIAL [--study NAME]               cancel a WAITING clone before it starts
+    rfopt withdraw pause|resume|stop TRIAL [--study NAME]   take back a pending request before it applies
     rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's trial comparison and controls
     rfopt worker my_study.py --storage URL          join a study as workers (one per device), here or on any host
     rfopt --version                                 rfopt's version and those of the libraries it drives
@@ -14,7 +14,8 @@
 ``--n-trials N`` means what it means to ``optuna.Study.optimize``: new trials this command starts;
 ``--n-trials-total N`` is the study's total (a study file's ``n_trials_total``): a rerun tops the
 study up to it. Every command takes ``--storage URL`` (default ``sqlite:///rfopt.db`` in the working directory) and ``-v`` (before
-or after the command); every command on a study names it with ``--study`` (``--study-name`` is the same flag).
+or after the command); every command on a study names it with ``--study`` (``--study-name`` is the same flag), which
+may be left out where the storage holds one study.
 Bad input is refused before anything is stored: a malformed storage URL, a SQLite file whose folder is missing, a
 study file that does not import, a count or port out of range. Only ``run`` and ``worker`` create a database;
 the other commands refuse a SQLite file that does not exist. An error prints ``rfopt: error: <what and the fix>``
@@ -199,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     ):
         p = _command(sub, op, help=text, description=text[0].upper() + text[1:] + ".")
         _storage_argument(p)
-        _study_argument(p, help="the study's name", required=True)
+        _study_argument(p, help=ONE_STUDY_HELP)
         p.add_argument("trial", type=int, help="trial number")
         p.set_defaults(handler=_cmd_op, op=op)
 
@@ -208,14 +209,14 @@ def _parser() -> argparse.ArgumentParser:
                     "chunk boundary: the chunks in flight commit, the trials stay RUNNING and resumable; run the study "
                     "again to continue. Processes started after the request run.")
     _storage_argument(halt)
-    _study_argument(halt, help="the study's name", required=True)
+    _study_argument(halt, help=ONE_STUDY_HELP)
     halt.set_defaults(handler=_cmd_halt)
 
     cancel = _command(sub, "cancel", help="cancel a WAITING clone before any process starts it",
                       description="Cancel a WAITING clone before any process starts it: it leaves the queue and ends "
                       "FAIL, 'cancelled by ... at ...'. A clone that a process started is refused: stop it instead.")
     _storage_argument(cancel)
-    _study_argument(cancel, help="the study's name", required=True)
+    _study_argument(cancel, help=ONE_STUDY_HELP)
     cancel.add_argument("trial", type=int, help="the clone's trial number")
     cancel.set_defaults(handler=_cmd_cancel)
 
@@ -223,7 +224,7 @@ def _parser() -> argparse.ArgumentParser:
                         description="Take back a pending pause, resume or stop request on a running trial before it "
                         "applies at the trial's next chunk boundary. Refused if none is pending or it applied already.")
     _storage_argument(withdraw)
-    _study_argument(withdraw, help="the study's name", required=True)
+    _study_argument(withdraw, help=ONE_STUDY_HELP)
     withdraw.add_argument("op", choices=("pause", "resume", "stop"), help="the request to take back")
     withdraw.add_argument("trial", type=int, help="trial number")
     withdraw.set_defaults(handler=_cmd_withdraw)
@@ -244,7 +245,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     _storage_argument(clone)
-    _study_argument(clone, help="the study's name", required=True)
+    _study_argument(clone, help=ONE_STUDY_HELP)
     clone.add_argument("trial", type=int, help="the parent trial's number")
     clone.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                        help="a GRPOConfig field (learning_rate, reward_weights), a LoRA field (lora_r, lora_alpha, "
@@ -319,6 +320,21 @@ def _plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, sta
                         help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "
                         "mlflow, trackio, all, none); repeat for several. One run per trial, <study>-trial-<n>, "
                         "grouped by study; stored on the study (default: the study's, none for a new one)")
+
+
+ONE_STUDY_HELP = "the study's name (may be left out where the storage holds one study)"
+
+
+def _one_study(args: argparse.Namespace, storage: Any) -> str:
+    """The study a command steers: ``--study``, or the storage's only study (refused, naming them, where it holds
+    several or none)."""
+    if args.study_name is not None:
+        return args.study_name
+    names = sorted(s.study_name for s in storage.get_all_studies())
+    if len(names) == 1:
+        return names[0]
+    have = f"holds {len(names)}: {', '.join(names)}" if names else "holds none"
+    raise ValueError(f"which study? {args.storage} {have}; name one with --study NAME")
 
 
 def _study_argument(parser: argparse.ArgumentParser, *, help: str, required: bool = False) -> None:
@@ -691,8 +707,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
             print(f"no studies in {args.storage}")
         for summary in found:
             print(summary.line())
-        return 0
-    study = rfopt.load_study(args.study_name, storage)
+        if len(found) != 1:
+            return 0
+        print()  # the storage's one study: shown whole, as --study would
+    study = rfopt.load_study(_one_study(args, storage), storage)
     print(study.leaderboard_text())
     print()
     print(_status_text(study.optuna))
@@ -759,9 +777,10 @@ def _cmd_halt(args: argparse.Namespace) -> int:
     from rfopt.engine import ops
     from rfopt.storage.database import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    storage = open_storage(args.storage, create=False)
+    study = rfopt.load_study(_one_study(args, storage), storage)
     ops.halt(study.optuna)
-    print(f"study {args.study_name}: stop requested; every process running it stops at its trials' next chunk "
+    print(f"study {study.study_name}: stop requested; every process running it stops at its trials' next chunk "
           "boundary, and the trials stay resumable (run the study again to continue)")
     return 0
 
@@ -769,7 +788,8 @@ def _cmd_halt(args: argparse.Namespace) -> int:
 def _cmd_op(args: argparse.Namespace) -> int:
     import rfopt
 
-    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
+    storage = _existing_storage(args.storage)
+    study = rfopt.load_study(_one_study(args, storage), storage)
     getattr(study, f"{args.op}_trial")(args.trial)
     print(f"trial {args.trial}: {args.op} requested; it applies at the trial's next chunk boundary")
     return 0
@@ -778,7 +798,8 @@ def _cmd_op(args: argparse.Namespace) -> int:
 def _cmd_cancel(args: argparse.Namespace) -> int:
     import rfopt
 
-    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
+    storage = _existing_storage(args.storage)
+    study = rfopt.load_study(_one_study(args, storage), storage)
     study.cancel_clone(args.trial)
     print(f"trial {args.trial}: cancelled; it left the queue and will not start")
     return 0
@@ -787,7 +808,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 def _cmd_withdraw(args: argparse.Namespace) -> int:
     import rfopt
 
-    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
+    storage = _existing_storage(args.storage)
+    study = rfopt.load_study(_one_study(args, storage), storage)
     study.withdraw_request(args.trial, args.op)
     print(f"trial {args.trial}: its pending {args.op} was withdrawn; it will not apply")
     return 0
@@ -799,7 +821,8 @@ def _cmd_clone(args: argparse.Namespace) -> int:
     from rfopt.engine.clones import clone_in_study
 
     overrides = parse_assignments(args.set)
-    study = rfopt.load_study(args.study_name, _existing_storage(args.storage))
+    storage = _existing_storage(args.storage)
+    study = rfopt.load_study(_one_study(args, storage), storage)
     made = clone_in_study(study.optuna, args.trial, overrides, warm_start=args.warm_start)
     print(made.describe(args.trial, args.warm_start))
     return 0

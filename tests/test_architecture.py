@@ -49,7 +49,7 @@ LAYERS = {
                {"spaces", "form"}, {"__init__"}],
     "training": [{"evaluation", "rollouts", "trackers"}, {"models"}, {"runner"}, {"parallel", "gang", "progress"},
                  {"__init__"}],
-    "reports": [{"timeline", "display", "status", "trial_svg"}, {"charts", "forecast"}, {"__init__"}],
+    "reports": [{"timeline", "status", "trial_svg"}, {"charts", "forecast"}, {"display"}, {"__init__"}],
     "engine": [{"scheduler", "ops", "clones", "artifacts", "request"}, {"unit", "population"}, {"coordinator", "roster"},
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],

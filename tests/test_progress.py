@@ -248,7 +248,7 @@ def test_the_bar_advances_at_every_optimizer_step_of_the_units_in_flight():
         for step in range(1, 4):
             bar.step(UnitProgress(trial=1, unit=0, num_units=2, phase="training", step=step, steps=8, step_seconds=2.0))
             assert bar._bar.n == 8 + step and bar._bar.total == 32
-        assert "trial 1 chunk 1/2 step 3/8 (2 s/step)" in bar._bar.desc
+        assert "t1 c1/2 s3/8 2s/st" in bar._bar.desc
         bar(_Run(2, 4, 16, 32, {0: 1, 1: 1}, last=(1, 0, 0.5)))  # its unit committed: counted once
         assert bar._bar.n == 16
 
@@ -265,6 +265,53 @@ def test_not_in_a_terminal_the_progress_is_plain_lines_one_per_chunk_and_at_most
     assert "\r" not in stream.getvalue()
     assert lines == ["demo: trial 0 chunk 1/2 step 1/8 (1 s/step) · 1/32 steps, 0/4 chunks · 2 live · best 0.5",
                      "demo: trial 0 chunk 1 committed: 0.25 · 8/32 steps, 1/4 chunks · 2 live · best 0.5"]
+
+
+def test_the_bar_fits_100_columns_with_a_gang_in_flight():
+    stream = io.StringIO()
+    with ProgressBar("a-study-with-a-long-name", stream=stream, plain=False, watch_seconds=0) as bar:
+        bar(_Run(6, 26, 48, 208, {n: 1 for n in range(6)}))
+        for trial in (3, 4, 5):
+            bar.step(UnitProgress(trial=trial, unit=1, num_units=4, phase="training", step=5, steps=8,
+                                  step_seconds=12.5))
+        lines = [line for line in stream.getvalue().split("\r") if line.strip()]
+    assert "a-study-with-a-… t3,t4,t5 c2/4 s5/8 12s/st" in lines[-1]  # one group for the gang at the same step
+    assert max(len(line.rstrip("\n")) for line in lines) <= 100
+
+
+def test_with_its_study_the_bar_shows_the_leaderboards_best_the_counts_the_prunes_and_a_total_that_never_shrinks(
+        study):
+    stream = io.StringIO()
+    with ProgressBar("p", stream=stream, plain=True, study=study, watch_seconds=0) as bar:
+        bar(_Run(4, 6, 32, 48, {1: 1, 2: 1}))
+        first = bar._steps()[1]
+        # Trial 2 is pruned at its rung: the next round's counts change, the bar reads the study again.
+        schema.write_decision(_ref(study, study.trials[2]), schema.PruneDecision(
+            2, 0, True, "rank 3 of 3 at rung 0 (chunk 1; keeps top 2)", (0, 1), "SuccessiveHalvingPruner"))
+        study.tell(study.trials[2].number, state=TrialState.PRUNED)
+        run = _Run(4, 5, 32, 40, {1: 1}, last=(1, 0, 0.5))
+        run.counts = {"RUNNING": 1, "COMPLETE": 1, "PRUNED": 1}
+        bar(run)
+        assert bar._steps()[1] >= first  # the forecast expects less now: the total stays
+    lines = stream.getvalue().splitlines()
+    assert "p: trial 2 pruned: rank 3 of 3 at rung 0 (chunk 1; keeps top 2)" in lines
+    committed = next(line for line in lines if "committed" in line)
+    # The best as the leaderboard has it (trial 0, COMPLETE at 0.5), and the counts from the study's records.
+    assert "1 live, 1 done, 1 pruned" in committed and "best 0.5" in committed
+
+
+def test_a_log_gets_a_line_when_a_chunk_is_overdue(monkeypatch):
+    import rfopt.reports.display as display
+
+    monkeypatch.setattr(display, "STUCK_FLOOR", 0.2)
+    stream = io.StringIO()
+    with ProgressBar("demo", stream=stream, plain=True, plain_seconds=3600, watch_seconds=0.05) as bar:
+        bar(_Run(0, 4, 0, 32, {0: 0}))
+        bar.step(UnitProgress(trial=0, unit=0, num_units=2, phase="training", step=3, steps=8, step_seconds=0.01))
+        time.sleep(0.6)  # no step comes
+    overdue = [line for line in stream.getvalue().splitlines() if "stuck or very slow" in line]
+    assert overdue == [overdue[0]] and overdue[0].startswith("demo: trial 0 chunk 1/2: no step for ")
+    assert overdue[0].endswith("(a step takes ~0.01 s): stuck or very slow")
 
 
 # ---------------------------------------------------------------------- a study-level stop

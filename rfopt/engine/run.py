@@ -109,7 +109,7 @@ def _run_alone(study: optuna.Study, checked: CheckedRun, pool: ModelPool, checkp
         store = claim_store(study, checkpoint_dir)
         n_trials = record(study, checked)
         max_concurrent = request.max_concurrent or max(1, min(n_trials or 8, 8))
-        with ProgressBar(study.study_name, enabled=request.show_progress_bar) as progress:
+        with ProgressBar(study.study_name, enabled=request.show_progress_bar, study=study) as progress:
             return _drive(study, checked, store, pool, LocalCoordinator(), max_concurrent, n_trials,
                           progress=progress)
 

@@ -52,6 +52,9 @@ class Forecast:
     """Chunk units the live trials will still train, as the pruner's schedule lets them (expected)."""
     units_left_max: float
     """Chunk units left if nothing more is pruned."""
+    units_to_commit: float
+    """Chunk units the live trials will still commit, as the pruner's schedule lets them: `units_left` with the
+    units in flight counted whole (what a progress bar's total counts)."""
     seconds_left: float | None
     """Time left, from `anchor`; None before any unit's time is known."""
     seconds_left_max: float | None
@@ -134,8 +137,8 @@ def forecast(records: Sequence[TrialRecord], shape: RunShape | None, processes: 
     expected = _walk(live, records, outlook, gang_size, processes, pace, prune=True)
     at_most = _walk(live, records, outlook, gang_size, processes, pace, prune=False)
     schedule = outlook.describe() if shape is not None else "no pruning schedule stored: as if nothing more is pruned"
-    return Forecast(expected[0], at_most[0], expected[1], at_most[1], anchor, outlook.certain and shape is not None,
-                    schedule, len(live))
+    return Forecast(expected[0], at_most[0], expected[2], expected[1], at_most[1], anchor,
+                    outlook.certain and shape is not None, schedule, len(live))
 
 
 def _live_trials(records: Sequence[TrialRecord], outlook: Outlook, longest: int, train_share: float) -> list[_Live]:
@@ -160,12 +163,13 @@ def _live_trials(records: Sequence[TrialRecord], outlook: Outlook, longest: int,
 
 
 def _walk(live: list[_Live], records: Sequence[TrialRecord], outlook: Outlook, gang_size: int, processes: int,
-          pace: _Pace, prune: bool) -> tuple[float, float | None]:
-    """Units and seconds left, walking the levels (units) in order; with `prune`, the rungs prune as scheduled."""
+          pace: _Pace, prune: bool) -> tuple[float, float | None, float]:
+    """Units and seconds left, and units to commit (those in flight whole), walking the levels (units) in order; with
+    `prune`, the rungs prune as scheduled."""
     trials = [_Live(t.number, t.progress, t.units, t.done, t.gang, t.group, t.ladder) for t in live]
     if not trials:
-        return 0.0, 0.0
-    units = 0.0
+        return 0.0, 0.0, 0.0
+    units = whole = 0.0
     seconds: float | None = 0.0
     # From the level below the least progress: a rung there may still be undecided for trials that reported it.
     for level in range(max(0, min(t.progress for t in trials) - 1), max(t.units for t in trials)):
@@ -173,11 +177,12 @@ def _walk(live: list[_Live], records: Sequence[TrialRecord], outlook: Outlook, g
         mass = sum(t.chance for t in here)
         done = sum(t.chance * t.done for t in here if t.progress == level)
         units += mass - done
+        whole += mass
         took = _level_seconds(here, level, gang_size, processes, pace)
         seconds = None if seconds is None or took is None else seconds + took
         if prune:
             _rung(trials, records, outlook, level)
-    return units, seconds
+    return units, seconds, whole
 
 
 def _rung(trials: list[_Live], records: Sequence[TrialRecord], outlook: Outlook, level: int) -> None:
