@@ -557,7 +557,12 @@ def test_the_clone_forms_fields_are_the_trials_config_typed_and_say_whether_a_wa
         status, form, _ = call(server, "GET", api(study, 2, "config"))
         fields = {f["name"]: f for f in form["fields"]}
         assert status == 200 and form["warm_start"]["available"] is False
-        assert fields["learning_rate"] == {**fields["learning_rate"], "kind": "float", "value": 5e-3, "group": "set"}
+        # The searched params first, under the leaderboard's names; then what the trial sets; the rest folded.
+        assert form["fields"][0] == {**fields["learning_rate"], "kind": "float", "value": 5e-3, "group": "searched",
+                                     "label": "learning_rate"}
+        set_here = [f["name"] for f in form["fields"] if f["group"] == "set"]
+        assert "per_device_train_batch_size" in set_here and len(set_here) < 12
+        assert fields["accelerator_config"]["group"] == fields["debug"]["group"] == "more"  # filled in by TRL itself
         assert fields["peft_config.r"]["kind"] == "int" and fields["peft_config.r"]["value"] == 4
         assert fields["lr_scheduler_type"]["kind"] == "choice" and "cosine" in fields["lr_scheduler_type"]["choices"]
         assert fields["reward_funcs"]["value"] == ["rfopt_testkit:reward_len", "rfopt_testkit:reward_vowels"]
@@ -566,7 +571,12 @@ def test_the_clone_forms_fields_are_the_trials_config_typed_and_say_whether_a_wa
         CheckpointStore(tmp_path / "checkpoints").save(2, State(units_done=1, global_step=8, tokens_seen=0, weights={},
                                                                 optimizer=None, scheduler=None, rng=None))
         form = call(server, "GET", api(study, 2, "config"))[1]
-        assert form["warm_start"] == {"available": True, "why": "from its checkpoint after chunk 1"}
+        assert form["warm_start"] == {"available": True, "why": "from its checkpoint after chunk 1", "after_chunk": 1}
+        # A chunk checkpointed before its value is committed: the label names the checkpoint a clone would use.
+        CheckpointStore(tmp_path / "checkpoints").save(2, State(units_done=2, global_step=16, tokens_seen=0,
+                                                                weights={}, optimizer=None, scheduler=None, rng=None))
+        assert call(server, "GET", api(study, 2, "config"))[1]["warm_start"]["why"] == (
+            "its checkpoint is after its last chunk (2): a warm clone would have nothing left to train")
         assert call(server, "GET", api(study, 0, "config"))[1]["warm_start"]["available"] is False  # complete
         assert call(server, "GET", api(study, 9, "config"))[0] == 404
 

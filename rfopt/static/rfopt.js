@@ -245,7 +245,8 @@ window.rfoptRefresh = refresh; // for tests and screenshots: refresh now, and wa
 
 // ---------------------------------------------------------------- the clone form
 const GROUPS = [
-  ["set", "Set for this trial: its searched params and every field not at TRL's default"],
+  ["searched", "Searched: the params the leaderboard compares"],
+  ["set", "Set for this trial: the fields not at TRL's default"],
   ["peft_config", "LoRA (PEFT config)"],
   ["trial", "Model and reward functions"],
 ];
@@ -270,8 +271,11 @@ function fieldInput(f) {
   } else {
     input = `<textarea id="${id}" rows="1">${escapeHtml(JSON.stringify(f.value))}</textarea>`;
   }
-  return `<div class="field" data-name="${escapeAttr(f.name)}" data-kind="${f.kind}"><label for="${id}" `
-    + `title="${escapeAttr(f.help)}">${escapeHtml(f.name)}</label>${input}<span class="field-error"></span></div>`;
+  const label = f.label || f.name;
+  const also = label === f.name ? "" : ` <span class="field-path">${escapeHtml(f.name)}</span>`;
+  return `<div class="field" data-name="${escapeAttr(f.name)}" data-label="${escapeAttr(label)}" data-kind="${f.kind}">`
+    + `<label for="${id}" title="${escapeAttr(f.help)}">${escapeHtml(label)}${also}</label>${input}`
+    + '<span class="field-error"></span></div>';
 }
 
 function buildForm(details, config) {
@@ -283,7 +287,7 @@ function buildForm(details, config) {
     if (fields.length) html += `<fieldset data-group="${group}"><legend>${title}</legend>${fields.map(fieldInput).join("")}</fieldset>`;
   }
   const rest = byGroup("more");
-  html += `<details class="all-fields"><summary>Every other field: GRPOConfig, PEFT (${rest.length})</summary>`
+  html += `<details class="all-fields"><summary>Every other field, at its default: GRPOConfig, PEFT (${rest.length})</summary>`
     + `<input type="search" class="filter" placeholder="filter by name"><div class="rest">${rest.map(fieldInput).join("")}`
     + "</div></details>";
   const warm = config.warm_start;
@@ -337,7 +341,8 @@ function markError(form, message) {
   form.querySelector(".form-error").textContent = message;
   for (const el of form.querySelectorAll(".field")) {
     const name = el.dataset.name, bare = name.replace(/^peft_config\./, "");
-    const named = message.includes(`${name}:`) || message.includes(`args.${name}`) || message.includes(` ${bare}:`)
+    const named = message.includes(`${name}:`) || message.includes(`${el.dataset.label}:`) || message.includes(`args.${name}`)
+      || message.includes(` ${bare}:`)
       || message.includes(`'${bare}'`);
     el.classList.toggle("invalid", named);
     if (named) {
@@ -475,7 +480,9 @@ document.addEventListener("change", (event) => {
 document.addEventListener("input", (event) => {
   if (!event.target.matches("input.filter")) return;
   const text = event.target.value.toLowerCase();
-  for (const el of event.target.closest("details").querySelectorAll(".field")) el.hidden = !el.dataset.name.toLowerCase().includes(text);
+  for (const el of event.target.closest("details").querySelectorAll(".field")) {
+    el.hidden = !el.dataset.name.toLowerCase().includes(text) && !el.dataset.label.toLowerCase().includes(text);
+  }
 });
 
 document.addEventListener("visibilitychange", () => {
