@@ -519,7 +519,7 @@ def test_the_pages_data_answers_not_modified_until_the_stored_data_changes(study
         status, data, headers = call(server, "GET", url)
         etag = headers["ETag"]
         assert status == 200 and etag == f'"{data["version"]}"' and data["running"] is False and data["refresh"] is None
-        assert set(data["parts"]) == {"facts", "liveness", "now", "warnings", "leaderboard", "why"}
+        assert set(data["parts"]) == {"facts", "liveness", "now", "warnings", "leaderboard", "why", "versus"}
         assert [c["trial"] for c in data["cards"]] == [0, 2, 1]  # in leaderboard order: best, then by value
         assert call(server, "GET", url, headers={"If-None-Match": etag})[0] == 304
         frozen = _trials(study)[2]

@@ -29,6 +29,7 @@ from typing import Any
 import optuna
 
 from rfopt.compat import study_id_of
+from rfopt.noise import gap
 from rfopt.config.form import reward_weighting
 from rfopt.reports.status import Liveness, StudySummary, tally
 from rfopt.reports.charts import Lead, colour, comparison, lead, parallel_svg, trial_labels
@@ -53,8 +54,8 @@ class StudyPage:
     running: bool
     """A process runs the study (its page refreshes every few seconds; else it stops until something changes)."""
     parts: dict[str, str]
-    """``facts``, ``liveness``, ``now``, ``warnings``, ``leaderboard``, ``why`` (the parallel coordinates): HTML, each
-    replaced whole when it changes."""
+    """``facts``, ``liveness``, ``now``, ``warnings``, ``leaderboard``, ``why`` (the parallel coordinates), ``versus``
+    (the leader against the runner-up, reward by reward): HTML, each replaced whole when it changes."""
     cards: list[tuple[int, str]]
     """Each trial's card (HTML), in leaderboard order."""
     figures: list[dict[str, Any]]
@@ -85,6 +86,7 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
         "warnings": _render_warnings(records, objective),
         "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction, ahead),
         "why": parallel_svg(trials, direction, objective),
+        "versus": _render_versus(trials, ahead, objective),
     }
     cards = [(v.number, _render_trial(sid, v, steerable)) for v in views]
     figures = [json_safe(f.to_json()) for f in compared.figures]
@@ -118,6 +120,7 @@ def render_study(page: StudyPage) -> str:
     why = (
         "<section id='why'><h2>Why it wins</h2><div class='why' data-section='why'>"
         f"<div id='parallel' class='parallel-box'>{page.parts['why']}</div></div>"
+        f"<div id='versus'>{page.parts['versus']}</div>"
         f"<details id='side-by-side' data-url='/rfopt/studies/{sid}/compare'><summary>The same eval prompt, every "
         "trial's completion, each reward's score</summary><div class='side-body'>loading…</div></details></section>"
     )
@@ -303,6 +306,57 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     )
 
 
+def _render_versus(trials: Sequence[optuna.trial.FrozenTrial], ahead: Lead | None, objective: str) -> str:
+    """The leader against the runner-up, reward by reward: each reward function's eval mean for both, its weight in
+    the objective, and the weighted gap with its standard error (prompt by prompt), the total last; which reward the
+    lead comes from."""
+    if ahead is None:
+        return ""
+    by_number = {t.number: TrialRecord(t) for t in trials}
+    best, other = by_number[ahead.best], by_number[ahead.runner_up]
+    units = [_value_unit(best), _value_unit(other)]
+    if best.config_json is None or None in units:
+        return ""
+    rows = []
+    for name, weight in reward_weighting(best.config_json):
+        a, b = (_unit_of(r, u) for r, u in zip((best, other), units))
+        mean_a, mean_b = (m.eval.get(f"rewards/{name}/mean") if m else None for m in (a, b))
+        if mean_a is None or mean_b is None:
+            continue
+        found = gap([weight * x for x in a.scores_of(name)], [weight * y for y in b.scores_of(name)])
+        rows.append((name, weight, mean_a, mean_b, weight * (mean_a - mean_b), found))
+    if not rows:
+        return ""
+    lead_from = max(rows, key=lambda r: r[4] if ahead.gap.difference >= 0 else -r[4])[0]
+    cells = ""
+    for name, weight, x, y, diff, found in rows:
+        marked = " class='lead-from'" if name == lead_from and not ahead.tie else ""
+        error = f" <span class='sem'>± {found.stderr:.2g}</span>" if found is not None and found.stderr is not None else ""
+        noisy = " <span class='sem'>(within noise)</span>" if found is not None and found.within_noise else ""
+        cells += (f"<tr{marked}><td>{_e(name)}</td><td>× {weight:g}</td><td>{_num(x)}</td><td>{_num(y)}</td>"
+                  f"<td>{diff:+.3g}{error}{noisy}</td></tr>")
+    error = f" <span class='sem'>± {ahead.gap.stderr:.2g}</span>" if ahead.gap.stderr is not None else ""
+    total = (f"<tr class='total'><td>{_e(objective)} (the value)</td><td></td><td>{_num(best.value)}</td>"
+             f"<td>{_num(other.value)}</td><td>{ahead.gap.difference:+.3g}{error}</td></tr>")
+    chunks = (f"after chunk {units[0] + 1}" if units[0] == units[1]
+              else f"trial {ahead.best} after chunk {units[0] + 1}, trial {ahead.runner_up} after chunk {units[1] + 1}")
+    verdict = (f"<b class='tie'>a tie</b>: {_e(ahead.text())}" if ahead.tie else
+               f"the lead comes mostly from <b>{_e(lead_from)}</b>: {_e(ahead.text())}")
+    return (f"<h3>Trial {ahead.best} against the runner-up, trial {ahead.runner_up}</h3>"
+            f"<table class='versus'><thead><tr><th>reward</th><th>weight</th><th>trial {ahead.best}</th>"
+            f"<th>trial {ahead.runner_up}</th><th>weighted gap</th></tr></thead><tbody>{cells}{total}</tbody></table>"
+            f"<p class='hint'>eval means {chunks}; {verdict}</p>")
+
+
+def _value_unit(record: TrialRecord) -> int | None:
+    values = record.trial.intermediate_values
+    return max(values) if values else None
+
+
+def _unit_of(record: TrialRecord, unit: int | None) -> Any:
+    return next((m for m in record.unit_metrics() if m.unit == unit), None)
+
+
 def _value_cell(v: TrialView) -> str:
     """The value, with its standard error and eval count beneath where its unit stored per-prompt scores."""
     if v.value is None:
@@ -427,22 +481,27 @@ def render_samples(record: TrialRecord) -> str:
     return "".join(parts) or "<p class='hint'>no samples stored yet</p>"
 
 
-def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: Any) -> str:
-    """Each eval prompt of the trials' latest samples, with every trial's completion of it and each reward's score,
-    best total first; a select shows one prompt at a time."""
+def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: Any, unit: int | None = None,
+                        url: str = "") -> str:
+    """Each eval prompt of the trials' samples after one chunk (`unit`; by default the last chunk at least two
+    trials have samples of), with every trial's completion of it and each reward's score, best total first: trials
+    compared at the same chunk. A select shows one prompt at a time, another picks the chunk (`url` loads it)."""
     labels = trial_labels(trials)
+    stored = {t.number: TrialRecord(t).samples() for t in trials}
+    units = sorted({u for samples in stored.values() for u in samples})
+    if not units:
+        return "<p class='hint'>no samples stored yet</p>"
+    if unit is None or unit not in units:
+        shared = [u for u in units if sum(u in samples for samples in stored.values()) >= 2]
+        unit = (shared or units)[-1]
     by_prompt: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
     for t in trials:
-        samples = TrialRecord(t).samples()
-        if not samples:
-            continue
-        unit = max(samples)
-        for sample in samples[unit]:
+        for sample in stored[t.number].get(unit, []):
             by_prompt.setdefault(str(sample.get("prompt", "")), []).append((t.number, unit, sample))
-    if not by_prompt:
-        return "<p class='hint'>no samples stored yet</p>"
     sign = -1 if direction is not None and direction.name == "MINIMIZE" else 1
     options = "".join(f"<option value='{i}'>prompt {i + 1}: {_e(_cut(p, 80))}</option>" for i, p in enumerate(by_prompt))
+    chunks = "".join(f"<option value='{u}'{' selected' if u == unit else ''}>after chunk {u + 1} "
+                     f"({sum(u in samples for samples in stored.values())} trials)</option>" for u in units)
     sections = []
     for i, (prompt, rows) in enumerate(by_prompt.items()):
         scores = list(dict.fromkeys(k for _, _, s in rows for k in s if k not in ("prompt", "completion", "reward")))
@@ -457,8 +516,9 @@ def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: A
         sections.append(f"<section class='prompt' data-prompt='{i}'{'' if i == 0 else ' hidden'}><pre class='prompt-text'>"
                         f"{_e(prompt)}</pre><table class='samples'><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
                         "</table></section>")
-    return (f"<p><label>eval prompt <select class='prompt-picker'>{options}</select></label> "
-            "<span class='hint'>each trial's latest evaluation of it</span></p>" + "".join(sections))
+    return (f"<p data-unit='{unit}'><label>eval prompt <select class='prompt-picker'>{options}</select></label> "
+            f"<label>trials compared <select class='chunk-picker' data-url='{_e(url)}'>{chunks}</select></label> "
+            "<span class='hint'>every trial's completion after the same chunk</span></p>" + "".join(sections))
 
 
 # ---------------------------------------------------------------------- the index

@@ -21,7 +21,8 @@ const parts = new Map(); // part name -> the HTML it shows
 let figures = []; // the charts' figures, as last received
 const page = JSON.parse(document.getElementById("rfopt-page").textContent); // {version, running, refresh}
 const study = document.getElementById("live").dataset.study;
-const PARTS = {facts: "facts", liveness: "liveness-part", now: "now", warnings: "warnings", leaderboard: "board", why: "parallel"};
+const PARTS = {facts: "facts", liveness: "liveness-part", now: "now", warnings: "warnings", leaderboard: "board", why: "parallel",
+  versus: "versus"};
 
 const slug = (key) => key.replace(/[^A-Za-z0-9]/g, "-");
 
@@ -467,6 +468,12 @@ document.addEventListener("change", (event) => {
   const target = event.target;
   if (target.name === "xaxis") { xMode = target.value; drawFigures(figures); return; }
   if (target.id === "autorefresh") { if (target.checked) refresh(); else schedule(); return; }
+  if (target.matches("select.chunk-picker")) { // the trials compared after another chunk
+    const details = target.closest("details");
+    details.dataset.url = `${target.dataset.url}?unit=${encodeURIComponent(target.value)}`;
+    loadInto(details, ".side-body");
+    return;
+  }
   if (target.matches("select.prompt-picker")) {
     for (const section of target.closest(".side-body").querySelectorAll("section.prompt")) {
       section.hidden = section.dataset.prompt !== target.value;
