@@ -763,12 +763,13 @@ def _forecast_line(ahead: Any, stuck: list[int]) -> str:
     from rfopt.reports.timeline import clock_time
 
     if stuck:
+        before = "" if ahead.end_at is None else f"; at its pace before, it ended by {clock_time(ahead.end_at)}"
         return (f"study: its end is on hold while trial{'s' if len(stuck) > 1 else ''} "
                 f"{', '.join(map(str, stuck))} make{'s' if len(stuck) == 1 else ''} no progress "
-                f"({ahead.units_left:.3g} chunk units left)")
+                f"({ahead.units_left:.3g} chunk units left{before})")
     text = f"study: {ahead.text(time.time())}"
     if ahead.end_at is not None and ahead.units_left > 0:
-        text += f"; ends by {clock_time(ahead.end_at)}"
+        text += f"; ends by {clock_time(ahead.end_at)} (as its records of {clock_time(ahead.anchor)} say)"
     return text
 
 
