@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
-from rfopt.engine import clones
+from rfopt.engine import clones, ops
 from rfopt.storage import schema
 from rfopt.engine.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
 from rfopt.reports.charts import best_trial, colour, comparison
@@ -714,6 +714,21 @@ def test_page_draws_overlaid_charts_and_answers_each_op_next_to_its_trial(study,
         card(2).find_element(By.CSS_SELECTOR, "button.withdraw").click()
         wait.until(lambda d: "stop request withdrawn" in card(2).find_element(By.CSS_SELECTOR, ".feedback").text)
         wait.until(lambda d: card(2).find_elements(By.CSS_SELECTOR, "button.stop"))
+
+        # A request is said on its card until it applies: pause trial 2 (its one undo is "Withdraw pause", no
+        # Resume beside it), then the process running the study applies it at the chunk boundary.
+        card(2).find_element(By.CSS_SELECTOR, "button.pause").click()
+        wait.until(lambda d: "trial 2: pause requested" in card(2).find_element(By.CSS_SELECTOR, ".feedback").text)
+        wait.until(lambda d: card(2).find_elements(By.CSS_SELECTOR, "button.withdraw"))
+        assert [b.get_attribute("data-op") for b in card(2).find_elements(By.CSS_SELECTOR, "button.op")] == [
+            "withdraw", "stop"]
+        ops.apply_requests(schema.TrialRef.of(study.optuna, _trials(study)[2]), TrialRecord(_trials(study)[2]),
+                           after_chunk=0)
+        browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+        wait.until(lambda d: card(2).get_attribute("data-situation") == "paused")
+        assert card(2).find_element(By.CSS_SELECTOR, ".feedback").text == ""  # applied: nothing left to say
+        assert [b.get_attribute("data-op") for b in card(2).find_elements(By.CSS_SELECTOR, "button.op")] == [
+            "resume", "stop"]
         browser.save_screenshot(str(tmp_path / "rfopt-dashboard-after-ops.png"))
 
     trials = _trials(study)

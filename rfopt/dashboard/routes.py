@@ -120,7 +120,8 @@ class _Routes:
     # ------------------------------------------------------------------ data
     def trials_api(self, study_id: int) -> Any:
         study = self._study(study_id)
-        return {"trials": [json_safe(v.to_json()) for v in trial_views(study.get_trials(deepcopy=False), study)]}
+        trials = study.get_trials(deepcopy=False)
+        return {"trials": [json_safe(v.to_json()) for v in trial_views(trials, study, liveness(study, trials))]}
 
     def config_api(self, study_id: int, number: int) -> Any:
         """The clone form's fields, pre-filled with the trial's config, and whether a warm start is possible."""

@@ -10,7 +10,7 @@
 // - times that move ("for 1m12s", "in ~45s") are counted here, every second, from the timestamps the server sent.
 "use strict";
 
-const feedback = new Map(); // trial number -> {text, error}: shown on its card, kept across refreshes
+const feedback = new Map(); // trial number -> {text, error, op}: shown on its card across refreshes; a request's until it applies
 let sortState = null; // {index, dir}: the leaderboard's sort, kept across refreshes
 let refreshing = false;
 let timer = null;
@@ -131,7 +131,8 @@ function tick() {
 function showFeedback(card) {
   const note = feedback.get(card.dataset.trial);
   const el = card.querySelector(".feedback");
-  if (!note || !el) return;
+  if (!el) return;
+  if (!note) { el.textContent = ""; return; }
   el.textContent = note.text;
   el.classList.toggle("error", note.error);
 }
@@ -166,6 +167,10 @@ function mergeCards(cards) {
         if (samples.dataset.loaded === place.dataset.version) place.replaceWith(samples);
         else { place.open = true; loadInto(place, ".samples-body"); }
       }
+    }
+    const note = feedback.get(String(trial));
+    if (note && note.op && !note.error && !(card.dataset.pending || "").split(" ").includes(note.op)) {
+      feedback.delete(String(trial)); // "pause requested" said until it applied (or was withdrawn): not after
     }
     showFeedback(card);
     fresh.set(String(trial), card);
@@ -435,7 +440,8 @@ document.addEventListener("click", async (event) => {
   try {
     const [ok, data] = await post(button.dataset.url, body);
     const who = trial === null ? "" : `trial ${trial}: `;
-    note = ok ? {text: data.message, error: false} : {text: `${who}${data.error}`, error: true};
+    const pending = ["pause", "resume", "stop"].includes(op) ? op : null; // shown until it applies
+    note = ok ? {text: data.message, error: false, op: pending} : {text: `${who}${data.error}`, error: true};
   } catch (error) {
     note = {text: `${trial === null ? "" : `trial ${trial}: `}${error}`, error: true};
   } finally {
