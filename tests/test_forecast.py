@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt.pruning import Outlook, describe
+from rfopt.pruning import Outlook, PopulationBasedTraining, describe
 from rfopt.reports.forecast import forecast
 from rfopt.storage.schema import RunShape, TrialRecord
 
@@ -130,6 +130,8 @@ def test_halving_and_hyperband_schedules_as_stored():
     again = Outlook.from_attr(band.to_attr())
     assert {again.ladder(n).rungs for n in range(40)} == {(0, 1, 3), (1, 3), (3,), ()}
     assert describe(optuna.pruners.ThresholdPruner(lower=0.1), 4, "s").kind == "unknown"
+    pbt = describe(PopulationBasedTraining(interval=1), 4, "s")  # its clones train on in the replaced members' place
+    assert pbt.kind == "none" and pbt.certain and "clone trains on in its place" in pbt.describe()
 
 
 def _trial(number: int, *, committed: int, unit_seconds: float, units: int = 4, gang: tuple[int, ...] = (),

@@ -109,6 +109,8 @@ class Outlook:
         if self.kind == "share":
             return (f"{self.pruner}: checks after chunks {chunks or '(none)'}, about 1/{self.factor:g} going on at "
                     "each (an expectation)")
+        if self.kind == "none" and self.pruner == PopulationBasedTraining.__name__:
+            return f"{self.pruner}: a replaced member's clone trains on in its place (as many units)"
         if self.kind == "none":
             return f"{self.pruner}: prunes nothing"
         return f"{self.pruner}: its pruning cannot be foreseen"
