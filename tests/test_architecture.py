@@ -47,7 +47,7 @@ LAYERS = {
     "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide"}, {"_policy"}, {"__init__"}],
     "config": [{"usercode", "params", "rewardfuncs", "settings"}, {"codec"}, {"overrides", "studyfile"}, {"trial"},
                {"spaces", "form"}, {"__init__"}],
-    "training": [{"evaluation", "rollouts", "trackers"}, {"models"}, {"runner"}, {"parallel", "gang", "progress"},
+    "training": [{"diversity"}, {"evaluation", "rollouts", "trackers"}, {"models"}, {"runner"}, {"parallel", "gang", "progress"},
                  {"__init__"}],
     "reports": [{"timeline", "display", "status", "trial_svg"}, {"charts"}, {"__init__"}],
     "engine": [{"scheduler", "ops", "clones", "artifacts", "request"}, {"unit", "population"}, {"coordinator", "roster"},
