@@ -50,7 +50,7 @@ LAYERS = {
     "training": [{"diversity"}, {"evaluation", "rollouts", "trackers"}, {"models"}, {"runner"}, {"parallel", "gang", "progress"},
                  {"__init__"}],
     "reports": [{"timeline", "display", "status", "trial_svg"}, {"charts"}, {"__init__"}],
-    "engine": [{"scheduler", "ops", "clones", "artifacts", "request"}, {"unit", "population"}, {"coordinator", "roster"},
+    "engine": [{"scheduler", "ops", "clones", "artifacts", "request", "best"}, {"unit", "population"}, {"coordinator", "roster"},
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],
     "dashboard": [{"access", "actions", "views"}, {"pages"}, {"routes"}, {"server"}, {"__init__"}],

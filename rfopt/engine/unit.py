@@ -51,6 +51,7 @@ from rfopt.training.rollouts import ungangable_adapter
 from rfopt.training.runner import TrialRunner
 from rfopt.training.trackers import Tracking
 
+from .best import keep_if_best
 from .scheduler import LiveTrial
 
 logger = logging.getLogger("rfopt")
@@ -246,6 +247,7 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
     """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
     number = live.number
     claim.fence_commit(number, report.unit)
+    keep_if_best(ctx.store, live.ref, live.runner, live.config, report, ctx.study.direction)  # rfopt.engine.best
     schema.write_unit(live.ref, report.unit, report.metrics, report.samples, report.steps)
     reach("metrics-stored", trial=number, unit=report.unit)
     live.trial.report(report.value, step=report.unit)

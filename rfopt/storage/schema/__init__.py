@@ -11,7 +11,7 @@ and write through the functions it offers. Its private modules, lowest first (ea
     Values as the JSON attrs hold them: `json_safe`, and TRL's per-step logs by column (`StepColumns`).
 ``_records``
     A trial's small records: `Lineage`, `Request`, `Withdrawal`, `Cancel`, `AppliedOp`, `Stop`, `PruneDecision`,
-    `UnitMetrics`, `ProgressRecord`.
+    `UnitMetrics`, `BestCheckpoint`, `ProgressRecord`.
 ``_study``
     The study's records, read and written: `StudyRecord`, `Halt`, population-based training's `PbtStep`.
 ``_trial``
@@ -39,7 +39,7 @@ column: see `StepColumns`), ``rfopt:pruning:<step>`` (rung decisions),
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
 request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``, ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
+``rfopt:adapter``, ``rfopt:best`` (its best checkpoint so far: `BestCheckpoint`), ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
 ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
@@ -66,6 +66,7 @@ from ._records import (
     CONTROL_OPS,
     STOP_REASON,
     AppliedOp,
+    BestCheckpoint,
     Cancel,
     Lineage,
     ProgressRecord,
@@ -101,6 +102,7 @@ from ._trial import (
     new_trial_attrs,
     write_adapter,
     write_applied,
+    write_best,
     write_cancel,
     write_config,
     write_decision,
@@ -120,6 +122,7 @@ __all__ = [
     "DECISION_ATTR_PREFIX",
     "STOP_REASON",
     "AppliedOp",
+    "BestCheckpoint",
     "Cancel",
     "GangPlan",
     "Halt",
@@ -156,6 +159,7 @@ __all__ = [
     "who",
     "write_adapter",
     "write_applied",
+    "write_best",
     "write_cancel",
     "write_checkpoint_dir",
     "write_config",

@@ -16,6 +16,7 @@ from rfopt.compat import storage_of, trial_id_of
 
 from ._keys import (
     _ADAPTER,
+    _BEST,
     _CANCELLED,
     _CLONE,
     _CONFIG,
@@ -42,6 +43,7 @@ from ._records import (
     CONTROL_OPS,
     STOP_REASON,
     AppliedOp,
+    BestCheckpoint,
     Cancel,
     Lineage,
     ProgressRecord,
@@ -289,6 +291,11 @@ class TrialRecord:
         return self.attrs.get(_ADAPTER)
 
     @property
+    def best(self) -> BestCheckpoint | None:
+        """Its best checkpoint so far (`BestCheckpoint`): the unit, its value and its kept adapter; None before one."""
+        return BestCheckpoint.from_attr(self.attrs.get(_BEST))
+
+    @property
     def pruned_by_rung(self) -> PruneDecision | None:
         """The stored rung decision that pruned it, if one did."""
         for step in sorted(self.trial.intermediate_values, reverse=True):
@@ -416,3 +423,7 @@ def write_fail_reason(ref: TrialRef, reason: str) -> None:
 
 def write_adapter(ref: TrialRef, location: str) -> None:
     ref.set(_ADAPTER, location)
+
+
+def write_best(ref: TrialRef, best: BestCheckpoint) -> None:
+    ref.set(_BEST, best.to_attr())
