@@ -41,6 +41,7 @@ from rfopt.training.evaluation import EvalPrompts
 from rfopt.training.runner import ChunkAborted
 
 from . import ops, unit
+from .baselines import Baselines
 from .population import PopulationRungs
 from .scheduler import LiveTrial, completed_rungs
 from .unit import Claim, Context, Live
@@ -80,6 +81,8 @@ class Roster:
         self.study = ctx.study
         self.space = space
         self.rungs = _rung_policy(pruner, space, ctx)
+        self.baselines = Baselines(ctx.study, ctx.pool, ctx.eval_dataset, ctx.settings, ctx.objective)
+        """The study's base models evaluated with no adapter, each once per study, before a trial on it trains."""
         """How rungs are judged (`pruner`: the run's, `CheckedRun.pruner`): an Optuna pruner at rung boundaries, or
         population-based training."""
         self.live: dict[int, Live] = {}
@@ -327,6 +330,7 @@ class Roster:
             self.apply_requests(live, record)
             if live.number not in self.live or live.paused:
                 return False
+        self.baselines.ensure(live.ref, live.config, record.baseline_key)
         return True
 
     def _after_unit(self, live: Live, claim: Claim, error: BaseException | None) -> None:

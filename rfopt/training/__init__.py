@@ -6,6 +6,7 @@
 | `runner` | `TrialRunner`: one trial's `GRPOTrainer`, trained one chunk at a time, bit-identical to training straight through |
 | `evaluation` | each chunk's evaluation: fixed decoding, the trial's own reward functions |
 | `diversity` | whether an evaluation's completions still depend on the prompt: diversity measures, the collapse verdict |
+| `baseline` | a base model evaluated with no adapter, as its trials are: the study's reference |
 | `gang` | several trials' chunks in lockstep, their rollouts decoded together |
 | `rollouts` | the rollout engine: a gang's generation in one batch, a per-row adapter and random stream |
 | `parallel` | one trial's chunk as a data-parallel job over several devices |

@@ -7,8 +7,10 @@ trial (``peft_config=None``) gets its own copy of the weights.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -399,6 +401,18 @@ class ModelPool:
         if model.active_adapter != name:
             model.set_adapter(name)
         return model
+
+    @contextlib.contextmanager
+    def base_model(self, config: TrialConfig) -> Iterator[Any]:
+        """`config`'s base model as loaded, with no trial's adapter in effect: the resident model, or while adapters are
+        on it the shared PeftModel with its adapters disabled (PEFT's ``disable_adapter``, as the rollout engine decodes
+        with them off); they are on again when the block ends."""
+        resident = self._load(config)
+        if resident.peft_model is None:
+            yield resident.base
+            return
+        with resident.peft_model.disable_adapter():
+            yield resident.peft_model
 
     def engine(self, config: TrialConfig) -> RolloutEngine:
         """The rollout engine of `config`'s resident base model (after a trial of it was acquired): one per base

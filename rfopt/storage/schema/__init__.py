@@ -13,7 +13,7 @@ and write through the functions it offers. Its private modules, lowest first (ea
     A trial's small records: `Lineage`, `Request`, `Withdrawal`, `Cancel`, `AppliedOp`, `Stop`, `PruneDecision`,
     `UnitMetrics`, `BestCheckpoint`, `ProgressRecord`.
 ``_study``
-    The study's records, read and written: `StudyRecord`, `Halt`, population-based training's `PbtStep`.
+    The study's records, read and written: `StudyRecord`, `Halt`, `Baseline`, population-based training's `PbtStep`.
 ``_trial``
     A trial's record (`TrialRecord`) and its writers (`TrialRef`, ``write_*``).
 ``_gang``
@@ -30,7 +30,9 @@ On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),
 ``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to),
 ``rfopt:pbt:<step>`` (a population-based training step: who is replaced by a clone of whom, with what values),
-``rfopt:halt`` (a request that every process running the study stop at its trials' next chunk boundary).
+``rfopt:halt`` (a request that every process running the study stop at its trials' next chunk boundary),
+``rfopt:baseline:<key>`` (a base model evaluated with no adapter: the reference its trials are read against; see
+`Baseline`).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
@@ -39,7 +41,8 @@ column: see `StepColumns`), ``rfopt:pruning:<step>`` (rung decisions),
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
 request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``, ``rfopt:best`` (its best checkpoint so far: `BestCheckpoint`), ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
+``rfopt:adapter``, ``rfopt:best`` (its best checkpoint so far: `BestCheckpoint`), ``rfopt:baseline_key`` (which
+`Baseline` it compares with), ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
 ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
@@ -79,6 +82,7 @@ from ._records import (
     who,
 )
 from ._study import (
+    Baseline,
     Halt,
     PbtStep,
     Replacement,
@@ -87,6 +91,7 @@ from ._study import (
     name_metric,
     pbt_steps,
     study_record,
+    write_baseline,
     write_checkpoint_dir,
     write_halt,
     write_identity,
@@ -102,6 +107,7 @@ from ._trial import (
     new_trial_attrs,
     write_adapter,
     write_applied,
+    write_baseline_key,
     write_best,
     write_cancel,
     write_config,
@@ -122,6 +128,7 @@ __all__ = [
     "DECISION_ATTR_PREFIX",
     "STOP_REASON",
     "AppliedOp",
+    "Baseline",
     "BestCheckpoint",
     "Cancel",
     "GangPlan",
@@ -159,6 +166,8 @@ __all__ = [
     "who",
     "write_adapter",
     "write_applied",
+    "write_baseline",
+    "write_baseline_key",
     "write_best",
     "write_cancel",
     "write_checkpoint_dir",

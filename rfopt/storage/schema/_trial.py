@@ -16,6 +16,7 @@ from rfopt.compat import storage_of, trial_id_of
 
 from ._keys import (
     _ADAPTER,
+    _BASELINE_KEY,
     _BEST,
     _CANCELLED,
     _CLONE,
@@ -291,6 +292,11 @@ class TrialRecord:
         return self.attrs.get(_ADAPTER)
 
     @property
+    def baseline_key(self) -> str | None:
+        """The key of its base model's `Baseline` on the study (`StudyRecord.baselines`); None before it started."""
+        return self.attrs.get(_BASELINE_KEY)
+
+    @property
     def best(self) -> BestCheckpoint | None:
         """Its best checkpoint so far (`BestCheckpoint`): the unit, its value and its kept adapter; None before one."""
         return BestCheckpoint.from_attr(self.attrs.get(_BEST))
@@ -423,6 +429,10 @@ def write_fail_reason(ref: TrialRef, reason: str) -> None:
 
 def write_adapter(ref: TrialRef, location: str) -> None:
     ref.set(_ADAPTER, location)
+
+
+def write_baseline_key(ref: TrialRef, key: str) -> None:
+    ref.set(_BASELINE_KEY, key)
 
 
 def write_best(ref: TrialRef, best: BestCheckpoint) -> None:
