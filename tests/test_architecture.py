@@ -49,7 +49,7 @@ LAYERS = {
                {"spaces", "form"}, {"__init__"}],
     "training": [{"diversity"}, {"evaluation", "rollouts", "trackers"}, {"models"}, {"runner", "baseline"},
                  {"parallel", "gang", "progress"}, {"__init__"}],
-    "reports": [{"timeline", "display", "status", "trial_svg"}, {"charts"}, {"__init__"}],
+    "reports": [{"outcome"}, {"timeline", "display", "status", "trial_svg"}, {"charts"}, {"__init__"}],
     "engine": [{"scheduler", "ops", "clones", "artifacts", "request", "best", "baselines"}, {"unit", "population"}, {"coordinator", "roster"},
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],

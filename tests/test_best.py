@@ -43,6 +43,14 @@ def test_a_trial_whose_last_chunk_scores_worse_keeps_its_best_chunks_adapter_bit
     assert Path(best.location) == Path(study.checkpoints.best_dir(0))
     assert (Path(best.location) / "adapter_config.json").is_file() and (Path(best.location) / "tokenizer.json").is_file()
 
+    # What export_best writes: that chunk's adapter, bit for bit; Optuna's best trial's (best_trial=True): the last.
+    assert (study.recommendation().trial, study.recommendation().unit) == (0, 1)
+    exported = load_file(str(study.export_best(tmp_path / "take") / "adapter_model.safetensors"))
+    assert _same(exported, after[1])
+    exported = load_file(str(study.export_best(tmp_path / "last", best_trial=True) / "adapter_model.safetensors"))
+    assert _same(exported, after[3])
+    assert "degraded after chunk 2: reward " in study.leaderboard_text()
+
 
 def test_a_pruned_trial_keeps_its_best_checkpoint(tiny_model, storage, tmp_path):
     study = rfopt.create_study(study_name="pruned", storage=storage, checkpoint_dir=tmp_path / "ck",

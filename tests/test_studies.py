@@ -176,7 +176,8 @@ def test_arithmetic_study_runs_end_to_end_through_the_cli(tiny_model, tmp_path, 
     storage = f"sqlite:///{tmp_path / 'a.db'}"
     assert main(["run", str(study_file), "--storage", storage, "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "best adapter (PEFT format):" in out and "sample completions" in out
+    assert "recommended adapter (PEFT format; trial " in out and "sample completions" in out
+    assert "take this adapter: trial " in out and "with no adapter: the baseline" in out
     study = rfopt.load_study("arithmetic-tiny", storage)
     # Successive halving keeps one of two trials after chunk 1; the kept one trains every chunk.
     chunks = _module("arithmetic").NUM_CHUNKS

@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from rfopt.engine.clones import held_as
+from rfopt.reports.outcome import StudyOutcome, TrialOutcome, outcome
 from rfopt.reports.status import STATE_ORDER, Liveness
 from rfopt.reports.charts import best_trial, colour, trial_labels
 from rfopt.reports.timeline import TrialTimes
@@ -70,9 +71,20 @@ class TrialView:
     ended: float | None = None
     chunk_seconds: dict[int, float] = field(default_factory=dict)
     """Each committed unit's duration, training and evaluation."""
+    vs_base: float | None = None
+    """Its value minus its baseline's (the base model with no adapter, `rfopt.reports.outcome`)."""
+    best_value: float | None = None
+    """Its best checkpoint's value (`rfopt.storage.schema.BestCheckpoint`)."""
+    best_step: int | None = None
+    """Its best checkpoint's unit (shown as chunk ``best_step + 1``)."""
+    flags: list[str] = field(default_factory=list)
+    """``collapsed at chunk 4: ...``, ``degraded after chunk 3: ...`` (`rfopt.reports.outcome.TrialOutcome`)."""
 
     @classmethod
-    def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None) -> TrialView:
+    def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None,
+           judged: TrialOutcome | None = None) -> TrialView:
+        """`trial` as the page shows it; `judged`: its outcome in the study (`rfopt.reports.outcome.outcome`), which
+        gives its baseline difference, best checkpoint and flags."""
         record = TrialRecord(trial)
         units = record.unit_metrics()
         values = trial.intermediate_values
@@ -102,6 +114,10 @@ class TrialView:
             started=_epoch(times.start),
             ended=_epoch(times.end),
             chunk_seconds=times.chunk_seconds,
+            vs_base=None if judged is None else judged.vs_baseline,
+            best_value=None if judged is None or judged.best is None else judged.best.value,
+            best_step=None if judged is None or judged.best is None else judged.best.unit,
+            flags=[] if judged is None else judged.flags,
         )
 
     @property
@@ -136,12 +152,17 @@ class TrialView:
         return data
 
 
-def trial_views(trials: Sequence[optuna.trial.FrozenTrial], study: Any = None) -> list[TrialView]:
+def trial_views(trials: Sequence[optuna.trial.FrozenTrial], study: Any = None,
+                found: StudyOutcome | None = None) -> list[TrialView]:
     """Every trial, in leaderboard order when `study` (its direction) is given (`leaderboard_order`), else running
-    first, then waiting, finished; by number within each."""
+    first, then waiting, finished; by number within each. `found`: the study's outcome where the caller has it
+    (`rfopt.reports.outcome.outcome`; made here when `study` is given)."""
     labels = trial_labels(trials)
     replaced = _replacements(trials, study) if study is not None else {}
-    views = [TrialView.of(t, labels[t.number], replaced.get(t.number)) for t in trials]
+    if found is None and study is not None:
+        found = outcome(study, trials)
+    judged = found.trials if found is not None else {}
+    views = [TrialView.of(t, labels[t.number], replaced.get(t.number), judged.get(t.number)) for t in trials]
     if study is not None and len(study.directions) == 1:
         return leaderboard_order(views, best_trial(trials, study.directions[0])[0], study.directions[0])
     return sorted(views, key=lambda v: (_STATE_ORDER.get(v.state, 9), v.number))

@@ -19,6 +19,8 @@ from rfopt.storage import schema
 from rfopt.storage.leases import seen_on
 from rfopt.storage.schema import TrialRecord
 
+from .outcome import outcome
+
 
 @dataclass(frozen=True)
 class Liveness:
@@ -83,6 +85,10 @@ class StudySummary:
     best: tuple[int, float] | None
     """(trial, value) of Optuna's best trial; None before one completes (or for several objectives)."""
     live: Liveness
+    baseline: float | None = None
+    """The base model's value with no adapter (the first baseline, `rfopt.storage.schema.Baseline`); None before."""
+    recommended: tuple[int, int, float] | None = None
+    """(trial, chunk counted from 1, value) of the adapter the study recommends (`rfopt.reports.outcome`)."""
 
     @property
     def finished(self) -> bool:
@@ -95,10 +101,17 @@ class StudySummary:
         return "running" if self.live.running else "finished" if self.finished else "idle"
 
     def line(self) -> str:
-        """``demo: 2 running, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
+        """``demo: 2 running, 5 pruned, 1 complete; best 0.8123 (trial 4); base 0.41; take trial 2 after chunk 3
+        (0.9001); running: host:12 (run)``."""
         best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
         status = self.live.message if self.live.running else self.status
-        return f"{self.name}: {tally(self.counts)}; best {best}; {status}"
+        parts = [f"{self.name}: {tally(self.counts)}", f"best {best}"]
+        if self.baseline is not None:
+            parts.append(f"base {self.baseline:.4f}")
+        if self.recommended is not None:
+            trial, chunk, value = self.recommended
+            parts.append(f"take trial {trial} after chunk {chunk} ({value:.4f})")
+        return "; ".join([*parts, status])
 
 
 STATE_ORDER = ("RUNNING", "WAITING", "COMPLETE", "PRUNED", "FAIL", "CANCELLED")
@@ -134,8 +147,13 @@ def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
         best = None
         if len(study.directions) == 1 and any(t.state == TrialState.COMPLETE for t in trials):
             best = (study.best_trial.number, study.best_value)
+        found = outcome(study, trials)
+        baseline = next(iter(found.baselines.values()), None)
+        recommended = found.recommendation
         out.append(StudySummary(frozen.study_name, study_id_of(frozen), schema.study_record(frozen).planned, counts,
-                                best, liveness(study, trials)))
+                                best, liveness(study, trials), None if baseline is None else baseline.value,
+                                None if recommended is None else
+                                (recommended.trial, recommended.unit + 1, recommended.value)))
     return out
 
 
