@@ -504,6 +504,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         report_to=args.report_to,
         executor=executor,
         gang_size=_gang_size(args, spec),
+        prune_collapsed=spec.prune_collapsed,
     )
     _print_summary(study, args.storage)
     return 0
@@ -578,6 +579,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         report_to=args.report_to,
         data_parallel=group,
         gang_size=_gang_size(args, spec),
+        prune_collapsed=spec.prune_collapsed,
     )
     if group is not None:
         group.stop()

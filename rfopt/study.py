@@ -155,6 +155,7 @@ class Study:
         report_to: str | Sequence[str] | None = None,
         executor: RayCluster | None = None,
         gang_size: int | None = None,
+        prune_collapsed: bool = False,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -201,13 +202,18 @@ class Study:
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
                 batch (`rfopt.training.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
                 None: `rfopt.training.gang.DEFAULT_GANG_SIZE`.
+            prune_collapsed: prune a trial as soon as an evaluation finds its completions collapsed (one text answering
+                at least half the eval prompts: `rfopt.training.diversity`), with that reason. Off by default: a
+                collapsed checkpoint is never kept as a trial's best nor recommended either way, and the leaderboard
+                marks the trial.
         """
         run(self.optuna, RunRequest(
             space, train_dataset, eval_dataset, n_trials=n_trials, n_trials_total=n_trials_total, timeout=timeout,
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            pruner=self._pruner, show_progress_bar=show_progress_bar, executor=executor), self._requested)
+            pruner=self._pruner, show_progress_bar=show_progress_bar, executor=executor,
+            prune_collapsed=prune_collapsed), self._requested)
 
     def work(
         self,
@@ -233,6 +239,7 @@ class Study:
         report_to: str | Sequence[str] | None = None,
         data_parallel: DataParallel | None = None,
         gang_size: int | None = None,
+        prune_collapsed: bool = False,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
@@ -254,7 +261,8 @@ class Study:
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            pruner=self._pruner, worker=Worker(lease_seconds, poll_seconds, data_parallel)), self._requested)
+            pruner=self._pruner, worker=Worker(lease_seconds, poll_seconds, data_parallel),
+            prune_collapsed=prune_collapsed), self._requested)
 
     # ------------------------------------------------------------------ trial ops (`rfopt pause|resume|stop|clone`)
     def pause_trial(self, trial_number: int) -> None:

@@ -69,6 +69,20 @@ def test_a_trial_whose_completions_no_longer_depend_on_the_prompt_is_marked_coll
     assert not all(torch.equal(ours[k], optunas[k]) for k in ours)
 
 
+def test_the_opt_in_guard_prunes_a_collapsed_trial_with_the_reason(tiny_model, storage, tmp_path):
+    collapsing = trial_config(tiny_model, rewards=(reward_agreement, reward_len),
+                              peft=lora_config(modules_to_save=["embed_tokens"]))
+    collapsing.callbacks = [CollapseAtTheEnd]
+    study = rfopt.create_study(study_name="guarded", storage=storage, checkpoint_dir=tmp_path / "ck")
+    study.optimize([collapsing], prompts_dataset(8), prompts_dataset(4, prefix="E"), num_chunks=2,
+                   show_progress_bar=False, prune_collapsed=True)
+    (trial,) = study.trials
+    assert trial.state == TrialState.PRUNED and len(trial.intermediate_values) == 2
+    row = study.leaderboard()[0]
+    assert row.reason == "collapsed: one completion answers 4 of 4 eval prompts after chunk 2"
+    assert study.recommendation().unit == 0 and study.best_adapter()
+
+
 # ---------------------------------------------------------------------- degradation, on recorded values
 def _eval(value, std=0.1, count=16):
     return {"reward": value, "reward_std": std, "completions/count": count, "diversity/prompts": count,

@@ -37,6 +37,7 @@ from rfopt.storage.database import STORAGE_ERRORS
 from rfopt.storage.leases import LeaseLost
 from rfopt.storage.schema import TrialRecord, TrialRef
 from rfopt.training import gang
+from rfopt.training.diversity import collapse_reason
 from rfopt.training.evaluation import EvalPrompts
 from rfopt.training.runner import ChunkAborted
 
@@ -47,6 +48,9 @@ from .scheduler import LiveTrial, completed_rungs
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
+
+COLLAPSE_GUARD = "rfopt's collapse guard (prune_collapsed)"
+"""Who stops a trial whose completions collapsed, as its stop record names it."""
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,14 @@ class Roster:
 
     def __init__(self, ctx: Context, space: Any, *, pruner: Any,
                  callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
-                 catch: tuple[type[Exception], ...] = (Exception,)) -> None:
+                 catch: tuple[type[Exception], ...] = (Exception,), prune_collapsed: bool = False) -> None:
         self.ctx = ctx
         self.callbacks = tuple(callbacks)
         """Called as ``callback(study, frozen_trial)`` after each trial this run ends, as Optuna calls them."""
         self.catch = catch
         """A trial's exceptions that fail it alone; another fails it and is raised on (`optuna.Study.optimize`)."""
+        self.prune_collapsed = prune_collapsed
+        """Whether a trial whose evaluated completions collapsed is pruned after that unit (`optimize`'s guard)."""
         self.study = ctx.study
         self.space = space
         self.rungs = _rung_policy(pruner, space, ctx)
@@ -338,6 +344,8 @@ class Roster:
         (another process has it now) or fails alone, with the reason."""
         if isinstance(error, STORAGE_ERRORS):  # the database failing, not the trial: the run ends, every trial resumable
             raise error
+        if error is None and self.prune_collapsed and self._guard(live):
+            return
         finished = False
         if error is None and live.finished:
             try:
@@ -363,6 +371,18 @@ class Roster:
         else:
             self.fail(live.number, f"{type(error).__name__}: {error}")
             self._raise_uncaught(error)
+
+    def _guard(self, live: Live) -> bool:
+        """The opt-in collapse guard: prune the trial, with the reason stored as its stop (so that a crash before the
+        tell is told at the next reconcile), if its last committed evaluation collapsed; whether it did."""
+        units = live.ref.read().unit_metrics()
+        reason = collapse_reason(units[-1].eval) if units else None
+        if reason is None or units[-1].unit != live.committed - 1:
+            return False
+        schema.write_stop(live.ref, schema.Stop(by=COLLAPSE_GUARD, at=schema.now(), after_chunk=live.committed - 1,
+                                                reason=f"collapsed: {reason}"))
+        self._tell_pruned(live.number, f"collapsed: {reason}")
+        return True
 
     # ------------------------------------------------------------------ ends
     def fail(self, number: int, reason: str) -> None:

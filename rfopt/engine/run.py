@@ -150,7 +150,8 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
         ctx.step_listeners.append(progress.step)
     committed = []
     ctx.subscribers.append(committed.append)
-    roster = Roster(ctx, checked.space, pruner=checked.pruner, callbacks=request.callbacks, catch=request.catch)
+    roster = Roster(ctx, checked.space, pruner=checked.pruner, callbacks=request.callbacks, catch=request.catch,
+                    prune_collapsed=request.prune_collapsed)
     if progress is not None:  # one line per committed unit, a gang's several commits of one round included
         ctx.subscribers.append(lambda event: progress(roster.progress()))
     more_to_ask = _more_to_ask(study, checked, n_trials)
