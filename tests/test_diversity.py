@@ -73,3 +73,11 @@ def test_scored_evaluations_store_the_measures_and_each_rewards_spread(tiny_mode
     result = scored(prompts, varied, tokenizer, [reward_len], None, EvalSettings())
     assert result.metrics["completions/clipped_ratio"] == 0.0 and collapse_reason(result.metrics) is None
     assert result.metrics["rewards/reward_len/std"] == pytest.approx(math.sqrt(sum((n / 8 - 2.5 / 8) ** 2 for n in range(1, 5)) / 4))
+
+
+def test_a_base_model_that_already_answers_every_prompt_alike_makes_no_collapse():
+    same = _measures(["the same long answer to everything"] * 8)
+    assert collapse_reason(same) is not None
+    assert collapse_reason(same, reference=same) is None  # nothing that training brought about
+    assert collapse_reason(same, reference=_measures([f"answer {i} is {i} + 1 = {i + 1}" for i in range(8)])) \
+        is not None

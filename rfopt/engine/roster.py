@@ -35,7 +35,7 @@ from rfopt.pruning import PopulationBasedTraining, PrunerRungs, RungPolicy
 from rfopt.storage import schema
 from rfopt.storage.database import STORAGE_ERRORS
 from rfopt.storage.leases import LeaseLost
-from rfopt.storage.schema import TrialRecord, TrialRef
+from rfopt.storage.schema import TrialRecord, TrialRef, study_record
 from rfopt.training import gang
 from rfopt.training.diversity import collapse_reason
 from rfopt.training.evaluation import EvalPrompts
@@ -375,8 +375,10 @@ class Roster:
     def _guard(self, live: Live) -> bool:
         """The opt-in collapse guard: prune the trial, with the reason stored as its stop (so that a crash before the
         tell is told at the next reconcile), if its last committed evaluation collapsed; whether it did."""
-        units = live.ref.read().unit_metrics()
-        reason = collapse_reason(units[-1].eval) if units else None
+        record = live.ref.read()
+        units = record.unit_metrics()
+        baseline = study_record(self.study).baselines.get(record.baseline_key or "")
+        reason = collapse_reason(units[-1].eval, None if baseline is None else baseline.metrics) if units else None
         if reason is None or units[-1].unit != live.committed - 1:
             return False
         schema.write_stop(live.ref, schema.Stop(by=COLLAPSE_GUARD, at=schema.now(), after_chunk=live.committed - 1,

@@ -247,7 +247,7 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
     """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
     number = live.number
     claim.fence_commit(number, report.unit)
-    keep_if_best(ctx.store, live.ref, live.runner, live.config, report, ctx.study.direction)  # rfopt.engine.best
+    keep_if_best(ctx.store, live.ref, live.runner, live.config, report, ctx.study)  # rfopt.engine.best
     schema.write_unit(live.ref, report.unit, report.metrics, report.samples, report.steps)
     reach("metrics-stored", trial=number, unit=report.unit)
     live.trial.report(report.value, step=report.unit)

@@ -179,7 +179,7 @@ def format_recommendation(found: Any, samples: Sequence[dict[str, Any]] = (), sh
     `samples` (that checkpoint's eval completions), each line of a completion under the one before."""
     recommended = found.recommendation
     if recommended is None:
-        return ["no adapter to recommend: no trial has a checkpoint whose completions had not collapsed"]
+        return [line for line in found.lines() if line.startswith("no adapter")] or ["no adapter to take yet"]
     lines = [f"recommended adapter (PEFT format; trial {recommended.trial} after chunk {recommended.unit + 1}): "
              f"{recommended.location}"]
     baseline = recommended.baseline

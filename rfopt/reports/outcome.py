@@ -106,8 +106,12 @@ class StudyOutcome:
         out = []
         if self.recommendation is not None:
             out.append(self.recommendation.line(self.objective, self.maximize))
+        elif any(t.final is not None for t in self.trials.values()):
+            out.append("no adapter to take: no trial kept a best checkpoint (every chunk committed so far collapsed, "
+                       "or the study ran before rfopt kept them); export_best(path, best_trial=True) exports Optuna's "
+                       "best trial's final adapter")
         elif self.trials:
-            out.append("no adapter to take yet: no trial has a checkpoint whose completions had not collapsed")
+            out.append("no adapter to take yet: no trial has committed a chunk")
         if self.optuna_best is not None:
             number, value = self.optuna_best
             same = self.recommendation is not None and self.recommendation.trial == number and \
@@ -148,11 +152,12 @@ def _trial_outcome(record: TrialRecord, baselines: Mapping[str, Baseline], recor
     final = (max(values), values[max(values)]) if values else None
     units = record.unit_metrics()
     evals = {m.unit: m.eval for m in units}
-    collapsed = None
-    if units and (reason := collapse_reason(units[-1].eval)) is not None:
-        collapsed = f"collapsed at chunk {units[-1].unit + 1}: {reason}"
     key = record.baseline_key
     baseline = baselines.get(key) if key is not None else None
+    collapsed = None
+    reference = None if baseline is None else baseline.metrics
+    if units and (reason := collapse_reason(units[-1].eval, reference)) is not None:
+        collapsed = f"collapsed at chunk {units[-1].unit + 1}: {reason}"
     return TrialOutcome(number=record.number, state=record.shown_state, final=final, best=record.best,
                         baseline=baseline, collapsed=collapsed,
                         degraded=_degraded(record, values, evals, records, objective, maximize))

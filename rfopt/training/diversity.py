@@ -24,7 +24,9 @@ metrics, ``rfopt:metrics:<unit>``; the trial's charts draw them):
 `collapse_reason` reads the verdict from them: a trial has **collapsed** when one completion answers at least half of
 (at least `MIN_PROMPTS`) distinct eval prompts, and that completion is empty or at least `MIN_TOKENS` tokens long.
 Shorter shared answers are left alone: a task whose right answers are short labels ("yes", "B") legitimately gives
-many prompts the same completion.
+many prompts the same completion. Given the base model's evaluation (its baseline, `reference`), a collapse is one
+that training brought about: a base model whose completions already do not depend on the prompt (a random test
+model) makes none of its trials' evaluations a collapse.
 
     >>> measures = diversity(["q1", "q2", "q3", "q4"], ["same text"] * 4, [[5] * 9] * 4, end_ids={2})
     >>> measures["diversity/top_share"], collapse_reason(measures)
@@ -72,10 +74,13 @@ def diversity(prompts: Sequence[str], texts: Sequence[str], ids: Sequence[Sequen
     }
 
 
-def collapse_reason(metrics: Mapping[str, float]) -> str | None:
+def collapse_reason(metrics: Mapping[str, float], reference: Mapping[str, float] | None = None) -> str | None:
     """Why an evaluation's completions no longer depend on the prompt (``one completion answers 16 of 16 eval
-    prompts``), read from its stored measures; None when they still do, or when the measures cannot say (too few
-    prompts, or an evaluation stored before rfopt measured diversity)."""
+    prompts``), read from its stored measures; None when they still do, when the measures cannot say (too few
+    prompts, or an evaluation stored before rfopt measured diversity), or when the `reference` evaluation (the base
+    model's, with no adapter) had collapsed already."""
+    if reference is not None and collapse_reason(reference) is not None:
+        return None
     prompts = metrics.get("diversity/prompts")
     share = metrics.get("diversity/top_share")
     length = metrics.get("diversity/top_tokens")
