@@ -310,9 +310,11 @@ class Study:
     def leaderboard(self) -> list[LeaderboardRow]:
         """Every trial, best first: finished trials by value, then the rest by progress; each with its difference from
         its baseline, its best checkpoint and what went wrong (`rfopt.reports.outcome`)."""
-        sign = 1 if self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE else -1
         trials = self.optuna.get_trials(deepcopy=False)
-        found = outcome(self.optuna, trials)
+        return self._leaderboard(trials, outcome(self.optuna, trials))
+
+    def _leaderboard(self, trials: list[FrozenTrial], found: StudyOutcome) -> list[LeaderboardRow]:
+        sign = 1 if self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE else -1
         rows = []
         for t in trials:
             if t.state == TrialState.WAITING:
@@ -351,8 +353,10 @@ class Study:
         """The leaderboard as text (`leaderboard`), the baselines first, and the recommendation under it."""
         from rfopt.reports.display import format_leaderboard
 
-        found = self.outcome()
-        return format_leaderboard(self.leaderboard(), found.objective, list(found.baselines.values()), found.lines())
+        trials = self.optuna.get_trials(deepcopy=False)
+        found = outcome(self.optuna, trials)
+        return format_leaderboard(self._leaderboard(trials, found), found.objective, list(found.baselines.values()),
+                                  found.lines())
 
     def outcome(self) -> StudyOutcome:
         """What the study produced (`rfopt.reports.outcome.StudyOutcome`): its baselines, each trial's best

@@ -57,13 +57,23 @@ def test_the_base_model_is_evaluated_once_before_any_trial_trains_and_scores_as_
 
 
 def test_trials_with_other_reward_functions_get_a_baseline_of_their_own(tiny_model, storage, counted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rfopt.training.evaluation import evaluate
+
     study = rfopt.create_study(study_name="two", storage=storage)
+    evaluation = prompts_dataset(4, prefix="E")
     configs = [trial_config(tiny_model), trial_config(tiny_model, rewards=(reward_len,))]
-    study.optimize(configs, prompts_dataset(4), prompts_dataset(4, prefix="E"), num_chunks=1, show_progress_bar=False)
+    # One at a time: the second baseline is evaluated with the first trial's trained adapter on the shared model.
+    study.optimize(configs, prompts_dataset(4), evaluation, num_chunks=1, show_progress_bar=False, gang_size=1)
     found = study_record(study.optuna).baselines
     keys = [TrialRecord(t).baseline_key for t in study.trials]
     assert len(found) == 2 == len(set(keys)) == len(counted) and set(keys) == set(found)
     assert found[keys[1]].value == found[keys[1]].metrics["rewards/reward_len/mean"]
+    # ... with that adapter disabled: what the model with no adapter scores.
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
+    untrained = evaluate(model, tokenizer, evaluation, [reward_len], None, EvalSettings(), 8)
+    assert found[keys[1]].metrics == untrained.metrics
 
 
 def test_a_baseline_that_cannot_be_evaluated_is_skipped_and_the_study_goes_on(tiny_model, storage, monkeypatch,

@@ -87,10 +87,10 @@ class Roster:
         self.study = ctx.study
         self.space = space
         self.rungs = _rung_policy(pruner, space, ctx)
-        self.baselines = Baselines(ctx.study, ctx.pool, ctx.eval_dataset, ctx.settings, ctx.objective)
-        """The study's base models evaluated with no adapter, each once per study, before a trial on it trains."""
         """How rungs are judged (`pruner`: the run's, `CheckedRun.pruner`): an Optuna pruner at rung boundaries, or
         population-based training."""
+        self.baselines = Baselines(ctx.study, ctx.pool, ctx.eval_dataset, ctx.settings, ctx.objective)
+        """The study's base models evaluated with no adapter, each once per study, before a trial on it trains."""
         self.live: dict[int, Live] = {}
         self.asked = 0
         """Trials this run asked Optuna for (clones not counted: they come on top)."""
