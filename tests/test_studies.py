@@ -104,7 +104,7 @@ def test_arithmetic_searches_a_poor_learning_rate_and_prunes_with_successive_hal
     assert rates[0] <= 1e-6 and rates[-1] >= 1e-4
     assert isinstance(spec.pruner(), optuna.pruners.SuccessiveHalvingPruner)
     train, evaluation = spec.datasets()
-    assert len(evaluation) <= 16
+    assert len(evaluation) <= 32
     # The worked example sits between the system prompt and the question, in train and eval alike.
     for row in (train[0], evaluation[0]):
         roles = [m["role"] for m in row["prompt"]]
