@@ -19,6 +19,7 @@ from rfopt.config.trial import ConfigError, TrialConfig
 from rfopt.engine.cluster import RayCluster
 from rfopt.engine.ops import OpError
 from rfopt.pruning import PopulationBasedTraining
+from rfopt.reports.outcome import Recommendation, StudyOutcome
 from rfopt.storage.checkpoints import CheckpointError, CheckpointStore
 from rfopt.storage.database import StorageLocationError, StorageRefusedError, StorageUnavailableError
 from rfopt.training.evaluation import EvalResult
@@ -44,6 +45,7 @@ __all__ = [
     "PlanError",
     "PopulationBasedTraining",
     "RayCluster",
+    "Recommendation",
     "Refusal",
     "RewardFunctionError",
     "RfoptError",
@@ -53,6 +55,7 @@ __all__ = [
     "Study",
     "StudyDeletedError",
     "StudyNameError",
+    "StudyOutcome",
     "StudySpec",
     "TrialConfig",
     "TrialDiverged",

@@ -38,13 +38,14 @@ from rfopt.engine.cluster import RayCluster
 from rfopt.engine.request import RunRequest, Worker
 from rfopt.engine.run import StudyDeletedError, follow_moved_checkpoints, run
 from rfopt.engine.unit import UnitCommitted
+from rfopt.reports.outcome import Recommendation, StudyOutcome, outcome
 from rfopt.reports.status import Liveness, liveness
 from rfopt.pruning import PopulationBasedTraining, optuna_pruner
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointStore, Location, download, location_exists
 from rfopt.storage.database import open_storage
 from rfopt.storage.files import is_url, normalize_location
-from rfopt.storage.schema import TrialRecord, study_record
+from rfopt.storage.schema import Baseline, TrialRecord, study_record
 from rfopt.training.parallel import DataParallel
 from rfopt.training.trackers import normalize as trackers_of
 
@@ -67,6 +68,14 @@ class LeaderboardRow:
     value_error: float | None = None
     """The standard error of `value` over the eval prompts (`rfopt.noise`); None where not stored."""
     eval_count: int | None = None
+    vs_base: float | None = None
+    """Its value minus its baseline's (the base model with no adapter); None without a baseline."""
+    best_value: float | None = None
+    """The value of its best checkpoint (`rfopt.storage.schema.BestCheckpoint`); None before one."""
+    best_chunk: int | None = None
+    """The chunk of its best checkpoint, counted from 1."""
+    flags: list[str] = field(default_factory=list)
+    """What went wrong: ``collapsed at chunk 4: ...``, ``degraded after chunk 3: ...`` (`rfopt.reports.outcome`)."""
 
 
 OPTUNA_ATTRIBUTES = frozenset({
@@ -153,6 +162,7 @@ class Study:
         report_to: str | Sequence[str] | None = None,
         executor: RayCluster | None = None,
         gang_size: int | None = None,
+        prune_collapsed: bool = False,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
 
@@ -200,13 +210,18 @@ class Study:
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
                 batch (`rfopt.training.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
                 None: `rfopt.training.gang.DEFAULT_GANG_SIZE`.
+            prune_collapsed: prune a trial as soon as an evaluation finds its completions collapsed (one text answering
+                at least half the eval prompts: `rfopt.training.diversity`), with that reason. Off by default: a
+                collapsed checkpoint is never kept as a trial's best nor recommended either way, and the leaderboard
+                marks the trial.
         """
         run(self.optuna, RunRequest(
             space, train_dataset, eval_dataset, n_trials=n_trials, n_trials_total=n_trials_total, timeout=timeout,
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            pruner=self._pruner, show_progress_bar=show_progress_bar, executor=executor), self._requested)
+            pruner=self._pruner, show_progress_bar=show_progress_bar, executor=executor,
+            prune_collapsed=prune_collapsed), self._requested)
 
     def work(
         self,
@@ -232,6 +247,7 @@ class Study:
         report_to: str | Sequence[str] | None = None,
         data_parallel: DataParallel | None = None,
         gang_size: int | None = None,
+        prune_collapsed: bool = False,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
 
@@ -253,7 +269,8 @@ class Study:
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            pruner=self._pruner, worker=Worker(lease_seconds, poll_seconds, data_parallel)), self._requested)
+            pruner=self._pruner, worker=Worker(lease_seconds, poll_seconds, data_parallel),
+            prune_collapsed=prune_collapsed), self._requested)
 
     # ------------------------------------------------------------------ trial ops (`rfopt pause|resume|stop|clone`)
     def pause_trial(self, trial_number: int) -> None:
@@ -299,13 +316,18 @@ class Study:
 
     # ------------------------------------------------------------------ results
     def leaderboard(self) -> list[LeaderboardRow]:
-        """Every trial, best first: finished trials by value, then the rest by progress."""
+        """Every trial, best first: finished trials by value, then the rest by progress; each with what it is doing, its
+        value's noise, its difference from its baseline, its best checkpoint and what went wrong
+        (`rfopt.reports.outcome`)."""
+        trials = self.optuna.get_trials(deepcopy=False)
+        return self._leaderboard(trials, outcome(self.optuna, trials))
+
+    def _leaderboard(self, trials: list[FrozenTrial], found: StudyOutcome) -> list[LeaderboardRow]:
         from rfopt.noise import estimate
-        from rfopt.reports.status import liveness, situation
+        from rfopt.reports.status import situation
 
         sign = 1 if self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE else -1
         objective = study_record(self.optuna).objective
-        trials = self.optuna.get_trials(deepcopy=False)
         live = liveness(self.optuna, trials)
         rows = []
         for t in trials:
@@ -315,6 +337,7 @@ class Study:
             last = max(t.intermediate_values, default=None)
             scores = next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == last), [])
             noise = estimate(scores) if scores else None
+            judged = found.trials[t.number]
             rows.append(
                 LeaderboardRow(
                     number=t.number,
@@ -328,6 +351,11 @@ class Study:
                     situation=situation(record, live),
                     value_error=None if noise is None else noise.stderr,
                     eval_count=None if noise is None else noise.n,
+                    vs_base=None if judged.baseline is None or record.value is None
+                    else record.value - judged.baseline.value,
+                    best_value=None if judged.best is None else judged.best.value,
+                    best_chunk=None if judged.best is None else judged.best.unit + 1,
+                    flags=judged.flags,
                 )
             )
         order = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}
@@ -342,27 +370,63 @@ class Study:
         return rows
 
     def leaderboard_text(self) -> str:
+        """The leaderboard as text (`leaderboard`), the baselines first, and the recommendation under it."""
         from rfopt.reports.display import format_leaderboard
 
-        return format_leaderboard(self.leaderboard(), study_record(self.optuna).objective)
+        trials = self.optuna.get_trials(deepcopy=False)
+        found = outcome(self.optuna, trials)
+        return format_leaderboard(self._leaderboard(trials, found), found.objective, list(found.baselines.values()),
+                                  found.lines())
 
-    def best_adapter(self) -> Location:
-        """Directory of the best finished trial's adapter (PEFT format): a `Path`, or a URL in an object store."""
-        if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
-            raise LookupError(f"study {self.study_name!r} has no finished trial yet")
-        best = self.optuna.best_trial
-        record = TrialRecord(best)
-        path = record.adapter
-        if path is None and record.told_outside is not None:
-            raise LookupError(f"trial {best.number}, the best, was {record.told_outside}: nothing to export")
+    def outcome(self) -> StudyOutcome:
+        """What the study produced (`rfopt.reports.outcome.StudyOutcome`): its baselines, each trial's best
+        checkpoint, collapse and degradation, the recommendation, and Optuna's best trial."""
+        return outcome(self.optuna)
+
+    def baselines(self) -> list[Baseline]:
+        """The study's base models evaluated with no adapter on its eval set, before any trial on them trained: the
+        reference its values compare with (one per base model, reward functions and completion budget)."""
+        return list(study_record(self.optuna).baselines.values())
+
+    def recommendation(self) -> Recommendation | None:
+        """The adapter the study recommends: the best checkpoint over all its trials (pruned ones included), with its
+        trial, chunk and value, never one whose completions had collapsed (`rfopt.reports.outcome`); None before a trial
+        has one. What `export_best` writes. Optuna's ``best_trial`` is the best *last* value among COMPLETE trials: the
+        two differ when a trial degraded after its best chunk, or a pruned trial's checkpoint is the best.
+
+            >>> rec = study.recommendation()                                     # doctest: +SKIP
+            >>> rec.trial, rec.unit + 1, rec.value, rec.location                 # doctest: +SKIP
+            (1, 2, 1.890625, '.../trial-00001/best')
+        """
+        return self.outcome().recommendation
+
+    def best_adapter(self, *, best_trial: bool = False) -> Location:
+        """Directory of the recommended adapter (PEFT format, `recommendation`): a `Path`, or a URL in an object store.
+        With `best_trial`, Optuna's best trial's final adapter instead."""
+        if best_trial:
+            if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
+                raise LookupError(f"study {self.study_name!r} has no finished trial yet")
+            best = self.optuna.best_trial
+            record = TrialRecord(best)
+            number, path, what = best.number, record.adapter, "its adapter"
+            if path is None and record.told_outside is not None:
+                raise LookupError(f"trial {best.number}, the best, was {record.told_outside}: nothing to export")
+        else:
+            recommended = self.recommendation()
+            if recommended is None:
+                raise LookupError(f"study {self.study_name!r} has no checkpoint to recommend yet (none of its trials has "
+                                  "committed a chunk whose completions had not collapsed); export_best(path, "
+                                  "best_trial=True) exports Optuna's best trial's final adapter")
+            number, path, what = recommended.trial, recommended.location, "its best checkpoint"
         if path is None or not location_exists(path):
-            raise LookupError(f"trial {best.number}: its adapter is not in the checkpoint store ({path})")
+            raise LookupError(f"trial {number}: {what} is not in the checkpoint store ({path})")
         return path if is_url(path) else Path(path)
 
-    def export_best(self, path: str | os.PathLike) -> Path:
-        """Copy the best trial's adapter (PEFT format, with its tokenizer) to the local directory `path`, downloading
-        it from an object store if the study's checkpoints are there."""
-        source = self.best_adapter()
+    def export_best(self, path: str | os.PathLike, *, best_trial: bool = False) -> Path:
+        """Copy the recommended adapter (`recommendation`: the best checkpoint over all trials; PEFT format, with its
+        tokenizer) to the local directory `path`, downloading it from an object store if the study's checkpoints are
+        there. With `best_trial`, Optuna's best trial's final adapter (the last chunk of the best COMPLETE trial)."""
+        source = self.best_adapter(best_trial=best_trial)
         target = Path(path)
         if target.exists():
             shutil.rmtree(target)
@@ -370,9 +434,11 @@ class Study:
 
     @property
     def best_config(self) -> TrialConfig:
-        """The best trial's config as it was trained (its stored ``rfopt:config``, what `export_best`'s adapter was
-        trained with). Where Optuna's params cannot say it (a clone's model, or another categorical value the study's
-        param had no choice for: `best_params` then names an alternate param, ``model#2``), this does.
+        """Optuna's best trial's config as it was trained (its stored ``rfopt:config``, what ``export_best(path,
+        best_trial=True)``'s adapter was trained with; the recommended adapter's is
+        ``study.trial_config(study.recommendation().trial)``). Where Optuna's params cannot say it (a clone's model, or
+        another categorical value the study's param had no choice for: `best_params` then names an alternate param,
+        ``model#2``), this does.
 
             >>> study.best_config.model, study.best_config.args.learning_rate           # doctest: +SKIP
         """

@@ -20,3 +20,22 @@ class RecordingCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         CALLBACK_EVENTS.append((self.tag, "train_end", state.global_step))
+
+
+class CollapseAtTheEnd(TrainerCallback):
+    """Makes the trial's adapter collapse when its last chunk ends: every token of its own copy of the embedding
+    (``modules_to_save=["embed_tokens"]``) becomes the same vector, so that the model sees the same input whatever the
+    prompt, and answers every prompt with one fixed string."""
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step < state.max_steps:
+            return
+        import torch
+
+        adapter = model.active_adapter
+        for module in model.modules():
+            copies = getattr(module, "modules_to_save", None)
+            if copies is not None and adapter in copies:
+                with torch.no_grad():
+                    weight = copies[adapter].weight
+                    weight.copy_(weight[5].expand_as(weight))

@@ -188,3 +188,20 @@ def chromium(profile_dir, width: int = 1400, height: int = 1000):
 def reward_interrupted(completions, **kwargs):
     """A Ctrl-C arriving while this reward runs."""
     raise KeyboardInterrupt
+
+
+PEAK_STEP = 4
+"""The global step at which `reward_peak` pays its bonus: after the second chunk of a trial of 2 steps a chunk."""
+
+
+def reward_peak(completions, trainer_state, **kwargs):
+    """10 for every completion scored at step `PEAK_STEP`, else 0: the same for every completion of a group (so it never
+    changes what training learns), and it makes the evaluation after one chunk the trial's best, whatever came after."""
+    return [10.0 if trainer_state.global_step == PEAK_STEP else 0.0] * len(completions)
+
+
+def reward_agreement(completions, **kwargs):
+    """The share of the batch's completions that equal this one: what one text answering every prompt maximizes (a
+    reward a collapse satisfies)."""
+    texts = [_text(c) for c in completions]
+    return [texts.count(t) / len(texts) for t in texts]

@@ -54,7 +54,7 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "complete" in run.stdout
-    assert "best adapter (PEFT format):" in run.stdout
+    assert "recommended adapter (PEFT format; trial " in run.stdout and "with no adapter: the baseline" in run.stdout
     # Not a terminal: plain lines, one per committed chunk, no "\r" redraws; no library progress bars or warnings.
     assert "\r" not in run.stderr and "Loading weights" not in run.stderr and "Warning" not in run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("cli-demo: trial ")]
@@ -66,7 +66,7 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     # one line every 30 s while chunks train
     # The closing samples give each reward function's score, not only the total.
     assert re.search(r"reward: +[-\d.e]+ \(longer [-\d.e]+\)", run.stdout), run.stdout
-    assert "its eval means per reward function: longer " in run.stdout
+    assert "eval means per reward function, recommended vs base: longer " in run.stdout
     assert f"optuna-dashboard {storage}" in run.stdout
     study = optuna.load_study(study_name="cli-demo", storage=storage)
     assert len(study.trials) == 2
@@ -85,6 +85,7 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert status.returncode == 0 and "cli-demo:" in status.stdout and "best" in status.stdout
+    assert "; base " in status.stdout and "; take trial " in status.stdout
 
 
 def test_status_of_one_study_prints_its_leaderboard(tiny_model, tmp_path, capsys):

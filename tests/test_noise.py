@@ -19,6 +19,8 @@ from rfopt.training.evaluation import EvalPrompts, scored
 
 
 class _Tokenizer:
+    all_special_ids: list[int] = []  # read by the eval's diversity measures (`rfopt.training.diversity`)
+
     def decode(self, ids, skip_special_tokens=True):
         return "x" * len(ids)
 

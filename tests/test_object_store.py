@@ -120,14 +120,17 @@ def test_a_study_with_s3_checkpoints_ends_as_with_a_local_directory_and_exports_
     study = rfopt.load_study("tiny", storage)
     assert study_attrs(study.optuna)["rfopt:checkpoint_dir"] == root
     best = study.optuna.best_trial
-    assert study.best_adapter() == trial_attrs(best)["rfopt:adapter"] == f"{root}/trial-{best.number:05d}/adapter"
+    assert study.best_adapter(best_trial=True) == trial_attrs(best)["rfopt:adapter"] == \
+        f"{root}/trial-{best.number:05d}/adapter"
+    recommended = study.recommendation()
+    assert study.best_adapter() == recommended.location == f"{root}/trial-{recommended.trial:05d}/best"
     # The trial's chunk artifacts (charts, samples) went to the same store, and the dashboard reads them there.
     metas = {m.filename: m.artifact_id for m in optuna.artifacts.get_all_artifact_meta(best, storage=study.optuna._storage)}
     assert set(metas) == {"rfopt-metrics.svg", "rfopt-samples.jsonl"}
     assert set(metas.values()) <= set(names_in(f"{root}/artifacts"))
     reader = StudyArtifacts(study.optuna._storage, tmp_path / "uploads").open_reader(metas["rfopt-metrics.svg"])
     assert reader.read().startswith(b"<svg")
-    exported = study.export_best(tmp_path / "best")
+    exported = study.export_best(tmp_path / "best", best_trial=True)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), str(exported))
     loaded, saved = get_peft_model_state_dict(model), adapter(best)
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)

@@ -178,7 +178,12 @@ def test_a_trial_told_complete_outside_rfopt_while_it_trains_is_said_so_and_mark
     import rfopt_testkit
     from rfopt_testkit import reward_len, reward_len_hooked
 
+    calls = {"n": 0}
+
     def mark_complete_once():
+        calls["n"] += 1
+        if calls["n"] == 1:  # the first call scores trial 1's baseline (its base model with no adapter), before it trains
+            return
         monkeypatch.setattr(rfopt_testkit, "REWARD_HOOK", None)
         optuna.load_study(study_name="told", storage=storage).tell(1, 99.0)  # as the dashboard's button does
 
@@ -195,5 +200,9 @@ def test_a_trial_told_complete_outside_rfopt_while_it_trains_is_said_so_and_mark
     rows = {row.number: row for row in study.leaderboard()}
     assert rows[1].state == "COMPLETE" and rows[1].reason == f"{told}; no adapter was saved"
     assert rows[0].reason is None and rows[0].chunks_done == 2
+    # Optuna's best trial is the one told from outside: its final adapter does not exist, and exporting it says why.
     with pytest.raises(LookupError, match=re.escape(f"trial 1, the best, was {told}; no adapter was saved: nothing")):
-        study.export_best(storage.removeprefix("sqlite:///") + ".export")
+        study.export_best(storage.removeprefix("sqlite:///") + ".export", best_trial=True)
+    # The recommendation is a checkpoint rfopt kept (trial 0's), never the value told from outside.
+    assert study.recommendation().trial == 0
+    assert study.export_best(storage.removeprefix("sqlite:///") + ".export").is_dir()

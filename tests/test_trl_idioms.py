@@ -57,7 +57,8 @@ def test_a_grpo_trainer_call_renamed_to_trial_config_trains_the_same_adapter_bit
     study.optimize([rfopt.TrialConfig(**kwargs)], train, evaluation, num_chunks=2, show_progress_bar=False,
                    gang_size=1)
     assert study.optuna.trials[0].state.name == "COMPLETE"
-    chunked = load_file(str(study.export_best(tmp_path / "best") / "adapter_model.safetensors"))
+    # Its final adapter: Optuna's best trial (the recommended one is its best chunk's, which may be an earlier one).
+    chunked = load_file(str(study.export_best(tmp_path / "best", best_trial=True) / "adapter_model.safetensors"))
 
     # Plain TRL, given the rows in the order rfopt's chunk plan trains them.
     plan = ChunkPlan.build(len(train), num_chunks=2, seed=0)

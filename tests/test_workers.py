@@ -177,9 +177,10 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     calls = {"n": 0}
 
     def take_over_once():
-        # A unit's chunk scores 8 completion groups, then evaluates once: the 10th call is chunk 2's first step.
+        # The baseline (the base model's evaluation) scores once; then a unit's chunk scores 8 completion groups and
+        # evaluates once: the 11th call is chunk 2's first step.
         calls["n"] += 1
-        if calls["n"] != 10:
+        if calls["n"] != 11:
             return
         engine = sa.create_engine(storage)
         with engine.begin() as db:

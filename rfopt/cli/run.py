@@ -1,5 +1,6 @@
 """``rfopt run``: run (or continue) a study file's study in this process, or on a Ray cluster, and end with its
-leaderboard, the best adapter, sample completions and the command that opens the dashboard."""
+leaderboard, the recommendation (the best checkpoint, beside the base model), its sample completions and the command
+that opens the dashboard."""
 
 from __future__ import annotations
 
@@ -72,46 +73,20 @@ def run_study(args: argparse.Namespace) -> int:
 
 
 def _print_summary(study: Any, storage: str) -> None:
-    from rfopt.storage.schema import TrialRecord, study_record
+    from rfopt.reports.display import format_recommendation
+    from rfopt.storage.schema import TrialRecord
 
     print()
     print(study.leaderboard_text())
     print()
-    try:
-        adapter = study.best_adapter()
-    except LookupError as exc:
-        print(f"no best adapter: {exc}")
-    else:
-        best = study.optuna.best_trial
-        record = TrialRecord(best)
-        print(f"best trial: {best.number}, {study_record(study.optuna).objective} = {best.value:.4f}")
-        units = record.unit_metrics()
-        means = {k[len("rewards/"):-len("/mean")]: v for k, v in (units[-1].eval if units else {}).items()
-                 if k.startswith("rewards/") and k.endswith("/mean")}
-        if means:
-            print("its eval means per reward function: " + ", ".join(f"{k} {v:.3g}" for k, v in means.items()))
-        print(f"best adapter (PEFT format): {adapter}")
-        samples = record.samples()
-        if samples:
-            print("sample completions of the best adapter on the eval set (reward: the weighted total, then each "
-                  "reward function's score):")
-            for sample in samples[max(samples)][:3]:
-                prompt = textwrap.shorten(str(sample.get("prompt", "")), 100)
-                print(f"  prompt:     {prompt}")
-                print(textwrap.indent(str(sample.get("completion", "")).strip() or "(empty)", "  completion: "))
-                print(f"  reward:     {_scores(sample)}")
+    found = study.outcome()
+    recommended = found.recommendation
+    samples = [] if recommended is None else \
+        TrialRecord(study.optuna.trials[recommended.trial]).samples().get(recommended.unit, [])
+    print("\n".join(format_recommendation(found, samples)))
     print()
     print("open the dashboard:")
     print(f"  optuna-dashboard {absolute_sqlite(storage)}")
     print("or, with rfopt's trial comparison and controls:")
     print(f"  rfopt dashboard --storage {absolute_sqlite(storage)}")
 
-
-def _scores(sample: dict[str, Any]) -> str:
-    """``1 (correctness 0, soft_format 0.5, strict_format 0.5)``: a sample's total reward and each function's score,
-    rounded."""
-    def number(value: Any) -> str:
-        return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
-
-    scores = [f"{k} {number(v)}" for k, v in sample.items() if k not in ("prompt", "completion", "reward")]
-    return number(sample.get("reward")) + (f" ({', '.join(scores)})" if scores else "")

@@ -115,6 +115,7 @@ def run_arguments(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, 
         precision=args.precision,
         report_to=args.report_to,
         gang_size=_gang_size(args, spec),
+        prune_collapsed=spec.prune_collapsed,
     )
 
 

@@ -61,6 +61,8 @@ class StudySpec:
     """Trials trained at once in lockstep (``--gang-size``; `Study.optimize`'s `gang_size`); None: rfopt's default."""
     pruner: Callable[[], Any] | None = None
     """Returns the Optuna pruner (a factory, so the file stays cheap to import)."""
+    prune_collapsed: bool = False
+    """Prune a trial whose eval completions collapsed (`Study.optimize`'s `prune_collapsed`)."""
     sampler: Callable[[], Any] | None = None
     objective: str = "reward"
     direction: str = "maximize"

@@ -31,6 +31,7 @@ import optuna
 from rfopt.compat import study_id_of
 from rfopt.noise import gap
 from rfopt.config.form import reward_weighting
+from rfopt.reports.outcome import StudyOutcome, outcome
 from rfopt.reports.status import Liveness, StudySummary, tally
 from rfopt.reports.charts import Lead, colour, comparison, lead, parallel_svg, trial_labels
 from rfopt.reports.forecast import Forecast, forecast
@@ -74,8 +75,9 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
     record = study_record(study)
     direction = study.directions[0] if len(study.directions) == 1 else None
     objective = record.settings.get("objective", "objective")
-    compared = comparison(trials, direction, objective)
-    views = trial_views(trials, study, live)
+    found = outcome(study, trials)
+    compared = comparison(trials, direction, objective, list(found.baselines.values()))
+    views = trial_views(trials, study, live, found)
     ahead = lead(trials, direction, objective)
     records = [TrialRecord(t) for t in trials]
     steerable = record.plan is not None
@@ -84,7 +86,7 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
         "liveness": _render_liveness(live, sid, steerable),
         "now": _render_now(records, live, record.run_shape),
         "warnings": _render_warnings(records, objective),
-        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction, ahead),
+        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction, ahead, found),
         "why": parallel_svg(trials, direction, objective),
         "versus": _render_versus(trials, ahead, objective),
     }
@@ -255,18 +257,28 @@ def _render_warnings(records: list[TrialRecord], objective: str) -> str:
 
 
 def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any,
-                        ahead: Lead | None = None) -> str:
-    """Every trial in a table, best first (`views` come in that order); the page sorts it by any column."""
+                        ahead: Lead | None = None, found: StudyOutcome | None = None) -> str:
+    """Every trial in a table, best first (`views` come in that order); the page sorts it by any column. With the
+    study's outcome (`found`): each value's difference from the baseline, each trial's best checkpoint and warnings
+    (collapsed, degraded), the baselines as reference rows under the trials, and the adapter to take above them."""
     maximize = direction is not None and direction.name == "MAXIMIZE"
+    first = "desc" if maximize else "asc"
     params = list(dict.fromkeys(k for v in views for k in v.params))
     rewards = sorted({k for v in views for k in v.eval if k.startswith("rewards/") and k.endswith("/mean")})
-    heads = [("trial", "num", "asc"), ("state", "text", "asc"), ("value", "num", "desc" if maximize else "asc"),
-             ("after chunk", "num", "desc"), ("chunks trained", "num", "desc")]
+    baselines = list(found.baselines.values()) if found is not None else []
+    compared = bool(baselines) or any(v.vs_base is not None for v in views)
+    kept = any(v.best_value is not None for v in views)
+    flagged = any(v.flags for v in views)
+    heads = [("trial", "num", "asc"), ("state", "text", "asc"), ("value", "num", first)]
+    heads += [("vs base", "num", first)] if compared else []
+    heads += [("best checkpoint", "num", first)] if kept else []
+    heads += [("after chunk", "num", "desc"), ("chunks trained", "num", "desc")]
     heads += [(p, "auto", "asc") for p in params]
     heads += [(f"eval {k[len('rewards/'):-len('/mean')]}", "num", "desc") for k in rewards]
     lineage = any(v.lineage for v in views)
     heads += [("lineage", "text", "asc")] if lineage else []
     heads += [("time", "num", "desc"), ("why it ended", "text", "asc")]
+    heads += [("warnings", "text", "asc")] if flagged else []
     # A header may break after an underscore (soft_<wbr>format_<wbr>reward_<wbr>func), so that long reward names
     # do not widen the table past the window.
     head = "".join(f"<th data-kind='{kind}' data-first='{first}' title='sort by {_e(name)}'>"
@@ -279,10 +291,11 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
         name = (f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial {v.number}</span>"
                 f"{star}")
         elapsed = v.ended - v.started if v.started is not None and v.ended is not None else None
-        cells = [
-            (v.number, name),
-            (v.situation, _e(v.situation)),
-            (v.value, _value_cell(v)),
+        cells = [(v.number, name), (v.situation, _e(v.situation)), (v.value, _value_cell(v))]
+        cells += [(v.vs_base, "-" if v.vs_base is None else f"{v.vs_base:+.4g}")] if compared else []
+        cells += [(v.best_value, "-" if v.best_value is None or v.best_step is None else
+                   f"{_num(v.best_value)} <span class='hint'>after chunk {v.best_step + 1}</span>")] if kept else []
+        cells += [
             (None if v.value_step is None else v.value_step + 1, _num(None if v.value_step is None else v.value_step + 1)),
             (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
         ]
@@ -298,12 +311,21 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
         else:
             cells += [(None, "")]
         cells += [(v.reason or "", _e(v.reason or ""))]
+        cells += [("; ".join(v.flags), "".join(f"<span class='warn'>{_e(f)}</span> " for f in v.flags))] if flagged else []
         tds = "".join(f"<td data-sort='{_e('' if key is None else key)}'>{text}</td>" for key, text in cells)
         rows.append(f"<tr data-trial='{v.number}'>{tds}</tr>")
+    # The baselines are reference rows under the trials (the page sorts the trials' rows only).
+    references = "".join(
+        f"<tr class='baseline' data-baseline='{_e(b.key)}'><td><b>base model</b></td><td>no adapter</td>"
+        f"<td>{_num(b.value)}</td><td colspan='{len(heads) - 3}' class='hint'>{_e(b.model)} evaluated before any trial "
+        "trained, on the same eval set and settings: the reference every value here compares with</td></tr>"
+        for b in baselines)
+    said = "".join(f"<p class='recommendation'>{_e(line)}</p>" for line in (found.lines() if found else []))
     return (
-        "<section id='leaderboard'><h2>Leaderboard</h2>"
+        f"<section id='leaderboard'><h2>Leaderboard</h2>{said}"
         f"<div class='table-scroll'><table class='leaderboard'><thead><tr>{head}</tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
+        f"<tbody>{''.join(rows)}</tbody>" + (f"<tfoot>{references}</tfoot>" if references else "")
+        + "</table></div></section>"
     )
 
 
@@ -415,6 +437,10 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
             f"{', '.join(str(u + 1) for u in units)})" for members, units in _by_gang(v.gangs)))
     if v.reason:
         notes.append(_e(v.reason))
+    if v.best_value is not None and v.best_step is not None:
+        gain = "" if v.vs_base is None else f" (last value {v.vs_base:+.4g} against the base model)"
+        notes.append(f"best checkpoint: {_num(v.best_value)} after chunk {v.best_step + 1}{gain}")
+    notes += [f"<span class='warn'>{_e(flag)}</span>" for flag in v.flags]
     times = []
     if v.started is not None:
         times.append(f"started {_clock_time(v.started)}")
@@ -529,13 +555,18 @@ def render_index(studies: list[StudySummary]) -> str:
         sid = s.study_id
         kind = "rfopt" if s.planned else "optuna"
         best = "-" if s.best is None else f"{s.best[1]:.4g} (trial {s.best[0]})"
+        take = "-" if s.recommended is None else \
+            f"{s.recommended[2]:.4g} (trial {s.recommended[0]} after chunk {s.recommended[1]})"
+        base = "-" if s.baseline is None else f"{s.baseline:.4g}"
         rows.append(
             f"<tr data-study='{sid}'><td><a href='/rfopt/studies/{sid}'>{_e(s.name)}</a></td><td>{kind}</td>"
-            f"<td>{tally(s.counts)}</td><td>{best}</td><td class='status {s.status}' title='{_e(s.live.message)}'>"
+            f"<td>{tally(s.counts)}</td><td>{best}</td><td>{take}</td><td>{base}</td>"
+            f"<td class='status {s.status}' title='{_e(s.live.message)}'>"
             f"{s.status}{''.join(f'<span class=stuck>⚠ {_e(line)}</span>' for line in s.stuck)}</td>"
             f"<td><a href='/dashboard/studies/{sid}'>optuna-dashboard</a></td></tr>"
         )
-    table = ("<table class='index'><tr><th>study</th><th>kind</th><th>trials</th><th>best value</th><th>now</th><th></th>"
+    table = ("<table class='index'><tr><th>study</th><th>kind</th><th>trials</th><th>best value</th>"
+             "<th>adapter to take</th><th>base model</th><th>now</th><th></th>"
              "</tr>" + "".join(rows) + "</table>") if rows else "<p>No studies in this storage yet.</p>"
     return _page("rfopt studies", f"<h1>rfopt studies</h1>{table}<p><a href='/dashboard'>optuna-dashboard</a> "
                  "(every study, Optuna's own views)</p>")

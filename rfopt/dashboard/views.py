@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 from rfopt import noise
 from rfopt.engine.clones import held_as
 from rfopt.reports.charts import best_trial, colour, trial_labels
+from rfopt.reports.outcome import StudyOutcome, TrialOutcome, outcome
 from rfopt.reports.status import SITUATIONS, Liveness, situation
 from rfopt.reports.timeline import TrialTimes
 from rfopt.storage.schema import TrialRecord, gang_plan, pbt_steps, study_record
@@ -81,10 +82,20 @@ class TrialView:
     """The standard error of `value` over the eval prompts (`rfopt.noise`); None where not stored."""
     eval_count: int | None = None
     """Eval prompts `value` is the mean of."""
+    vs_base: float | None = None
+    """Its value minus its baseline's (the base model with no adapter, `rfopt.reports.outcome`)."""
+    best_value: float | None = None
+    """Its best checkpoint's value (`rfopt.storage.schema.BestCheckpoint`)."""
+    best_step: int | None = None
+    """Its best checkpoint's unit (shown as chunk ``best_step + 1``)."""
+    flags: list[str] = field(default_factory=list)
+    """``collapsed at chunk 4: ...``, ``degraded after chunk 3: ...`` (`rfopt.reports.outcome.TrialOutcome`)."""
 
     @classmethod
     def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None,
-           live: Liveness | None = None, objective: str = "reward") -> TrialView:
+           live: Liveness | None = None, objective: str = "reward", judged: TrialOutcome | None = None) -> TrialView:
+        """`trial` as the page shows it; `live`: who runs the study; `judged`: its outcome in the study
+        (`rfopt.reports.outcome.outcome`), which gives its baseline difference, best checkpoint and flags."""
         record = TrialRecord(trial)
         units = record.unit_metrics()
         values = trial.intermediate_values
@@ -121,6 +132,10 @@ class TrialView:
             gang=flight.gang if flight is not None and flight.gang else last_gang.numbers if last_gang else (),
             value_error=None if estimate is None else estimate.stderr,
             eval_count=None if estimate is None else estimate.n,
+            vs_base=None if judged is None else judged.vs_baseline,
+            best_value=None if judged is None or judged.best is None else judged.best.value,
+            best_step=None if judged is None or judged.best is None else judged.best.unit,
+            flags=[] if judged is None else judged.flags,
         )
 
     @property
@@ -167,14 +182,19 @@ class TrialView:
 
 
 def trial_views(trials: Sequence[optuna.trial.FrozenTrial], study: Any = None,
-                live: Liveness | None = None) -> list[TrialView]:
+                live: Liveness | None = None, found: StudyOutcome | None = None) -> list[TrialView]:
     """Every trial, in leaderboard order when `study` (its direction) is given (`leaderboard_order`), else live
     first (`rfopt.reports.status.SITUATIONS`), then finished; by number within each. `live`: who runs the study
-    (a RUNNING trial nobody runs is ``interrupted``)."""
+    (a RUNNING trial nobody runs is ``interrupted``). `found`: the study's outcome where the caller has it
+    (`rfopt.reports.outcome.outcome`; made here when `study` is given)."""
     labels = trial_labels(trials)
     replaced = _replacements(trials, study) if study is not None else {}
     objective = study_record(study).objective if study is not None else "reward"
-    views = [TrialView.of(t, labels[t.number], replaced.get(t.number), live, objective) for t in trials]
+    if found is None and study is not None:
+        found = outcome(study, trials)
+    judged = found.trials if found is not None else {}
+    views = [TrialView.of(t, labels[t.number], replaced.get(t.number), live, objective, judged.get(t.number))
+             for t in trials]
     if study is not None and len(study.directions) == 1:
         return leaderboard_order(views, best_trial(trials, study.directions[0])[0], study.directions[0])
     return sorted(views, key=lambda v: (_ORDER.get(v.situation, 9), v.number))

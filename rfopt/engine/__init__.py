@@ -10,6 +10,8 @@
 | `coordinator` | who may work on which trial: alone, or under leases beside other workers |
 | `unit` | one unit: load, train a chunk, evaluate, checkpoint, commit (alone or in a gang) |
 | `artifacts` | what is published after a unit: the trial's note and charts |
+| `best` | each trial's best checkpoint, kept as its units commit (never a collapsed one) |
+| `baselines` | each base model evaluated once per study with no adapter, before its first trial trains |
 | `scheduler` | least progress first, and who trains together in a gang |
 | `population` | population-based training's rung policy: its stored step carried out (clones made, members stopped) |
 | `ops` | requests on trials (pause, resume, stop, withdraw, cancel) and a study-level stop |

@@ -65,6 +65,8 @@ class RunRequest:
     """What judges the study's rungs: an Optuna pruner or `rfopt.PopulationBasedTraining` (`rfopt.Study.pruner`);
     None: the Optuna study's pruner."""
     show_progress_bar: bool = False
+    prune_collapsed: bool = False
+    """Prune a trial whose evaluated completions collapsed (`rfopt.training.diversity`), with that reason."""
     worker: Worker | None = None
     """None: this process runs the study alone (`optimize`); else it is one worker beside others (`work`)."""
     executor: Any = None

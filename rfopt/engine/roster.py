@@ -36,18 +36,23 @@ from rfopt.reports.status import state_counts
 from rfopt.storage import schema
 from rfopt.storage.database import STORAGE_ERRORS
 from rfopt.storage.leases import LeaseLost
-from rfopt.storage.schema import TrialRecord, TrialRef
+from rfopt.storage.schema import TrialRecord, TrialRef, study_record
 from rfopt.training import rollouts
+from rfopt.training.diversity import collapse_reason
 from rfopt.training.evaluation import EvalPrompts
 from rfopt.training.runner import ChunkAborted
 
 from . import ops, unit
 from .artifacts import publish_note
+from .baselines import Baselines
 from .population import PopulationRungs
 from .scheduler import LiveTrial, completed_rungs
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
+
+COLLAPSE_GUARD = "rfopt's collapse guard (prune_collapsed)"
+"""Who stops a trial whose completions collapsed, as its stop record names it."""
 
 
 @dataclass(frozen=True)
@@ -73,17 +78,21 @@ class Roster:
 
     def __init__(self, ctx: Context, space: Any, *, pruner: Any,
                  callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = (),
-                 catch: tuple[type[Exception], ...] = (Exception,)) -> None:
+                 catch: tuple[type[Exception], ...] = (Exception,), prune_collapsed: bool = False) -> None:
         self.ctx = ctx
         self.callbacks = tuple(callbacks)
         """Called as ``callback(study, frozen_trial)`` after each trial this run ends, as Optuna calls them."""
         self.catch = catch
         """A trial's exceptions that fail it alone; another fails it and is raised on (`optuna.Study.optimize`)."""
+        self.prune_collapsed = prune_collapsed
+        """Whether a trial whose evaluated completions collapsed is pruned after that unit (`optimize`'s guard)."""
         self.study = ctx.study
         self.space = space
         self.rungs = _rung_policy(pruner, space, ctx)
         """How rungs are judged (`pruner`: the run's, `CheckedRun.pruner`): an Optuna pruner at rung boundaries, or
         population-based training."""
+        self.baselines = Baselines(ctx.study, ctx.pool, ctx.eval_dataset, ctx.settings, ctx.objective)
+        """The study's base models evaluated with no adapter, each once per study, before a trial on it trains."""
         self.live: dict[int, Live] = {}
         self.asked = 0
         """Trials this run asked Optuna for (clones not counted: they come on top)."""
@@ -315,6 +324,13 @@ class Roster:
             self.apply_requests(live, record)
             if live.number not in self.live or live.paused:
                 return False
+        try:
+            self.baselines.ensure(live.ref, live.config, record.baseline_key)
+        except optuna.exceptions.UpdateFinishedTrialError:  # told finished outside rfopt while its baseline was evaluated
+            told = TrialRecord(self.study.get_trials(deepcopy=False)[live.number]).told_outside
+            logger.warning("trial %d %s; it trains no further here", live.number, told or "ended outside this process")
+            self._drop(live.number)
+            return False
         return True
 
     def _after_unit(self, live: Live, claim: Claim, error: BaseException | None) -> None:
@@ -322,6 +338,8 @@ class Roster:
         (another process has it now) or fails alone, with the reason."""
         if isinstance(error, STORAGE_ERRORS):  # the database failing, not the trial: the run ends, every trial resumable
             raise error
+        if error is None and self.prune_collapsed and self._guard(live):
+            return
         finished = False
         if error is None and live.finished:
             try:
@@ -353,6 +371,20 @@ class Roster:
         else:
             self.fail(live.number, f"{type(error).__name__}: {error}")
             self._raise_uncaught(error)
+
+    def _guard(self, live: Live) -> bool:
+        """The opt-in collapse guard: prune the trial, with the reason stored as its stop (so that a crash before the
+        tell is told at the next reconcile), if its last committed evaluation collapsed; whether it did."""
+        record = live.ref.read()
+        units = record.unit_metrics()
+        baseline = study_record(self.study).baselines.get(record.baseline_key or "")
+        reason = collapse_reason(units[-1].eval, None if baseline is None else baseline.metrics) if units else None
+        if reason is None or units[-1].unit != live.committed - 1:
+            return False
+        schema.write_stop(live.ref, schema.Stop(by=COLLAPSE_GUARD, at=schema.now(), after_chunk=live.committed - 1,
+                                                reason=f"collapsed: {reason}"))
+        self._tell_pruned(live.number, f"collapsed: {reason}")
+        return True
 
     # ------------------------------------------------------------------ ends
     def fail(self, number: int, reason: str) -> None:

@@ -161,7 +161,7 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
     # The trackers hear of a trial's end first: a user's callback that raises ends the run.
     ended = [tracking.ended] if tracking is not None else []
     roster = Roster(ctx, checked.space, pruner=checked.pruner, callbacks=[*ended, *request.callbacks],
-                    catch=request.catch)
+                    catch=request.catch, prune_collapsed=request.prune_collapsed)
     if progress is not None:  # one line per committed unit, a gang's several commits of one round included
         ctx.subscribers.append(lambda event: progress(roster.progress()))
     more_to_ask = _more_to_ask(study, checked, n_trials)

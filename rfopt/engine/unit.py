@@ -50,6 +50,7 @@ from rfopt.training.progress import INTERVAL_SECONDS, ProgressPublisher, UnitPro
 from rfopt.training.runner import TrialRunner
 from rfopt.training.trackers import Tracking
 
+from .best import keep_if_best
 from .scheduler import LiveTrial
 
 logger = logging.getLogger("rfopt")
@@ -221,6 +222,7 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
     """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
     number = live.number
     claim.fence_commit(number, report.unit)
+    keep_if_best(ctx.store, live.ref, live.runner, live.config, report, ctx.study)  # rfopt.engine.best
     schema.write_unit(live.ref, report.unit, report.metrics, report.samples, report.steps)
     reach("metrics-stored", trial=number, unit=report.unit)
     live.trial.report(report.value, step=report.unit)

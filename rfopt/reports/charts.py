@@ -11,7 +11,11 @@ plotly.js that the ``plotly`` package bundles, served by the dashboard itself (n
 
 - ``params`` (section ``why``): each param against the value, one panel per param, one point per trial in its colour;
   a cross marks a pruned, stopped or failed trial, a star the best one.
-- ``objective``: the value each trial reported to Optuna after each chunk (x: chunks trained, 1 to C).
+- ``objective``: the value each trial reported to Optuna after each chunk (x: chunks trained, 1 to C), with each
+  baseline (the base model with no adapter) as a dashed line (``meta.role == "baseline"``).
+- ``eval:diversity/distinct``, ``eval:diversity/repeated_ngrams``, ``eval:completions/clipped_ratio``: how diverse each
+  chunk's eval completions were (`rfopt.training.diversity`): a collapse shows as distinct completions falling to
+  near 0.
 - TRL's per-step metrics (`schema.TrialRecord.step_metrics`) on the global optimizer step, chunk boundaries marked
   (``chunk 2`` where the second chunk starts): the total reward, each reward function's mean, the reward's std, KL
   (only when some trial logged it: TRL logs none with ``beta=0``), entropy, completion length, clip ratio and loss;
@@ -242,14 +246,20 @@ def _importance_figure(trials: Sequence[FrozenTrial], direction: StudyDirection 
     return Figure("importance", title, data, layout, section="why")
 
 
-def comparison(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective") -> Comparison:
-    """The study's trials compared: the best one and every chart (`objective` names the objective's y axis)."""
+def comparison(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective",
+               baselines: Sequence[Any] = ()) -> Comparison:
+    """The study's trials compared: the best one and every chart (`objective` names the objective's y axis;
+    `baselines`, the study's `rfopt.storage.schema.Baseline` records, are drawn on the objective's chart)."""
     best, label = best_trial(trials, direction)
     labels = trial_labels(trials)
     lines = [_Trial.of(t, labels[t.number]) for t in trials]
     figures = [f for f in (_params_figure(lines, trials, best, objective), _importance_figure(trials, direction))
                if f is not None]
-    figures.append(_objective_figure(lines, best, label, objective))
+    figures.append(_objective_figure(lines, best, label, objective, baselines))
+    for key, title in _EVAL_METRICS:
+        figure = _eval_figure(lines, best, label, key, title)
+        if figure is not None:
+            figures.append(figure)
     reward_keys = sorted({k for line in lines for row in line.steps + line.flight for k in row
                           if k.startswith("rewards/") and k.endswith("/mean")})
     keys = [("reward", "reward (total)")] + [(k, f"reward: {k[len('rewards/'):-len('/mean')]}") for k in reward_keys]
@@ -449,7 +459,8 @@ def _params_figure(lines: list[_Trial], trials: Sequence[FrozenTrial], best: int
     return Figure("params", "each param against the value", data, layout, section="why")
 
 
-def _objective_figure(lines: list[_Trial], best: int | None, label: str, objective: str) -> Figure:
+def _objective_figure(lines: list[_Trial], best: int | None, label: str, objective: str,
+                      baselines: Sequence[Any] = ()) -> Figure:
     data: list[dict[str, Any]] = []
     most = 1
     for line in lines:
@@ -458,9 +469,43 @@ def _objective_figure(lines: list[_Trial], best: int | None, label: str, objecti
             times = [_ms(line.value_times.get(u)) for u in line.values]
             most = max(most, xs[-1])
             data += _traces(line, xs, ys, times, best, label, f"after chunk %{{x}}: {_e(objective)} %{{y:.4g}}")
+    for baseline in baselines:  # the base model with no adapter: a dashed line across every chunk
+        data.append({
+            "type": "scatter", "mode": "lines", "x": [0.5, most + 0.5], "y": [baseline.value] * 2,
+            "name": f"base model ({_e(baseline.model)}, no adapter)",
+            "line": {"color": "#666", "width": 1.5, "dash": "dash"},
+            "hovertemplate": f"base model {_e(baseline.model)} with no adapter: {_e(objective)} %{{y:.4g}}<extra></extra>",
+            "meta": {"role": "baseline", "baseline": baseline.key},
+        })
     layout = _layout("objective", f"objective: {objective} (after each chunk)", "chunks trained", objective)
     layout["xaxis"].update(_integer_ticks(1, most))
     return Figure("objective", f"objective: {objective}", data, layout)
+
+
+_EVAL_METRICS = (
+    ("diversity/distinct", "eval: distinct completions per prompt (1: each prompt its own; collapsed: near 0)"),
+    ("diversity/repeated_ngrams", "eval: repeated 4-grams within a completion"),
+    ("completions/clipped_ratio", "eval: completions cut at the length limit"),
+)
+"""Each chunk's evaluation measures of diversity, charted per chunk (`rfopt.training.diversity`)."""
+
+
+def _eval_figure(lines: list[_Trial], best: int | None, label: str, key: str, title: str) -> Figure | None:
+    """An eval metric of each chunk, per trial, on the chunk axis; None when no trial's evaluation measured it."""
+    data: list[dict[str, Any]] = []
+    most = 1
+    for line in lines:
+        units = [u for u in sorted(line.evals) if key in line.evals[u]]
+        if units:
+            xs, ys = [u + 1 for u in units], [line.evals[u][key] for u in units]
+            most = max(most, xs[-1])
+            data += _traces(line, xs, ys, [_ms(line.value_times.get(u)) for u in units], best, label,
+                            f"after chunk %{{x}}: {_e(key)} %{{y:.3g}}")
+    if not data:
+        return None
+    layout = _layout(f"eval:{key}", title, "chunks trained", key)
+    layout["xaxis"].update(_integer_ticks(1, most))
+    return Figure(f"eval:{key}", title, data, layout)
 
 
 def _step_figure(lines: list[_Trial], best: int | None, label: str, key: str, title: str) -> Figure | None:

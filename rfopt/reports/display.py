@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 import os
 import sys
+import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -328,35 +330,95 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
-def format_leaderboard(rows: list[Any], objective: str = "reward") -> str:
-    """The leaderboard as a text table: rank, trial, state, value, chunks, params, note."""
+def format_leaderboard(rows: list[Any], objective: str = "reward", baselines: Sequence[Any] = (),
+                       lines: Sequence[str] = ()) -> str:
+    """The leaderboard as a text table: rank, trial, what it is doing, value (± its standard error over the eval
+    prompts), its difference from the baseline, the best checkpoint (value and chunk), chunks, params, note (collapse,
+    degradation, why it ended, its adapter); a reference row per `baselines` (`rfopt.storage.schema.Baseline`: the base
+    model with no adapter) first, and `lines` (the recommendation: `rfopt.reports.outcome.StudyOutcome.lines`) under
+    it."""
     if not rows:
         return "(no trials yet)"
-    header = ["#", "trial", "state", objective, "chunks", "params", "note"]
-    lines = []
+    compared = bool(baselines) or any(getattr(row, "vs_base", None) is not None for row in rows)
+    kept = any(getattr(row, "best_value", None) is not None for row in rows)
+    header = ["#", "trial", "state", objective] + (["vs base"] if compared else []) + \
+        (["best (chunk)"] if kept else []) + ["chunks", "params", "note"]
+    table = []
+    for baseline in baselines:
+        table.append(["-", "base", "-", f"{baseline.value:.4f}"] + ([""] if compared else []) + ([""] if kept else [])
+                     + ["-", "", f"{baseline.model} with no adapter: the baseline"])
     for rank, row in enumerate(rows, 1):
         value = "-" if row.value is None else f"{row.value:.4f}"
         if row.value is not None and getattr(row, "value_error", None) is not None:
             value += f" ± {row.value_error:.2g}"
         params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(row.params.items()))
-        note = row.reason or (row.adapter or "")
+        said = list(getattr(row, "flags", ()))
+        said.append(row.reason or (row.adapter or ""))
         held = row.held_as
         if held:  # said on the row itself: the Optuna param a reader would look for does not hold the trial's value
-            note = "; ".join([f"! its {k} is the param {v} (not a choice of {k})" for k, v in sorted(held.items())]
-                             + ([note] if note else []))
-        lines.append([str(rank), str(row.number), getattr(row, "situation", "") or row.state, value,
-                      str(row.chunks_done), params, note])
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+            said = [f"! its {k} is the param {v} (not a choice of {k})" for k, v in sorted(held.items())] + said
+        cells = [str(rank), str(row.number), getattr(row, "situation", "") or row.state, value]
+        if compared:
+            cells.append("-" if row.vs_base is None else f"{row.vs_base:+.4f}")
+        if kept:
+            cells.append("-" if row.best_value is None else f"{row.best_value:.4f} ({row.best_chunk})")
+        table.append(cells + [str(row.chunks_done), params, "; ".join(text for text in said if text)])
+    widths = [max(len(h), *(len(line[i]) for line in table)) for i, h in enumerate(header)]
     widths[-1] = len(header[-1])
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
     counts = {row.eval_count for row in rows if getattr(row, "eval_count", None)}
     if counts:
         prompts = " or ".join(str(n) for n in sorted(counts))
         out.append(f"(± is the standard error over the {prompts} eval prompts: values within about two of them of each "
                    "other could swap on other prompts)")
-    return "\n".join(out)
+    return "\n".join(out + ([""] if lines else []) + list(lines))
+
+
+def format_recommendation(found: Any, samples: Sequence[dict[str, Any]] = (), shown: int = 3) -> list[str]:
+    """What a run's closing summary says of its answer (`found`: a `rfopt.reports.outcome.StudyOutcome`): the
+    recommended adapter against the baseline, on the objective and on each reward function, and up to `shown` of
+    `samples` (that checkpoint's eval completions), each line of a completion under the one before."""
+    recommended = found.recommendation
+    if recommended is None:
+        return [line for line in found.lines() if line.startswith("no adapter")] or ["no adapter to take yet"]
+    lines = [f"recommended adapter (PEFT format; trial {recommended.trial} after chunk {recommended.unit + 1}): "
+             f"{recommended.location}"]
+    baseline = recommended.baseline
+    if baseline is not None:
+        sign = 1 if found.maximize else -1
+        gain = recommended.value - baseline.value
+        verdict = "beats" if sign * gain > 0 else "does not beat"
+        lines.append(f"it {verdict} the base model with no adapter on {found.objective}: {recommended.value:.4f} vs "
+                     f"{baseline.value:.4f} ({gain:+.4f})")
+        means = [(key[len("rewards/"):-len("/mean")], recommended.metrics[key], baseline.metrics[key])
+                 for key in sorted(recommended.metrics) if key.startswith("rewards/") and key.endswith("/mean")
+                 and key in baseline.metrics]
+        if means:
+            lines.append("eval means per reward function, recommended vs base: "
+                         + ", ".join(f"{name} {ours:.3g} vs {theirs:.3g}" for name, ours, theirs in means))
+    if samples:
+        lines.append("sample completions of the recommended adapter on the eval set (reward: the weighted total, then "
+                     "each reward function's score):")
+        for sample in list(samples)[:shown]:
+            lines.append(f"  prompt:     {textwrap.shorten(str(sample.get('prompt', '')), 100)}")
+            text = str(sample.get("completion", "")).strip() or "(empty)"
+            first, *rest = text.splitlines() or [""]
+            lines.append(f"  completion: {first}")
+            lines += [f"              {line}" for line in rest]
+            lines.append(f"  reward:     {_scores(sample)}")
+    return lines
+
+
+def _scores(sample: dict[str, Any]) -> str:
+    """``1 (correctness 0, soft_format 0.5, strict_format 0.5)``: a sample's total reward and each function's score,
+    rounded."""
+    def number(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+    scores = [f"{k} {number(v)}" for k, v in sample.items() if k not in ("prompt", "completion", "reward")]
+    return number(sample.get("reward")) + (f" ({', '.join(scores)})" if scores else "")
 
 
 def _short(value: Any) -> str:

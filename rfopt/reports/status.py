@@ -19,6 +19,7 @@ from rfopt.storage import schema
 from rfopt.storage.leases import seen_on
 from rfopt.storage.schema import TrialRecord
 
+from .outcome import outcome
 from .timeline import Silence
 
 
@@ -129,6 +130,10 @@ class StudySummary:
     stuck: tuple[str, ...] = ()
     """Its units in flight that read as stuck (`rfopt.reports.timeline.Silence`): ``trial 3: no step for 1m40s (a
     step takes ~8.1 s)``."""
+    baseline: float | None = None
+    """The base model's value with no adapter (the first baseline, `rfopt.storage.schema.Baseline`); None before."""
+    recommended: tuple[int, int, float] | None = None
+    """(trial, chunk counted from 1, value) of the adapter the study recommends (`rfopt.reports.outcome`)."""
 
     @property
     def finished(self) -> bool:
@@ -141,11 +146,18 @@ class StudySummary:
         return "running" if self.live.running else "finished" if self.finished else "idle"
 
     def line(self) -> str:
-        """``demo: 2 training, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
+        """``demo: 2 training, 5 pruned, 1 complete; best 0.8123 (trial 4); base 0.41; take trial 2 after chunk 3
+        (0.9001); running: host:12 (run)``."""
         best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
         status = self.live.message if self.live.running else self.status
+        parts = [f"{self.name}: {tally(self.counts)}", f"best {best}"]
+        if self.baseline is not None:
+            parts.append(f"base {self.baseline:.4f}")
+        if self.recommended is not None:
+            trial, chunk, value = self.recommended
+            parts.append(f"take trial {trial} after chunk {chunk} ({value:.4f})")
         stuck = "".join(f"; STUCK? {line}" for line in self.stuck)
-        return f"{self.name}: {tally(self.counts)}; best {best}; {status}{stuck}"
+        return "; ".join([*parts, status]) + stuck
 
 
 def state_counts(trials: Iterable[optuna.trial.FrozenTrial], live: Liveness | None = None, *,
@@ -187,8 +199,13 @@ def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
                 silence = Silence.of(TrialRecord(t))
                 if silence is not None and silence.stuck(now):
                     stuck.append(f"trial {t.number}: {silence.text(now)}")
+        found = outcome(study, trials)
+        baseline = next(iter(found.baselines.values()), None)
+        recommended = found.recommendation
         out.append(StudySummary(frozen.study_name, study_id_of(frozen), schema.study_record(frozen).planned, counts,
-                                best, live, tuple(stuck)))
+                                best, live, tuple(stuck), baseline=None if baseline is None else baseline.value,
+                                recommended=None if recommended is None else
+                                (recommended.trial, recommended.unit + 1, recommended.value)))
     return out
 
 

@@ -32,7 +32,8 @@ class Chart:
 
 
 def charts(chunks: list[UnitMetrics]) -> list[Chart]:
-    """The charts shown for a trial: eval reward, train reward (total and per reward function), KL, entropy, length."""
+    """The charts shown for a trial: eval reward, train reward (total and per reward function), KL, entropy, length, and
+    the diversity of its eval completions (distinct per prompt, repeated 4-grams, cut at the limit: a collapse shows)."""
 
     def series(source: str, keys: Iterable[tuple[str, str]]) -> dict[str, list[tuple[int, float]]]:
         out: dict[str, list[tuple[int, float]]] = {}
@@ -54,6 +55,9 @@ def charts(chunks: list[UnitMetrics]) -> list[Chart]:
         Chart("KL", series("train", [("kl", "kl")])),
         Chart("entropy", series("train", [("entropy", "entropy")])),
         Chart("completion length", length),
+        Chart("eval diversity", series("eval", [("distinct", "diversity/distinct"),
+                                                ("repeated 4-grams", "diversity/repeated_ngrams"),
+                                                ("clipped", "completions/clipped_ratio")])),
     ]
 
 

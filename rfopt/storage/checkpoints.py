@@ -15,6 +15,7 @@ Layout under the store's root (a local directory, or an fsspec URL such as ``s3:
             state.json             counters, scheduler, optimizer groups, python/numpy RNG state
             report.json            the unit's value and metrics, committed to storage after the checkpoint
         warm-start/            a warm-started clone's starting weights, copied from its parent
+        best/                  the adapter after the trial's best-valued chunk (not collapsed), in PEFT format
         adapter/               the finished trial's adapter in PEFT format (PeftModel.from_pretrained loads it)
     gangs/<id>.json            while a gang's units are being named: which checkpoint each member's LATEST names
 
@@ -26,7 +27,10 @@ then written as one object, which S3 and GCS replace atomically. A crash at any 
 previous checkpoint intact and named; a failed write (a full disk, a refused upload) raises
 `CheckpointError` naming the trial, the checkpoint and the cause, and leaves the previous checkpoint
 the latest. Retention: a trial keeps its latest checkpoint (a pruned or stopped trial can still be
-cloned warm from it) and, once finished, its adapter.
+cloned warm from it), the adapter of its best chunk so far (``best/``, replaced when a later chunk scores better;
+pruned trials keep theirs) and, once finished, its final adapter. So a trial holds at most one resume checkpoint
+(adapter, optimizer state and RNG: about 3x the adapter's weights with AdamW) and two adapters (best and final):
+for SmolLM2-135M with LoRA r16 on every linear layer, some 56 MiB + 2 x 19 MiB.
 
 A store belongs to exactly one study: ``rfopt-study.json`` names the study's identity (``rfopt:id``, given to
 the study when it first runs), and `CheckpointStore.claim` refuses a store that names another study, or one
@@ -385,30 +389,23 @@ class CheckpointStore:
         if token:
             self._files.remove(_warm_key(token))
 
-    # ------------------------------------------------------------------ final adapters
+    # ------------------------------------------------------------------ final and best adapters
     def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Location:
         """Save a PEFT adapter so that ``PeftModel.from_pretrained(base, path)`` loads it (after `download` from a URL)."""
-
-        def write(staging: Path) -> Path:
-            model.save_pretrained(str(staging), selected_adapters=[adapter])
-            # PEFT puts every adapter but "default" in a subdirectory named after it.
-            saved = staging / adapter if (staging / adapter).is_dir() else staging
-            if tokenizer is not None:
-                tokenizer.save_pretrained(str(saved))
-            return saved
-
-        return self._save_dir(f"{_trial_key(trial_number)}/adapter", write)
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter", _weights_writer(model, adapter, tokenizer))
 
     def save_model(self, trial_number: int, model: Any, tokenizer: Any = None) -> Location:
         """Save a fully fine-tuned model (no adapter) where the adapter would go."""
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter", _weights_writer(model, None, tokenizer))
 
-        def write(staging: Path) -> Path:
-            model.save_pretrained(str(staging))
-            if tokenizer is not None:
-                tokenizer.save_pretrained(str(staging))
-            return staging
+    def best_dir(self, trial_number: int) -> Location:
+        return self._files.location(f"{_trial_key(trial_number)}/best")
 
-        return self._save_dir(f"{_trial_key(trial_number)}/adapter", write)
+    def save_best(self, trial_number: int, model: Any, adapter: str | None, tokenizer: Any = None) -> Location:
+        """Save the trial's weights now as its best checkpoint (``best/``, replacing the one there), in the format of
+        its final adapter: a PEFT adapter (`adapter`, its name on the shared model), or with `adapter` None the fully
+        fine-tuned model. What makes a checkpoint the best is the engine's (`rfopt.engine.best`)."""
+        return self._save_dir(f"{_trial_key(trial_number)}/best", _weights_writer(model, adapter, tokenizer))
 
     def _save_dir(self, key: str, write: Callable[[Path], Path]) -> Location:
         """Write a directory with `write` (into a staging directory; it returns what to publish), then publish it
@@ -420,6 +417,25 @@ class CheckpointStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return self._files.location(key)
+
+
+def _weights_writer(model: Any, adapter: str | None, tokenizer: Any) -> Callable[[Path], Path]:
+    """What `_save_dir` writes for a trial's weights: adapter `adapter` of a PEFT model (``PeftModel.from_pretrained``
+    loads it), or the whole model when `adapter` is None; with the tokenizer beside them."""
+
+    def write(staging: Path) -> Path:
+        if adapter is None:
+            model.save_pretrained(str(staging))
+            saved = staging
+        else:
+            model.save_pretrained(str(staging), selected_adapters=[adapter])
+            # PEFT puts every adapter but "default" in a subdirectory named after it.
+            saved = staging / adapter if (staging / adapter).is_dir() else staging
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(saved))
+        return saved
+
+    return write
 
 
 def _trial_key(trial_number: int) -> str:

@@ -5,6 +5,8 @@
 | `models` | resident base models per device, adapters on them, placement and precision, memory planning |
 | `runner` | `TrialRunner`: one trial's `GRPOTrainer`, trained one chunk at a time, bit-identical to training straight through |
 | `evaluation` | each chunk's evaluation: fixed decoding, the trial's own reward functions |
+| `diversity` | whether an evaluation's completions still depend on the prompt: diversity measures, the collapse verdict |
+| `baseline` | a base model evaluated with no adapter, as its trials are: the study's reference |
 | `gang` | one or several trials' chunks in lockstep, their rollouts through one rollout backend |
 | `rollouts` | the rollout backends (exact; batched: a static cache, a LoRA bank, a captured step), and who may share a batch |
 | `parallel` | one trial's chunk as a data-parallel job over several devices |

@@ -15,6 +15,7 @@ from typing import Any
 from rfopt.config.rewardfuncs import checked_reward, is_async, reward_name
 from rfopt.config.settings import EvalSettings
 
+from .diversity import diversity
 from .rollouts import ExactBackend, GenerationRequest, RolloutBackend, Sampling, Ungangable
 
 
@@ -164,7 +165,9 @@ def scored(
     settings: EvalSettings,
     trainer_state: Any = None,
 ) -> EvalResult:
-    """The eval result of one completion per prompt: each reward function's scores, their weighted total, samples."""
+    """The eval result of one completion per prompt: each reward function's scores, their weighted total, their spread
+    (``reward_std``, ``rewards/<name>/std``: a value's noise is its std over ``sqrt(completions/count)``), the
+    completions' diversity (`rfopt.training.diversity`), samples."""
     completions_text = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
     completions: list[Any] = [
         [{"role": "assistant", "content": text}] if is_conversational(p) else text
@@ -173,17 +176,20 @@ def scored(
     scores = score_completions(reward_funcs, prompts.prompts, completions, completion_ids, prompts.columns,
                                trainer_state)
     weights = reward_weights or [1.0] * len(reward_funcs)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {"completions/count": float(len(completion_ids))}
     n = len(prompts.prompts)
     # A sample's total is the weighted sum of its non-NaN rewards, NaN when none is valid (then it is skipped).
     totals = [math.nan] * n
     for func, weight, values in zip(reward_funcs, weights, scores):
         metrics[f"rewards/{reward_name(func)}/mean"] = _nanmean(values)
+        metrics[f"rewards/{reward_name(func)}/std"] = _nanstd(values)
         for i, v in enumerate(values):
             if not math.isnan(v):
                 totals[i] = weight * v + (0.0 if math.isnan(totals[i]) else totals[i])
     metrics["reward"] = _nanmean(totals) if totals else math.nan
+    metrics["reward_std"] = _nanstd(totals)
     metrics["completions/mean_length"] = sum(len(c) for c in completion_ids) / max(1, len(completion_ids))
+    metrics |= diversity(prompts.texts, completions_text, completion_ids, set(tokenizer.all_special_ids))
     samples = [
         {"prompt": _prompt_text(prompts.prompts[i]), "completion": completions_text[i], "reward": totals[i]}
         | {reward_name(f): s[i] for f, s in zip(reward_funcs, scores)}
@@ -222,6 +228,15 @@ def _rounded(value: float) -> float:
 def _nanmean(values: list[float]) -> float:
     kept = [v for v in values if not math.isnan(v)]
     return sum(kept) / len(kept) if kept else math.nan
+
+
+def _nanstd(values: list[float]) -> float:
+    """The population standard deviation of the values that are not NaN (NaN when none is)."""
+    kept = [v for v in values if not math.isnan(v)]
+    if not kept:
+        return math.nan
+    mean = sum(kept) / len(kept)
+    return math.sqrt(sum((v - mean) ** 2 for v in kept) / len(kept))
 
 
 def _prompt_text(prompt: Any) -> str:

@@ -8,9 +8,11 @@ adapter layers or its trained ``modules_to_save`` copies in it (`pristine`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -491,6 +493,18 @@ class ModelPool:
                 return ExactBackend(model)
             resident.batched = BatchedBackend(model, dtype=self.placement.compute_dtype())
         return resident.batched
+
+    @contextlib.contextmanager
+    def base_model(self, config: TrialConfig) -> Iterator[Any]:
+        """`config`'s base model as loaded, with no trial's adapter in effect: the resident model, or while adapters are
+        on it the shared PeftModel with its adapters disabled (PEFT's ``disable_adapter``, as the rollout backends decode
+        with them off); they are on again when the block ends."""
+        resident = self._load(config)
+        if resident.peft_model is None:
+            yield resident.base
+            return
+        with resident.peft_model.disable_adapter():
+            yield resident.peft_model
 
     def _resident_model(self, config: TrialConfig) -> Any:
         resident = self._load(config)

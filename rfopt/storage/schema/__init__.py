@@ -11,9 +11,9 @@ and write through the functions it offers. Its private modules, lowest first (ea
     Values as the JSON attrs hold them: `json_safe`, and TRL's per-step logs by column (`StepColumns`).
 ``_records``
     A trial's small records: `Lineage`, `Request`, `Withdrawal`, `Cancel`, `AppliedOp`, `Stop`, `PruneDecision`,
-    `UnitMetrics`, `ProgressRecord`.
+    `UnitMetrics`, `BestCheckpoint`, `ProgressRecord`.
 ``_study``
-    The study's records, read and written: `StudyRecord`, `Halt`, population-based training's `PbtStep`.
+    The study's records, read and written: `StudyRecord`, `Halt`, `Baseline`, population-based training's `PbtStep`.
 ``_trial``
     A trial's record (`TrialRecord`) and its writers (`TrialRef`, ``write_*``).
 ``_gang``
@@ -34,7 +34,9 @@ On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries
 ``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to),
 ``rfopt:pbt:<step>`` (a population-based training step: who is replaced by a clone of whom, with what values),
 ``rfopt:halt`` (a request that every process running the study stop at its trials' next chunk boundary),
-``rfopt:run_shape`` (how its last run trains it: the pruner's schedule, the gang size; see `RunShape`).
+``rfopt:run_shape`` (how its last run trains it: the pruner's schedule, the gang size; see `RunShape`),
+``rfopt:baseline:<key>`` (a base model evaluated with no adapter: the reference its trials are read against; see
+`Baseline`).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
@@ -43,7 +45,9 @@ column: see `StepColumns`), ``rfopt:pruning:<step>`` (rung decisions),
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
 request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``, ``rfopt:tracked`` (the units each tracker holds), ``rfopt:progress`` (where the chunk it trains now stands: see `ProgressRecord`) and
+``rfopt:adapter``, ``rfopt:tracked`` (the units each tracker holds), ``rfopt:best`` (its best checkpoint so far:
+`BestCheckpoint`), ``rfopt:baseline_key`` (which `Baseline` it compares with), ``rfopt:progress`` (where the chunk it
+trains now stands: see `ProgressRecord`) and
 ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
@@ -70,6 +74,7 @@ from ._records import (
     CONTROL_OPS,
     STOP_REASON,
     AppliedOp,
+    BestCheckpoint,
     Cancel,
     Lineage,
     ProgressRecord,
@@ -82,6 +87,7 @@ from ._records import (
     who,
 )
 from ._study import (
+    Baseline,
     Halt,
     PbtStep,
     Replacement,
@@ -91,6 +97,7 @@ from ._study import (
     name_metric,
     pbt_steps,
     study_record,
+    write_baseline,
     write_checkpoint_dir,
     write_halt,
     write_identity,
@@ -107,6 +114,8 @@ from ._trial import (
     new_trial_attrs,
     write_adapter,
     write_applied,
+    write_baseline_key,
+    write_best,
     write_cancel,
     write_config,
     write_decision,
@@ -127,6 +136,8 @@ __all__ = [
     "DECISION_ATTR_PREFIX",
     "STOP_REASON",
     "AppliedOp",
+    "Baseline",
+    "BestCheckpoint",
     "Cancel",
     "GangPlan",
     "Halt",
@@ -164,6 +175,9 @@ __all__ = [
     "who",
     "write_adapter",
     "write_applied",
+    "write_baseline",
+    "write_baseline_key",
+    "write_best",
     "write_cancel",
     "write_checkpoint_dir",
     "write_config",

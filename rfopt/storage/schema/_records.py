@@ -176,6 +176,34 @@ class UnitMetrics:
 
 
 @dataclass(frozen=True)
+class BestCheckpoint:
+    """A trial's best checkpoint so far (``rfopt:best``): the chunk unit whose evaluation scored best among those whose
+    completions had not collapsed, and where its adapter is kept (the checkpoint store's ``best/``). Written when a
+    unit commits with a better value than the one recorded (`rfopt.engine.best`), after its adapter is saved."""
+
+    unit: int
+    """The unit (Optuna's step; shown as chunk ``unit + 1``)."""
+    chunk: int
+    """The data chunk it trained on last."""
+    value: float
+    location: str
+    """Its adapter's directory (PEFT format), or URL in an object store."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"unit": self.unit, "chunk": self.chunk, "value": self.value, "location": self.location}
+
+    @classmethod
+    def from_attr(cls, value: Any) -> BestCheckpoint | None:
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            return cls(unit=int(value["unit"]), chunk=int(value.get("chunk", value["unit"])),
+                       value=float(value["value"]), location=str(value["location"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class ProgressRecord:
     """How far the unit a trial trains now has got (``rfopt:progress``), published by the process training it while
     the chunk runs (`rfopt.training.progress.ProgressPublisher`): a few times a minute at most, not once per token or step, and

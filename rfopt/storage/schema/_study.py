@@ -9,7 +9,19 @@ from typing import Any
 
 from rfopt.chunks import ChunkPlan
 
-from ._keys import _CHECKPOINT_DIR, _HALT, _PBT_STEP, _PLAN, _RUN_SHAPE, _SETTINGS, _STUDY_ID, _set_study, study_attrs
+from ._keys import (
+    _BASELINE,
+    _CHECKPOINT_DIR,
+    _HALT,
+    _PBT_STEP,
+    _PLAN,
+    _RUN_SHAPE,
+    _SETTINGS,
+    _STUDY_ID,
+    _set_study,
+    study_attrs,
+)
+from ._values import _numbers, _sample, json_safe
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,44 @@ class RunShape:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """A base model evaluated as it is, with no adapter, on the study's eval set with its settings
+    (``rfopt:baseline:<key>``): the reference its trials' values are read against. Trials that share a base model,
+    reward functions and weights and a completion budget share one (`key`, `rfopt.training.baseline.baseline_key`;
+    each trial names its own: `TrialRecord.baseline_key`). Written once per study, before its first trial trains."""
+
+    key: str
+    model: str
+    """The base model as a person names it (a Hub id, a directory, ``smollm2``)."""
+    objective: str
+    value: float
+    """The study's objective on the eval set: what a trial's value compares with."""
+    metrics: dict[str, float]
+    """Its eval metrics, as a trial's unit stores them (reward means, spreads, diversity)."""
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    at: float = 0.0
+    """When it was evaluated (seconds since the epoch)."""
+    seconds: float = 0.0
+    """How long the evaluation took."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return json_safe({"model": self.model, "objective": self.objective, "value": self.value,
+                          "metrics": self.metrics, "samples": self.samples, "at": self.at, "seconds": self.seconds})
+
+    @classmethod
+    def from_attr(cls, key: str, value: Any) -> Baseline | None:
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            return cls(key=key, model=str(value["model"]), objective=str(value["objective"]), value=float(value["value"]),
+                       metrics=_numbers(value.get("metrics")),
+                       samples=[_sample(x) for x in value.get("samples") or [] if isinstance(x, Mapping)],
+                       at=float(value.get("at", 0.0)), seconds=float(value.get("seconds", 0.0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class StudyRecord:
     """rfopt's attrs on a study. A study rfopt never planned has no plan (and no identity until it runs)."""
 
@@ -67,11 +117,15 @@ class StudyRecord:
     """The last request that every process running the study stop (`rfopt.engine.ops.halt`)."""
     run_shape: RunShape | None = None
     """How its last run trains it: the pruner's schedule, the gang size, the trials it means to start."""
+    baselines: dict[str, Baseline] = field(default_factory=dict)
+    """Its base models evaluated with no adapter (`Baseline`), by key; empty before its first trial starts."""
 
     @classmethod
     def of(cls, attrs: Mapping[str, Any]) -> StudyRecord:
         plan = attrs.get(_PLAN)
         halt = attrs.get(_HALT)
+        baselines = {key[len(_BASELINE):]: Baseline.from_attr(key[len(_BASELINE):], value)
+                     for key, value in attrs.items() if key.startswith(_BASELINE)}
         return cls(
             uid=attrs.get(_STUDY_ID),
             checkpoint_dir=attrs.get(_CHECKPOINT_DIR),
@@ -79,6 +133,7 @@ class StudyRecord:
             settings={name: attrs[key] for name, key in _SETTINGS.items() if key in attrs},
             halt=Halt.from_attr(halt) if isinstance(halt, Mapping) else None,
             run_shape=RunShape.from_attr(attrs.get(_RUN_SHAPE)),
+            baselines={key: baseline for key, baseline in baselines.items() if baseline is not None},
         )
 
     @property
@@ -111,6 +166,10 @@ def write_plan(study: Any, plan: ChunkPlan) -> None:
 
 def write_run_shape(study: Any, shape: RunShape) -> None:
     _set_study(study, _RUN_SHAPE, shape.to_attr())
+
+
+def write_baseline(study: Any, baseline: Baseline) -> None:
+    _set_study(study, f"{_BASELINE}{baseline.key}", baseline.to_attr())
 
 
 def write_halt(study: Any, halt: Halt) -> None:

@@ -16,6 +16,8 @@ from rfopt.compat import storage_of, trial_id_of
 
 from ._keys import (
     _ADAPTER,
+    _BASELINE_KEY,
+    _BEST,
     _CANCELLED,
     _CLONE,
     _CONFIG,
@@ -43,6 +45,7 @@ from ._records import (
     CONTROL_OPS,
     STOP_REASON,
     AppliedOp,
+    BestCheckpoint,
     Cancel,
     Lineage,
     ProgressRecord,
@@ -297,6 +300,16 @@ class TrialRecord:
         return {str(k): int(v) for k, v in data.items()} if isinstance(data, Mapping) else {}
 
     @property
+    def baseline_key(self) -> str | None:
+        """The key of its base model's `Baseline` on the study (`StudyRecord.baselines`); None before it started."""
+        return self.attrs.get(_BASELINE_KEY)
+
+    @property
+    def best(self) -> BestCheckpoint | None:
+        """Its best checkpoint so far (`BestCheckpoint`): the unit, its value and its kept adapter; None before one."""
+        return BestCheckpoint.from_attr(self.attrs.get(_BEST))
+
+    @property
     def pruned_by_rung(self) -> PruneDecision | None:
         """The stored rung decision that pruned it, if one did."""
         for step in sorted(self.trial.intermediate_values, reverse=True):
@@ -451,3 +464,11 @@ def write_adapter(ref: TrialRef, location: str) -> None:
 
 def write_tracked(ref: TrialRef, tracked: Mapping[str, int]) -> None:
     ref.set(_TRACKED, dict(tracked))
+
+
+def write_baseline_key(ref: TrialRef, key: str) -> None:
+    ref.set(_BASELINE_KEY, key)
+
+
+def write_best(ref: TrialRef, best: BestCheckpoint) -> None:
+    ref.set(_BEST, best.to_attr())

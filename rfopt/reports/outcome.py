@@ -1,0 +1,229 @@
+"""What a study produced, read from storage alone: the baselines its trials compare with, each trial's best checkpoint,
+whether its completions collapsed or its value degraded, and the study's **recommendation**: the adapter to take.
+
+Optuna's answer stays Optuna's: a trial's value is its last report, and ``study.best_trial`` is the best of those
+among COMPLETE trials. A GRPO sweep asks another question, "which adapter should I take?", and answers it as TRL's
+``load_best_model_at_end`` does for one run: with the best checkpoint, not the last. The recommendation is the best
+kept checkpoint (`rfopt.storage.schema.BestCheckpoint`) over every trial, pruned ones included; one whose completions
+had collapsed is never kept, so never recommended.
+
+- **collapsed**: the trial's latest evaluation answers at least half the eval prompts with one text
+  (`rfopt.training.diversity.collapse_reason`).
+- **degraded**: its last value is below its own best, or below the last value of a trial it outlived (one pruned or
+  stopped with fewer chunks), by more than the evaluations' noise: twice the standard error of the difference, each
+  value's standard error being its spread over the eval prompts, ``std / sqrt(n)``. The pruner saw the trial at its
+  rungs only; what came after is said here.
+
+    >>> found = outcome(study.optuna)                                                # doctest: +SKIP
+    >>> found.recommendation.line("reward")                                          # doctest: +SKIP
+    'take this adapter: trial 1 after chunk 2, reward 1.8906 (+0.7344 over the base model, 1.1562): ...'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from rfopt.storage.schema import Baseline, BestCheckpoint, TrialRecord, study_record
+from rfopt.training.diversity import collapse_reason
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """One trial's answer: its last value, its best checkpoint, the baseline it compares with, and what went wrong."""
+
+    number: int
+    state: str
+    final: tuple[int, float] | None
+    """(unit, value) of its last report; None before one."""
+    best: BestCheckpoint | None
+    baseline: Baseline | None
+    collapsed: str | None = None
+    """``collapsed at chunk 4: one completion answers 16 of 16 eval prompts``, or None."""
+    degraded: str | None = None
+    """``degraded after chunk 3: reward 2.25 at chunk 3, 0.125 at chunk 4 (-2.125, beyond the noise ±0.41)``, or None."""
+
+    @property
+    def vs_baseline(self) -> float | None:
+        """Its last value minus its baseline's; None without either."""
+        if self.final is None or self.baseline is None:
+            return None
+        return self.final[1] - self.baseline.value
+
+    @property
+    def flags(self) -> list[str]:
+        return [text for text in (self.collapsed, self.degraded) if text]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The adapter a study recommends: the best checkpoint over all its trials, with its trial, chunk and value."""
+
+    trial: int
+    unit: int
+    """Its unit (Optuna's step): chunk ``unit + 1``."""
+    value: float
+    location: str
+    """Its adapter (PEFT format): a directory, or a URL in an object store."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The eval metrics of that unit (reward means, spreads, diversity)."""
+    baseline: Baseline | None = None
+
+    @property
+    def vs_baseline(self) -> float | None:
+        return None if self.baseline is None else self.value - self.baseline.value
+
+    def line(self, objective: str, maximize: bool = True) -> str:
+        """``take this adapter: trial 1 after chunk 2, reward 1.8906 (+0.7344 over the base model, 1.1562): <path>``."""
+        text = f"take this adapter: trial {self.trial} after chunk {self.unit + 1}, {objective} {self.value:.4f}"
+        gain = self.vs_baseline
+        if gain is not None:
+            beats = gain > 0 if maximize else gain < 0
+            text += (f" ({gain:+.4f} {'over' if beats else 'against'} the base model, {self.baseline.value:.4f}"
+                     + ("" if beats else ": no checkpoint beat the untrained model") + ")")
+        return f"{text}: {self.location}"
+
+
+@dataclass(frozen=True)
+class StudyOutcome:
+    """A study's answer: its baselines, every trial's `TrialOutcome`, the `Recommendation`, and Optuna's best trial."""
+
+    objective: str
+    maximize: bool
+    baselines: dict[str, Baseline]
+    trials: dict[int, TrialOutcome]
+    recommendation: Recommendation | None
+    optuna_best: tuple[int, float] | None
+    """(number, value) of Optuna's ``best_trial`` (the best last value among COMPLETE trials); None before one."""
+
+    def lines(self) -> list[str]:
+        """What the leaderboard says under its rows: the recommendation, and Optuna's best trial beside it."""
+        out = []
+        if self.recommendation is not None:
+            out.append(self.recommendation.line(self.objective, self.maximize))
+        elif any(t.final is not None for t in self.trials.values()):
+            out.append("no adapter to take: no trial kept a best checkpoint (every chunk committed so far collapsed, "
+                       "or the study ran before rfopt kept them); export_best(path, best_trial=True) exports Optuna's "
+                       "best trial's final adapter")
+        elif self.trials:
+            out.append("no adapter to take yet: no trial has committed a chunk")
+        if self.optuna_best is not None:
+            number, value = self.optuna_best
+            same = self.recommendation is not None and self.recommendation.trial == number and \
+                self.recommendation.value == value
+            out.append(f"Optuna's best_trial (the best last value among complete trials): trial {number}, "
+                       f"{self.objective} {value:.4f}" + ("" if same else
+                                                          "; its final adapter: export_best(path, best_trial=True)"))
+        return out
+
+
+def outcome(study: Any, trials: Sequence[FrozenTrial] | None = None) -> StudyOutcome:
+    """`study`'s answer (an `optuna.Study`), from its storage; `trials`: its trials where the caller has read them."""
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    record = study_record(study)
+    single = len(study.directions) == 1
+    maximize = not single or study.directions[0] == StudyDirection.MAXIMIZE
+    objective = record.objective
+    records = [TrialRecord(t) for t in trials if t.state != TrialState.WAITING]
+    outcomes = {r.number: _trial_outcome(r, record.baselines, records, objective, maximize) for r in records}
+    return StudyOutcome(objective=objective, maximize=maximize, baselines=record.baselines, trials=outcomes,
+                        recommendation=_recommend(records, record.baselines, maximize),
+                        optuna_best=_optuna_best(trials, maximize) if single else None)
+
+
+def noise(metrics: Mapping[str, float], objective: str) -> float | None:
+    """The standard error of an evaluation's `objective` (its std over the prompts, over ``sqrt(n)``); None when it
+    was not stored (an evaluation from before rfopt kept the spread)."""
+    std = metrics.get("reward_std" if objective == "reward" else f"rewards/{objective}/std")
+    count = metrics.get("completions/count")
+    if std is None or not count:
+        return None
+    return std / math.sqrt(count)
+
+
+def _trial_outcome(record: TrialRecord, baselines: Mapping[str, Baseline], records: list[TrialRecord],
+                   objective: str, maximize: bool) -> TrialOutcome:
+    values = record.trial.intermediate_values
+    final = (max(values), values[max(values)]) if values else None
+    units = record.unit_metrics()
+    evals = {m.unit: m.eval for m in units}
+    key = record.baseline_key
+    baseline = baselines.get(key) if key is not None else None
+    collapsed = None
+    reference = None if baseline is None else baseline.metrics
+    if units and (reason := collapse_reason(units[-1].eval, reference)) is not None:
+        collapsed = f"collapsed at chunk {units[-1].unit + 1}: {reason}"
+    return TrialOutcome(number=record.number, state=record.shown_state, final=final, best=record.best,
+                        baseline=baseline, collapsed=collapsed,
+                        degraded=_degraded(record, values, evals, records, objective, maximize))
+
+
+def _degraded(record: TrialRecord, values: Mapping[int, float], evals: Mapping[int, Mapping[str, float]],
+              records: list[TrialRecord], objective: str, maximize: bool) -> str | None:
+    if len(values) < 2:
+        return None
+    sign = 1.0 if maximize else -1.0
+    last = max(values)
+    peak = max(values, key=lambda u: (sign * values[u], -u))
+    said = []
+    gap = _beyond_noise(values[peak], values[last], evals.get(peak), evals.get(last), objective, sign)
+    if peak != last and gap is not None:
+        said.append(f"{objective} {values[peak]:.4g} at chunk {peak + 1}, {values[last]:.4g} at chunk {last + 1} "
+                    f"({values[last] - values[peak]:+.4g}{gap})")
+    outlived = []
+    for other in records:
+        other_values = other.trial.intermediate_values
+        if other.number == record.number or other.state != TrialState.PRUNED or not other_values \
+                or max(other_values) >= last:
+            continue
+        unit = max(other_values)
+        other_evals = {m.unit: m.eval for m in other.unit_metrics()}
+        gap = _beyond_noise(other_values[unit], values[last], other_evals.get(unit), evals.get(last), objective, sign)
+        if gap is not None:
+            outlived.append((sign * other_values[unit], other.number, unit, other_values[unit], gap))
+    if outlived:
+        _, number, unit, value, gap = max(outlived)
+        said.append(f"ends below trial {number} ({value:.4g} after chunk {unit + 1}), which it outlived{gap}")
+    if not said:
+        return None
+    return (f"degraded after chunk {peak + 1}: " if peak != last else "degraded: ") + "; ".join(said)
+
+
+def _beyond_noise(better: float, worse: float, better_eval: Mapping[str, float] | None,
+                  worse_eval: Mapping[str, float] | None, objective: str, sign: float) -> str | None:
+    """How `worse` falls short of `better` beyond the noise: ``, beyond the noise ±0.41`` (empty where the noise is
+    unknown); None when it does not."""
+    drop = sign * (better - worse)
+    if drop <= 0:
+        return None
+    errors = [noise(e, objective) if e is not None else None for e in (better_eval, worse_eval)]
+    if any(e is None for e in errors):
+        return ""
+    margin = 2 * math.sqrt(sum(e * e for e in errors))  # type: ignore[operator]
+    return f", beyond the noise ±{margin:.2g}" if drop > margin else None
+
+
+def _recommend(records: list[TrialRecord], baselines: Mapping[str, Baseline], maximize: bool) -> Recommendation | None:
+    sign = 1.0 if maximize else -1.0
+    kept = [(r, r.best) for r in records if r.best is not None and math.isfinite(r.best.value)]
+    if not kept:
+        return None
+    record, best = max(kept, key=lambda rb: (sign * rb[1].value, -rb[0].number))
+    metrics = next((m.eval for m in record.unit_metrics() if m.unit == best.unit), {})
+    key = record.baseline_key
+    return Recommendation(trial=record.number, unit=best.unit, value=best.value, location=best.location,
+                          metrics=metrics, baseline=baselines.get(key) if key is not None else None)
+
+
+def _optuna_best(trials: Sequence[FrozenTrial], maximize: bool) -> tuple[int, float] | None:
+    complete = [(t.values[0], t.number) for t in trials if t.state == TrialState.COMPLETE and t.values]
+    if not complete:
+        return None
+    sign = 1.0 if maximize else -1.0
+    value, number = max(complete, key=lambda vn: (sign * vn[0], -vn[1]))
+    return number, value
