@@ -159,7 +159,7 @@ class TrialConfig:
                 "for one you changed), or a top-level function returning (model, tokenizer)"
             )
         if not (isinstance(model, str) or callable(model) or isinstance(model, Mapping)):  # a Mapping: `from_dict`'s
-            raise ConfigError(f"model: got {_kind(model)}; give a Hub id or a local directory (a string), 'smollm2', "
+            raise ConfigError(f"model: got {shown(model)}; give a Hub id or a local directory (a string), 'smollm2', "
                               "or a top-level function returning (model, tokenizer)")
         self.model = model
         if reward_funcs is None or isinstance(reward_funcs, Mapping):
@@ -168,7 +168,7 @@ class TrialConfig:
         self.reward_funcs = [_reward_func(r, i) for i, r in enumerate(_as_list(reward_funcs))]
         if args is not None and not _is_grpo_config(args):
             hint = " (GRPOConfig(**your_dict) makes one of a dict)" if isinstance(args, Mapping) else ""
-            raise ConfigError(f"args: got {_kind(args)}; give a trl.GRPOConfig, as GRPOTrainer takes it{hint}, or None "
+            raise ConfigError(f"args: got {shown(args)}; give a trl.GRPOConfig, as GRPOTrainer takes it{hint}, or None "
                               "for TRL's default")
         self.args, self.quantization_config = _args_and_quantization(args, quantization_config)
         self.processing_class = _processing_class(processing_class)
@@ -179,7 +179,7 @@ class TrialConfig:
         for cb in self.callbacks:
             callback_to_json(cb)  # refused now, not when the trial is stored
         if peft_config is not None and not _is_peft_config(peft_config):
-            raise ConfigError(f"peft_config: got {_kind(peft_config)}; give a peft.LoraConfig (or another PEFT config), "
+            raise ConfigError(f"peft_config: got {shown(peft_config)}; give a peft.LoraConfig (or another PEFT config), "
                               "or None for full fine-tuning")
         self.peft_config = peft_config
 
@@ -386,7 +386,7 @@ def _reward_func(func: Any, i: int) -> Any:
     if _is_module(func):
         raise ConfigError(f"reward_funcs[{i}]: a model ({type(func).__name__}) as reward function; {_REWARD_MODELS}")
     if not callable(func):
-        raise ConfigError(f"reward_funcs[{i}]: got {_kind(func)}; give a reward function with TRL's signature "
+        raise ConfigError(f"reward_funcs[{i}]: got {shown(func)}; give a reward function with TRL's signature "
                           "(f(prompts, completions, **kwargs) -> list of floats), a 'module:function' path, or a "
                           "callable instance")
     return func
