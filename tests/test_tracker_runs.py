@@ -14,6 +14,7 @@ from trackerkit import (by_step, mlflow_history, mlflow_runs, tensorboard_scalar
 import rfopt
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt.training import trackers
+from rfopt.errors import MissingPackage
 from rfopt.training.trackers import TrackerRefused
 
 for package in ("wandb", "mlflow", "trackio", "tensorboard"):
@@ -228,7 +229,7 @@ def test_wandb_online_without_credentials_is_refused_before_anything_is_stored(t
 
 def test_a_tracker_that_is_not_installed_is_refused_with_the_extra_that_installs_it(tmp_path, monkeypatch):
     monkeypatch.setattr(trackers, "_installed", lambda name: name != "wandb")
-    with pytest.raises(TrackerRefused, match=r"wandb is not installed here.*pip install 'rfopt\[trackers\]'"):
+    with pytest.raises(MissingPackage, match=r"wandb is not installed here.*pip install 'rfopt\[trackers\]'"):
         rfopt.create_study(study_name="x", storage=f"sqlite:///{tmp_path / 's.db'}", report_to=["wandb", "mlflow"])
 
 
