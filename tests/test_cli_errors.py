@@ -321,6 +321,7 @@ def test_verbose_before_or_after_the_command_shows_the_traceback(argv, tmp_path,
         main(argv)
 
 
+@pytest.mark.subprocess
 def test_a_user_error_prints_one_line_without_a_traceback_and_with_one_under_verbose(tmp_path):
     command = [sys.executable, "-m", "rfopt.cli", "status", "--storage", "sqlite:///missing.db"]
     env = dict(os.environ, PYTHONPATH=os.getcwd())

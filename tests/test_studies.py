@@ -171,7 +171,7 @@ STUDY = dataclasses.replace(
 """
 
 
-def test_arithmetic_study_runs_end_to_end_through_the_cli(tiny_model, tmp_path, capsys):
+def test_arithmetic_study_runs_end_to_end_through_the_cli(scripted_or_trl, tiny_model, tmp_path, capsys):
     study_file = tmp_path / "arithmetic_tiny.py"
     study_file.write_text(ARITHMETIC_ON_TINY.format(model=str(tiny_model)))
     storage = f"sqlite:///{tmp_path / 'a.db'}"
@@ -189,7 +189,7 @@ def test_arithmetic_study_runs_end_to_end_through_the_cli(tiny_model, tmp_path, 
     assert (Path(study.best_adapter()) / "adapter_config.json").is_file()
 
 
-def test_gsm8k_lite_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage):
+def test_gsm8k_lite_runs_end_to_end_on_a_local_copy(scripted_or_trl, tiny_model, tmp_path, storage):
     module = _module("gsm8k_lite")
     rows = lambda split, n: [  # noqa: E731 - GSM8K's shape: a worked solution ending "#### n"
         {"question": f"{split} {i}: 2 boxes of {i + 1},000 pins?", "answer": f"2 * {i + 1}000 = <<2*{i + 1}000>>\n#### {2 * (i + 1)},000"}
@@ -212,7 +212,7 @@ def test_gsm8k_lite_trial_with_an_unreachable_model_fails_with_the_reason(tmp_pa
     assert row.state == "FAIL" and "could not be loaded" in row.reason
 
 
-def test_deepmath_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage):
+def test_deepmath_runs_end_to_end_on_a_local_copy(scripted_or_trl, tiny_model, tmp_path, storage):
     module = _module("deepmath")
     rows = deepmath_rows(6)
     path = tmp_path / "deepmath.parquet"
@@ -226,7 +226,7 @@ def test_deepmath_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage)
     assert "rewards/soft_overlong_punishment/mean" in eval_metrics
 
 
-def test_numina_tir_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage):
+def test_numina_tir_runs_end_to_end_on_a_local_copy(scripted_or_trl, tiny_model, tmp_path, storage):
     module = _module("numina_tir")
 
     def rows(split, n):
