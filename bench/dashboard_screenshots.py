@@ -13,7 +13,8 @@ and to a 256-colour palette (Pillow) so that the README's pictures stay small:
 3. once the study has exited: the leaderboard and "why it wins" (parallel coordinates, each param against the value);
 4. a hover on a pruned trial's cross, with the reason;
 5. the same eval prompt across trials, each reward's score;
-6. the clone form, pre-filled with the trial's config.
+6. the clone form, pre-filled with the trial's config;
+7. a chunk whose reward call hangs (one call of the third chunk sleeps 40 s): its line amber, the ETAs on hold.
 
 Prints each file's path and size. Needs no network; takes a few minutes on a busy 2-core machine.
 """
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         process = start(
             rfopt_command("run", str(TESTS / "dashboard_study.py"), "--storage", storage, "--no-progress",
                           "--checkpoint-dir", str(where / "ck")),
-            where, env(model, RFOPT_TEST_CHUNKS=args.chunks, RFOPT_TEST_STEP_SECONDS=1.0, RFOPT_PROGRESS_SECONDS=0.5),
+            where, env(model, RFOPT_TEST_CHUNKS=args.chunks, RFOPT_TEST_STEP_SECONDS=1.0, RFOPT_PROGRESS_SECONDS=0.5,
+                       RFOPT_TEST_HANG_CALL=HANG_CALL, RFOPT_TEST_HANG_SECONDS=40),
             where / "run.log",
         )
         browser = chromium(where / "chromium", width=1400, height=900)
@@ -92,6 +94,17 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(1.2)  # the clocks count
                     shot("1-now-training.png")
                     shot("2-chunk-in-training-dashed.png", "#comparison")
+                    break
+                time.sleep(0.5)
+            browser.execute_script("window.scrollTo(0, 0)")
+            while process.poll() is None:  # until the hung call reads as stuck
+                browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+                if browser.find_elements(By.CSS_SELECTOR, "#now li.stuck"):
+                    time.sleep(3)  # a few seconds of silence counted
+                    path = args.out / "7-stuck.png"
+                    browser.find_element(By.ID, "now").screenshot(str(path))
+                    _shrink(path, args.width)
+                    shots.append(path)
                     break
                 time.sleep(0.5)
             if process.wait(timeout=900) != 0:
@@ -131,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in shots:
         print(f"{path} ({path.stat().st_size // 1024} KiB)")
     return 0
+
+
+HANG_CALL = 34
+"""The reward call that hangs: the third chunk's second step (4 trials x 4 steps and 4 evaluations in the first chunk,
+the 2 trials the pruner keeps x 4 steps and 2 evaluations in the second)."""
 
 
 def _shrink(path: Path, width: int) -> None:

@@ -62,6 +62,11 @@ class LeaderboardRow:
     reason: str | None = None
     held_as: dict[str, str] = field(default_factory=dict)
     """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.clones.held_as`)."""
+    situation: str = ""
+    """What it is doing, in the words the dashboard and ``rfopt status`` use (`rfopt.reports.status.situation`)."""
+    value_error: float | None = None
+    """The standard error of `value` over the eval prompts (`rfopt.noise`); None where not stored."""
+    eval_count: int | None = None
 
 
 OPTUNA_ATTRIBUTES = frozenset({
@@ -295,12 +300,21 @@ class Study:
     # ------------------------------------------------------------------ results
     def leaderboard(self) -> list[LeaderboardRow]:
         """Every trial, best first: finished trials by value, then the rest by progress."""
+        from rfopt.noise import estimate
+        from rfopt.reports.status import liveness, situation
+
         sign = 1 if self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+        objective = study_record(self.optuna).objective
+        trials = self.optuna.get_trials(deepcopy=False)
+        live = liveness(self.optuna, trials)
         rows = []
-        for t in self.optuna.get_trials(deepcopy=False):
+        for t in trials:
             if t.state == TrialState.WAITING:
                 continue
             record = TrialRecord(t)
+            last = max(t.intermediate_values, default=None)
+            scores = next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == last), [])
+            noise = estimate(scores) if scores else None
             rows.append(
                 LeaderboardRow(
                     number=t.number,
@@ -311,6 +325,9 @@ class Study:
                     adapter=record.adapter,
                     reason=record.end_reason,
                     held_as=clones.held_as(t),
+                    situation=situation(record, live),
+                    value_error=None if noise is None else noise.stderr,
+                    eval_count=None if noise is None else noise.n,
                 )
             )
         order = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}

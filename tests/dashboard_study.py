@@ -2,7 +2,9 @@
 the tiny model (its directory from ``RFOPT_TEST_TINY_MODEL``), 2 chunks of 4 optimizer steps, two reward functions, and
 a MedianPruner that stops the two trials that cannot learn (learning rate 0) after their first chunk, as in
 tests/test_pruning_e2e.py. ``RFOPT_TEST_STEP_SECONDS`` slows each optimizer step by that much (the reward function
-waits), so that a page can watch a chunk train step by step."""
+waits), so that a page can watch a chunk train step by step; ``RFOPT_TEST_HANG_CALL=N`` and
+``RFOPT_TEST_HANG_SECONDS=S`` make the reward function's N-th call in the process hang for S seconds (a stuck reward
+server). Trials 1 and 3 have the same config: they learn the same, and tie."""
 
 import os
 import time
@@ -12,12 +14,17 @@ from rfopt_testkit import grpo_config, prompts_dataset, reward_len
 
 import rfopt
 
-LEARNING_RATES = (0.0, 0.05, 0.0, 0.02)
+LEARNING_RATES = (0.0, 0.05, 0.0, 0.05)
 CHUNKS = int(os.environ.get("RFOPT_TEST_CHUNKS", "2"))
+_CALLS = 0
 
 
 def reward_lowercase(completions, **kwargs):
     """Fraction of lowercase letters in the completion: what the learners learn within a chunk."""
+    global _CALLS
+    _CALLS += 1
+    if _CALLS == int(os.environ.get("RFOPT_TEST_HANG_CALL", "0")):
+        time.sleep(float(os.environ.get("RFOPT_TEST_HANG_SECONDS", "0")))
     time.sleep(float(os.environ.get("RFOPT_TEST_STEP_SECONDS", "0")))
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
     return [sum(ch.islower() for ch in t) / max(1, len(t)) for t in texts]

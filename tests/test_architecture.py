@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rfopt"
 # below) or from a lower group, never from a higher one.
 GROUPS = [
     # foundations: rfopt's exceptions, what kind a value is, every patch of another library's internals, the chunk
-    # plan, the offline demo model and the test model, the reward functions users pick from
-    {"errors", "values", "compat", "chunks", "smollm2", "tiny", "rewards"},
+    # plan, the offline demo model and the test model, the reward functions users pick from, the noise of an eval mean
+    {"errors", "values", "compat", "chunks", "smollm2", "tiny", "rewards", "noise"},
     # what outlives a process: Optuna storage, the rfopt:* records, checkpoints, leases (never training)
     {"storage"},
     # rung policies: Optuna's pruners at rung boundaries, population-based training's plan
@@ -44,12 +44,12 @@ GROUP = {name: i for i, names in enumerate(GROUPS) for name in names}
 # Inside a sub-package, lowest first ("__init__" is the package's own module: what it offers its users).
 LAYERS = {
     "storage": [{"crashpoints", "state", "database", "schema", "files"}, {"checkpoints", "leases"}, {"__init__"}],
-    "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide"}, {"_policy"}, {"__init__"}],
+    "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide", "_outlook"}, {"_policy"}, {"__init__"}],
     "config": [{"usercode", "params", "rewardfuncs", "settings"}, {"codec"}, {"overrides", "studyfile"}, {"trial"},
                {"spaces", "form"}, {"__init__"}],
     "training": [{"rollouts", "trackers"}, {"evaluation"}, {"models"}, {"runner"}, {"parallel", "gang", "progress"},
                  {"__init__"}],
-    "reports": [{"timeline", "display", "status", "trial_svg"}, {"charts"}, {"__init__"}],
+    "reports": [{"timeline", "status", "trial_svg"}, {"charts", "forecast"}, {"display"}, {"__init__"}],
     "engine": [{"scheduler", "ops", "clones", "artifacts", "request"}, {"unit", "population"}, {"coordinator", "roster"},
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],

@@ -57,7 +57,7 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "COMPLETE" in run.stdout
+    assert "complete" in run.stdout
     assert "best adapter (PEFT format):" in run.stdout
     # Not a terminal: plain lines, one per committed chunk, no "\r" redraws; no library progress bars or warnings.
     assert "\r" not in run.stderr and "Loading weights" not in run.stderr and "Warning" not in run.stderr
@@ -128,7 +128,7 @@ def test_status_of_one_study_prints_its_leaderboard(tiny_model, tmp_path, capsys
     study.tell(trial, 0.5)
     assert main(["status", "--storage", storage, "--study", "x"]) == 0
     out = capsys.readouterr().out
-    assert "COMPLETE" in out and "0.5000" in out
+    assert "complete" in out and "0.5000" in out
 
 
 def test_help_describes_every_command(capsys):
@@ -157,3 +157,21 @@ def test_unknown_study_in_status_is_a_clear_error(tmp_path, capsys):
     code = main(["status", "--storage", f"sqlite:///{tmp_path / 'e.db'}", "--study", "nope"])
     assert code == 1
     assert "nope" in capsys.readouterr().err
+
+
+def test_commands_on_a_study_need_no_name_where_the_storage_holds_one(tmp_path, capsys):
+    from rfopt.storage.schema import TrialRecord
+
+    storage = f"sqlite:///{tmp_path / 'one.db'}"
+    study = optuna.create_study(study_name="only", storage=storage, direction="maximize")
+    study.ask()
+    assert main(["pause", "0", "--storage", storage]) == 0
+    assert [r.op for r in TrialRecord(study.trials[0]).pending] == ["pause"]
+    assert main(["withdraw", "pause", "0", "--storage", storage]) == 0
+    assert main(["status", "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert "only: 1 " in out and "trial  state" in out  # its line, then the study shown whole
+    optuna.create_study(study_name="other", storage=storage)
+    assert main(["stop", "0", "--storage", storage]) == 1
+    err = capsys.readouterr().err
+    assert "which study? " in err and "holds 2: only, other; name one with --study NAME" in err

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
-from rfopt.engine import clones
+from rfopt.engine import clones, ops
 from rfopt.storage import schema
 from rfopt.engine.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
 from rfopt.reports.charts import best_trial, colour, comparison
@@ -467,7 +467,10 @@ def test_the_best_trial_is_marked_in_every_chart_and_a_leader_while_none_is_comp
     assert best_trial(trials, optuna.study.StudyDirection.MAXIMIZE) == (0, "best")  # the only COMPLETE one
     running = [t for t in trials if t.state == TrialState.RUNNING]
     assert best_trial(running, optuna.study.StudyDirection.MAXIMIZE) == (2, "leading")  # 0.6 beats 0.4
-    assert best_trial(running, optuna.study.StudyDirection.MINIMIZE) == (1, "leading")
+    assert TrialRecord(trials[1]).paused  # trial 1 (0.4) is paused: only a live trial leads
+    assert best_trial(running, optuna.study.StudyDirection.MINIMIZE) == (2, "leading")
+    schema.write_paused(schema.TrialRef.of(study.optuna, trials[1]), False)
+    assert best_trial(_trials(study)[1:], optuna.study.StudyDirection.MINIMIZE) == (1, "leading")
     assert best_trial(trials, None) == (None, "")  # multi-objective: no single best
     for figure in _figures(trials).values():
         [star] = _by_role(figure, "best")
@@ -633,7 +636,7 @@ def test_the_pages_data_answers_not_modified_until_the_stored_data_changes(study
         status, data, headers = call(server, "GET", url)
         etag = headers["ETag"]
         assert status == 200 and etag == f'"{data["version"]}"' and data["running"] is False and data["refresh"] is None
-        assert set(data["parts"]) == {"facts", "liveness", "now", "warnings", "leaderboard", "why"}
+        assert set(data["parts"]) == {"facts", "liveness", "now", "warnings", "leaderboard", "why", "versus"}
         assert [c["trial"] for c in data["cards"]] == [0, 2, 1]  # in leaderboard order: best, then by value
         assert call(server, "GET", url, headers={"If-None-Match": etag})[0] == 304
         frozen = _trials(study)[2]
@@ -655,7 +658,10 @@ def test_root_leads_to_rfopts_index_which_lists_each_study_and_optuna_dashboard_
         index = call(server, "GET", "/rfopt")[1]
         status, page, headers = call(server, "GET", f"/dashboard/studies/{study.optuna._study_id}")
     row = index[index.index(f"<tr data-study='{study.optuna._study_id}'>"):]
-    assert "1 running" not in row and "2 running, 1 complete" in row and "0.3 (trial 0)" in row and ">idle<" in row
+    # What each trial is doing, in the page's words: nobody runs the study, so its RUNNING trials are interrupted
+    # (the paused one stays paused), never "running" beside "idle".
+    assert " running" not in row.split("</tr>")[0].split("<td")[3]
+    assert "1 paused, 1 interrupted, 1 complete" in row and "0.3 (trial 0)" in row and ">idle<" in row
     assert status == 200 and "id='rfopt-backlink'" in page and "/rfopt/static/backlink.js" in page
     assert int(headers["Content-Length"]) == len(page.encode())
 
@@ -668,7 +674,12 @@ def test_the_clone_forms_fields_are_the_trials_config_typed_and_say_whether_a_wa
         status, form, _ = call(server, "GET", api(study, 2, "config"))
         fields = {f["name"]: f for f in form["fields"]}
         assert status == 200 and form["warm_start"]["available"] is False
-        assert fields["learning_rate"] == {**fields["learning_rate"], "kind": "float", "value": 5e-3, "group": "set"}
+        # The searched params first, under the leaderboard's names; then what the trial sets; the rest folded.
+        assert form["fields"][0] == {**fields["learning_rate"], "kind": "float", "value": 5e-3, "group": "searched",
+                                     "label": "learning_rate"}
+        set_here = [f["name"] for f in form["fields"] if f["group"] == "set"]
+        assert "per_device_train_batch_size" in set_here and len(set_here) < 12
+        assert fields["accelerator_config"]["group"] == fields["debug"]["group"] == "more"  # filled in by TRL itself
         assert fields["peft_config.r"]["kind"] == "int" and fields["peft_config.r"]["value"] == 4
         assert fields["lr_scheduler_type"]["kind"] == "choice" and "cosine" in fields["lr_scheduler_type"]["choices"]
         assert fields["reward_funcs"]["value"] == ["rfopt_testkit:reward_len", "rfopt_testkit:reward_vowels"]
@@ -677,7 +688,12 @@ def test_the_clone_forms_fields_are_the_trials_config_typed_and_say_whether_a_wa
         CheckpointStore(tmp_path / "checkpoints").save(2, State(units_done=1, global_step=8, tokens_seen=0, weights={},
                                                                 optimizer=None, scheduler=None, rng=None))
         form = call(server, "GET", api(study, 2, "config"))[1]
-        assert form["warm_start"] == {"available": True, "why": "from its checkpoint after chunk 1"}
+        assert form["warm_start"] == {"available": True, "why": "from its checkpoint after chunk 1", "after_chunk": 1}
+        # A chunk checkpointed before its value is committed: the label names the checkpoint a clone would use.
+        CheckpointStore(tmp_path / "checkpoints").save(2, State(units_done=2, global_step=16, tokens_seen=0,
+                                                                weights={}, optimizer=None, scheduler=None, rng=None))
+        assert call(server, "GET", api(study, 2, "config"))[1]["warm_start"]["why"] == (
+            "its checkpoint is after its last chunk (2): a warm clone would have nothing left to train")
         assert call(server, "GET", api(study, 0, "config"))[1]["warm_start"]["available"] is False  # complete
         assert call(server, "GET", api(study, 9, "config"))[0] == 404
 
@@ -816,6 +832,21 @@ def test_page_draws_overlaid_charts_and_answers_each_op_next_to_its_trial(study,
         card(2).find_element(By.CSS_SELECTOR, "button.withdraw").click()
         wait.until(lambda d: "stop request withdrawn" in card(2).find_element(By.CSS_SELECTOR, ".feedback").text)
         wait.until(lambda d: card(2).find_elements(By.CSS_SELECTOR, "button.stop"))
+
+        # A request is said on its card until it applies: pause trial 2 (its one undo is "Withdraw pause", no
+        # Resume beside it), then the process running the study applies it at the chunk boundary.
+        card(2).find_element(By.CSS_SELECTOR, "button.pause").click()
+        wait.until(lambda d: "trial 2: pause requested" in card(2).find_element(By.CSS_SELECTOR, ".feedback").text)
+        wait.until(lambda d: card(2).find_elements(By.CSS_SELECTOR, "button.withdraw"))
+        assert [b.get_attribute("data-op") for b in card(2).find_elements(By.CSS_SELECTOR, "button.op")] == [
+            "withdraw", "stop"]
+        ops.apply_requests(schema.TrialRef.of(study.optuna, _trials(study)[2]), TrialRecord(_trials(study)[2]),
+                           after_chunk=0)
+        browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+        wait.until(lambda d: card(2).get_attribute("data-situation") == "paused")
+        assert card(2).find_element(By.CSS_SELECTOR, ".feedback").text == ""  # applied: nothing left to say
+        assert [b.get_attribute("data-op") for b in card(2).find_elements(By.CSS_SELECTOR, "button.op")] == [
+            "resume", "stop"]
         browser.save_screenshot(str(tmp_path / "rfopt-dashboard-after-ops.png"))
 
     trials = _trials(study)

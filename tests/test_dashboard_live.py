@@ -1,15 +1,18 @@
 """The dashboard page in headless Chromium on a live study: `rfopt run tests/dashboard_study.py` (4 trials of the tiny
-model, 2 chunks of 4 steps, two of them pruned after their first chunk) in a subprocess, the page open while it trains
-and after it exits.
+model, 2 chunks of 4 steps, two of them pruned after their first chunk, the other two alike: a tie) in a subprocess,
+the page open while it trains and after it exits.
 
-One study, server and browser for the whole module (the study runs once, ~40 s: each step is slowed to 0.5 s and the
-progress record written at most every 0.2 s, so that the page can watch chunks train step by step); each test then
-looks at what the page showed while it trained, or at the page after.
+One study, server and browser for the whole module (the study runs once, ~70 s: each step is slowed to 0.5 s and the
+progress record written at most every 0.2 s, so that the page can watch chunks train step by step; one reward call of
+the second chunk hangs for 30 s, a stuck reward server); each test then looks at what the page showed while it
+trained, or at the page after.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import sqlite3
 import subprocess
 import threading
@@ -53,6 +56,19 @@ class Live:
     status: str = ""
     """What ``rfopt status --study live`` printed while a chunk trained."""
     status_runs: int = 0
+    situations_seen: set[str] = field(default_factory=set)
+    """What the cards said the trials were doing while the study trained (``data-situation``)."""
+    stuck_lines: list[dict] = field(default_factory=list)
+    """Each "now training" line the page showed as stuck (amber), with the study's forecast line then."""
+    stuck_status: str = ""
+    """What ``rfopt status`` printed while the page showed a unit stuck."""
+    ends: list[tuple[float, str, float]] = field(default_factory=list)
+    """The study's end as the page gave it just before and just after each ``rfopt status`` run, with what that run
+    printed."""
+    page_ends: dict[float, list[float]] = field(default_factory=dict)
+    """The study's ends the page showed, by the time of the records each was forecast from (its anchor)."""
+    index_row: str = ""
+    """The index's row of the study while it trained."""
 
     @property
     def page(self) -> str:
@@ -73,7 +89,8 @@ def live(tiny_model, tmp_path_factory):
     log = where / "run.log"
     process = start(rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--no-progress", "--checkpoint-dir",
                                   str(where / "ck")), where,
-                    env(tiny_model, RFOPT_TEST_STEP_SECONDS=0.5, RFOPT_PROGRESS_SECONDS=0.2), log)
+                    env(tiny_model, RFOPT_TEST_STEP_SECONDS=0.5, RFOPT_PROGRESS_SECONDS=0.2,
+                        RFOPT_TEST_HANG_CALL=24, RFOPT_TEST_HANG_SECONDS=30), log)
     server = None
     try:
         study_id = _wait_for_study(where / "live.db", process, log)
@@ -91,6 +108,9 @@ def live(tiny_model, tmp_path_factory):
             if notice.get_attribute("data-running") == "true":
                 state.running_notice = notice.text
             time.sleep(0.3)
+        browser.get(server.url("/rfopt"))
+        state.index_row = browser.find_element(By.CSS_SELECTOR, f"tr[data-study='{study_id}']").text
+        browser.get(state.page)
         # Then watch it train: refresh the open page (what its timer does every 5 s) as fast as it answers.
         while process.poll() is None:
             _watch(state)
@@ -116,22 +136,48 @@ def _watch(state: Live) -> None:
         browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
         lines = browser.execute_script(
             "return [...document.querySelectorAll('#now li[data-trial]')].map(li => ({trial: +li.dataset.trial, "
-            "unit: +li.dataset.unit, step: +li.dataset.step, phase: li.dataset.phase, text: li.textContent}))")
+            "unit: +li.dataset.unit, step: +li.dataset.step, phase: li.dataset.phase, text: li.textContent, "
+            "stuck: li.classList.contains('stuck'), silence: li.querySelector('.silence').textContent}))")
         flights = browser.execute_script(
             "const el = document.getElementById('chart-reward');"
             "return el && el.data ? el.data.filter(t => t.meta.role === 'in-flight').map(t => ({trial: t.meta.trial, "
             "x: t.x, dash: t.line.dash})) : []")
+        state.situations_seen |= set(browser.execute_script(
+            "return [...document.querySelectorAll('section.trial')].map(c => c.dataset.situation)"))
+        eta = browser.execute_script(_ETA)  # as the page shows it with these lines
     except (JavascriptException, StaleElementReferenceException):
         return
     committed = {t.number: len(t.intermediate_values) for t in state.study().trials}
     state.now_lines += lines
     state.in_flight += [f | {"committed": committed[f["trial"]]} for f in flights]
-    if "now training: trial " not in state.status and state.status_runs < 3 and any(
-            line["phase"] == "training" for line in lines):  # asked up to three times, while a chunk trains
+    state.stuck_lines += [line | {"eta": eta} for line in lines if line["stuck"]]
+    if eta is not None and eta["end"] not in state.page_ends.setdefault(eta["anchor"], []):
+        state.page_ends[eta["anchor"]].append(eta["end"])
+    stuck = any(line["stuck"] for line in lines)
+    training = any(line["phase"] == "training" for line in lines)
+    if (stuck and not state.stuck_status or "now training: trial " not in state.status and state.status_runs < 3
+            and training or not stuck and training and eta is not None and len(state.ends) < 3):
+        # asked while a chunk trains: until it says so (three tries), for the study's end (three), once stuck
         state.status_runs += 1
-        state.status = subprocess.run(rfopt_command("status", "--study", "live", "--storage", state.storage),
-                                      capture_output=True, text=True, env=env(state.tiny_model), timeout=120).stdout
+        printed = subprocess.run(rfopt_command("status", "--study", "live", "--storage", state.storage),
+                                 capture_output=True, text=True, env=env(state.tiny_model), timeout=120).stdout
+        state.status = state.status if "now training: trial " in state.status else printed
+        if stuck:
+            state.stuck_status = printed
+        if eta is not None and not eta["hold"]:
+            after = _page_eta(browser)
+            state.ends.append((eta["end"], printed, after["end"] if after else float("nan")))
     time.sleep(0.1)
+
+
+_ETA = ("const e = document.getElementById('eta'); return e && e.dataset.end ? {end: +e.dataset.end, "
+        "anchor: +e.dataset.anchor, hold: e.classList.contains('on-hold'), text: e.textContent} : null")
+
+
+def _page_eta(browser) -> dict | None:
+    """The study's end as the open page gives it (after asking the server for what changed)."""
+    browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+    return browser.execute_script(_ETA)
 
 
 def _wait_for_study(path: Path, process, log: Path) -> int:
@@ -205,8 +251,8 @@ def test_sorting_the_leaderboard_by_value_puts_the_best_first(live):
     assert live.browser.find_element(By.CSS_SELECTOR, "table.leaderboard tbody tr").get_attribute("data-trial") == "3"
     live.browser.find_element(By.XPATH, "//table[@class='leaderboard']//th[text()='value']").click()
     rows = live.browser.find_elements(By.CSS_SELECTOR, "table.leaderboard tbody tr")
-    assert rows[0].get_attribute("data-trial") == str(best)
     values = [float(r.find_elements(By.TAG_NAME, "td")[2].get_attribute("data-sort")) for r in rows]
+    assert values[0] == live.study().trials[best].value  # the best value on top (trial 3 ties with it)
     assert values == sorted(values, reverse=True)  # maximize: the best value first
 
 
@@ -419,3 +465,88 @@ def _alert(driver):
         return driver.switch_to.alert
     except NoAlertPresentException:
         return False
+
+
+# ---------------------------------------------------------------------- trust: stuck, the end, ties, states, clones
+def test_a_hung_reward_call_turns_its_line_amber_and_puts_the_etas_on_hold(live):
+    assert live.stuck_lines, "the page never showed the hung chunk as stuck"
+    line = live.stuck_lines[-1]
+    assert line["phase"] == "training" and line["unit"] == 1  # the second chunk's hung step
+    assert line["silence"].startswith("no step for ") and "(a step takes ~" in line["silence"]
+    assert line["silence"].endswith("stuck or very slow; ETAs on hold")
+    assert "on hold: no progress" in line["text"]  # its chunk's ETA stopped counting down
+    held = [x["eta"] for x in live.stuck_lines if x["eta"] is not None]
+    assert held and all(e["hold"] and "on hold: no progress" in e["text"] for e in held)  # the study's end too
+    # Not stuck before the hang: the lines of the first chunk, as it trained step by step, never were.
+    assert not any(x["stuck"] for x in live.now_lines if x["unit"] == 0)
+    # rfopt status said it too, from the same records.
+    assert "STUCK? no step for " in live.stuck_status, live.stuck_status
+    assert "study: its end is on hold while trial" in live.stuck_status
+
+
+def test_the_page_and_rfopt_status_give_the_study_the_same_end(live):
+    # Both forecast from the records in storage, anchored at the newest one's time: from the same records, the same
+    # end. While the reward call hangs nothing is written, so the page and rfopt status read the same records.
+    found = re.search(r"at its pace before, it ended by (\d\d:\d\d:\d\d)", live.stuck_status)
+    assert found, live.stuck_status
+    said = _today_at(found.group(1))
+    shown = {x["eta"]["end"] for x in live.stuck_lines if x["eta"] is not None}
+    assert shown and all(abs(end - said) <= 1.0 for end in shown), (live.stuck_status, shown)
+    # And while it trains, the end rfopt status prints is one the page showed from records of the same second.
+    for _, printed, _ in live.ends:
+        match = re.search(r"; ends by (\d\d:\d\d:\d\d) \(as its records of (\d\d:\d\d:\d\d) say\)", printed)
+        seen = live.page_ends.get(_today_at(match.group(2)), []) if match else []
+        if len(seen) == 1:  # the page saw one version of the records of that second
+            assert abs(seen[0] - _today_at(match.group(1))) <= 1.0, (printed, seen)
+
+
+def _today_at(clock: str) -> float:
+    hours, minutes, seconds = map(int, clock.split(":"))
+    return datetime.datetime.now().replace(hour=hours, minute=minutes, second=seconds, microsecond=0).timestamp()
+
+
+def test_the_leader_within_noise_of_the_runner_up_is_marked_a_tie(live):
+    from selenium.webdriver.common.by import By
+
+    study = live.study()
+    assert study.trials[1].value == study.trials[3].value  # the same config: the same completions
+    _open(live)
+    row = live.browser.find_element(By.CSS_SELECTOR, "table.leaderboard tbody tr")
+    assert row.get_attribute("data-trial") == "1" and "tie with trial 3" in row.text
+    assert "± " in row.text and "(n=8)" in row.text  # the value with its standard error over the 8 eval prompts
+    versus = live.browser.find_element(By.ID, "versus").text
+    assert "Trial 1 against the runner-up, trial 3" in versus and "a tie: tie: within noise of trial 3" in versus
+
+
+def test_each_trial_is_shown_what_it_is_doing_while_and_after_the_study_runs(live):
+    from selenium.webdriver.common.by import By
+
+    assert "training" in live.situations_seen and "running" not in live.situations_seen
+    assert "running" in live.index_row and "training" in live.index_row
+    _open(live)
+    shown = {int(c.get_attribute("data-trial")): c.get_attribute("data-situation")
+             for c in live.browser.find_elements(By.CSS_SELECTOR, "section.trial")}
+    assert shown == {0: "pruned", 1: "complete", 2: "pruned", 3: "complete", **{n: shown[n] for n in shown if n > 3}}
+    cells = {int(r.get_attribute("data-trial")): r.find_elements(By.TAG_NAME, "td")[1].text
+             for r in live.browser.find_elements(By.CSS_SELECTOR, "table.leaderboard tbody tr")}
+    assert cells[0] == cells[2] == "pruned" and cells[1] == cells[3] == "complete"
+
+
+def test_the_clone_forms_first_fields_are_the_searched_params_and_it_opens_at_once(live):
+    from selenium.webdriver.common.by import By
+
+    _open(live)
+    card = live.browser.find_element(By.CSS_SELECTOR, "section[data-trial='1']")
+    card.find_element(By.CSS_SELECTOR, "details.clone summary").click()
+    first = _wait(live, lambda d: card.find_element(By.CSS_SELECTOR, "form.clone-form fieldset .field"))
+    took = live.browser.execute_script(  # the form's request, as the browser timed it
+        "const e = performance.getEntriesByType('resource').filter(e => e.name.endsWith('/trials/1/config'));"
+        "return e[e.length - 1].duration / 1000")
+    legend = card.find_element(By.CSS_SELECTOR, "form.clone-form fieldset legend").text
+    assert legend.startswith("Searched") and first.get_attribute("data-name") == "learning_rate"
+    assert first.find_element(By.TAG_NAME, "label").text == "learning_rate"
+    set_here = card.find_elements(By.CSS_SELECTOR, "fieldset[data-group='set'] .field")
+    assert 0 < len(set_here) < 15  # what the trial sets, not every GRPOConfig field
+    assert not card.find_element(By.CSS_SELECTOR, "details.all-fields").get_attribute("open")
+    assert took < 1.0, f"the first clone form took {took:.2f} s"
+    card.find_element(By.CSS_SELECTOR, "details.clone summary").click()  # closed again

@@ -115,6 +115,7 @@ def test_progress_is_written_when_a_unit_starts_after_its_first_step_then_at_mos
         ("evaluating", 8)]  # listeners hear every step
     last = TrialRecord(study.trials[1]).progress
     assert last == writes[-1] and last.step_seconds == 1.0 and last.started == 100.0 and last.updated == 108.0
+    assert [w.stepped for w in writes] == [100.0, 101.0, 104.0, 107.0, 108.0]  # when each step ended (or phase began)
     assert [r["reward"] for r in last.step_logs()] == pytest.approx([0.1 * s for s in range(1, 9)])
     assert last.holder and last.gang == ()
 
@@ -165,13 +166,50 @@ def test_now_training_gives_the_chunk_and_trials_ends_from_measured_times(study)
     assert NowTraining.of(records[2]) is None  # nothing published for it
 
 
+def test_a_unit_with_no_step_for_several_step_times_reads_as_stuck_and_its_etas_are_on_hold(study, storage):
+    from rfopt.reports.status import summaries
+
+    now = time.time()
+    record = ProgressRecord(unit=1, num_units=2, phase="training", step=2, steps=8, global_step=10, started=now - 60,
+                            updated=now - 40, step_seconds=2.0, logs={}, stepped=now - 40)
+    schema.write_progress(_ref(study, study.trials[1]), record)
+    [flight] = now_training([TrialRecord(t) for t in study.trials])
+    silence = flight.silence
+    assert silence.usual == 2.0 and silence.stuck_at == pytest.approx(now - 40 + 10.0)  # 5 steps, at least 10 s
+    assert not flight.stuck(now - 35) and flight.stuck(now)
+    slow = flight.line(now=now - 35)
+    assert "chunk ends in ~" in slow and "STUCK" not in slow
+    stuck = flight.line(now=now)
+    assert "STUCK? no step for 40s (a step takes ~2 s): its ETAs are on hold until it moves" in stuck
+    assert "chunk ends in" not in stuck
+    # The index and `rfopt status` (studies of a storage) say it too, while a process runs the study.
+    with Presence(study, "run"):
+        [summary] = summaries(open_storage(storage))
+    [line] = summary.stuck
+    assert line.startswith("trial 1: no step for 4") and line.endswith("s (a step takes ~2 s)")
+    assert "STUCK? trial 1: no step for" in summary.line()
+
+
+def test_a_unit_evaluating_past_its_usual_evaluation_time_reads_as_stuck_too(study):
+    now = time.time()
+    record = ProgressRecord(unit=1, num_units=2, phase="evaluating", step=8, steps=8, global_step=16,
+                            started=now - 100, updated=now - 60, step_seconds=2.0, logs={}, stepped=now - 60)
+    schema.write_progress(_ref(study, study.trials[1]), record)
+    [flight] = now_training([TrialRecord(t) for t in study.trials])
+    assert flight.silence.usual == 2.0 and flight.silence.what == "evaluation"  # its units' evaluations took 2 s
+    assert "STUCK? evaluating for 1m00s (an evaluation takes ~2 s)" in flight.line(now=now)
+
+
 def test_compute_spent_is_counted_against_a_run_without_pruning(study):
     study.tell(study.trials[2].number, state=TrialState.PRUNED)
     cost = study_cost([TrialRecord(t) for t in study.trials])
     # Trained: 2 + 1 + 1 units; without pruning: 3 trials x 2 units. Left: trial 1's one unit.
     assert (cost.units_trained, cost.units_without_pruning, cost.units_left) == (4, 6, 1)
-    assert cost.seconds == pytest.approx(4 * 20.0) and cost.eta_seconds == pytest.approx(20.0)
-    assert cost.line().startswith("compute: 4 of 6 chunk units (67%) of a run without pruning · 1m20s of training")
+    assert cost.seconds == pytest.approx(4 * 20.0) and cost.units_saved == 1  # trial 2's second unit
+    assert cost.wall_seconds == pytest.approx(60.0)  # the first chunks started at 1000 s, the last one ended at 1060 s
+    # Said plainly: what pruning saved, and the summed training time labelled as such beside the wall time.
+    assert cost.line() == ("pruning saved 1 of 6 chunk units (17%) · 4 trained so far · 1m20s of training and "
+                           "evaluation summed over trials · 1m00s wall time since the first chunk started")
 
 
 # ---------------------------------------------------------------------- rfopt status
@@ -189,8 +227,10 @@ def test_status_says_what_trains_now_the_pending_requests_and_the_waiting_clones
         text = _status_text(study)
     lines = text.splitlines()
     assert lines[0].startswith("running: ")
-    assert lines[1].startswith("now training: trial 2 · chunk 2 of 2 · 3 of 8 steps done · for 20s · 6 s/step")
-    assert "compute: 4 of 6 chunk units (67%)" in text and "(2 chunk units of the trials started)" in text
+    assert lines[1].startswith("now training: trial 2 · chunk 2 of 2 · 3 of 8 steps done · for 2")  # 20 s, or so
+    assert "s · 6 s/step · chunk ends in ~" in lines[1]
+    assert "pruning saved 0 of 6 chunk units (0%) · 4 trained so far" in text
+    assert "\nstudy: ~" in text and "as if nothing more is pruned" in text and "; ends by " in text
     assert "pending: pause trial 1, asked by me@host" in text
     assert ("WAITING: trial 3 (clone of trial 1, warm from chunk 2 with {'learning_rate': 0.01}); starts when a slot "
             "frees") in text
@@ -210,7 +250,7 @@ def test_the_bar_advances_at_every_optimizer_step_of_the_units_in_flight():
         for step in range(1, 4):
             bar.step(UnitProgress(trial=1, unit=0, num_units=2, phase="training", step=step, steps=8, step_seconds=2.0))
             assert bar._bar.n == 8 + step and bar._bar.total == 32
-        assert "trial 1 chunk 1/2 step 3/8 (2 s/step)" in bar._bar.desc
+        assert "t1 c1/2 s3/8 2s/st" in bar._bar.desc
         bar(_Run(2, 4, 16, 32, {0: 1, 1: 1}, last=(1, 0, 0.5)))  # its unit committed: counted once
         assert bar._bar.n == 16
 
@@ -227,6 +267,53 @@ def test_not_in_a_terminal_the_progress_is_plain_lines_one_per_chunk_and_at_most
     assert "\r" not in stream.getvalue()
     assert lines == ["demo: trial 0 chunk 1/2 step 1/8 (1 s/step) · 1/32 steps, 0/4 chunks · 2 live · best 0.5",
                      "demo: trial 0 chunk 1 committed: 0.25 · 8/32 steps, 1/4 chunks · 2 live · best 0.5"]
+
+
+def test_the_bar_fits_100_columns_with_a_gang_in_flight():
+    stream = io.StringIO()
+    with ProgressBar("a-study-with-a-long-name", stream=stream, plain=False, watch_seconds=0) as bar:
+        bar(_Run(6, 26, 48, 208, {n: 1 for n in range(6)}))
+        for trial in (3, 4, 5):
+            bar.step(UnitProgress(trial=trial, unit=1, num_units=4, phase="training", step=5, steps=8,
+                                  step_seconds=12.5))
+        lines = [line for line in stream.getvalue().split("\r") if line.strip()]
+    assert "a-study-with-a-… t3,t4,t5 c2/4 s5/8 12s/st" in lines[-1]  # one group for the gang at the same step
+    assert max(len(line.rstrip("\n")) for line in lines) <= 100
+
+
+def test_with_its_study_the_bar_shows_the_leaderboards_best_the_counts_the_prunes_and_a_total_that_never_shrinks(
+        study):
+    stream = io.StringIO()
+    with ProgressBar("p", stream=stream, plain=True, study=study, watch_seconds=0) as bar:
+        bar(_Run(4, 6, 32, 48, {1: 1, 2: 1}))
+        first = bar._steps()[1]
+        # Trial 2 is pruned at its rung: the next round's counts change, the bar reads the study again.
+        schema.write_decision(_ref(study, study.trials[2]), schema.PruneDecision(
+            2, 0, True, "rank 3 of 3 at rung 0 (chunk 1; keeps top 2)", (0, 1), "SuccessiveHalvingPruner"))
+        study.tell(study.trials[2].number, state=TrialState.PRUNED)
+        run = _Run(4, 5, 32, 40, {1: 1}, last=(1, 0, 0.5))
+        run.counts = {"RUNNING": 1, "COMPLETE": 1, "PRUNED": 1}
+        bar(run)
+        assert bar._steps()[1] >= first  # the forecast expects less now: the total stays
+    lines = stream.getvalue().splitlines()
+    assert "p: trial 2 pruned: rank 3 of 3 at rung 0 (chunk 1; keeps top 2)" in lines
+    committed = next(line for line in lines if "committed" in line)
+    # The best as the leaderboard has it (trial 0, COMPLETE at 0.5), and the counts from the study's records.
+    assert "1 live, 1 done, 1 pruned" in committed and "best 0.5" in committed
+
+
+def test_a_log_gets_a_line_when_a_chunk_is_overdue(monkeypatch):
+    import rfopt.reports.display as display
+
+    monkeypatch.setattr(display, "STUCK_FLOOR", 0.2)
+    stream = io.StringIO()
+    with ProgressBar("demo", stream=stream, plain=True, plain_seconds=3600, watch_seconds=0.05) as bar:
+        bar(_Run(0, 4, 0, 32, {0: 0}))
+        bar.step(UnitProgress(trial=0, unit=0, num_units=2, phase="training", step=3, steps=8, step_seconds=0.01))
+        time.sleep(0.6)  # no step comes
+    overdue = [line for line in stream.getvalue().splitlines() if "stuck or very slow" in line]
+    assert overdue == [overdue[0]] and overdue[0].startswith("demo: trial 0 chunk 1/2: no step for ")
+    assert overdue[0].endswith("(a step takes ~0.01 s): stuck or very slow")
 
 
 # ---------------------------------------------------------------------- a study-level stop

@@ -80,7 +80,7 @@ def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_
 
     rows = study.leaderboard()
     assert [r.number for r in rows][0] == best.number
-    assert "COMPLETE" in study.leaderboard_text()
+    assert "complete" in study.leaderboard_text()
 
 
 def test_later_trials_are_asked_when_slots_free_and_sampler_sees_finished_ones(scripted, tiny_model, storage):

@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rfopt.errors import Refusal
+
 DEFAULT_STORAGE = "sqlite:///rfopt.db"
 VERBOSE_HELP = "log each trial's progress and show tracebacks"
 
@@ -20,11 +22,15 @@ def add_command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentPar
     return parser
 
 
+ONE_STUDY_HELP = "the study's name (may be left out where the storage holds one study)"
+
+
 def study_command(commands: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-    """The parser of a command on one study of a storage that exists: ``--storage``, and ``--study`` required."""
+    """The parser of a command on one study of a storage that exists: ``--storage``, and ``--study`` (which may be
+    left out where the storage holds one study: `one_study`)."""
     parser = add_command(commands, name, **kwargs)
     storage_argument(parser)
-    study_argument(parser, help="the study's name", required=True)
+    study_argument(parser, help=ONE_STUDY_HELP)
     return parser
 
 
@@ -56,7 +62,9 @@ def _positive_number(text: str, kind: str, unit: str = "") -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0{unit}, got {text}")
+    if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number more than 0{unit}, got {text}")
     return value
 
@@ -94,11 +102,25 @@ def existing_storage(url: str) -> Any:
     return open_storage(url, create=False)
 
 
-def load_study(args: argparse.Namespace) -> Any:
-    """The study ``--study`` names in ``--storage``, for a command that reads or steers it (`existing_storage`)."""
+def load_study(args: argparse.Namespace, storage: Any = None) -> Any:
+    """The study ``--study`` names in ``--storage`` (or the storage's only study), for a command that reads or steers
+    it (`existing_storage`)."""
     import rfopt
 
-    return rfopt.load_study(args.study_name, existing_storage(args.storage))
+    storage = storage if storage is not None else existing_storage(args.storage)
+    return rfopt.load_study(one_study(args, storage), storage)
+
+
+def one_study(args: argparse.Namespace, storage: Any) -> str:
+    """The study a command reads or steers: ``--study``, or the storage's only study (refused, naming them, where it
+    holds several or none)."""
+    if args.study_name is not None:
+        return args.study_name
+    names = sorted(s.study_name for s in storage.get_all_studies())
+    if len(names) == 1:
+        return names[0]
+    have = f"holds {len(names)}: {', '.join(names)}" if names else "holds none"
+    raise Refusal(f"which study? {args.storage} {have}; name one with --study NAME")
 
 
 def absolute_sqlite(storage: str) -> str:

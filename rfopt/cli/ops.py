@@ -43,13 +43,12 @@ def register(commands: Any) -> None:
 
 
 def halt_study(args: argparse.Namespace) -> int:
-    import rfopt
     from rfopt.engine import ops
     from rfopt.storage.database import open_storage
 
-    study = rfopt.load_study(args.study_name, open_storage(args.storage, create=False))
+    study = load_study(args, open_storage(args.storage, create=False))
     ops.halt(study.optuna)
-    print(f"study {args.study_name}: stop requested; every process running it stops at its trials' next chunk "
+    print(f"study {study.study_name}: stop requested; every process running it stops at its trials' next chunk "
           "boundary, and the trials stay resumable (run the study again to continue)")
     return 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .arguments import add_command, existing_storage, storage_argument, study_argument
+from .arguments import add_command, existing_storage, load_study, storage_argument, study_argument
 
 
 def register(commands: Any) -> None:
@@ -20,7 +20,6 @@ def register(commands: Any) -> None:
 
 
 def show_status(args: argparse.Namespace) -> int:
-    import rfopt
     from rfopt.reports.status import summaries
 
     storage = existing_storage(args.storage)
@@ -30,8 +29,10 @@ def show_status(args: argparse.Namespace) -> int:
             print(f"no studies in {args.storage}")
         for summary in found:
             print(summary.line())
-        return 0
-    study = rfopt.load_study(args.study_name, storage)
+        if len(found) != 1:
+            return 0
+        print()  # the storage's one study: shown whole, as --study would
+    study = load_study(args, storage)
     print(study.leaderboard_text())
     print()
     print(status_text(study.optuna))
@@ -43,9 +44,10 @@ def status_text(study: Any) -> str:
     not applied yet and the WAITING trials: what ``rfopt status --study`` prints under the leaderboard."""
     from optuna.trial import TrialState
 
+    from rfopt.reports.forecast import forecast
     from rfopt.reports.status import liveness
     from rfopt.reports.timeline import now_training, study_cost
-    from rfopt.storage.schema import TrialRecord
+    from rfopt.storage.schema import TrialRecord, study_record
 
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord(t) for t in trials]
@@ -55,9 +57,11 @@ def status_text(study: Any) -> str:
     if live.running:
         flights = now_training(records, processes)
         lines += [f"now training: {n.line()}" for n in flights] or ["now training: nothing (between chunks)"]
+        lines.append(_forecast_line(forecast(records, study_record(study).run_shape, processes),
+                                    [n.trial for n in flights if n.stuck()]))
     cost = study_cost(records, processes)
     if cost.units_without_pruning:
-        lines.append(cost.line() if live.running else cost.line().split(" · study:")[0])
+        lines.append(cost.line())
     for record in records:
         for request in record.pending:
             lines.append(f"pending: {request.op} trial {record.number}, asked by {request.by} at {request.at}; it "
@@ -71,3 +75,21 @@ def status_text(study: Any) -> str:
                 + (f" with {lineage.overrides}" if lineage.overrides else ""))
             lines.append(f"WAITING: trial {record.number} ({what}); starts when a slot frees in a run of the study")
     return "\n".join(lines)
+
+
+def _forecast_line(ahead: Any, stuck: list[int]) -> str:
+    """``study: ~4m10s left, ends by 12:03:40 (...)``: the page's forecast, in the same words; on hold while a trial
+    is stuck."""
+    import time
+
+    from rfopt.reports.timeline import clock_time
+
+    if stuck:
+        before = "" if ahead.end_at is None else f"; at its pace before, it ended by {clock_time(ahead.end_at)}"
+        return (f"study: its end is on hold while trial{'s' if len(stuck) > 1 else ''} "
+                f"{', '.join(map(str, stuck))} make{'s' if len(stuck) == 1 else ''} no progress "
+                f"({ahead.units_left:.3g} chunk units left{before})")
+    text = f"study: {ahead.text(time.time())}"
+    if ahead.end_at is not None and ahead.units_left > 0:
+        text += f"; ends by {clock_time(ahead.end_at)} (as its records of {clock_time(ahead.anchor)} say)"
+    return text

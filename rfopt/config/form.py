@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import types
 import typing
@@ -23,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import PLACEMENT_FIELDS, PLUMBING_FIELDS, grpo_default
+from .codec import PLACEMENT_FIELDS, PLUMBING_FIELDS, grpo_default, jsonable
+from .params import field_path
 from .trial import TrialConfig
 
 _DERIVED = {"generation_batch_size", "steps_per_generation"}
@@ -42,8 +44,9 @@ class FormField:
     """The override name: a GRPOConfig field (``learning_rate``), ``peft_config.<field>``, ``model`` or
     ``reward_funcs``."""
     group: str
-    """``set`` (searched, or not at TRL's default), ``peft_config`` (the adapter's main fields and any not at PEFT's
-    default), ``trial`` (model, reward functions) or ``more`` (every other field)."""
+    """``searched`` (the study's params, first), ``set`` (not at the value a GRPOConfig made with no arguments
+    holds), ``peft_config`` (the adapter's main fields and any not at PEFT's default), ``trial`` (model, reward
+    functions) or ``more`` (every other field: folded)."""
     kind: str
     """``float``, ``int``, ``bool``, ``choice``, ``text`` or ``json`` (lists, dicts, anything else: JSON text)."""
     value: Any
@@ -51,29 +54,33 @@ class FormField:
     nullable: bool
     choices: list[Any] | None = None
     help: str = ""
+    label: str = ""
+    """What the form calls it: the Optuna param's name where the study searches it (``lora_r``, as the leaderboard's
+    column), else the field's name."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def form_fields(config_json: str, params: Mapping[str, Any] | None = None) -> list[FormField]:
-    """The fields of a stored config, in the order the form shows them: the ones set (searched params first, then the
-    fields not at their default), the PEFT config's, the trial's model and reward functions, then every other
-    GRPOConfig and PEFT field."""
+    """The fields of a stored config, in the order the form shows them: the searched params first (under their param
+    names, as the leaderboard's columns), then the fields the trial sets (not at their default), the PEFT config's,
+    the trial's model and reward functions, then every other GRPOConfig and PEFT field."""
     from trl import GRPOConfig
 
     data = TrialConfig.config_dict(config_json)
-    params = dict(params or {})
+    searched = {_form_name(field_path(p)): p for p in params or {}}
     args = data.get("args") or {}
-    hints = typing.get_type_hints(GRPOConfig)
+    hints = _grpo_hints()
+    made = made_defaults()
     fields: list[FormField] = []
     for f in dataclasses.fields(GRPOConfig):
         if not f.init or f.name in PLUMBING_FIELDS or f.name in PLACEMENT_FIELDS:
             continue
         value = args.get(f.name, grpo_default(f.name))
-        changed = f.name in args or f.name in params
-        fields.append(_field(f.name, "set" if changed and f.name not in _DERIVED else "more", hints[f.name], value,
-                             grpo_default(f.name), f.metadata.get("help", "")))
+        changed = f.name in args and _plain(value) != made.get(f.name, _plain(grpo_default(f.name)))
+        group = "searched" if f.name in searched else "set" if changed and f.name not in _DERIVED else "more"
+        fields.append(_field(f.name, group, hints[f.name], value, grpo_default(f.name), f.metadata.get("help", "")))
     peft = data.get("peft_config")
     if peft is not None:
         from peft import PEFT_TYPE_TO_CONFIG_MAPPING
@@ -84,16 +91,57 @@ def form_fields(config_json: str, params: Mapping[str, Any] | None = None) -> li
             if not f.init or f.name not in peft or f.name in _PEFT_INTERNAL:
                 continue
             default = _jsonable_default(f)
+            name = f"peft_config.{f.name}"
             main = f.name in _PEFT_MAIN or _plain(peft[f.name]) != default
-            fields.append(_field(f"peft_config.{f.name}", "peft_config" if main else "more", peft_hints.get(f.name, Any),
-                                 peft[f.name], default, f.metadata.get("help", "")))
+            group = "searched" if name in searched else "peft_config" if main else "more"
+            fields.append(_field(name, group, peft_hints.get(f.name, Any), peft[f.name], default,
+                                 f.metadata.get("help", "")))
     fields.append(FormField("model", "trial", "json" if isinstance(data.get("model"), Mapping) else "text",
                             data.get("model"), None, False, None, "a Hub id or a local directory (or a factory)"))
     fields.append(FormField("reward_funcs", "trial", "json", data.get("reward_funcs"), None, False, None,
                             "import paths ('module:function'); each must import where the study runs"))
-    order = {"set": 0, "peft_config": 1, "trial": 2, "more": 3}
-    searched = list(params)
-    return sorted(fields, key=lambda f: (order[f.group], searched.index(f.name) if f.name in searched else len(searched)))
+    fields = [dataclasses.replace(f, label=searched.get(f.name, f.name),
+                                  group="searched" if f.name in searched else f.group) for f in fields]
+    order = {"searched": 0, "set": 1, "peft_config": 2, "trial": 3, "more": 4}
+    names = list(searched)
+    return sorted(fields, key=lambda f: (order[f.group], names.index(f.name) if f.name in names else len(names)))
+
+
+def prepare() -> None:
+    """Work out what `form_fields` needs of TRL once (its import, GRPOConfig's type hints and made defaults): seconds
+    the first time, so the dashboard does it when it starts."""
+    from peft import PEFT_TYPE_TO_CONFIG_MAPPING  # noqa: F401 - imported once, now
+
+    _grpo_hints()
+    made_defaults()
+
+
+@functools.cache
+def _grpo_hints() -> dict[str, Any]:
+    from trl import GRPOConfig
+
+    return typing.get_type_hints(GRPOConfig)
+
+
+@functools.cache
+def made_defaults() -> dict[str, Any]:
+    """Each GRPOConfig field's value, as JSON, in a GRPOConfig made with no arguments (after its ``__post_init__``,
+    which fills some fields in: ``accelerator_config``, ``debug``): a trial "sets" a field whose value differs."""
+    import tempfile
+    import warnings
+
+    from trl import GRPOConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = GRPOConfig(output_dir=tempfile.gettempdir(), use_cpu=True, bf16=False, report_to=[])
+    return {f.name: _plain(jsonable(getattr(made, f.name))) for f in dataclasses.fields(GRPOConfig)
+            if f.init and hasattr(made, f.name)}
+
+
+def _form_name(path: str) -> str:
+    """A config field's path as the form names it: ``args.learning_rate`` -> ``learning_rate``."""
+    return path[len("args."):] if path.startswith("args.") else path
 
 
 def reward_weighting(config_json: str) -> tuple[tuple[str, float], ...]:

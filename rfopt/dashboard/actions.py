@@ -99,6 +99,15 @@ def _clone_request(body: dict[str, Any]) -> tuple[dict[str, Any], list[str], boo
 
 
 # ---------------------------------------------------------------------- the clone form
+def warm_up() -> None:
+    """Import TRL and work out GRPOConfig's fields once, so that the first clone form opened is served at once (both
+    take seconds the first time). The server starts it in a thread."""
+    with FIRST_IMPORT:
+        from rfopt.config.form import prepare
+
+        prepare()
+
+
 def clone_form(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The clone form of a trial that has an rfopt config: its fields (`rfopt.config.form`), pre-filled with the
     trial's config, and whether a warm start is possible."""
@@ -120,12 +129,16 @@ def warm_start_offer(study: optuna.Study, record: TrialRecord) -> dict[str, Any]
         return {"available": False, "why": f"it trained all {record.num_units} chunks: a warm clone would have "
                 "nothing left to train"}
     try:
-        latest = CheckpointStore(where).latest(record.number)
+        units = CheckpointStore(where).latest_units(record.number)
     except Exception as exc:  # noqa: BLE001 - a store this process cannot reach: say so, offer no warm start
         return {"available": False, "why": f"its checkpoint store {where} cannot be read here ({exc})"}
-    if latest is None:
+    if units is None:
         return {"available": False, "why": f"its checkpoint is not in {where} (kept only while it trains)"}
-    return {"available": True, "why": f"from its checkpoint after chunk {record.committed}"}
+    if record.num_units is not None and units >= record.num_units:
+        return {"available": False, "why": f"its checkpoint is after its last chunk ({units}): a warm clone would have "
+                "nothing left to train"}
+    # The checkpoint a clone made now starts from (a chunk may be checkpointed before its value is committed).
+    return {"available": True, "why": f"from its checkpoint after chunk {units}", "after_chunk": units}
 
 
 class _FirstImport:

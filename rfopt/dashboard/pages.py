@@ -19,7 +19,6 @@ trained, when it should end) are sent as timestamps (``data-since``, ``data-unti
 
 from __future__ import annotations
 
-import datetime
 import html
 import json
 import math
@@ -30,11 +29,13 @@ from typing import Any
 import optuna
 
 from rfopt.compat import study_id_of
+from rfopt.noise import gap
 from rfopt.config.form import reward_weighting
 from rfopt.reports.status import Liveness, StudySummary, tally
-from rfopt.reports.charts import colour, comparison, parallel_svg, trial_labels
-from rfopt.reports.timeline import NowTraining, StudyCost, duration, now_training, study_cost
-from rfopt.storage.schema import TrialRecord, json_safe, study_record
+from rfopt.reports.charts import Lead, colour, comparison, lead, parallel_svg, trial_labels
+from rfopt.reports.forecast import Forecast, forecast
+from rfopt.reports.timeline import NowTraining, StudyCost, clock_time, duration, now_training, study_cost
+from rfopt.storage.schema import RunShape, TrialRecord, json_safe, study_record
 
 from .views import TrialView, trial_views
 
@@ -53,8 +54,8 @@ class StudyPage:
     running: bool
     """A process runs the study (its page refreshes every few seconds; else it stops until something changes)."""
     parts: dict[str, str]
-    """``facts``, ``liveness``, ``now``, ``warnings``, ``leaderboard``, ``why`` (the parallel coordinates): HTML, each
-    replaced whole when it changes."""
+    """``facts``, ``liveness``, ``now``, ``warnings``, ``leaderboard``, ``why`` (the parallel coordinates), ``versus``
+    (the leader against the runner-up, reward by reward): HTML, each replaced whole when it changes."""
     cards: list[tuple[int, str]]
     """Each trial's card (HTML), in leaderboard order."""
     figures: list[dict[str, Any]]
@@ -74,16 +75,18 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
     direction = study.directions[0] if len(study.directions) == 1 else None
     objective = record.settings.get("objective", "objective")
     compared = comparison(trials, direction, objective)
-    views = trial_views(trials, study)
+    views = trial_views(trials, study, live)
+    ahead = lead(trials, direction, objective)
     records = [TrialRecord(t) for t in trials]
     steerable = record.plan is not None
     parts = {
         "facts": _render_facts(study, record, views, objective, direction),
         "liveness": _render_liveness(live, sid, steerable),
-        "now": _render_now(records, live),
+        "now": _render_now(records, live, record.run_shape),
         "warnings": _render_warnings(records, objective),
-        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction),
+        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction, ahead),
         "why": parallel_svg(trials, direction, objective),
+        "versus": _render_versus(trials, ahead, objective),
     }
     cards = [(v.number, _render_trial(sid, v, steerable)) for v in views]
     figures = [json_safe(f.to_json()) for f in compared.figures]
@@ -117,6 +120,7 @@ def render_study(page: StudyPage) -> str:
     why = (
         "<section id='why'><h2>Why it wins</h2><div class='why' data-section='why'>"
         f"<div id='parallel' class='parallel-box'>{page.parts['why']}</div></div>"
+        f"<div id='versus'>{page.parts['versus']}</div>"
         f"<details id='side-by-side' data-url='/rfopt/studies/{sid}/compare'><summary>The same eval prompt, every "
         "trial's completion, each reward's score</summary><div class='side-body'>loading…</div></details></section>"
     )
@@ -139,7 +143,7 @@ def _render_facts(study: Any, record: Any, views: list[TrialView], objective: st
     plan = record.plan
     counts: dict[str, int] = {}
     for v in views:
-        counts[v.state] = counts.get(v.state, 0) + 1
+        counts[v.situation] = counts.get(v.situation, 0) + 1
     shown = tally(counts) if counts else "none yet"
     facts = [
         f"objective: {_e(objective)} ({direction.name.lower() if direction else 'multi-objective'})",
@@ -155,15 +159,19 @@ def _render_liveness(live: Liveness, study_id: int, steerable: bool) -> str:
             f"{_e(live.message)}</p>")
 
 
-def _render_now(records: list[TrialRecord], live: Liveness) -> str:
-    """What trains now, one line per trial in flight, with ETAs; and the compute spent and left."""
-    flights = now_training(records, max(1, len(live.holders))) if live.running else []
-    cost = study_cost(records, processes=max(1, len(live.holders)))
+def _render_now(records: list[TrialRecord], live: Liveness, shape: RunShape | None) -> str:
+    """What trains now, one line per trial in flight (with its silence: slow or stuck), the study's forecast, and the
+    compute pruning saved."""
+    processes = max(1, len(live.holders))
+    flights = now_training(records, processes) if live.running else []
+    cost = study_cost(records, processes=processes)
     lines = "".join(_now_line(n) for n in flights)
     if live.running and not flights:
         lines = "<li class='between'>between chunks (choosing, loading or committing one)</li>"
     head = "<h2>Now training</h2>" if flights else ""
-    return f"{head}<ul class='now'>{lines}</ul>{_cost_line(cost, flights)}" if (lines or cost.units_without_pruning) else ""
+    eta = _eta_line(forecast(records, shape, processes), flights) if live.running else ""
+    body = f"{head}<ul class='now'>{lines}</ul>{eta}{_cost_line(cost)}"
+    return body if (lines or cost.units_without_pruning) else ""
 
 
 def _now_line(now: NowTraining) -> str:
@@ -183,27 +191,47 @@ def _now_line(now: NowTraining) -> str:
         parts.append(f"chunk ends <span class='clock' data-until='{now.chunk_end_at:.0f}'>"
                      f"by {_clock_time(now.chunk_end_at)}</span>")
     if now.trial_end_at is not None and p.unit + 1 < p.num_units:
-        parts.append(f"its last chunk done <span class='clock' data-until='{now.trial_end_at:.0f}'>"
+        parts.append(f"its last chunk, if it is kept, done <span class='clock' data-until='{now.trial_end_at:.0f}'>"
                      f"by {_clock_time(now.trial_end_at)}</span>")
     if len(p.gang) > 1:
         parts.append(f"trained together with trials {', '.join(str(n) for n in p.gang if n != now.trial)}")
-    return (f"<li data-trial='{now.trial}' data-unit='{p.unit}' data-step='{p.step}' data-phase='{p.phase}'>"
-            f"{' · '.join(parts)}</li>")
+    silence = now.silence
+    quiet = ""
+    stuck = ""
+    if silence is not None:
+        noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading"}[silence.what]
+        quiet = (f" data-moved='{silence.since:.1f}' data-stuck-at='{silence.stuck_at:.1f}' data-quiet='{noun}' "
+                 f"data-usual='{_e(silence.usual_text())}'")
+        if now.stuck():
+            stuck = " stuck"
+    text = silence.text() + ": stuck or very slow; ETAs on hold" if stuck and silence is not None else ""
+    return (f"<li class='flight{stuck}' data-trial='{now.trial}' data-unit='{p.unit}' data-step='{p.step}' "
+            f"data-phase='{p.phase}'{quiet}>{' · '.join(parts)} <span class='silence'>{_e(text)}</span></li>")
 
 
-def _cost_line(cost: StudyCost, flights: list[NowTraining]) -> str:
+def _eta_line(ahead: Forecast, flights: list[NowTraining]) -> str:
+    """The study's forecast (`rfopt.reports.forecast`): when it ends, as its pruner's schedule lets the trials go on,
+    with a range where that is an expectation."""
+    if ahead.units_left <= 0:
+        return ""
+    if ahead.end_at is None:
+        return (f"<p id='eta' class='eta'>study: {ahead.units_left:.3g} chunk units left ({_e(ahead.schedule)}); "
+                "no unit's time measured yet</p>")
+    ends = (f"ends <span class='clock' data-until='{ahead.end_at:.0f}'>by {_clock_time(ahead.end_at)}</span>")
+    if ahead.ranged and ahead.end_at_max is not None:
+        ends += (f", <span class='clock' data-until='{ahead.end_at_max:.0f}'>by {_clock_time(ahead.end_at_max)}"
+                 "</span> at the latest (if nothing more is pruned)")
+    stuck = " on-hold" if any(n.stuck() for n in flights) else ""
+    return (f"<p id='eta' class='eta{stuck}' data-end='{ahead.end_at:.0f}' data-anchor='{ahead.anchor:.0f}' "
+            f"data-units='{ahead.units_left:.3g}' title='from the records written up to {_clock_time(ahead.anchor)}'>study "
+            f"{ends} · {ahead.units_left:.3g} chunk units left of {ahead.trials} live trial"
+            f"{'s' if ahead.trials != 1 else ''} ({_e(ahead.schedule)})</p>")
+
+
+def _cost_line(cost: StudyCost) -> str:
     if not cost.units_without_pruning:
         return ""
-    text = (f"compute: <b>{cost.units_trained} of {cost.units_without_pruning}</b> chunk units "
-            f"({100 * (cost.fraction or 0):.0f}%) that training every started trial to its end would take · "
-            f"{duration(cost.seconds)} of training and evaluation so far")
-    if flights and cost.units_left and cost.eta_seconds is not None:
-        anchor = max(n.progress.updated for n in flights)
-        spread = f", {cost.processes} processes" if cost.processes > 1 else ""
-        text += (f" · study ends <span class='clock' data-until='{anchor + cost.eta_seconds:.0f}'>by "
-                 f"{_clock_time(anchor + cost.eta_seconds)}</span> at this pace if nothing more is pruned "
-                 f"({cost.units_left} chunk units left of the trials started{spread})")
-    return f"<p id='cost' class='hint'>{text}</p>"
+    return f"<p id='cost' class='hint'>{_e(cost.line())}</p>"
 
 
 def _render_warnings(records: list[TrialRecord], objective: str) -> str:
@@ -226,7 +254,8 @@ def _render_warnings(records: list[TrialRecord], objective: str) -> str:
             f"one reward's eval column, or clone with the same reward_weights.<ul>{items}</ul></div>")
 
 
-def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any) -> str:
+def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any,
+                        ahead: Lead | None = None) -> str:
     """Every trial in a table, best first (`views` come in that order); the page sorts it by any column."""
     maximize = direction is not None and direction.name == "MAXIMIZE"
     params = list(dict.fromkeys(k for v in views for k in v.params))
@@ -245,20 +274,22 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
     rows = []
     for v in views:
         star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
+        if v.number == best and ahead is not None and ahead.tie:
+            star += f" <span class='tie' title='{_e(ahead.text())}'>tie with trial {ahead.runner_up}</span>"
         name = (f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial {v.number}</span>"
                 f"{star}")
         elapsed = v.ended - v.started if v.started is not None and v.ended is not None else None
         cells = [
             (v.number, name),
-            (v.state, _e(v.state.lower())),
-            (v.value, _num(v.value)),
+            (v.situation, _e(v.situation)),
+            (v.value, _value_cell(v)),
             (None if v.value_step is None else v.value_step + 1, _num(None if v.value_step is None else v.value_step + 1)),
             (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
         ]
         cells += [_param_cell(v, p) for p in params]
         cells += [(v.eval.get(k), _num(v.eval.get(k))) for k in rewards]
         cells += [(v.lineage, _e(v.lineage))] if lineage else []
-        if v.started is not None and v.ended is None and v.state == "RUNNING":
+        if v.started is not None and v.ended is None and v.situation == "training":
             since = f"since {_clock_time(v.started)}"
             cells += [(v.started, f"<span class='clock' data-since='{v.started:.0f}' title='{since}'>{since}</span>")]
         elif elapsed is not None:
@@ -274,6 +305,68 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
         f"<div class='table-scroll'><table class='leaderboard'><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table></div></section>"
     )
+
+
+def _render_versus(trials: Sequence[optuna.trial.FrozenTrial], ahead: Lead | None, objective: str) -> str:
+    """The leader against the runner-up, reward by reward: each reward function's eval mean for both, its weight in
+    the objective, and the weighted gap with its standard error (prompt by prompt), the total last; which reward the
+    lead comes from."""
+    if ahead is None:
+        return ""
+    by_number = {t.number: TrialRecord(t) for t in trials}
+    best, other = by_number[ahead.best], by_number[ahead.runner_up]
+    units = [_value_unit(best), _value_unit(other)]
+    if best.config_json is None or None in units:
+        return ""
+    rows = []
+    for name, weight in reward_weighting(best.config_json):
+        a, b = (_unit_of(r, u) for r, u in zip((best, other), units))
+        mean_a, mean_b = (m.eval.get(f"rewards/{name}/mean") if m else None for m in (a, b))
+        if mean_a is None or mean_b is None:
+            continue
+        found = gap([weight * x for x in a.scores_of(name)], [weight * y for y in b.scores_of(name)])
+        rows.append((name, weight, mean_a, mean_b, weight * (mean_a - mean_b), found))
+    if not rows:
+        return ""
+    lead_from = max(rows, key=lambda r: r[4] if ahead.gap.difference >= 0 else -r[4])[0]
+    cells = ""
+    for name, weight, x, y, diff, found in rows:
+        marked = " class='lead-from'" if name == lead_from and not ahead.tie else ""
+        error = f" <span class='sem'>± {found.stderr:.2g}</span>" if found is not None and found.stderr is not None else ""
+        noisy = " <span class='sem'>(within noise)</span>" if found is not None and found.within_noise else ""
+        cells += (f"<tr{marked}><td>{_e(name)}</td><td>× {weight:g}</td><td>{_num(x)}</td><td>{_num(y)}</td>"
+                  f"<td>{diff:+.3g}{error}{noisy}</td></tr>")
+    error = f" <span class='sem'>± {ahead.gap.stderr:.2g}</span>" if ahead.gap.stderr is not None else ""
+    total = (f"<tr class='total'><td>{_e(objective)} (the value)</td><td></td><td>{_num(best.value)}</td>"
+             f"<td>{_num(other.value)}</td><td>{ahead.gap.difference:+.3g}{error}</td></tr>")
+    chunks = (f"after chunk {units[0] + 1}" if units[0] == units[1]
+              else f"trial {ahead.best} after chunk {units[0] + 1}, trial {ahead.runner_up} after chunk {units[1] + 1}")
+    verdict = (f"<b class='tie'>a tie</b>: {_e(ahead.text())}" if ahead.tie else
+               f"the lead comes mostly from <b>{_e(lead_from)}</b>: {_e(ahead.text())}")
+    return (f"<h3>Trial {ahead.best} against the runner-up, trial {ahead.runner_up}</h3>"
+            f"<table class='versus'><thead><tr><th>reward</th><th>weight</th><th>trial {ahead.best}</th>"
+            f"<th>trial {ahead.runner_up}</th><th>weighted gap</th></tr></thead><tbody>{cells}{total}</tbody></table>"
+            f"<p class='hint'>eval means {chunks}; {verdict}</p>")
+
+
+def _value_unit(record: TrialRecord) -> int | None:
+    values = record.trial.intermediate_values
+    return max(values) if values else None
+
+
+def _unit_of(record: TrialRecord, unit: int | None) -> Any:
+    return next((m for m in record.unit_metrics() if m.unit == unit), None)
+
+
+def _value_cell(v: TrialView) -> str:
+    """The value, with its standard error and eval count beneath where its unit stored per-prompt scores."""
+    if v.value is None:
+        return "-"
+    if v.eval_count is None:
+        return _num(v.value)
+    error = "" if v.value_error is None else f"± {v.value_error:.2g} "
+    return (f"{_num(v.value)}<br><span class='sem' title='standard error of the mean over {v.eval_count} eval "
+            f"prompts'>{error}(n={v.eval_count})</span>")
 
 
 def _by_gang(gangs: dict[int, tuple[int, ...]]) -> list[tuple[tuple[int, ...], list[int]]]:
@@ -298,10 +391,12 @@ def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
 
 def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
     api = f"/rfopt/api/studies/{study_id}/trials/{v.number}"
-    state = v.state + (" · paused" if v.paused else "")
+    state = v.situation
+    if v.situation == "training" and len(v.gang) > 1:
+        state += f" with trials {', '.join(str(n) for n in v.gang if n != v.number)}"
     steps = f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "") + " chunks trained"
-    value = (f"value {_num(v.value)} after chunk {v.value_step + 1}" if v.value is not None and v.value_step is not None
-             else "no value yet")
+    value = (f"value {_e(v.value_text())} after chunk {v.value_step + 1}"
+             if v.value is not None and v.value_step is not None else "no value yet")
     notes = []
     if v.params:
         notes.append(", ".join(f"{_e(k)}={_e(_num(p))}" for k, p in v.params.items()))
@@ -352,7 +447,8 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
             f"({n} chunk{'s' if n > 1 else ''})</summary><div class='samples-body'>loading…</div></details>"
         )
     return (
-        f"<section class='trial {v.state.lower()}' data-trial='{v.number}' data-state='{v.state}'>"
+        f"<section class='trial {v.state.lower()} {v.situation}' data-trial='{v.number}' data-state='{v.state}' "
+        f"data-situation='{v.situation}' data-pending='{' '.join(v.pending)}'>"
         f"<header><span class='swatch' style='background:{v.colour}'></span><h3>Trial {v.number}</h3>"
         f"<span class='state'>{_e(state)}</span><span class='progress'>{steps}</span><span>{value}</span>"
         f"<a href='/dashboard/studies/{study_id}/trials?numbers={v.number}'>details</a></header>"
@@ -386,22 +482,27 @@ def render_samples(record: TrialRecord) -> str:
     return "".join(parts) or "<p class='hint'>no samples stored yet</p>"
 
 
-def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: Any) -> str:
-    """Each eval prompt of the trials' latest samples, with every trial's completion of it and each reward's score,
-    best total first; a select shows one prompt at a time."""
+def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: Any, unit: int | None = None,
+                        url: str = "") -> str:
+    """Each eval prompt of the trials' samples after one chunk (`unit`; by default the last chunk at least two
+    trials have samples of), with every trial's completion of it and each reward's score, best total first: trials
+    compared at the same chunk. A select shows one prompt at a time, another picks the chunk (`url` loads it)."""
     labels = trial_labels(trials)
+    stored = {t.number: TrialRecord(t).samples() for t in trials}
+    units = sorted({u for samples in stored.values() for u in samples})
+    if not units:
+        return "<p class='hint'>no samples stored yet</p>"
+    if unit is None or unit not in units:
+        shared = [u for u in units if sum(u in samples for samples in stored.values()) >= 2]
+        unit = (shared or units)[-1]
     by_prompt: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
     for t in trials:
-        samples = TrialRecord(t).samples()
-        if not samples:
-            continue
-        unit = max(samples)
-        for sample in samples[unit]:
+        for sample in stored[t.number].get(unit, []):
             by_prompt.setdefault(str(sample.get("prompt", "")), []).append((t.number, unit, sample))
-    if not by_prompt:
-        return "<p class='hint'>no samples stored yet</p>"
     sign = -1 if direction is not None and direction.name == "MINIMIZE" else 1
     options = "".join(f"<option value='{i}'>prompt {i + 1}: {_e(_cut(p, 80))}</option>" for i, p in enumerate(by_prompt))
+    chunks = "".join(f"<option value='{u}'{' selected' if u == unit else ''}>after chunk {u + 1} "
+                     f"({sum(u in samples for samples in stored.values())} trials)</option>" for u in units)
     sections = []
     for i, (prompt, rows) in enumerate(by_prompt.items()):
         scores = list(dict.fromkeys(k for _, _, s in rows for k in s if k not in ("prompt", "completion", "reward")))
@@ -416,8 +517,9 @@ def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: A
         sections.append(f"<section class='prompt' data-prompt='{i}'{'' if i == 0 else ' hidden'}><pre class='prompt-text'>"
                         f"{_e(prompt)}</pre><table class='samples'><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
                         "</table></section>")
-    return (f"<p><label>eval prompt <select class='prompt-picker'>{options}</select></label> "
-            "<span class='hint'>each trial's latest evaluation of it</span></p>" + "".join(sections))
+    return (f"<p data-unit='{unit}'><label>eval prompt <select class='prompt-picker'>{options}</select></label> "
+            f"<label>trials compared <select class='chunk-picker' data-url='{_e(url)}'>{chunks}</select></label> "
+            "<span class='hint'>every trial's completion after the same chunk</span></p>" + "".join(sections))
 
 
 # ---------------------------------------------------------------------- the index
@@ -430,7 +532,7 @@ def render_index(studies: list[StudySummary]) -> str:
         rows.append(
             f"<tr data-study='{sid}'><td><a href='/rfopt/studies/{sid}'>{_e(s.name)}</a></td><td>{kind}</td>"
             f"<td>{tally(s.counts)}</td><td>{best}</td><td class='status {s.status}' title='{_e(s.live.message)}'>"
-            f"{s.status}</td>"
+            f"{s.status}{''.join(f'<span class=stuck>⚠ {_e(line)}</span>' for line in s.stuck)}</td>"
             f"<td><a href='/dashboard/studies/{sid}'>optuna-dashboard</a></td></tr>"
         )
     table = ("<table class='index'><tr><th>study</th><th>kind</th><th>trials</th><th>best value</th><th>now</th><th></th>"
@@ -486,6 +588,4 @@ def _cut(text: str, n: int) -> str:
 
 def _clock_time(epoch: float) -> str:
     """The local time of day (with the date when not today), as the server's clock reads it."""
-    when = datetime.datetime.fromtimestamp(epoch).astimezone()
-    today = datetime.datetime.now().astimezone().date()
-    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M")
+    return clock_time(epoch)

@@ -94,9 +94,14 @@ class _Routes:
         return _html(pages.render_samples(TrialRecord(trial)))
 
     def side_by_side(self, study_id: int) -> Any:
+        """The same eval prompt across trials, after one chunk (``?unit=``: Optuna's step; default: the last chunk at
+        least two trials have samples of)."""
         study = self._study(study_id)
         direction = study.directions[0] if len(study.directions) == 1 else None
-        return _html(pages.render_side_by_side(study.get_trials(deepcopy=False), direction))
+        unit = request.query.get("unit", "")
+        return _html(pages.render_side_by_side(study.get_trials(deepcopy=False), direction,
+                                               int(unit) if unit.isdigit() else None,
+                                               f"/rfopt/studies/{study_id}/compare"))
 
     # ------------------------------------------------------------------ static files
     def static_file(self, name: str) -> Any:
@@ -116,7 +121,8 @@ class _Routes:
     # ------------------------------------------------------------------ data
     def trials_api(self, study_id: int) -> Any:
         study = self._study(study_id)
-        return {"trials": [json_safe(v.to_json()) for v in trial_views(study.get_trials(deepcopy=False), study)]}
+        trials = study.get_trials(deepcopy=False)
+        return {"trials": [json_safe(v.to_json()) for v in trial_views(trials, study, liveness(study, trials))]}
 
     def config_api(self, study_id: int, number: int) -> Any:
         """The clone form's fields, pre-filled with the trial's config, and whether a warm start is possible."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,6 +24,7 @@ import optuna
 from rfopt import compat
 from rfopt.engine.artifacts import StudyArtifacts
 
+from . import actions
 from .access import TOKEN_ENV, Guard, is_loopback, resolve_token
 from .routes import add_routes
 
@@ -141,6 +143,8 @@ def make_server(
         raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port or --host") from exc
     server.token = token
     server.public_host = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+    # TRL's import and GRPOConfig's fields take seconds the first time: done now, not when the first clone form opens.
+    threading.Thread(target=actions.warm_up, name="rfopt-warm-up", daemon=True).start()
     return server
 
 

@@ -20,13 +20,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from rfopt import noise
 from rfopt.engine.clones import held_as
-from rfopt.reports.status import STATE_ORDER, Liveness
 from rfopt.reports.charts import best_trial, colour, trial_labels
+from rfopt.reports.status import SITUATIONS, Liveness, situation
 from rfopt.reports.timeline import TrialTimes
-from rfopt.storage.schema import TrialRecord, gang_plan, pbt_steps
+from rfopt.storage.schema import TrialRecord, gang_plan, pbt_steps, study_record
 
-_STATE_ORDER = {state: i for i, state in enumerate(STATE_ORDER)}
+_ORDER = {state: i for i, state in enumerate(SITUATIONS)}
 
 
 @dataclass
@@ -38,7 +39,8 @@ class TrialView:
     """Optuna's state name, or ``CANCELLED`` for a clone cancelled before it started."""
     paused: bool
     pending: list[str]
-    """Ops requested and not applied (nor withdrawn) yet, oldest first."""
+    """Ops requested and not applied (nor withdrawn) yet, oldest first; none once the trial ended (they never
+    apply)."""
     steps_done: int
     """Chunks trained, a warm clone's inherited ones included."""
     num_steps: int | None
@@ -70,18 +72,31 @@ class TrialView:
     ended: float | None = None
     chunk_seconds: dict[int, float] = field(default_factory=dict)
     """Each committed unit's duration, training and evaluation."""
+    situation: str = ""
+    """What it is doing, in the words every view uses (`rfopt.reports.status.situation`): queued, training, paused,
+    interrupted, complete, pruned, stopped, failed, cancelled."""
+    gang: tuple[int, ...] = ()
+    """The trials it trains with now (its unit in flight's gang, else its last one's), itself included."""
+    value_error: float | None = None
+    """The standard error of `value` over the eval prompts (`rfopt.noise`); None where not stored."""
+    eval_count: int | None = None
+    """Eval prompts `value` is the mean of."""
 
     @classmethod
-    def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None) -> TrialView:
+    def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None,
+           live: Liveness | None = None, objective: str = "reward") -> TrialView:
         record = TrialRecord(trial)
         units = record.unit_metrics()
         values = trial.intermediate_values
         times = TrialTimes.of(record)
+        flight = record.in_flight
+        last_gang = gang_plan(trial, max(values)) if values else None
+        estimate = _value_estimate(record, objective)
         return cls(
             number=trial.number,
             state=record.shown_state,
             paused=record.paused,
-            pending=[r.op for r in record.pending],
+            pending=[r.op for r in record.pending] if trial.state == TrialState.RUNNING else [],
             steps_done=record.committed,
             num_steps=record.num_units,
             value=record.value,
@@ -102,18 +117,33 @@ class TrialView:
             started=_epoch(times.start),
             ended=_epoch(times.end),
             chunk_seconds=times.chunk_seconds,
+            situation=situation(record, live),
+            gang=flight.gang if flight is not None and flight.gang else last_gang.numbers if last_gang else (),
+            value_error=None if estimate is None else estimate.stderr,
+            eval_count=None if estimate is None else estimate.n,
         )
 
     @property
     def controls(self) -> list[str]:
-        """The control buttons shown for this trial (the server checks each request again)."""
+        """The control buttons shown for this trial (the server checks each request again). A pending request's one
+        undo is its "Withdraw" (`pending`): while one is pending, no button asks for its opposite."""
         shown = []
-        if self.state == "RUNNING" and "stop" not in self.pending:
-            shown.append("resume" if self.paused or self.pending[-1:] == ["pause"] else "pause")
+        if self.state == "RUNNING" and not self.pending:
+            shown.append("resume" if self.paused else "pause")
+            shown.append("stop")
+        elif self.state == "RUNNING" and "stop" not in self.pending:
             shown.append("stop")
         if self.can_cancel:
             shown.append("cancel")
         return shown + (["clone"] if self.can_clone else [])
+
+    def value_text(self) -> str:
+        """``0.3 ± 0.05 (8 prompts)``: the value with its standard error where the unit stored its scores."""
+        if self.value is None:
+            return "-"
+        if self.eval_count is None:
+            return f"{self.value:.4g}"
+        return noise.Estimate(self.value, self.value_error, self.eval_count).text()
 
     @property
     def lineage(self) -> str:
@@ -136,15 +166,28 @@ class TrialView:
         return data
 
 
-def trial_views(trials: Sequence[optuna.trial.FrozenTrial], study: Any = None) -> list[TrialView]:
-    """Every trial, in leaderboard order when `study` (its direction) is given (`leaderboard_order`), else running
-    first, then waiting, finished; by number within each."""
+def trial_views(trials: Sequence[optuna.trial.FrozenTrial], study: Any = None,
+                live: Liveness | None = None) -> list[TrialView]:
+    """Every trial, in leaderboard order when `study` (its direction) is given (`leaderboard_order`), else live
+    first (`rfopt.reports.status.SITUATIONS`), then finished; by number within each. `live`: who runs the study
+    (a RUNNING trial nobody runs is ``interrupted``)."""
     labels = trial_labels(trials)
     replaced = _replacements(trials, study) if study is not None else {}
-    views = [TrialView.of(t, labels[t.number], replaced.get(t.number)) for t in trials]
+    objective = study_record(study).objective if study is not None else "reward"
+    views = [TrialView.of(t, labels[t.number], replaced.get(t.number), live, objective) for t in trials]
     if study is not None and len(study.directions) == 1:
         return leaderboard_order(views, best_trial(trials, study.directions[0])[0], study.directions[0])
-    return sorted(views, key=lambda v: (_STATE_ORDER.get(v.state, 9), v.number))
+    return sorted(views, key=lambda v: (_ORDER.get(v.situation, 9), v.number))
+
+
+def _value_estimate(record: TrialRecord, objective: str) -> noise.Estimate | None:
+    """The value's mean and standard error over the eval prompts, from its unit's stored scores."""
+    values = record.trial.intermediate_values
+    if not values:
+        return None
+    unit = max(values)
+    scores = next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == unit), [])
+    return noise.estimate(scores) if scores else None
 
 
 def leaderboard_order(views: list[TrialView], best: int | None, direction: Any) -> list[TrialView]:

@@ -21,6 +21,7 @@ from typing import Any
 import optuna
 
 from rfopt.compat import storage_of, study_id_of, trial_id_of
+from rfopt.reports.status import situation
 from rfopt.reports.trial_svg import charts_svg
 from rfopt.storage.files import is_url
 from rfopt.storage.schema import TrialRecord, study_record
@@ -157,10 +158,14 @@ def trial_note(record: TrialRecord, objective: str = "reward", kept: str = "", s
     units = record.unit_metrics()
     values = record.trial.intermediate_values
     total = f" of {record.num_units}" if record.num_units else ""
-    lines = [f"### rfopt: trial {record.number}, {record.committed}{total} chunks"]
+    state = situation(record)
+    lines = [f"### rfopt: trial {record.number}, {state}, {record.committed}{total} chunks"]
+    if state == "paused":
+        lines.append("\n**paused** (rfopt): Optuna keeps it RUNNING. Resume it on rfopt's page or with `rfopt resume`; "
+                     "optuna-dashboard's Fail Trial button would end it for good.")
     reason = record.end_reason
     if reason:
-        lines.append(f"\n**{record.state.name}**: {_cell(reason)}")
+        lines.append(f"\n**{state}**: {_cell(reason)}")
     if units:
         keys = sorted({k for m in units for k in m.eval})
         lines += ["", "| step | after chunk | " + f"{objective} (value) | " + " | ".join(keys) + " |",

@@ -42,18 +42,25 @@ class Clone:
     number: int
     notes: tuple[str, ...] = ()
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    start_unit: int = 0
+    """A warm clone's start: its parent's units in the checkpoint it starts from (it trains chunk `start_unit` + 1
+    next)."""
+
+    def _start(self, warm_start: bool) -> str:
+        return f"from its parent's checkpoint after chunk {self.start_unit}" if warm_start else ""
 
     def describe(self, parent: int, warm_start: bool) -> str:
-        """``trial 7: clone of trial 3 with learning_rate=2e-06 enqueued from its parent's latest checkpoint``."""
+        """``trial 7: clone of trial 3 with learning_rate=2e-06 enqueued from its parent's checkpoint after chunk
+        2``."""
         changes = ", ".join(f"{name}={value!r}" for name, value in self.overrides.items()) or "no changes"
-        start = " from its parent's latest checkpoint" if warm_start else ""
+        start = f" {self._start(warm_start)}" if warm_start else ""
         notes = "".join(f"; note: {note}" for note in self.notes)
         return f"trial {self.number}: clone of trial {parent} with {changes} enqueued{start}{notes}"
 
     def describe_check(self, parent: int, warm_start: bool) -> str:
         """What a check-only clone found: ``a clone of trial 3 with learning_rate=2e-06 would be accepted ...``."""
         changes = ", ".join(f"{name}={value!r}" for name, value in self.overrides.items()) or "no changes"
-        start = ", from its parent's latest checkpoint" if warm_start else ""
+        start = f", {self._start(warm_start)}" if warm_start else ""
         notes = "".join(f"; note: {note}" for note in self.notes)
         return (f"checked: a clone of trial {parent} with {changes}{start} would be accepted (nothing written): its "
                 f"config, chunk plan, first chunk's GRPOConfig and adapter (on the model's shape); not checked until it "
@@ -116,7 +123,7 @@ def clone(
                 "nothing left to train"
             )
     if check_only:
-        return Clone(-1, tuple(notes), dict(overrides))
+        return Clone(-1, tuple(notes), dict(overrides), start_unit)
     lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
                       by=by or schema.who(), at=schema.now(), **({"token": token} if token else {}))
     explored = dict(params or {})
@@ -142,7 +149,7 @@ def clone(
         raise
     # Found by its token in any state: a process running the study may have started it already.
     number = clone_with_token(study, lineage.token)
-    return Clone(number, tuple(notes), dict(overrides))
+    return Clone(number, tuple(notes), dict(overrides), start_unit)
 
 
 def clone_with_token(study: optuna.Study, token: str) -> int | None:

@@ -280,7 +280,7 @@ class RayCluster:
         watcher = Watcher(study)
         finished_at: float | None = None
         restarts = 0
-        with Bar(job.study_name, enabled=show_progress_bar) as bar:
+        with Bar(job.study_name, enabled=show_progress_bar, study=study) as bar:
             while pending := [ref for group in groups for ref in group.pending]:
                 done, _ = ray.wait(pending, num_returns=len(pending), timeout=self.poll_seconds)
                 for ref in done:

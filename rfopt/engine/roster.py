@@ -42,6 +42,7 @@ from rfopt.training.evaluation import EvalPrompts
 from rfopt.training.runner import ChunkAborted
 
 from . import ops, unit
+from .artifacts import publish_note
 from .population import PopulationRungs
 from .scheduler import LiveTrial, completed_rungs
 from .unit import Claim, Context, Live
@@ -235,6 +236,7 @@ class Roster:
             if live.paused:  # free its memory; it continues from its checkpoint
                 live.runner.cleanup()
                 live.loaded = False
+            publish_note(live.trial)  # its optuna-dashboard note says paused (or no longer)
 
     # ------------------------------------------------------------------ rungs
     def _pending(self, step: int) -> list[Live]:

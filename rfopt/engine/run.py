@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import shutil
 import tempfile
 import uuid
@@ -34,6 +35,7 @@ from optuna.trial import TrialState
 from rfopt.compat import storage_of
 from rfopt.config.spaces import ListSpace, as_space
 from rfopt.errors import RfoptError
+from rfopt.pruning import describe as pruning_outlook
 from rfopt.reports.display import ProgressBar
 from rfopt.reports.status import state_counts
 from rfopt.storage import schema
@@ -108,7 +110,7 @@ def _run_alone(study: optuna.Study, checked: CheckedRun, pool: ModelPool, checkp
         store = claim_store(study, checkpoint_dir)
         n_trials = record(study, checked)
         max_concurrent = request.max_concurrent or max(1, min(n_trials or 8, 8))
-        with ProgressBar(study.study_name, enabled=request.show_progress_bar) as progress:
+        with ProgressBar(study.study_name, enabled=request.show_progress_bar, study=study) as progress:
             return _drive(study, checked, store, pool, LocalCoordinator(), max_concurrent, n_trials,
                           progress=progress)
 
@@ -304,7 +306,20 @@ def record(study: optuna.Study, checked: CheckedRun) -> int | None:
         checked.space.enqueue_missing(study)
         if n_trials is None:
             n_trials = _waiting_listed(study)
+    schema.write_run_shape(study, run_shape(study, checked))
     return n_trials
+
+
+def run_shape(study: optuna.Study, checked: CheckedRun) -> schema.RunShape:
+    """How this run trains the study, for anyone who forecasts its time left (`rfopt.reports.forecast`): the pruner's
+    schedule over the longest trial's units, the gang size, and the trials the study will have started."""
+    epochs = [math.ceil(getattr(c.args, "num_train_epochs", 1) or 1) for c in checked.configs]
+    n_steps = checked.plan.num_chunks * max(epochs, default=1)
+    request = checked.request
+    target = request.n_trials_total
+    if target is None and request.n_trials is not None and not isinstance(checked.space, ListSpace):
+        target = started(study) + request.n_trials
+    return schema.RunShape(pruning_outlook(checked.pruner, n_steps, study.study_name).to_attr(), request.gang, target)
 
 
 def _default_location(study: optuna.Study, uid: str) -> Path:

@@ -209,7 +209,8 @@ def _report_of(ctx: Context, live: Live, unit: int, result: EvalResult, train: d
             f"objective {ctx.objective!r} is {value} on the eval set (every reward was None/NaN?); "
             "check the reward functions"
         )
-    metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics}
+    metrics: dict[str, Any] = {"chunk": live.schedule.chunk_of_unit(unit), "eval": result.metrics,
+                               "scores": result.scores}  # each eval prompt's score: the value's standard error
     if train is not None:  # with the unit's times: training (from the swap-in on), evaluation, and its start
         metrics["train"] = train | {"eval_seconds": eval_seconds}
     return UnitReport(unit=unit, value=value, metrics=schema.json_safe(metrics), samples=schema.json_safe(result.samples),

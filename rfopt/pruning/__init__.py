@@ -83,12 +83,15 @@ Example::
 
 from ._decide import decide
 from ._decision import DECISION_ATTR_PREFIX, PruneDecision, decision_key, load_decision
+from ._outlook import Ladder, Outlook, describe
 from ._pbt import Member, PopulationBasedTraining, perturb, plan_step
 from ._policy import PrunerRungs, RungOutcome, RungPolicy, optuna_pruner
 
 __all__ = [
     "DECISION_ATTR_PREFIX",
+    "Ladder",
     "Member",
+    "Outlook",
     "PopulationBasedTraining",
     "PruneDecision",
     "PrunerRungs",
@@ -96,6 +99,7 @@ __all__ = [
     "RungPolicy",
     "decide",
     "decision_key",
+    "describe",
     "load_decision",
     "optuna_pruner",
     "perturb",

@@ -40,6 +40,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt import noise
 from rfopt.storage.schema import TrialRecord
 
 from .timeline import step_times, value_times
@@ -130,11 +131,115 @@ def best_trial(trials: Sequence[FrozenTrial], direction: StudyDirection | None) 
     complete = [(t.values[0], t.number) for t in trials if t.state == TrialState.COMPLETE and t.values]
     if complete:
         return max(complete, key=lambda vn: (sign * vn[0], -vn[1]))[1], "best"
-    running = [(v, t.number) for t in trials if t.state == TrialState.RUNNING
-               and (v := TrialRecord(t).last_value) is not None]
+    running = [(v, t.number) for t in trials if t.state == TrialState.RUNNING and not (r := TrialRecord(t)).paused
+               and (v := r.last_value) is not None]  # only a live, trained trial leads
     if running:
         return max(running, key=lambda vn: (sign * vn[0], -vn[1]))[1], "leading"
     return None, ""
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The best (or leading) trial against the runner-up (the next best value), prompt by prompt on their values'
+    evaluations (`rfopt.noise.gap`): whether the lead is more than noise."""
+
+    best: int
+    runner_up: int
+    gap: noise.Gap
+
+    @property
+    def tie(self) -> bool:
+        """The lead is within noise: the two values could swap on other eval prompts."""
+        return self.gap.within_noise
+
+    def text(self) -> str:
+        """``tie: within noise of trial 2 (gap 0 ± 0 over 8 eval prompts)`` or ``ahead of trial 2 by more than noise
+        (...)``."""
+        if self.tie:
+            return f"tie: within noise of trial {self.runner_up} ({self.gap.text()})"
+        return f"ahead of trial {self.runner_up} by more than noise ({self.gap.text()})"
+
+
+def lead(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "reward") -> Lead | None:
+    """The best trial (`best_trial`) against the runner-up; None without two valued trials or stored scores."""
+    best, _ = best_trial(trials, direction)
+    if best is None or direction is None:
+        return None
+    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
+    by_number = {t.number: TrialRecord(t) for t in trials}
+    others = [(r.value, n) for n, r in by_number.items() if n != best and r.value is not None
+              and math.isfinite(r.value) and r.cancelled is None]
+    if not others:
+        return None
+    runner_up = max(others, key=lambda vn: (sign * vn[0], -vn[1]))[1]
+    found = noise.gap(_value_scores(by_number[best], objective), _value_scores(by_number[runner_up], objective))
+    return None if found is None else Lead(best, runner_up, found)
+
+
+def _value_scores(record: TrialRecord, objective: str) -> list[float]:
+    """The per-prompt scores behind the trial's value (its last reported unit)."""
+    values = record.trial.intermediate_values
+    if not values:
+        return []
+    unit = max(values)
+    return next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == unit), [])
+
+
+@dataclass(frozen=True)
+class Importance:
+    """Optuna's param importances (`optuna.importance.get_param_importances`, fANOVA) over the trials' values after
+    one chunk: the deepest chunk at least three trials reached (values after different chunks do not compare)."""
+
+    importances: dict[str, float]
+    trials: int
+    step: int
+
+
+def param_importance(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> Importance | None:
+    """The study's param importances (`Importance`); None with fewer than three trials with values, no param that
+    varies, or a search space Optuna cannot evaluate."""
+    import optuna
+
+    valued = [t for t in trials if t.intermediate_values and t.params]
+    if direction is None or len(valued) < 3:
+        return None
+    steps = sorted({s for t in valued for s in t.intermediate_values}, reverse=True)
+    step = next((s for s in steps if sum(s in t.intermediate_values for t in valued) >= 3), None)
+    if step is None:
+        return None
+    at = [t for t in valued if step in t.intermediate_values and math.isfinite(t.intermediate_values[step])]
+    if not any(len({repr(t.params.get(k)) for t in at}) > 1 for k in at[0].params):
+        return None
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        view = optuna.create_study(direction=direction)
+        for t in at:
+            view.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                     value=t.intermediate_values[step]))
+        found = optuna.importance.get_param_importances(view)
+    except (ValueError, RuntimeError):  # a dynamic search space, a param of one value
+        return None
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return Importance(dict(found), len(at), step) if found else None
+
+
+def _importance_figure(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> Figure | None:
+    found = param_importance(trials, direction)
+    if found is None:
+        return None
+    names = list(found.importances)[::-1]  # the most important on top
+    title = (f"param importance (Optuna's get_param_importances) over {found.trials} trials' values after chunk "
+             f"{found.step + 1}")
+    data = [{"type": "bar", "orientation": "h", "x": [found.importances[n] for n in names], "y": [_e(n) for n in names],
+             "marker": {"color": "#5b7fa6"}, "hovertemplate": "%{y}: %{x:.2f}<extra></extra>",
+             "meta": {"role": "importance", "step": found.step, "trials": found.trials}}]
+    layout = {"title": {"text": _e(title), "font": {"size": 13}, "x": 0.01}, "height": 120 + 28 * len(names),
+              "margin": {"l": 140, "r": 10, "t": 40, "b": 35}, "showlegend": False, "uirevision": "importance",
+              "xaxis": {"title": {"text": "share of the value's variance"}, "range": [0, 1]},
+              "paper_bgcolor": "white", "plot_bgcolor": "white"}
+    return Figure("importance", title, data, layout, section="why")
 
 
 def comparison(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective") -> Comparison:
@@ -142,7 +247,8 @@ def comparison(trials: Sequence[FrozenTrial], direction: StudyDirection | None, 
     best, label = best_trial(trials, direction)
     labels = trial_labels(trials)
     lines = [_Trial.of(t, labels[t.number]) for t in trials]
-    figures = [f for f in (_params_figure(lines, trials, best, objective),) if f is not None]
+    figures = [f for f in (_params_figure(lines, trials, best, objective), _importance_figure(trials, direction))
+               if f is not None]
     figures.append(_objective_figure(lines, best, label, objective))
     reward_keys = sorted({k for line in lines for row in line.steps + line.flight for k in row
                           if k.startswith("rewards/") and k.endswith("/mean")})
@@ -205,17 +311,18 @@ class _Trial:
 
 def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective",
                  width: int = 640, height: int = 300) -> str:
-    """Parallel coordinates as an SVG: one line per trial that has a value, through its trial number, each param, the
-    chunks it trained and its value, coloured by the value (dark: worst, bright: best); a pruned, stopped or failed
-    trial's line is dashed. Hovering a line names the trial, its params and its value (``<title>``). Drawn here, not by
-    plotly.js, whose parallel coordinates need WebGL (and a Content-Security-Policy that allows ``eval``)."""
+    """Parallel coordinates as an SVG: one line per trial that has a value, through each param, the chunks it trained
+    and its value, in the trial's colour (the same as in every chart and the leaderboard); a pruned, stopped or failed
+    trial's line is dashed, the best drawn thicker and last. Params searched on a log scale (or spanning two orders of
+    magnitude) get a log axis. Hovering a line names the trial, its params and its value (``<title>``). Drawn here,
+    not by plotly.js, whose parallel coordinates need WebGL (and a Content-Security-Policy that allows ``eval``)."""
     shown = [t for t in trials if t.intermediate_values]
     if not shown:
         return ""
     labels = trial_labels(trials)
     names = list(dict.fromkeys(k for t in shown for k in t.params))
     values = [TrialRecord(t).value for t in shown]
-    axes: list[tuple[str, list[float], list[tuple[float, str]]]] = [_axis("trial", [t.number for t in shown], None)]
+    axes: list[tuple[str, list[float | None], list[tuple[float, str]]]] = []
     for name in names:
         dist = next((t.distributions[name] for t in shown if name in t.distributions), None)
         axes.append(_axis(name, [t.params.get(name) for t in shown], dist))
@@ -229,7 +336,8 @@ def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None
              f'aria-label="parallel coordinates: params to {_attr(objective)}, one line per trial">']
     lo, hi = min(v for v in values if v is not None), max(v for v in values if v is not None)
     maximize = direction != StudyDirection.MINIMIZE
-    order = sorted(range(len(shown)), key=lambda i: _goodness(values[i], lo, hi, maximize))  # the best drawn last
+    best, _ = best_trial(trials, direction)
+    order = sorted(range(len(shown)), key=lambda i: (shown[i].number == best, _goodness(values[i], lo, hi, maximize)))
     for i in order:
         trial = shown[i]
         points = []
@@ -237,14 +345,13 @@ def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None
             y = positions[i]
             points.append(f"{left + a * span:.1f},{top + (1 - y) * plot_h:.1f}" if y is not None else None)
         coords = " ".join(p for p in points if p is not None)
-        good = _goodness(values[i], lo, hi, maximize)
         ended = trial.state in (TrialState.PRUNED, TrialState.FAIL) or TrialRecord(trial).stop is not None
         state = TrialRecord(trial).shown_state
         dash = ' stroke-dasharray="5 3"' if ended else ""
         parts.append(f'<polyline data-trial="{trial.number}" data-state="{state}" points="{coords}" fill="none" '
-                     f'stroke="{_viridis(good)}" stroke-width="{2.6 if good == 1 else 1.6}" stroke-opacity="0.9"{dash}>'
-                     f'<title>{_attr(labels[trial.number])} · {state.lower()} · {_attr(objective)} '
-                     f'{_short(values[i])}</title></polyline>')
+                     f'stroke="{colour(trial.number)}" stroke-width="{3 if trial.number == best else 1.6}" '
+                     f'stroke-opacity="0.9"{dash}><title>{_attr(labels[trial.number])} · {state.lower()} · '
+                     f'{_attr(objective)} {_short(values[i])}</title></polyline>')
     for a, (name, _, ticks) in enumerate(axes):
         x = left + a * span
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" stroke="#888"/>')
@@ -253,9 +360,20 @@ def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None
         for position, text in ticks:
             y = top + (1 - position) * plot_h
             parts.append(f'<text x="{x + 3:.1f}" y="{y + 3:.1f}" fill="#444">{_attr(text)}</text>')
-    parts.append(f'<text x="{left}" y="{height - 12}" fill="#666">colour: {_attr(objective)}, dark = worst, '
-                 'bright = best · dashed: pruned, stopped or failed</text></svg>')
+    parts.append(f'<text x="{left}" y="{height - 12}" fill="#666">one colour per trial, as in every chart · thick: '
+                 f'the {"best" if best is not None else "leading"} trial · dashed: pruned, stopped or failed</text></svg>')
     return "".join(parts)
+
+
+def log_scale(values: Sequence[Any], dist: Any) -> bool:
+    """Whether a param's axis is logarithmic: searched on a log scale, or (a list's params, whose ranges are
+    linear) all positive and spanning two orders of magnitude."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not numbers or min(numbers) <= 0:
+        return False
+    if isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log:
+        return True
+    return not isinstance(dist, CategoricalDistribution) and max(numbers) / min(numbers) >= 100
 
 
 def _axis(name: str, raw: list[Any], dist: Any) -> tuple[str, list[float | None], list[tuple[float, str]]]:
@@ -268,7 +386,7 @@ def _axis(name: str, raw: list[Any], dist: Any) -> tuple[str, list[float | None]
         choices = list(dict.fromkeys(str(v) for v in present))
         where = {c: (i + 0.5) / len(choices) for i, c in enumerate(choices)}
         return name, [None if v is None else where[str(v)] for v in raw], [(where[c], c) for c in choices][:12]
-    log = isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log and min(present) > 0
+    log = log_scale(present, dist)
     scale = (lambda v: math.log10(v)) if log else (lambda v: float(v))
     lo, hi = scale(min(present)), scale(max(present))
     width = hi - lo or 1.0
@@ -286,16 +404,6 @@ def _goodness(value: float | None, lo: float, hi: float, maximize: bool) -> floa
         return 1.0 if value is not None else 0.0
     good = (value - lo) / (hi - lo)
     return good if maximize else 1 - good
-
-
-def _viridis(x: float) -> str:
-    """A colour of the viridis scale, 0 (dark purple) to 1 (yellow)."""
-    stops = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
-    x = min(1.0, max(0.0, x)) * (len(stops) - 1)
-    i = min(int(x), len(stops) - 2)
-    f = x - i
-    r, g, b = (round(a + (c - a) * f) for a, c in zip(stops[i], stops[i + 1]))
-    return f"#{r:02x}{g:02x}{b:02x}"
 
 
 def _params_figure(lines: list[_Trial], trials: Sequence[FrozenTrial], best: int | None,
@@ -320,11 +428,11 @@ def _params_figure(lines: list[_Trial], trials: Sequence[FrozenTrial], best: int
         dist = next((t.distributions[name] for _, t in shown if name in t.distributions), None)
         layout[key] = {"domain": [i * (width + gap), i * (width + gap) + width], "title": {"text": _e(name)},
                        "zeroline": False}
-        if isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log:
+        points = [(line, t.params[name]) for line, t in shown if name in t.params]
+        if log_scale([v for _, v in points], dist):
             layout[key]["type"] = "log"
         elif isinstance(dist, CategoricalDistribution):
             layout[key]["type"] = "category"
-        points = [(line, t.params[name]) for line, t in shown if name in t.params]
         data.append({
             "type": "scatter", "mode": "markers", "xaxis": axis, "yaxis": "y",
             "x": [v if isinstance(v, (int, float)) else str(v) for _, v in points],

@@ -4,71 +4,136 @@ leaderboard."""
 from __future__ import annotations
 
 import math
+import os
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any, TextIO
+
+from .timeline import STUCK_FLOOR, STUCK_TIMES, STUCK_UNKNOWN, duration
 
 
 class ProgressBar:
-    """What a run shows while it trains: a tqdm bar over the optimizer steps of its units, advancing at every step,
-    with what trains now (trial, chunk c of C, step s of S), live counts and the best value so far; or, when its
-    stream is not a terminal (a log file, CI), plain lines instead of ``\r`` updates: one when a chunk commits and one
-    at most every `plain_seconds` while a chunk trains.
+    """What a run shows while it trains: a tqdm bar over the optimizer steps of its units, advancing at every step, in
+    one line that fits 100 columns (``t3,t4,t5 c2/4 s5/8 1.2s/st`` for a gang in flight, then live and pruned counts,
+    the best value as the leaderboard shows it, and the time left as the dashboard shows it); or, when its stream is
+    not a terminal (a log file, CI), plain lines: one when a chunk commits, one when a trial is pruned (with the
+    reason), one at most every `plain_seconds` while a chunk trains, and one when a chunk is overdue (no step for
+    several step times: stuck or very slow).
 
-    It is handed each `rfopt.engine.roster.RunProgress` the run reports (units and steps committed, trial states, the best value,
-    the last unit) and each step of a unit in flight (`rfopt.training.progress.UnitProgress`, via `step`); it keeps no count of
-    its own but the steps of the units in flight.
+    It is handed each `rfopt.engine.roster.RunProgress` the run reports (units and steps committed, the last unit)
+    and each step of a unit in flight (`rfopt.training.progress.UnitProgress`, via `step`). With `study`, it reads the
+    study's records after each commit, rung or change of counts: the trial counts, the
+    best value and the forecast are then the storage's, the same as the page's and ``rfopt status``'s. Its total
+    (steps committed plus the steps of the units the forecast expects) never runs backwards.
     """
 
+    WIDTH = 100
+    """The widest line it draws."""
+
     def __init__(self, study_name: str, enabled: bool = True, stream: TextIO | None = None,
-                 plain: bool | None = None, plain_seconds: float = 30.0) -> None:
+                 plain: bool | None = None, plain_seconds: float = 30.0, study: Any = None,
+                 watch_seconds: float = 5.0) -> None:
         self.study_name = study_name
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.plain = plain if plain is not None else not _is_terminal(self.stream)
         self.plain_seconds = plain_seconds
+        self.study = study
+        self.watch_seconds = watch_seconds
         self._bar: Any = None
         self._run: Any = None
         self._flight: dict[int, Any] = {}
+        self._heard: dict[int, float] = {}
+        """When each trial in flight last moved (`time.monotonic`)."""
+        self._said_stuck: dict[int, float] = {}
         self._last_line = -math.inf
         self._last_commit: Any = None
+        self._view: _StudyView | None = None
+        self._read_key: Any = None
+        self._total = 0
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def __enter__(self) -> ProgressBar:
         if self.enabled and not self.plain:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=0, desc=f"{self.study_name}", unit="step", file=self.stream, dynamic_ncols=True)
+            self._bar = tqdm(total=0, desc=f"{self.study_name}", unit="step", file=self.stream, dynamic_ncols=True,
+                             bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]{postfix}")
+        if self.enabled and self.watch_seconds > 0:
+            self._watcher = threading.Thread(target=self._watch, name="rfopt-progress-watch", daemon=True)
+            self._watcher.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2 * self.watch_seconds)
         if self._bar is not None:
+            view = self._view
+            if view is not None and view.units_left == 0 and self._bar.n:
+                self._bar.total = self._bar.n  # nothing left: done, whatever the forecast expected
+                self._bar.refresh()
             self._bar.close()
 
     def __call__(self, progress: Any) -> None:
         """The run's progress after a round of the driver or a commit."""
-        self._run = progress
-        self._flight = {n: e for n, e in self._flight.items() if progress.committed.get(n, e.unit + 1) <= e.unit}
-        if not self.enabled:
-            return
-        if self.plain:
-            if progress.last is not None and progress.last != self._last_commit:
-                self._last_commit = progress.last
-                trial, unit, value = progress.last
-                self._line(f"trial {trial} chunk {unit + 1} committed: {value:.4g} · {self._totals()}")
-            return
-        self._draw()
+        with self._lock:
+            self._run = progress
+            self._flight = {n: e for n, e in self._flight.items() if progress.committed.get(n, e.unit + 1) <= e.unit}
+            if not self.enabled:
+                return
+            committed = progress.last is not None and progress.last != self._last_commit
+            pruned = self._read(progress)
+            if self.plain:
+                if committed:
+                    self._last_commit = progress.last
+                    trial, unit, value = progress.last
+                    self._line(f"trial {trial} chunk {unit + 1} committed: {value:.4g} · {self._totals()}")
+                for number, reason in pruned:
+                    self._line(f"trial {number} pruned: {reason}")
+                return
+            for number, reason in pruned:
+                self._bar.write(f"{self.study_name}: trial {number} pruned: {reason}", file=self.stream)
+            self._draw()
 
     def step(self, event: Any) -> None:
         """A unit in flight reached a step or a phase (`rfopt.training.progress.UnitProgress`)."""
-        self._flight[event.trial] = event
-        if not self.enabled:
-            return
-        if self.plain:
-            now = time.monotonic()
-            if event.phase == "training" and now - self._last_line >= self.plain_seconds:
-                self._line(f"{self._now()} · {self._totals()}")
-            return
-        self._draw()
+        with self._lock:
+            self._flight[event.trial] = event
+            self._heard[event.trial] = time.monotonic()
+            self._said_stuck.pop(event.trial, None)
+            if not self.enabled:
+                return
+            if self.plain:
+                now = time.monotonic()
+                if event.phase == "training" and now - self._last_line >= self.plain_seconds:
+                    self._line(f"{self._now(long=True)} · {self._totals()}")
+                return
+            self._draw()
+
+    # ------------------------------------------------------------------ what it reads
+    def _read(self, progress: Any) -> list[tuple[int, str]]:
+        """Read the study's records when something changed (at most once a second); return the trials pruned since
+        the last read, with their reasons."""
+        if self.study is None:
+            return []
+        key = (progress.last, progress.done, tuple(sorted(progress.counts.items())))
+        if key == self._read_key:
+            return []
+        self._read_key = key
+        try:
+            view = _StudyView.read(self.study)
+        except Exception:  # noqa: BLE001 - a display's failure is not the run's
+            return []
+        before = self._view
+        self._view = view
+        if before is None:
+            return []
+        return [(n, reason) for n, reason in view.pruned.items() if n not in before.pruned]
 
     # ------------------------------------------------------------------ showing it
     def _steps(self) -> tuple[int, int]:
@@ -76,18 +141,47 @@ class ProgressBar:
         flying = sum(e.step for e in self._flight.values())
         if run is None:
             return flying, 0
-        return run.steps_done + flying, run.steps_total
+        total = run.steps_total
+        view = self._view
+        if view is not None and view.steps_left is not None:
+            total = run.steps_done + view.steps_left
+        self._total = max(self._total, total, run.steps_done + flying)
+        return run.steps_done + flying, self._total
 
-    def _now(self) -> str:
-        """What trains now: ``trial 3 chunk 2/4 step 5/8 (2.1 s/step)``, one per trial in flight."""
-        parts = []
+    def _now(self, long: bool = False) -> str:
+        """What trains now: ``t3,t4 c2/4 s5/8 1.2s/st`` (a gang at the same step, one group), or in a log
+        ``trial 3 chunk 2/4 step 5/8 (1.2 s/step)``."""
+        groups: dict[tuple, list[Any]] = {}
         for e in sorted(self._flight.values(), key=lambda e: e.trial):
-            text = f"trial {e.trial} chunk {e.unit + 1}/{e.num_units} "
-            text += {"loading": "loading", "evaluating": "evaluating"}.get(e.phase, f"step {e.step}/{e.steps}")
-            if e.step_seconds is not None and e.phase == "training":
-                text += f" ({e.step_seconds:.3g} s/step)"
-            parts.append(text)
-        return ", ".join(parts) or "between chunks"
+            phase = {"loading": "loading", "evaluating": "eval"}.get(e.phase, f"s{e.step}/{e.steps}")
+            groups.setdefault((e.unit, e.num_units, phase), []).append(e)
+        if long:
+            parts = []
+            for e in sorted(self._flight.values(), key=lambda e: e.trial):
+                text = f"trial {e.trial} chunk {e.unit + 1}/{e.num_units} "
+                text += {"loading": "loading", "evaluating": "evaluating"}.get(e.phase, f"step {e.step}/{e.steps}")
+                if e.step_seconds is not None and e.phase == "training":
+                    text += f" ({e.step_seconds:.3g} s/step)"
+                parts.append(text)
+            return ", ".join(parts) or "between chunks"
+        parts = []
+        for (unit, units, phase), events in groups.items():
+            paces = [e.step_seconds for e in events if e.step_seconds is not None and e.phase == "training"]
+            pace = f" {sum(paces) / len(paces):.2g}s/st" if paces else ""
+            parts.append(f"{','.join(f't{e.trial}' for e in events)} c{unit + 1}/{units} {phase}{pace}")
+        return "; ".join(parts) or "between chunks"
+
+    def _counts(self) -> dict[str, int]:
+        if self._view is not None:
+            return self._view.counts
+        run = self._run
+        return {_SHORT[k]: n for k, n in (run.counts.items() if run is not None else ()) if k in _SHORT}
+
+    def _best(self) -> str | None:
+        if self._view is not None:
+            return self._view.best
+        run = self._run
+        return f"{run.best:.4g}" if run is not None and run.best is not None and math.isfinite(run.best) else None
 
     def _totals(self) -> str:
         run = self._run
@@ -95,11 +189,13 @@ class ProgressBar:
         text = f"{done}/{total} steps"
         if run is not None:
             text += f", {run.done}/{run.total} chunks"
-            counts = ", ".join(f"{n} {_SHORT[k]}" for k, n in run.counts.items() if k in _SHORT)
+            counts = ", ".join(f"{n} {k}" for k, n in self._counts().items())
             if counts:
                 text += f" · {counts}"
-            if run.best is not None and math.isfinite(run.best):
-                text += f" · best {run.best:.4g}"
+            if (best := self._best()) is not None:
+                text += f" · best {best}"
+            if self._view is not None and self._view.left is not None:
+                text += f" · {self._view.left}"
         return text
 
     def _line(self, text: str) -> None:
@@ -111,19 +207,118 @@ class ProgressBar:
         if bar is None:
             return
         bar.n, bar.total = self._steps()
-        bar.set_description(f"{self.study_name} | {self._now()}", refresh=False)
-        run = self._run
-        postfix: dict[str, Any] = {}
-        if run is not None:
-            postfix["chunks"] = f"{run.done}/{run.total}"
-            postfix.update({_SHORT[k]: v for k, v in run.counts.items() if k in _SHORT})
-            if run.best is not None and math.isfinite(run.best):
-                postfix["best"] = f"{run.best:.4g}"
-        bar.set_postfix(postfix, refresh=False)
+        postfix = []
+        counts = self._counts()
+        if counts:
+            postfix.append(" ".join(f"{k} {n}" for k, n in counts.items()))
+        if (best := self._best()) is not None:
+            postfix.append(f"best {best}")
+        if self._view is not None and self._view.left is not None:
+            postfix.append(self._view.left.replace(" left", ""))
+        stuck = self._stuck_text(time.monotonic())
+        tail = " · ".join(postfix)
+        room = self.WIDTH - len(tail) - 36  # the percentage, the bar's least width, n/total and the elapsed time
+        name = self.study_name if len(self.study_name) <= 16 else self.study_name[:15] + "…"
+        desc = f"{name} {stuck or self._now()}"
+        bar.set_description_str(desc if len(desc) <= room else desc[: max(8, room - 1)] + "…", refresh=False)
+        bar.set_postfix_str(tail, refresh=False)
+        bar.ncols = min(self.WIDTH, _columns(self.stream))
         bar.refresh()
+
+    # ------------------------------------------------------------------ overdue chunks
+    def _stuck_text(self, now: float) -> str | None:
+        """``STUCK? t3 no step 1m40s`` for the first trial in flight past its limit (`Silence`'s), else None."""
+        for e in sorted(self._flight.values(), key=lambda e: e.trial):
+            quiet = now - self._heard.get(e.trial, now)
+            if quiet >= _limit(e):
+                return f"STUCK? t{e.trial} no step {duration(quiet)}"
+        return None
+
+    def _watch(self) -> None:
+        """Every `watch_seconds`: say a chunk is overdue (a line in a log, once and then every 2 minutes; the bar's
+        description in a terminal)."""
+        while not self._stop.wait(self.watch_seconds):
+            with self._lock:
+                now = time.monotonic()
+                for e in list(self._flight.values()):
+                    quiet = now - self._heard.get(e.trial, now)
+                    if quiet < _limit(e) or now - self._said_stuck.get(e.trial, -math.inf) < 120:
+                        continue
+                    self._said_stuck[e.trial] = now
+                    if self.plain:
+                        what = {"evaluating": "evaluating", "loading": "loading"}.get(e.phase, "no step")
+                        usual = (f"a step takes ~{e.step_seconds:.2g} s" if e.step_seconds is not None
+                                 else "its usual pace is not known yet")
+                        self._line(f"trial {e.trial} chunk {e.unit + 1}/{e.num_units}: {what} for {duration(quiet)} "
+                                   f"({usual}): stuck or very slow")
+                if not self.plain:
+                    self._draw()
+
+
+def _limit(event: Any) -> float:
+    """Seconds without a step before a unit in flight reads as stuck (`rfopt.reports.timeline.Silence`'s rule)."""
+    if event.step_seconds is None or event.phase != "training":
+        return STUCK_UNKNOWN
+    return max(STUCK_TIMES * event.step_seconds, STUCK_FLOOR)
+
+
+@dataclass(frozen=True)
+class _StudyView:
+    """What the bar shows from the study's records: the same counts, best value and forecast as the page."""
+
+    counts: dict[str, int]
+    best: str | None
+    left: str | None
+    """``~4m10s left``, from the forecast (`rfopt.reports.forecast`)."""
+    units_left: float
+    steps_left: int | None
+    """Steps of the units the forecast expects still to commit (the units in flight whole)."""
+    pruned: dict[int, str]
+    """Pruned trials, with the reason."""
+
+    @classmethod
+    def read(cls, study: Any) -> _StudyView:
+        from optuna.trial import TrialState
+
+        from rfopt.storage.schema import TrialRecord, study_record
+
+        from .charts import best_trial
+        from .forecast import forecast
+        from .status import situation
+
+        trials = study.get_trials(deepcopy=False)
+        records = [TrialRecord(t) for t in trials]
+        counts = dict.fromkeys(dict.fromkeys(_WORDS.values()), 0)
+        for r in records:
+            word = _WORDS.get(situation(r))
+            if word:
+                counts[word] += 1
+        counts = {word: n for word, n in counts.items() if n}
+        best = None
+        if len(study.directions) == 1:
+            number, label = best_trial(trials, study.directions[0])
+            if number is not None and (value := records[number].value) is not None:
+                best = f"{value:.4g}" + ("" if label == "best" else " (leading)")
+        ahead = forecast(records, study_record(study).run_shape)
+        left = None
+        if ahead.seconds_left is not None and ahead.units_left > 0:
+            left = f"~{duration(max(0.0, (ahead.end_at or 0) - time.time()))} left"
+        spc = [r.schedule.steps_per_chunk for r in records if r.schedule is not None and r.state == TrialState.RUNNING]
+        steps_left = None if not spc else round(ahead.units_to_commit * sum(spc) / len(spc))
+        pruned = {r.number: r.end_reason or "pruned" for r in records if r.state == TrialState.PRUNED}
+        return cls(counts, best, left, ahead.units_left, steps_left, pruned)
 
 
 _SHORT = {"RUNNING": "live", "COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}
+_WORDS = {"training": "live", "queued": "live", "paused": "paused", "interrupted": "live", "complete": "done",
+          "pruned": "pruned", "stopped": "stopped", "failed": "failed"}
+
+
+def _columns(stream: Any) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return ProgressBar.WIDTH
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -141,18 +336,26 @@ def format_leaderboard(rows: list[Any], objective: str = "reward") -> str:
     lines = []
     for rank, row in enumerate(rows, 1):
         value = "-" if row.value is None else f"{row.value:.4f}"
+        if row.value is not None and getattr(row, "value_error", None) is not None:
+            value += f" ± {row.value_error:.2g}"
         params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(row.params.items()))
         note = row.reason or (row.adapter or "")
         held = row.held_as
         if held:  # said on the row itself: the Optuna param a reader would look for does not hold the trial's value
             note = "; ".join([f"! its {k} is the param {v} (not a choice of {k})" for k, v in sorted(held.items())]
                              + ([note] if note else []))
-        lines.append([str(rank), str(row.number), row.state, value, str(row.chunks_done), params, note])
+        lines.append([str(rank), str(row.number), getattr(row, "situation", "") or row.state, value,
+                      str(row.chunks_done), params, note])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     widths[-1] = len(header[-1])
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     out.append("  ".join("-" * w for w in widths))
     out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    counts = {row.eval_count for row in rows if getattr(row, "eval_count", None)}
+    if counts:
+        prompts = " or ".join(str(n) for n in sorted(counts))
+        out.append(f"(± is the standard error over the {prompts} eval prompts: values within about two of them of each "
+                   "other could swap on other prompts)")
     return "\n".join(out)
 
 

@@ -19,6 +19,8 @@ from rfopt.storage import schema
 from rfopt.storage.leases import seen_on
 from rfopt.storage.schema import TrialRecord
 
+from .timeline import Silence
+
 
 @dataclass(frozen=True)
 class Liveness:
@@ -39,6 +41,9 @@ class Liveness:
     """WAITING trials (clones, a list's configs) that nobody will start because nobody is running the study."""
     message: str
     """One line for a person."""
+    known: bool = True
+    """Whether the storage keeps heartbeats at all (an SQL one): without them, whether a process runs the study cannot
+    be told, and no trial is called interrupted."""
 
 
 def liveness(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None = None) -> Liveness:
@@ -50,7 +55,7 @@ def liveness(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None 
     waiting = [t.number for t in trials if t.state == TrialState.WAITING]
     if seen is None:
         return Liveness(False, [], None, [], "this storage keeps no heartbeats (no SQL database): whether a process "
-                        "runs the study cannot be told")
+                        "runs the study cannot be told", known=False)
     now = time.time()
     alive = [s for s in seen if s.alive(now)]
     last = max((s.ended or s.seen for s in seen), default=None)
@@ -70,6 +75,44 @@ def liveness(study: optuna.Study, trials: list[optuna.trial.FrozenTrial] | None 
     return Liveness(False, [], last_seen, waiting, message)
 
 
+SITUATIONS = ("training", "queued", "paused", "interrupted", "complete", "pruned", "stopped", "failed", "cancelled")
+"""What a trial is doing, in the words every view uses (the page, the index, ``rfopt status``, the trial's
+optuna-dashboard note), live ones first (`situation`)."""
+LIVE_SITUATIONS = frozenset(SITUATIONS[:4])
+"""A trial in one of these has chunks left to train."""
+
+
+def situation(record: TrialRecord, live: Liveness | None = None) -> str:
+    """What `record`'s trial is doing, in one word (`SITUATIONS`):
+
+    - ``queued``: not trained yet (WAITING, or RUNNING in a run that has not started a chunk of it);
+    - ``training``: in a run, a chunk in flight or its next one to come (with whom: its gang, `ProgressRecord.gang`);
+    - ``paused``: a pause applied (it keeps its slot free until resumed);
+    - ``interrupted``: RUNNING, but no process runs the study (a crash, Ctrl-C, a halt or a timeout): the next run
+      continues it;
+    - ``complete``, ``pruned``, ``stopped`` (by a person), ``failed``, ``cancelled`` (a clone that never started).
+
+    `live`: who runs the study (`liveness`); None or one that cannot tell counts as running."""
+    state = record.state
+    if record.cancelled is not None:
+        return "cancelled"
+    if state == TrialState.WAITING:
+        return "queued"
+    if state == TrialState.COMPLETE:
+        return "complete"
+    if state == TrialState.PRUNED:
+        return "stopped" if record.stop is not None else "pruned"
+    if state == TrialState.FAIL:
+        return "failed"
+    if record.paused:
+        return "paused"
+    if live is not None and live.known and not live.running:
+        return "interrupted"
+    if record.in_flight is None and record.committed <= record.start_unit:
+        return "queued"
+    return "training"
+
+
 @dataclass(frozen=True)
 class StudySummary:
     """One study of a storage at a glance: its trials by state, its best value, whether a process runs it."""
@@ -79,15 +122,18 @@ class StudySummary:
     planned: bool
     """Whether rfopt planned it (a study rfopt never ran is a plain Optuna study)."""
     counts: dict[str, int]
-    """Trials by the state a person is shown (`TrialRecord.shown_state`)."""
+    """Trials by what they are doing (`situation`)."""
     best: tuple[int, float] | None
     """(trial, value) of Optuna's best trial; None before one completes (or for several objectives)."""
     live: Liveness
+    stuck: tuple[str, ...] = ()
+    """Its units in flight that read as stuck (`rfopt.reports.timeline.Silence`): ``trial 3: no step for 1m40s (a
+    step takes ~8.1 s)``."""
 
     @property
     def finished(self) -> bool:
-        """Nothing left to train or start: no RUNNING or WAITING trial."""
-        return not self.counts.get("RUNNING") and not self.counts.get("WAITING")
+        """Nothing left to train or start: no trial queued, training, paused or interrupted."""
+        return not any(self.counts.get(s) for s in LIVE_SITUATIONS)
 
     @property
     def status(self) -> str:
@@ -95,29 +141,27 @@ class StudySummary:
         return "running" if self.live.running else "finished" if self.finished else "idle"
 
     def line(self) -> str:
-        """``demo: 2 running, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
+        """``demo: 2 training, 5 pruned, 1 complete; best 0.8123 (trial 4); running: host:12 (run)``."""
         best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
         status = self.live.message if self.live.running else self.status
-        return f"{self.name}: {tally(self.counts)}; best {best}; {status}"
+        stuck = "".join(f"; STUCK? {line}" for line in self.stuck)
+        return f"{self.name}: {tally(self.counts)}; best {best}; {status}{stuck}"
 
 
-STATE_ORDER = ("RUNNING", "WAITING", "COMPLETE", "PRUNED", "FAIL", "CANCELLED")
-"""The order trial states are listed in for people: live first."""
-
-
-def state_counts(trials: Iterable[optuna.trial.FrozenTrial], *, shown: bool = True) -> dict[str, int]:
-    """Trials by state, in the order first met: the state a person is shown (`TrialRecord.shown_state`: a clone
-    cancelled before it started is CANCELLED), or with `shown` False Optuna's own (it is FAIL)."""
+def state_counts(trials: Iterable[optuna.trial.FrozenTrial], live: Liveness | None = None, *,
+                 shown: bool = True) -> dict[str, int]:
+    """Trials by what they are doing (`situation`: the word a person is shown), in the order first met; with `shown`
+    False, by Optuna's own state (a cancelled clone is FAIL there)."""
     counts: dict[str, int] = {}
     for t in trials:
-        state = TrialRecord(t).shown_state if shown else t.state.name
+        state = situation(TrialRecord(t), live) if shown else t.state.name
         counts[state] = counts.get(state, 0) + 1
     return counts
 
 
 def tally(counts: Mapping[str, int]) -> str:
-    """``2 running, 5 pruned, 1 complete`` (``no trials`` for none), live states first."""
-    rank = {state: i for i, state in enumerate(STATE_ORDER)}
+    """``2 training, 5 pruned, 1 complete`` (``no trials`` for none), live ones first (`SITUATIONS`)."""
+    rank = {state: i for i, state in enumerate(SITUATIONS)}
     ordered = sorted(counts.items(), key=lambda kv: rank.get(kv[0], len(rank)))
     return ", ".join(f"{n} {state.lower()}" for state, n in ordered) or "no trials"
 
@@ -131,12 +175,20 @@ def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
         study = optuna.load_study(study_name=frozen.study_name, storage=storage,
                                   sampler=optuna.samplers.RandomSampler())
         trials = study.get_trials(deepcopy=False)
-        counts = state_counts(trials)
+        live = liveness(study, trials)
+        counts = state_counts(trials, live)
         best = None
         if len(study.directions) == 1 and any(t.state == TrialState.COMPLETE for t in trials):
             best = (study.best_trial.number, study.best_value)
+        stuck = []
+        if live.running:
+            now = time.time()
+            for t in trials:
+                silence = Silence.of(TrialRecord(t))
+                if silence is not None and silence.stuck(now):
+                    stuck.append(f"trial {t.number}: {silence.text(now)}")
         out.append(StudySummary(frozen.study_name, study_id_of(frozen), schema.study_record(frozen).planned, counts,
-                                best, liveness(study, trials)))
+                                best, live, tuple(stuck)))
     return out
 
 

@@ -7,9 +7,10 @@ person's script agree:
 - `TrialTimes`: a trial's start, end, elapsed time and each chunk's duration (training, from the swap-in on, plus its
   evaluation: the ``seconds`` and ``eval_seconds`` each unit stores);
 - `NowTraining`: the unit a trial trains now (its ``rfopt:progress`` record), with an ETA for that chunk and for the
-  trial's training left, from the step times measured so far;
-- `StudyCost`: units trained of the units a run without pruning needs (every started trial trained to its end), and
-  the time spent; `eta_seconds`: the study's time left at the measured pace if nothing more is pruned.
+  trial's training left, from the step times measured so far, and its `Silence`: how long it has not moved against
+  its usual step time (slow, or stuck: then its ETAs are on hold);
+- `StudyCost`: what pruning saved of the units a run without pruning needs (every started trial trained to its end),
+  the time spent summed over trials, and the wall time. The study's time left is `rfopt.reports.forecast`'s.
 
 Chunks are counted from 1 for people ("chunk 2 of 4" is unit 1, Optuna's step 1), as everywhere rfopt writes text.
 
@@ -73,6 +74,73 @@ class TrialTimes:
         return sum(self.chunk_seconds.values())
 
 
+STUCK_TIMES = 5.0
+"""A unit in flight that has not moved for this many times its usual step (evaluation, loading) time reads as stuck."""
+STUCK_FLOOR = 10.0
+"""...and for at least this many seconds."""
+STUCK_UNKNOWN = 120.0
+"""Seconds without a sign of life before a unit reads as stuck where its usual pace is not known yet."""
+
+
+@dataclass(frozen=True)
+class Silence:
+    """How long a unit in flight has not moved (no optimizer step ended, no phase began), against how long its phase
+    usually takes: "slow" and "stuck" told apart. Past `stuck_at` the unit reads as stuck (a hung reward function, a
+    dead process): its ETAs stop counting down and the page, ``rfopt status`` and the progress bar say so."""
+
+    since: float
+    """When it last moved (seconds since the epoch)."""
+    usual: float | None
+    """How long its phase's next sign of life usually takes: a step, the evaluation, the loading; None if unknown."""
+    what: str
+    """``step``, ``evaluation`` or ``loading``."""
+
+    @property
+    def limit(self) -> float:
+        return STUCK_UNKNOWN if self.usual is None else max(STUCK_TIMES * self.usual, STUCK_FLOOR)
+
+    @property
+    def stuck_at(self) -> float:
+        """When it reads as stuck if nothing moves before."""
+        return self.since + self.limit
+
+    def stuck(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.stuck_at
+
+    def usual_text(self) -> str:
+        """``a step takes ~8.1 s``."""
+        if self.usual is None:
+            return f"its usual {self.what} time is not known yet"
+        article = "an" if self.what == "evaluation" else "a" if self.what == "step" else ""
+        return f"{article} {self.what} takes ~{_seconds(self.usual)}".strip()
+
+    def text(self, now: float | None = None) -> str:
+        """``no step for 1m40s (a step takes ~8.1 s)``."""
+        quiet = (time.time() if now is None else now) - self.since
+        noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading"}[self.what]
+        return f"{noun} for {duration(quiet)} ({self.usual_text()})"
+
+    @classmethod
+    def of(cls, record: TrialRecord) -> Silence | None:
+        """The silence of `record`'s unit in flight; None when none is in flight."""
+        progress = record.in_flight
+        if progress is None:
+            return None
+        units = record.unit_metrics()
+        if progress.phase == "evaluating":
+            evals = [m.train["eval_seconds"] for m in units if "eval_seconds" in m.train]
+            return cls(progress.moved, statistics.fmean(evals) if evals else None, "evaluation")
+        if progress.phase == "loading":
+            swaps = [m.train["swap_seconds"] for m in units if "swap_seconds" in m.train]
+            return cls(progress.moved, statistics.fmean(swaps) if swaps else None, "loading")
+        usual = progress.step_seconds
+        if usual is None and progress.steps:  # its earlier units' pace
+            paces = [(m.train["seconds"] - m.train.get("swap_seconds", 0.0)) / progress.steps
+                     for m in units if "seconds" in m.train]
+            usual = statistics.fmean(paces) if paces else None
+        return cls(progress.moved, usual, "step")
+
+
 @dataclass(frozen=True)
 class NowTraining:
     """The unit a trial trains now, from its ``rfopt:progress`` record, with ETAs from the measured step times."""
@@ -85,6 +153,8 @@ class NowTraining:
     trial_end_at: float | None
     """When the trial should have trained its last chunk, at the study's measured pace, its later chunks taking turns
     with the other live trials' (round-robin, least progress first), if nothing is pruned (`trial_etas`)."""
+    silence: Silence | None = None
+    """How long the unit has not moved, against its usual pace: whether it reads as stuck."""
 
     def chunk_left(self, now: float | None = None) -> float | None:
         return None if self.chunk_end_at is None else max(0.0, self.chunk_end_at - (time.time() if now is None else now))
@@ -107,7 +177,10 @@ class NowTraining:
         elif progress.step_seconds is not None:
             chunk_end = progress.updated + (progress.steps - progress.step) * progress.step_seconds + eval_left
         trial_end = None if trial_eta is None else progress.updated + trial_eta
-        return cls(record.number, progress, chunk_end, trial_end)
+        return cls(record.number, progress, chunk_end, trial_end, Silence.of(record))
+
+    def stuck(self, now: float | None = None) -> bool:
+        return self.silence is not None and self.silence.stuck(now)
 
     def line(self, now: float | None = None) -> str:
         """One line for a person: ``trial 3 · chunk 2 of 4 · 5 of 8 steps done · for 1m12s · 14.1 s/step · ...``."""
@@ -123,15 +196,16 @@ class NowTraining:
         parts.append(f"for {duration(now - p.started)}")
         if p.step_seconds is not None and p.phase == "training":
             parts.append(f"{p.step_seconds:.3g} s/step")
-        if self.chunk_end_at is not None:
-            parts.append(f"chunk ends in ~{duration(self.chunk_left(now))}")
-        if self.trial_end_at is not None and p.unit + 1 < p.num_units:
-            parts.append(f"its last chunk done in ~{duration(self.trial_left(now))}")
+        if self.stuck(now):
+            assert self.silence is not None
+            parts.append(f"STUCK? {self.silence.text(now)}: its ETAs are on hold until it moves")
+        else:
+            if self.chunk_end_at is not None:
+                parts.append(f"chunk ends in ~{duration(self.chunk_left(now))}")
+            if self.trial_end_at is not None and p.unit + 1 < p.num_units:
+                parts.append(f"its last chunk done in ~{duration(self.trial_left(now))}")
         if len(p.gang) > 1:
             parts.append(f"trained together with trials {', '.join(str(n) for n in p.gang if n != self.trial)}")
-        quiet = now - p.updated
-        if p.phase == "training" and p.step_seconds is not None and quiet > max(60.0, 3 * p.step_seconds):
-            parts.append(f"last heard {duration(quiet)} ago")
         return " · ".join(parts)
 
 
@@ -175,19 +249,24 @@ def mean_unit_seconds(records: Iterable[TrialRecord]) -> float | None:
 
 @dataclass(frozen=True)
 class StudyCost:
-    """Compute spent, against a run without pruning (every started trial trained to its end)."""
+    """Compute spent, and what pruning saved, against a run without pruning (every started trial trained to its
+    end)."""
 
     units_trained: int
     """Chunk units the study's trials trained (a warm clone's inherited units are its parent's)."""
     units_without_pruning: int
     """Units a run without pruning would train: every started trial's units, from where it started."""
     seconds: float
-    """Time spent training and evaluating the committed units (measured; units without times not counted)."""
+    """Time spent training and evaluating the committed units, summed over trials (measured; units without times not
+    counted): trials trained together in a gang each count the gang's time."""
     units_left: int
-    """Units the live trials (RUNNING, and WAITING ones with a schedule) still have to train."""
-    eta_seconds: float | None
-    """The study's time left at the measured pace if nothing more is pruned (the units left, spread over
-    `processes`); None before any unit is measured."""
+    """Units the live trials (RUNNING, and WAITING ones with a schedule) still have to train if none is pruned."""
+    units_saved: int = 0
+    """Units pruned trials will never train (the rest of their plan)."""
+    units_stopped: int = 0
+    """Units trials a person stopped will never train."""
+    wall_seconds: float | None = None
+    """Wall time from the study's first chunk's start to its last chunk's end (or to now while a chunk trains)."""
     processes: int = 1
     in_flight: list[int] = field(default_factory=list)
 
@@ -196,46 +275,58 @@ class StudyCost:
         return self.units_trained / self.units_without_pruning if self.units_without_pruning else None
 
     def line(self) -> str:
-        """``compute: 18 of 32 chunk units (56%) of a run without pruning · 7m12s so far · ~5m left ...``."""
+        """``pruning saved 12 of 26 chunk units (46%) · 17m02s of training and evaluation summed over trials ·
+        6m45s wall time since the first chunk started``."""
         if not self.units_without_pruning:
             return "compute: no trial has started"
-        text = (f"compute: {self.units_trained} of {self.units_without_pruning} chunk units "
-                f"({100 * (self.fraction or 0):.0f}%) of a run without pruning · {duration(self.seconds)} of training "
-                "and evaluation so far")
-        if self.units_left and self.eta_seconds is not None:
-            spread = f" over {self.processes} processes" if self.processes > 1 else ""
-            text += (f" · study: ~{duration(self.eta_seconds)} left at this pace if nothing more is pruned "
-                     f"({self.units_left} chunk units of the trials started{spread})")
+        total = self.units_without_pruning
+        text = f"pruning saved {self.units_saved} of {total} chunk units ({100 * self.units_saved / total:.0f}%)"
+        if self.units_stopped:
+            text += f", stops {self.units_stopped} more"
+        text += (f" · {self.units_trained} trained so far · {duration(self.seconds)} of training and evaluation "
+                 "summed over trials")
+        if self.wall_seconds is not None:
+            text += f" · {duration(self.wall_seconds)} wall time since the first chunk started"
         return text
 
 
-def study_cost(records: Sequence[TrialRecord], processes: int = 1) -> StudyCost:
-    """What the study's trials trained and would train without pruning, and its ETA (see `StudyCost`)."""
-    trained = without = left = 0
+def study_cost(records: Sequence[TrialRecord], processes: int = 1, now: float | None = None) -> StudyCost:
+    """What the study's trials trained, what pruning saved, and the time it took (see `StudyCost`)."""
+    trained = without = left = saved = stopped = 0
     seconds = 0.0
     in_flight: list[int] = []
-    done_in_flight = 0.0
+    first, last = None, None
     for record in records:
         if record.cancelled is not None or record.num_units is None:
             continue
         start = record.start_unit
         trained += max(0, record.committed - start)
-        seconds += sum(s for m in record.unit_metrics() if (s := unit_seconds(m)) is not None)
+        for m in record.unit_metrics():
+            took = unit_seconds(m)
+            seconds += took or 0.0
+            if "started_at" in m.train:
+                first = min(first or m.train["started_at"], m.train["started_at"])
+                last = max(last or 0.0, m.train["started_at"] + (took or 0.0))
         if record.state == TrialState.WAITING:
             left += record.num_units - start
             continue
         without += record.num_units - start
+        if record.state == TrialState.PRUNED:
+            never = max(0, record.num_units - record.committed)
+            if record.stop is not None:
+                stopped += never
+            else:
+                saved += never
         if record.state == TrialState.RUNNING:
             left += record.num_units - record.committed
             flight = record.in_flight
             if flight is not None and flight.steps:
                 in_flight.append(record.number)
-                done_in_flight += flight.step / flight.steps
-    per_unit = mean_unit_seconds(records)
-    eta = None
-    if per_unit is not None:
-        eta = max(0.0, left - done_in_flight) * per_unit / max(1, processes)
-    return StudyCost(trained, without, seconds, left, eta, max(1, processes), in_flight)
+                first = min(first or flight.started, flight.started)
+    if in_flight:
+        last = time.time() if now is None else now
+    wall = None if first is None or last is None else max(0.0, last - first)
+    return StudyCost(trained, without, seconds, left, saved, stopped, wall, max(1, processes), in_flight)
 
 
 def step_times(record: TrialRecord) -> dict[tuple[int, int], float]:
@@ -274,6 +365,18 @@ def _placed(rows: list[dict[str, float]], unit: int, start: float, train_seconds
         clock += row.get("step_time", even)
         out[(unit, int(row["step"]))] = clock
     return out
+
+
+def clock_time(epoch: float) -> str:
+    """The local time of day (with the date when not today), as this machine's clock reads it: ``12:03:40``."""
+    when = datetime.datetime.fromtimestamp(epoch).astimezone()
+    today = datetime.datetime.now().astimezone().date()
+    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M")
+
+
+def _seconds(seconds: float) -> str:
+    """``8.1 s``, ``45 s``, ``3m05s``: a short time, with a decimal below 10 s."""
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 60 else duration(seconds)
 
 
 def duration(seconds: float) -> str:

@@ -10,7 +10,7 @@
 // - times that move ("for 1m12s", "in ~45s") are counted here, every second, from the timestamps the server sent.
 "use strict";
 
-const feedback = new Map(); // trial number -> {text, error}: shown on its card, kept across refreshes
+const feedback = new Map(); // trial number -> {text, error, op}: shown on its card across refreshes; a request's until it applies
 let sortState = null; // {index, dir}: the leaderboard's sort, kept across refreshes
 let refreshing = false;
 let timer = null;
@@ -21,7 +21,8 @@ const parts = new Map(); // part name -> the HTML it shows
 let figures = []; // the charts' figures, as last received
 const page = JSON.parse(document.getElementById("rfopt-page").textContent); // {version, running, refresh}
 const study = document.getElementById("live").dataset.study;
-const PARTS = {facts: "facts", liveness: "liveness-part", now: "now", warnings: "warnings", leaderboard: "board", why: "parallel"};
+const PARTS = {facts: "facts", liveness: "liveness-part", now: "now", warnings: "warnings", leaderboard: "board", why: "parallel",
+  versus: "versus"};
 
 const slug = (key) => key.replace(/[^A-Za-z0-9]/g, "-");
 
@@ -101,10 +102,26 @@ function span(seconds) {
   return `${Math.floor(m / 60)}h${String(m % 60).padStart(2, "0")}m`;
 }
 
+// A unit in flight that has not moved (no step ended) for several of its usual step times reads as stuck: the data
+// does not change while it hangs (nothing is written), so the page tells it from the clock, every second.
 function tick() {
   const now = Date.now() / 1000;
+  let held = false;
+  for (const li of document.querySelectorAll("#now li[data-stuck-at]")) {
+    const stuck = now >= Number(li.dataset.stuckAt);
+    li.classList.toggle("stuck", stuck);
+    held = held || stuck;
+    const box = li.querySelector(".silence");
+    if (box) {
+      box.textContent = stuck ? `${li.dataset.quiet} for ${span(now - Number(li.dataset.moved))} (${li.dataset.usual}): `
+        + "stuck or very slow; ETAs on hold" : "";
+    }
+  }
+  const eta = document.getElementById("eta");
+  if (eta) eta.classList.toggle("on-hold", held);
   for (const el of document.querySelectorAll(".clock[data-since]")) el.textContent = `for ${span(now - Number(el.dataset.since))}`;
   for (const el of document.querySelectorAll(".clock[data-until]")) {
+    if (el.closest("li.stuck") || (held && el.closest("#eta"))) { el.textContent = "on hold: no progress"; continue; }
     const left = Number(el.dataset.until) - now;
     el.textContent = left > 0 ? `in ~${span(left)}` : `any moment now (${span(-left)} later than its pace says)`;
   }
@@ -114,7 +131,8 @@ function tick() {
 function showFeedback(card) {
   const note = feedback.get(card.dataset.trial);
   const el = card.querySelector(".feedback");
-  if (!note || !el) return;
+  if (!el) return;
+  if (!note) { el.textContent = ""; return; }
   el.textContent = note.text;
   el.classList.toggle("error", note.error);
 }
@@ -149,6 +167,10 @@ function mergeCards(cards) {
         if (samples.dataset.loaded === place.dataset.version) place.replaceWith(samples);
         else { place.open = true; loadInto(place, ".samples-body"); }
       }
+    }
+    const note = feedback.get(String(trial));
+    if (note && note.op && !note.error && !(card.dataset.pending || "").split(" ").includes(note.op)) {
+      feedback.delete(String(trial)); // "pause requested" said until it applied (or was withdrawn): not after
     }
     showFeedback(card);
     fresh.set(String(trial), card);
@@ -229,7 +251,8 @@ window.rfoptRefresh = refresh; // for tests and screenshots: refresh now, and wa
 
 // ---------------------------------------------------------------- the clone form
 const GROUPS = [
-  ["set", "Set for this trial: its searched params and every field not at TRL's default"],
+  ["searched", "Searched: the params the leaderboard compares"],
+  ["set", "Set for this trial: the fields not at TRL's default"],
   ["peft_config", "LoRA (PEFT config)"],
   ["trial", "Model and reward functions"],
 ];
@@ -254,8 +277,11 @@ function fieldInput(f) {
   } else {
     input = `<textarea id="${id}" rows="1">${escapeHtml(JSON.stringify(f.value))}</textarea>`;
   }
-  return `<div class="field" data-name="${escapeAttr(f.name)}" data-kind="${f.kind}"><label for="${id}" `
-    + `title="${escapeAttr(f.help)}">${escapeHtml(f.name)}</label>${input}<span class="field-error"></span></div>`;
+  const label = f.label || f.name;
+  const also = label === f.name ? "" : ` <span class="field-path">${escapeHtml(f.name)}</span>`;
+  return `<div class="field" data-name="${escapeAttr(f.name)}" data-label="${escapeAttr(label)}" data-kind="${f.kind}">`
+    + `<label for="${id}" title="${escapeAttr(f.help)}">${escapeHtml(label)}${also}</label>${input}`
+    + '<span class="field-error"></span></div>';
 }
 
 function buildForm(details, config) {
@@ -267,7 +293,7 @@ function buildForm(details, config) {
     if (fields.length) html += `<fieldset data-group="${group}"><legend>${title}</legend>${fields.map(fieldInput).join("")}</fieldset>`;
   }
   const rest = byGroup("more");
-  html += `<details class="all-fields"><summary>Every other field: GRPOConfig, PEFT (${rest.length})</summary>`
+  html += `<details class="all-fields"><summary>Every other field, at its default: GRPOConfig, PEFT (${rest.length})</summary>`
     + `<input type="search" class="filter" placeholder="filter by name"><div class="rest">${rest.map(fieldInput).join("")}`
     + "</div></details>";
   const warm = config.warm_start;
@@ -321,7 +347,8 @@ function markError(form, message) {
   form.querySelector(".form-error").textContent = message;
   for (const el of form.querySelectorAll(".field")) {
     const name = el.dataset.name, bare = name.replace(/^peft_config\./, "");
-    const named = message.includes(`${name}:`) || message.includes(`args.${name}`) || message.includes(` ${bare}:`)
+    const named = message.includes(`${name}:`) || message.includes(`${el.dataset.label}:`) || message.includes(`args.${name}`)
+      || message.includes(` ${bare}:`)
       || message.includes(`'${bare}'`);
     el.classList.toggle("invalid", named);
     if (named) {
@@ -413,7 +440,8 @@ document.addEventListener("click", async (event) => {
   try {
     const [ok, data] = await post(button.dataset.url, body);
     const who = trial === null ? "" : `trial ${trial}: `;
-    note = ok ? {text: data.message, error: false} : {text: `${who}${data.error}`, error: true};
+    const pending = ["pause", "resume", "stop"].includes(op) ? op : null; // shown until it applies
+    note = ok ? {text: data.message, error: false, op: pending} : {text: `${who}${data.error}`, error: true};
   } catch (error) {
     note = {text: `${trial === null ? "" : `trial ${trial}: `}${error}`, error: true};
   } finally {
@@ -446,6 +474,12 @@ document.addEventListener("change", (event) => {
   const target = event.target;
   if (target.name === "xaxis") { xMode = target.value; drawFigures(figures); return; }
   if (target.id === "autorefresh") { if (target.checked) refresh(); else schedule(); return; }
+  if (target.matches("select.chunk-picker")) { // the trials compared after another chunk
+    const details = target.closest("details");
+    details.dataset.url = `${target.dataset.url}?unit=${encodeURIComponent(target.value)}`;
+    loadInto(details, ".side-body");
+    return;
+  }
   if (target.matches("select.prompt-picker")) {
     for (const section of target.closest(".side-body").querySelectorAll("section.prompt")) {
       section.hidden = section.dataset.prompt !== target.value;
@@ -459,7 +493,9 @@ document.addEventListener("change", (event) => {
 document.addEventListener("input", (event) => {
   if (!event.target.matches("input.filter")) return;
   const text = event.target.value.toLowerCase();
-  for (const el of event.target.closest("details").querySelectorAll(".field")) el.hidden = !el.dataset.name.toLowerCase().includes(text);
+  for (const el of event.target.closest("details").querySelectorAll(".field")) {
+    el.hidden = !el.dataset.name.toLowerCase().includes(text) && !el.dataset.label.toLowerCase().includes(text);
+  }
 });
 
 document.addEventListener("visibilitychange", () => {

@@ -298,6 +298,15 @@ class CheckpointStore:
         name = self._latest_name(trial_number)
         return None if name is None else self._files.location(f"{_trial_key(trial_number)}/{name}")
 
+    def latest_units(self, trial_number: int) -> int | None:
+        """The units done in the trial's latest checkpoint (``unit-0002`` holds 2): what a warm clone made now starts
+        from; None if it has none."""
+        name = self._latest_name(trial_number)
+        try:
+            return None if name is None else int(name.rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            return None
+
     def _latest_name(self, trial_number: int) -> str | None:
         try:
             return self._files.read(f"{_trial_key(trial_number)}/LATEST").decode().strip()

@@ -22,6 +22,10 @@ from .rollouts import ExactBackend, GenerationRequest, RolloutBackend, Sampling,
 class EvalResult:
     metrics: dict[str, float]
     samples: list[dict[str, Any]] = field(default_factory=list)
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    """Each eval prompt's score, in eval-set order, by objective name: ``reward`` (the weighted total) and each reward
+    function's name (NaN where it gave None). The means above are their means; stored with the unit, they give each
+    value its standard error (`rfopt.noise`)."""
 
     def objective(self, name: str) -> float:
         key = "reward" if name == "reward" else f"rewards/{name}/mean"
@@ -185,7 +189,9 @@ def scored(
         | {reward_name(f): s[i] for f, s in zip(reward_funcs, scores)}
         for i in range(min(settings.num_samples, n))
     ]
-    return EvalResult(metrics=metrics, samples=samples)
+    per_prompt = {"reward": totals} | {reward_name(f): values for f, values in zip(reward_funcs, scores)}
+    return EvalResult(metrics=metrics, samples=samples,
+                      scores={k: [_rounded(v) for v in values] for k, values in per_prompt.items()})
 
 
 def score_completions(
@@ -206,6 +212,11 @@ def score_completions(
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
     """TRL's ``log_extra`` / ``log_metric``: evaluation keeps no such logs."""
+
+
+def _rounded(value: float) -> float:
+    """A score as stored: 6 significant digits are plenty for a standard error, and keep the record small."""
+    return value if math.isnan(value) else float(f"{value:.6g}")
 
 
 def _nanmean(values: list[float]) -> float:

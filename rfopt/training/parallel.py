@@ -150,7 +150,13 @@ class DataParallelRunner(TrialRunner):
                                    generation_batch_size=None, ddp_find_unused_parameters=False)
 
     def train_chunk(self, should_stop: Callable[[], bool] | None = None,
-                    on_step: Callable[[StepDone], None] | None = None) -> ChunkMetrics:
+                    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
+                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False) -> ChunkMetrics:
+        """`TrialRunner.train_chunk`, as one data-parallel job; a trial over several devices trains alone (on the exact
+        rollout backend: each rank generates its own rows), so it takes no `rollout_func`."""
+        if rollout_func is not None:
+            raise ValueError(f"trial {self.number}: a data-parallel trial generates on each of its devices; it cannot "
+                             "share a batched decode")
         group = self.group
         if group.world_size > 1 and group.lead:
             group.broadcast(ChunkJob(self.number, self.config.to_json(), self.plan, self.schedule, self.start_unit,
@@ -160,7 +166,7 @@ class DataParallelRunner(TrialRunner):
             stop = lambda: group.any(should_stop is not None and should_stop())  # noqa: E731
         model = self.model
         with compat.data_parallel_model(model), row_sampled_generation(model, self, group):
-            return super().train_chunk(stop, on_step=on_step)
+            return super().train_chunk(stop, on_step=on_step, in_gang=in_gang)
 
 
 def follow(group: DataParallel, pool: ModelPool, train_dataset: Any, workdir: str | Path) -> int:

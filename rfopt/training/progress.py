@@ -74,6 +74,7 @@ class ProgressPublisher:
         self.done = StepDone(step=0, steps=steps, global_step=0, seconds=0.0, logs={})
         self.writes = 0
         self._written_at: float | None = None
+        self._moved = self.started
 
     @property
     def step_seconds(self) -> float | None:
@@ -96,6 +97,7 @@ class ProgressPublisher:
         self._publish("evaluating", force=True)
 
     def _publish(self, phase: str, force: bool) -> None:
+        self._moved = self.clock()
         event = UnitProgress(self.ref.number, self.unit, self.num_units, phase, self.done.step, self.steps,
                              self.step_seconds)
         for listener in self.listeners:
@@ -110,7 +112,7 @@ class ProgressPublisher:
                                 steps=self.steps, global_step=self.done.global_step, started=self.started,
                                 updated=now, step_seconds=self.step_seconds,
                                 logs=StepColumns.encode(self.logs) if self.logs else {}, holder=worker_id(),
-                                gang=self.gang)
+                                gang=self.gang, stepped=self._moved)
         try:
             write_progress(self.ref, record)
         except Exception as exc:  # noqa: BLE001 - progress is for people: the unit goes on without it

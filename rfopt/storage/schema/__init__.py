@@ -33,7 +33,8 @@ On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries
 ``rfopt:plan`` (the chunk plan), ``rfopt:objective``, ``rfopt:eval`` (evaluation settings),
 ``rfopt:train_fingerprint``, ``rfopt:eval_fingerprint``, ``rfopt:report_to`` (the trackers its trials report to),
 ``rfopt:pbt:<step>`` (a population-based training step: who is replaced by a clone of whom, with what values),
-``rfopt:halt`` (a request that every process running the study stop at its trials' next chunk boundary).
+``rfopt:halt`` (a request that every process running the study stop at its trials' next chunk boundary),
+``rfopt:run_shape`` (how its last run trains it: the pruner's schedule, the gang size; see `RunShape`).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
 list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
@@ -84,6 +85,7 @@ from ._study import (
     Halt,
     PbtStep,
     Replacement,
+    RunShape,
     StudyRecord,
     load_pbt_step,
     name_metric,
@@ -94,6 +96,7 @@ from ._study import (
     write_identity,
     write_pbt_step,
     write_plan,
+    write_run_shape,
     write_settings,
 )
 from ._trial import (
@@ -133,6 +136,7 @@ __all__ = [
     "PruneDecision",
     "Replacement",
     "Request",
+    "RunShape",
     "StepColumns",
     "Stop",
     "StudyRecord",
@@ -173,6 +177,7 @@ __all__ = [
     "write_plan",
     "write_progress",
     "write_request",
+    "write_run_shape",
     "write_schedule",
     "write_settings",
     "write_stop",

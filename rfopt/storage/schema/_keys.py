@@ -41,6 +41,7 @@ _TRACKED = "rfopt:tracked"
 _PBT_STEP = "rfopt:pbt:"
 _PROGRESS = "rfopt:progress"
 _HALT = "rfopt:halt"
+_RUN_SHAPE = "rfopt:run_shape"
 _PREFIX = "rfopt:"
 _GANG = "rfopt:gang:"
 

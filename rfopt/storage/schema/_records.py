@@ -165,6 +165,14 @@ class UnitMetrics:
     chunk: int
     train: dict[str, float]
     eval: dict[str, float]
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    """Each eval prompt's score, in eval-set order, by objective name (``reward``, each reward function's name): the
+    eval means are their means (`rfopt.noise` gives their standard errors); NaN where a reward function gave None.
+    Empty for units an earlier rfopt stored."""
+
+    def scores_of(self, objective: str) -> list[float]:
+        """The per-prompt scores behind `objective` (``reward`` or a reward function's name); empty if not stored."""
+        return self.scores.get(objective, [])
 
 
 @dataclass(frozen=True)
@@ -201,6 +209,15 @@ class ProgressRecord:
     """The process training it: ``host:pid``."""
     gang: tuple[int, ...] = ()
     """The trials training together with it in one process, itself included (empty: it trains alone)."""
+    stepped: float | None = None
+    """When it was last heard to move: its last optimizer step ended, or its phase began (seconds since the epoch);
+    None in records an earlier rfopt wrote (then `updated` stands in). A step that does not come is what "stuck"
+    means (`rfopt.reports.timeline.Silence`)."""
+
+    @property
+    def moved(self) -> float:
+        """When it was last heard to move (`stepped`, else the record's write)."""
+        return self.updated if self.stepped is None else self.stepped
 
     def step_logs(self) -> list[dict[str, float]]:
         """The logs of the unit's steps so far, one dict per step (`StepColumns.decode`)."""
@@ -210,7 +227,7 @@ class ProgressRecord:
         return json_safe({"unit": self.unit, "num_units": self.num_units, "phase": self.phase, "step": self.step,
                           "steps": self.steps, "global_step": self.global_step, "started": self.started,
                           "updated": self.updated, "step_seconds": self.step_seconds, "logs": self.logs,
-                          "holder": self.holder, "gang": list(self.gang)})
+                          "holder": self.holder, "gang": list(self.gang), "stepped": self.stepped})
 
     @classmethod
     def from_attr(cls, value: Any) -> ProgressRecord | None:
@@ -223,6 +240,7 @@ class ProgressRecord:
                        started=float(value["started"]), updated=float(value["updated"]),
                        step_seconds=None if _finite(seconds) is None else float(seconds),
                        logs=dict(value.get("logs") or {}), holder=str(value.get("holder", "")),
-                       gang=tuple(int(n) for n in value.get("gang") or ()))
+                       gang=tuple(int(n) for n in value.get("gang") or ()),
+                       stepped=None if _finite(value.get("stepped")) is None else float(value["stepped"]))
         except (KeyError, TypeError, ValueError):
             return None

@@ -9,7 +9,7 @@ from typing import Any
 
 from rfopt.chunks import ChunkPlan
 
-from ._keys import _CHECKPOINT_DIR, _HALT, _PBT_STEP, _PLAN, _SETTINGS, _STUDY_ID, _set_study, study_attrs
+from ._keys import _CHECKPOINT_DIR, _HALT, _PBT_STEP, _PLAN, _RUN_SHAPE, _SETTINGS, _STUDY_ID, _set_study, study_attrs
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,30 @@ class Halt:
 
 
 @dataclass(frozen=True)
+class RunShape:
+    """How the last run of a study trains it (``rfopt:run_shape``, written when a run starts): what a forecast of the
+    time left needs besides the trials' own records (`rfopt.reports.forecast`)."""
+
+    pruning: dict[str, Any]
+    """The rung policy's schedule (`rfopt.pruning.Outlook.to_attr`)."""
+    gang_size: int = 1
+    """Trials trained at once per process (`rfopt.training.gang`)."""
+    target_trials: int | None = None
+    """Trials the study will have started once the run has asked every new trial it means to (None: not known, a
+    run until a timeout or Ctrl-C)."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"pruning": dict(self.pruning), "gang_size": self.gang_size, "target_trials": self.target_trials}
+
+    @classmethod
+    def from_attr(cls, value: Any) -> RunShape | None:
+        if not isinstance(value, Mapping) or not isinstance(value.get("pruning"), Mapping):
+            return None
+        target = value.get("target_trials")
+        return cls(dict(value["pruning"]), int(value.get("gang_size") or 1), None if target is None else int(target))
+
+
+@dataclass(frozen=True)
 class StudyRecord:
     """rfopt's attrs on a study. A study rfopt never planned has no plan (and no identity until it runs)."""
 
@@ -41,6 +65,8 @@ class StudyRecord:
     every trial must share to be compared."""
     halt: Halt | None = None
     """The last request that every process running the study stop (`rfopt.engine.ops.halt`)."""
+    run_shape: RunShape | None = None
+    """How its last run trains it: the pruner's schedule, the gang size, the trials it means to start."""
 
     @classmethod
     def of(cls, attrs: Mapping[str, Any]) -> StudyRecord:
@@ -52,6 +78,7 @@ class StudyRecord:
             plan=None if plan is None else ChunkPlan.from_dict(plan),
             settings={name: attrs[key] for name, key in _SETTINGS.items() if key in attrs},
             halt=Halt.from_attr(halt) if isinstance(halt, Mapping) else None,
+            run_shape=RunShape.from_attr(attrs.get(_RUN_SHAPE)),
         )
 
     @property
@@ -80,6 +107,10 @@ def write_checkpoint_dir(study: Any, checkpoint_dir: str) -> None:
 
 def write_plan(study: Any, plan: ChunkPlan) -> None:
     _set_study(study, _PLAN, plan.to_dict())
+
+
+def write_run_shape(study: Any, shape: RunShape) -> None:
+    _set_study(study, _RUN_SHAPE, shape.to_attr())
 
 
 def write_halt(study: Any, halt: Halt) -> None:

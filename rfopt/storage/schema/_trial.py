@@ -52,7 +52,7 @@ from ._records import (
     UnitMetrics,
     Withdrawal,
 )
-from ._values import StepColumns, _numbers, _sample, json_safe
+from ._values import StepColumns, _numbers, _sample, _score_lists, json_safe
 
 
 # ---------------------------------------------------------------------- reading a trial
@@ -139,7 +139,7 @@ class TrialRecord:
                 continue
             unit = int(key[len(_METRICS):])
             out.append(UnitMetrics(unit=unit, chunk=int(data.get("chunk", unit)), train=_numbers(data.get("train")),
-                                   eval=_numbers(data.get("eval"))))
+                                   eval=_numbers(data.get("eval")), scores=_score_lists(data.get("scores"))))
         return out
 
     def samples(self) -> dict[int, list[dict[str, Any]]]:

@@ -41,6 +41,18 @@ def _numbers(data: Any) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def _score_lists(data: Any) -> dict[str, list[float]]:
+    """Stored per-prompt scores read back: lists of numbers by name, NaN where stored as text (`json_safe`)."""
+    if not isinstance(data, Mapping):
+        return {}
+    out = {}
+    for name, values in data.items():
+        if isinstance(values, list):
+            out[str(name)] = [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                              else float(v) if v in _NOT_FINITE else math.nan for v in values]
+    return out
+
+
 class StepColumns:
     """TRL's logs of one unit's optimizer steps as they are stored: one trial *system* attr per unit, by column.
 
