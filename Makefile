@@ -1,9 +1,11 @@
-# The two commands a fresh machine needs: `make demo` (the offline demo study) and `make test`.
+# The two commands a fresh machine needs: `make demo` (the offline demo study) and `make test` (the fast tier, a few
+# minutes: every module, training on scripted runners where a test is about the engine, not GRPO). `make test-all` runs
+# every test (pytest's `slow` marker: what must train for real, subprocesses, workers, faults, Ray, PostgreSQL).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-all lint bench clean
 
 $(BIN)/rfopt: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +21,15 @@ setup: $(BIN)/rfopt
 demo: setup
 	$(BIN)/rfopt run arithmetic
 
+# The fast tier's temporary files (SQLite studies, checkpoints: a sync to disk at every commit) go to a folder of its
+# own in RAM where the machine has one (/dev/shm), removed afterwards; `make test-all` keeps the system's.
+RAM_TMP := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm)
+
 test: setup
+	export TMPDIR="$$(mktemp -d -p $(if $(RAM_TMP),$(RAM_TMP),"$${TMPDIR:-/tmp}") rfopt-tests.XXXXXX)" && trap 'rm -rf "$$TMPDIR"' EXIT && \
+	  $(BIN)/python -m pytest -q -m "not slow"
+
+test-all: setup
 	$(BIN)/python -m pytest -q
 
 # Correctness rules and a complexity limit (pyproject.toml, [tool.ruff]); .ci/run runs it before the tests.

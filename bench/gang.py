@@ -109,7 +109,6 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     import rfopt.training.models
     from rfopt.training import gang, rollouts
     from rfopt.storage import schema
-    from rfopt.engine import unit
     from rfopt.storage.checkpoints import CheckpointStore
     from rfopt.training.runner import TrialRunner
 
@@ -127,7 +126,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
             (rollouts.BatchedBackend, "generate", "decode"), (rollouts.ExactBackend, "generate", "decode"),
             (gang._Context, "restore", "switching"),
             (gang._Context, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
-            (unit, "evaluate_members", "evaluation"), (TrialRunner, "evaluate", "evaluation"),
+            (TrialRunner, "evaluate_gang", "evaluation"),
             (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
             (CheckpointStore, "save", "checkpoints"),
         ):

@@ -26,6 +26,34 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture
+def scripted(monkeypatch):
+    """Every study this test runs in this process trains on scripted runners (tests/scripted_runner.py: no model, no
+    TRL, microseconds a unit); the `Scripted` returned sets their values and records what they did."""
+    import scripted_runner
+
+    return scripted_runner.use(monkeypatch)
+
+
+@pytest.fixture(params=["scripted", pytest.param("trl", marks=(pytest.mark.e2e, pytest.mark.slow))])
+def scripted_or_trl(request, monkeypatch):
+    """Runs the test twice: on scripted runners (the fast tier; the `Scripted` is the fixture's value), and training
+    through TRL (the slow tier; None)."""
+    if request.param == "trl":
+        return None
+    import scripted_runner
+
+    return scripted_runner.use(monkeypatch)
+
+
+@pytest.fixture
+def dying(monkeypatch):
+    """Runs in this process that die at crash points as ``RFOPT_CRASH_AT`` kills a process (`crashkit.DyingRuns`)."""
+    from crashkit import DyingRuns
+
+    return DyingRuns(monkeypatch)
+
+
+@pytest.fixture
 def storage(tmp_path):
     return f"sqlite:///{tmp_path / 'study.db'}"
 

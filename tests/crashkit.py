@@ -1,5 +1,6 @@
 """Running `rfopt` commands on `tests/tiny_study.py` in subprocesses, killing them, and comparing the studies
-they leave: shared by the crash, fault and worker tests and by bench/workers.py."""
+they leave: shared by the crash, fault and worker tests and by bench/workers.py. And the same crashes in this process
+(`crash_and_rerun_here`: a run "dies" at a crash point by raising `Died`; the `dies_at` fixture sets where)."""
 
 from __future__ import annotations
 
@@ -164,3 +165,70 @@ def assert_same_study_but_summation_order(reference: str, got: str, tolerance: f
             a, b = adapter(one), adapter(two)
             assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= tolerance
             assert any(k.endswith("lora_B.weight") and a[k].abs().max() > 1e-4 for k in a)  # it did train
+
+
+# ---------------------------------------------------------------------- crashes in this process
+class Died(BaseException):
+    """A run that died at a crash point (`rfopt.storage.crashpoints`, in this process): nothing in rfopt catches it."""
+
+
+def run_here(study_file: Path, storage: str, checkpoints: Path | str, *flags: str) -> int:
+    """`rfopt run STUDY_FILE` in this process; its exit code."""
+    from rfopt.cli import main
+
+    return main(["run", str(study_file), "--storage", storage, "--no-progress", "--checkpoint-dir", str(checkpoints),
+                 *flags])
+
+
+class DyingRuns:
+    """Where the runs in this process die: ``at("point:n")``, the n-th time each reaches the crash point
+    (`rfopt.storage.crashpoints`), raising `Died`; ``at(None)``, nowhere. Undone with the test's `monkeypatch`."""
+
+    def __init__(self, monkeypatch) -> None:
+        from rfopt.storage import crashpoints
+
+        def die():
+            raise Died
+
+        self.monkeypatch, self.crashpoints = monkeypatch, crashpoints
+        monkeypatch.setattr(crashpoints, "_die", die)
+
+    def at(self, point: str | None) -> None:
+        self.monkeypatch.setattr(self.crashpoints, "_counts", {})  # each run counts from 0, as a new process does
+        if point is None:
+            self.monkeypatch.delenv("RFOPT_CRASH_AT", raising=False)
+        else:
+            self.monkeypatch.setenv("RFOPT_CRASH_AT", point)
+
+    def log_events(self, path: Path | None) -> None:
+        """Log every crash point reached to `path` (``RFOPT_EVENT_LOG``); None: stop."""
+        if path is None:
+            self.monkeypatch.delenv("RFOPT_EVENT_LOG", raising=False)
+        else:
+            self.monkeypatch.setenv("RFOPT_EVENT_LOG", str(path))
+
+
+def crash_and_rerun_here(study_file: Path, points: list[str], where: Path, dying: DyingRuns, *flags: str,
+                         checkpoints: tuple[Path | str, Path | str] | None = None):
+    """Run `study_file` in this process uninterrupted, then again dying once at each of `points` (``point:n``) and
+    once more to its end, each run as a new process would; check that both studies ended alike
+    (`assert_same_study`). `checkpoints`: the two runs' checkpoint locations (default: under `where`).
+    Returns (the points it died at, the event log of the crashed study, its storage)."""
+    reference_ck, ck = checkpoints or (where / "ref-ck", where / "ck")
+    reference = f"sqlite:///{where / 'ref.db'}"
+    assert run_here(study_file, reference, reference_ck, *flags) == 0
+    log = where / "events.log"
+    dying.log_events(log)
+    storage = f"sqlite:///{where / 'crash.db'}"
+    died_at = []
+    for point in points:
+        dying.at(point)
+        try:
+            assert run_here(study_file, storage, ck, *flags) == 0
+        except Died:
+            died_at.append(point)
+    dying.at(None)
+    assert run_here(study_file, storage, ck, *flags) == 0
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage))
+    assert_same_study(reference, reference_ck, storage, ck)
+    return died_at, events(log), storage

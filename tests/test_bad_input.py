@@ -17,6 +17,7 @@ from rfopt_testkit import (
     trial_config,
 )
 from rfopt.storage.schema import study_attrs
+from stored_study import stored_study
 from rfopt.storage.schema import trial_attrs
 
 FAIL_REASON_ATTR = "rfopt:fail_reason"
@@ -29,7 +30,8 @@ FAIL_REASON_ATTR = "rfopt:fail_reason"
         (reward_wrong_length, "reward_wrong_length"),
     ],
 )
-def test_bad_reward_function_fails_its_trial_alone_with_the_reason_stored(tiny_model, storage, bad_reward, reason):
+def test_bad_reward_function_fails_its_trial_alone_with_the_reason_stored(
+        scripted, tiny_model, storage, bad_reward, reason):
     configs = [
         trial_config(tiny_model),
         trial_config(tiny_model, rewards=[reward_len, bad_reward]),
@@ -44,6 +46,8 @@ def test_bad_reward_function_fails_its_trial_alone_with_the_reason_stored(tiny_m
     assert all(len(t.intermediate_values) == 2 for t in (trials[0], trials[2]))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_nan_rewards_are_skipped_as_trl_does_and_an_all_nan_objective_fails_the_trial(tiny_model, storage):
     configs = [
         trial_config(tiny_model, rewards=[reward_len, reward_nan]),
@@ -62,7 +66,7 @@ def test_nan_rewards_are_skipped_as_trl_does_and_an_all_nan_objective_fails_the_
     assert plain.state.name == "COMPLETE"
 
 
-def test_invalid_grpo_config_in_a_space_function_fails_that_trial_and_the_study_goes_on(tiny_model, storage):
+def test_invalid_grpo_config_in_a_space_function_fails_that_trial_and_the_study_goes_on(scripted, tiny_model, storage):
     def space(trial):
         generations = trial.suggest_categorical("num_generations", [3, 4])
         # per_device_train_batch_size=4 is not a multiple of 3: TRL refuses the config.
@@ -113,8 +117,7 @@ def test_vllm_generation_is_refused_with_a_clear_message(tiny_model):
 
 
 def test_study_refuses_a_different_training_set_on_rerun(tiny_model, storage):
-    study = rfopt.create_study(study_name="s", storage=storage)
-    study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), num_chunks=1, show_progress_bar=False)
+    study = stored_study(storage, "s", [trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), num_chunks=1)
     with pytest.raises(Refusal, match="this call.s train_dataset is not the one it was run with"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8, prefix="X"), prompts_dataset(2),
                        num_chunks=1, show_progress_bar=False)

@@ -10,6 +10,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path):
     out = tmp_path / "gpu.json"
     # Every part: one worker count (2) keeps it short; the full sweep is the same code with more counts. The

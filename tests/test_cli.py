@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import optuna
+import pytest
 
 from rfopt.cli import main
 
@@ -43,6 +44,9 @@ STUDY = rfopt.StudySpec(
 """
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     study_file = tmp_path / "tiny_study.py"
     study_file.write_text(STUDY_FILE.format(model=str(tiny_model)))
@@ -86,6 +90,35 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     )
     assert status.returncode == 0 and "cli-demo:" in status.stdout and "best" in status.stdout
     assert "; base " in status.stdout and "; take trial " in status.stdout
+
+
+def test_run_in_this_process_reports_every_chunk_and_ends_with_the_leaderboard_samples_and_dashboard_command(
+        scripted, tiny_model, tmp_path, monkeypatch, capsys):
+    """`rfopt run` as the test above runs it, in this process and on scripted runners: what it prints."""
+    study_file = tmp_path / "tiny_study.py"
+    study_file.write_text(STUDY_FILE.format(model=str(tiny_model)))
+    storage = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(study_file), "--storage", storage, "--fast"]) == 0
+    out, err = capsys.readouterr()
+    assert "COMPLETE" in out and "best adapter (PEFT format):" in out
+    lines = [line for line in err.split("\n") if line.startswith("cli-demo: trial ")]
+    assert lines and not [line for line in lines if "\r" in line]  # not a terminal: plain lines, no redraws
+    committed = [line for line in lines if " committed: " in line]
+    assert len(committed) == 3 and committed[0].startswith("cli-demo: trial 0 chunk 1 committed: ")  # 2 + 1 pruned
+    assert re.search(r"\d+/\d+ steps, \d+/\d+ chunks", committed[0]), committed[0]
+    assert lines[0].startswith("cli-demo: trial 0 chunk 1/2 step 0/4")
+    assert re.search(r"reward: +[-\d.e]+ \(longer [-\d.e]+\)", out), out
+    assert "its eval means per reward function: longer " in out
+    assert f"optuna-dashboard {storage}" in out
+    assert len(optuna.load_study(study_name="cli-demo", storage=storage).trials) == 2
+
+    assert main(["run", str(study_file), "--storage", storage, "--fast", "--no-progress"]) == 0  # nothing left
+    assert len(optuna.load_study(study_name="cli-demo", storage=storage).trials) == 2
+    capsys.readouterr()
+    assert main(["status", "--storage", storage]) == 0
+    status = capsys.readouterr().out
+    assert "cli-demo:" in status and "best" in status
 
 
 def test_status_of_one_study_prints_its_leaderboard(tiny_model, tmp_path, capsys):

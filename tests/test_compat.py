@@ -34,6 +34,7 @@ def test_grpo_reads_its_beta_attribute_when_it_trains_and_pings_telemetry_from_i
     assert "self._send_telemetry()" in constructors
 
 
+@pytest.mark.e2e
 def test_a_chunk_trainer_continues_at_the_carried_step_with_the_beta_it_is_given(tiny_model, tmp_path, monkeypatch):
     """Behaviour, not source: built with beta=0 and given 0.04, it logs a KL; started at step 3 of 4, its one step
     is step 4; it pings TRL's telemetry only as a trial's first chunk."""

@@ -2,7 +2,11 @@
 between a durable checkpoint and its report) and rerun the same command each time: the study ends exactly
 as an uninterrupted run of it ends, and no chunk whose checkpoint was durable is trained again. And the
 half-done work a crash leaves in storage (a pruning decided but not told, a trial asked but not configured)
-is finished on the rerun."""
+is finished on the rerun.
+
+The matrix runs twice: with `rfopt run` processes training through TRL, killed for real (the slow tier), and in this
+process on scripted runners, each run "dying" at a crash point by an exception nothing in rfopt catches (the fast
+tier: the same crash points, the same reruns, the same checks of what storage and checkpoints end with)."""
 
 import random
 import signal
@@ -12,8 +16,8 @@ import optuna
 import pytest
 
 import rfopt
-from crashkit import (assert_same_study, commits, env, events, retrained_after_durable, run, run_command, start,
-                      trials)
+from crashkit import (STUDY_FILE, TESTS, assert_same_study, commits, crash_and_rerun_here, env, events,
+                      retrained_after_durable, run, run_command, start, trials)
 from rfopt_testkit import prompts_dataset, trial_config
 from rfopt.storage.schema import trial_attrs
 
@@ -38,6 +42,9 @@ def _attempts(seed: int) -> list[tuple[str, float]]:
     return points + [("trial-finishing", 1)]
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_rerun_reproduces_the_uninterrupted_study(
     tiny_model, tiny_study_reference, tmp_path
 ):
@@ -79,6 +86,9 @@ GANG_CRASH_POINTS = ["chunk-trained", "checkpoint-renamed", "gang-units-written"
                      "metrics-stored", "unit-committed"]
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_sigkill_in_a_gang_then_rerun_reproduces_the_uninterrupted_gang_study(
     tiny_model, tiny_gang_study_reference, tmp_path
 ):
@@ -112,7 +122,7 @@ class _PruneTrialOne(optuna.pruners.BasePruner):
         return trial.number == 1
 
 
-def test_a_pruning_decided_before_a_crash_is_carried_out_on_rerun(tiny_model, storage, monkeypatch):
+def test_a_pruning_decided_before_a_crash_is_carried_out_on_rerun(scripted, tiny_model, storage, monkeypatch):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
     real_tell = optuna.Study.tell
 
@@ -138,7 +148,7 @@ def test_a_pruning_decided_before_a_crash_is_carried_out_on_rerun(tiny_model, st
     assert done == [(0, 1)]
 
 
-def test_a_trial_asked_just_before_a_crash_resumes_with_its_params(tiny_model, storage):
+def test_a_trial_asked_just_before_a_crash_resumes_with_its_params(scripted, tiny_model, storage):
     def space(crash):
         def config(trial):
             rate = trial.suggest_float("learning_rate", 1e-3, 1e-2, log=True)
@@ -161,7 +171,7 @@ def test_a_trial_asked_just_before_a_crash_resumes_with_its_params(tiny_model, s
     assert study.trial_config(1).args.learning_rate == asked.params["learning_rate"]
 
 
-def test_a_paused_trial_stays_paused_across_a_crash_and_the_rerun(tiny_model, storage):
+def test_a_paused_trial_stays_paused_across_a_crash_and_the_rerun(scripted, tiny_model, storage):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
     study = rfopt.create_study(study_name="z", storage=storage)
 
@@ -181,3 +191,30 @@ def test_a_paused_trial_stays_paused_across_a_crash_and_the_rerun(tiny_model, st
     assert paused.state == optuna.trial.TrialState.RUNNING and trial_attrs(paused)["rfopt:paused"] is True
     assert list(paused.intermediate_values) == [0]
     assert done == [(0, 2)] and study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
+
+
+# ---------------------------------------------------------------------- the matrix in this process, scripted
+@pytest.mark.parametrize(("flags", "points"), [((), CRASH_POINTS), (("--gang-size", "3"), GANG_CRASH_POINTS)],
+                         ids=["alone", "gang"])
+def test_a_run_dying_at_each_crash_point_then_rerun_ends_as_the_uninterrupted_study(
+        scripted, dying, tiny_model, tmp_path, monkeypatch, flags, points):
+    monkeypatch.setenv("RFOPT_TEST_TINY_MODEL", str(tiny_model))
+    died_at, log, storage = crash_and_rerun_here(STUDY_FILE, [f"{p}:1" for p in points], tmp_path, dying, *flags)
+    assert died_at == [f"{p}:1" for p in points]
+    assert retrained_after_durable(log) == []
+    committed = commits(log)
+    reported = {(t.number, step) for t in trials(storage) for step in t.intermediate_values}
+    assert set(committed) == reported and set(committed.values()) == {1}, committed
+    assert not list((tmp_path / "ck").glob("gangs/*.json"))  # every gang record was settled
+
+
+def test_a_pbt_run_dying_in_an_exploit_step_then_rerun_ends_as_the_uninterrupted_study(
+        scripted, dying, tiny_model, tmp_path, monkeypatch):
+    """Once the first step's plan is stored, then once a clone's warm-start weights are written but the clone is not
+    yet in storage, then once the clones are made before any decision."""
+    monkeypatch.setenv("RFOPT_TEST_TINY_MODEL", str(tiny_model))
+    monkeypatch.setenv("RFOPT_TEST_TRIALS", "4")
+    points = ["pbt-planned:1", "clone-weights-saved:1", "pbt-cloned:1"]
+    died_at, _, storage = crash_and_rerun_here(TESTS / "tiny_pbt_study.py", points, tmp_path, dying)
+    assert died_at == points
+    assert sum(t.number >= 4 for t in trials(storage)) == 2  # a clone after each of the first two chunks

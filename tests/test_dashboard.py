@@ -747,6 +747,7 @@ def browser(tmp_path):
         driver.quit()
 
 
+@pytest.mark.slow
 def test_page_draws_overlaid_charts_and_answers_each_op_next_to_its_trial(study, browser, tmp_path):
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
@@ -866,6 +867,7 @@ def _alert(driver):
         return False
 
 
+@pytest.mark.slow
 def test_a_wide_leaderboard_fits_a_1400_pixel_page(tmp_path, browser):
     """The demo study's leaderboard (5 reward functions with long names, 4 params, a long reason) wraps its headers
     instead of widening the page past the window."""

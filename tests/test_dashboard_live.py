@@ -33,6 +33,8 @@ from rfopt.storage.schema import TrialRecord
 
 STUDY_FILE = Path(__file__).resolve().parent / "dashboard_study.py"
 
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.e2e]
+
 
 @dataclass
 class Live:

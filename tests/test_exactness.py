@@ -12,6 +12,8 @@ from rfopt.training.models import ModelPool
 from rfopt.training.runner import TrialRunner
 from rfopt_testkit import lora_config, prompts_dataset, reward_vowels, trial_config
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 def _train_straight_through(model_path, config, plan, schedule, dataset):
     """What a user does without rfopt: one GRPOTrainer over the trial's data, in the plan's order."""
@@ -55,7 +57,8 @@ def _train_interleaved(config, other, plan, dataset, workdir):
             dict(gradient_accumulation_steps=2, lr_scheduler_type="cosine", warmup_steps=0.25, beta=0.0),
             id="grad-accum-2-warmup-cosine",
         ),
-        pytest.param(dict(gradient_accumulation_steps=2, beta=0.04, lr_scheduler_type="cosine", warmup_steps=0.25), id="beta-0.04"),
+        pytest.param(dict(gradient_accumulation_steps=2, beta=0.04, lr_scheduler_type="cosine", warmup_steps=0.25),
+                     id="beta-0.04"),
         pytest.param(dict(num_train_epochs=2, lora_dropout=True), id="two-epochs-lora-dropout"),
         pytest.param(dict(num_iterations=2, steps_per_generation=2), id="num-iterations-2"),
         # Mixed precision: accelerate wraps the model's forward in autocast when it prepares it.

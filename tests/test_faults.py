@@ -52,11 +52,13 @@ def _crashed_study(model, storage, checkpoints):
 
 
 # Each of these runs with a local checkpoint directory and with checkpoints in a bucket on the test S3 server.
-def test_corrupt_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, checkpoint_root):
+def test_corrupt_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(
+        scripted, tiny_model, storage, checkpoint_root):
     _crashed_study(tiny_model, storage, checkpoint_root)
     tensors = f"{checkpoint_root}/trial-00000/unit-0001/tensors.safetensors"
     fs, path = fsspec.core.url_to_fs(tensors)
-    fs.pipe_file(path, fs.cat_file(path)[:100])
+    data = fs.cat_file(path)
+    fs.pipe_file(path, data[: len(data) // 2])  # cut short
 
     study, done = _run(tiny_model, storage, checkpoint_root)
     broken, healthy = study.optuna.trials
@@ -67,7 +69,8 @@ def test_corrupt_checkpoint_fails_its_trial_with_the_reason_and_the_others_finis
     assert done == [(1, 1)]
 
 
-def test_missing_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(tiny_model, storage, checkpoint_root):
+def test_missing_checkpoint_fails_its_trial_with_the_reason_and_the_others_finish(
+        scripted, tiny_model, storage, checkpoint_root):
     _crashed_study(tiny_model, storage, checkpoint_root)
     fs, path = fsspec.core.url_to_fs(f"{checkpoint_root}/trial-00001")
     fs.rm(path, recursive=True)
@@ -82,8 +85,7 @@ def test_missing_checkpoint_fails_its_trial_with_the_reason_and_the_others_finis
 
 
 def test_disk_full_while_checkpointing_fails_the_trial_and_keeps_its_previous_checkpoint(
-    tiny_model, storage, tmp_path, monkeypatch
-):
+        scripted, tiny_model, storage, tmp_path, monkeypatch):
     import safetensors.torch
 
     real_save = safetensors.torch.save_file
@@ -161,6 +163,9 @@ def _wait_for(log, condition, process):
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_postgresql_server_down_for_a_while_is_ridden_out_and_the_study_ends_as_if_it_never_was(
     postgres, tiny_study_reference, tiny_model, tmp_path
 ):
@@ -176,6 +181,9 @@ def test_a_postgresql_server_down_for_a_while_is_ridden_out_and_the_study_ends_a
     assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_postgresql_server_down_past_the_retry_budget_stops_the_run_with_a_clear_error(
     postgres, tiny_model, tmp_path
 ):
@@ -335,8 +343,7 @@ class _PageLimit:
 
 @pytest.mark.parametrize("full", ["tmpfs", "max_page_count"])
 def test_a_full_disk_under_the_sqlite_file_stops_the_run_at_once_naming_it_and_the_study_resumes_once_freed(
-    tiny_model, tmp_path, small_disk, full
-):
+        scripted, tiny_model, tmp_path, small_disk, full):
     from rfopt.compat import storage_of
     from rfopt.storage.database import engine_of
 
@@ -378,6 +385,8 @@ def _refused_run(storage, tiny_model, tmp_path):
     return code, output.read_text(), time.monotonic() - started
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing database", "missing role", "wrong password", "read-only database"])
 def test_a_postgresql_database_that_refuses_stops_the_run_at_once_naming_the_cause(postgres, tiny_model, tmp_path,
                                                                                     case):
@@ -408,6 +417,9 @@ def test_a_postgresql_database_that_refuses_stops_the_run_at_once_naming_the_cau
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_full_disk_under_a_postgresql_database_stops_the_run_at_once_and_the_study_resumes_once_freed(
     postgres, tiny_study_reference, tiny_model, tmp_path, small_disk
 ):

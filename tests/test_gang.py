@@ -21,6 +21,7 @@ from rfopt.training.rollouts import Sampling
 from rfopt.training.runner import TrialRunner
 from rfopt.engine.scheduler import LiveTrial, next_gang
 from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, reward_vowels, trial_config
+from scripted_runner import ScriptedRunner
 
 
 # ---------------------------------------------------------------------- gangs of runners
@@ -54,6 +55,8 @@ def _same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_trial_trains_the_same_alone_and_beside_any_partners(tiny_model):
     trio, trio_metrics, decodes = _train(tiny_model, [(0, 5e-3, {}), (1, 1e-2, {}), (2, 2e-3, {})])
     again, again_metrics, _ = _train(tiny_model, [(0, 5e-3, {}), (1, 1e-2, {}), (2, 2e-3, {})])
@@ -67,6 +70,8 @@ def test_a_trial_trains_the_same_alone_and_beside_any_partners(tiny_model):
     assert decodes == 8
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_gang_members_keep_their_own_gradient_accumulation_and_temperature(tiny_model):
     """Each trainer's accelerate gradient state, fused LM head (temperature) and RNG are its own while it runs."""
     mixed, _, _ = _train(tiny_model, [(0, 5e-3, {"gradient_accumulation_steps": 2, "temperature": 0.7}),
@@ -79,6 +84,8 @@ def test_gang_members_keep_their_own_gradient_accumulation_and_temperature(tiny_
     assert _same(mixed[0], first[0]) and _same(mixed[1], second[1])
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_model):
     from rfopt.config.settings import EvalSettings
     from rfopt.training.evaluation import evaluate_members
@@ -107,6 +114,7 @@ def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_m
                 assert result.metrics.keys() == alone.metrics.keys()
 
 
+@pytest.mark.e2e
 def test_the_rollout_hook_gets_the_generation_batch_and_the_model_is_put_back(tiny_model):
     dataset = prompts_dataset(8)
     plan = ChunkPlan.build(len(dataset), 2, seed=0)
@@ -150,7 +158,7 @@ def _study(tmp_path, name="gang", num_chunks=2):
                               checkpoint_dir=tmp_path / "ck")
 
 
-def test_a_gang_study_run_twice_ends_identically_and_stores_who_trained_together(tiny_model, tmp_path):
+def test_a_gang_study_run_twice_ends_identically_and_stores_who_trained_together(scripted_or_trl, tiny_model, tmp_path):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
     train, test = prompts_dataset(8), prompts_dataset(2, "E")
     first, second = _study(tmp_path / "a"), _study(tmp_path / "b")
@@ -178,7 +186,7 @@ def _adapter(study, number):
     return load_file(f"{path}/adapter_model.safetensors")
 
 
-def test_a_member_whose_reward_raises_fails_alone_and_the_gang_goes_on(tiny_model, tmp_path):
+def test_a_member_whose_reward_raises_fails_alone_and_the_gang_goes_on(scripted, tiny_model, tmp_path):
     configs = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=1e-2),
                trial_config(tiny_model, rewards=(reward_len, reward_raises))]
     study = _study(tmp_path)
@@ -189,7 +197,7 @@ def test_a_member_whose_reward_raises_fails_alone_and_the_gang_goes_on(tiny_mode
     assert "reward_raises" in reason and "reward server unreachable" in reason
 
 
-def test_pruning_and_trials_that_cannot_gang_work_beside_gangs(tiny_model, tmp_path):
+def test_pruning_and_trials_that_cannot_gang_work_beside_gangs(scripted, tiny_model, tmp_path):
     configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3, 1e-2)] + [
         rfopt.TrialConfig(model=str(tiny_model), reward_funcs=[reward_len, reward_vowels],
                           args=trial_config(tiny_model).args, peft_config=None)]
@@ -223,7 +231,7 @@ def test_the_memory_estimate_counts_each_adapter_and_the_base_model_as_built(tin
     assert estimate.step > 0 and len(estimate.decode) == 2 and estimate.total > estimate.base
 
 
-def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(tiny_model, tmp_path, monkeypatch, caplog):
+def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny_model, tmp_path, monkeypatch, caplog):
     from rfopt.training import models
 
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
@@ -249,7 +257,8 @@ def _gang_optimize(study, configs, on_unit=None, num_chunks=3, **kwargs):
                    show_progress_bar=False, on_unit=on_unit, **kwargs)
 
 
-def test_a_trial_paused_out_of_its_gang_resumes_where_it_was_and_its_partners_go_on(tiny_model, tmp_path):
+def test_a_trial_paused_out_of_its_gang_resumes_where_it_was_and_its_partners_go_on(
+        scripted_or_trl, tiny_model, tmp_path):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
     reference = _study(tmp_path / "ref", num_chunks=3)
     _gang_optimize(reference, configs)
@@ -274,7 +283,7 @@ def test_a_trial_paused_out_of_its_gang_resumes_where_it_was_and_its_partners_go
         assert _same(_adapter(study, number), _adapter(reference, number))
 
 
-def test_population_based_training_replaces_members_of_a_gang_with_warm_clones(tiny_model, tmp_path):
+def test_population_based_training_replaces_members_of_a_gang_with_warm_clones(scripted, tiny_model, tmp_path):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[2e-3, 5e-3, 1e-2, 3e-3])
     pbt = rfopt.PopulationBasedTraining(interval=1, quantile=0.25, resample_probability=0.0, seed=0)
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -302,7 +311,9 @@ def test_output_flags_in_a_models_generation_config_do_not_make_its_evaluation_l
     assert Sampling.of(config) == Sampling(max_new_tokens=4, eos_token_ids=(2,), pad_token_id=2, do_sample=False)
 
 
-def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tiny_model):
+@pytest.mark.parametrize("runner_class", [ScriptedRunner, pytest.param(TrialRunner, marks=(pytest.mark.e2e,
+                                                                                       pytest.mark.slow))])
+def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tiny_model, runner_class):
     """Members run in the caller's thread, so a Ctrl-C lands in whichever member runs: the gang stops every member
     at its next step (the one waiting for rollouts hears `Aborted`), then lets the KeyboardInterrupt through."""
     from rfopt.training.rollouts import Aborted
@@ -315,8 +326,8 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
     runners = []
     for number, rewards in enumerate([(reward_len,), (reward_len, reward_interrupted), (reward_len,)]):
         config = trial_config(tiny_model, learning_rate=5e-3, rewards=rewards)
-        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
-                                   "/tmp/rfopt-test-gang"))
+        runners.append(runner_class(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                    "/tmp/rfopt-test-gang"))
     for runner in runners:
         runner.setup()
     gang = Gang(runners[0].rollout_backend(batched=True), [GangMember(r) for r in runners])
@@ -328,7 +339,7 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
     assert all(g.dead for g in gang._greenlets.values())  # no member is left suspended
 
 
-def test_a_run_that_names_no_gang_size_trains_in_gangs_of_the_default(tiny_model, tmp_path):
+def test_a_run_that_names_no_gang_size_trains_in_gangs_of_the_default(scripted, tiny_model, tmp_path):
     from rfopt.training.gang import DEFAULT_GANG_SIZE
 
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2, 2e-3, 3e-3])

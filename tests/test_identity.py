@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 import rfopt
 from rfopt_testkit import prompts_dataset, trial_config
 from rfopt.storage.schema import study_attrs, trial_attrs
+from stored_study import stored_study
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
@@ -54,7 +55,8 @@ def _same(a, b):
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def test_deleting_the_database_and_running_the_same_study_again_trains_it_afresh(tiny_model, tmp_path, monkeypatch):
+def test_deleting_the_database_and_running_the_same_study_again_trains_it_afresh(
+        scripted, tiny_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = _outcome(_run("sqlite:///rfopt.db", _configs(tiny_model)))
     assert all(state == optuna.trial.TrialState.COMPLETE for state, _, _ in first)
@@ -70,8 +72,8 @@ def test_deleting_the_database_and_running_the_same_study_again_trains_it_afresh
     assert owner["id"] == uid and owner["study"] == "arithmetic"
 
 
-def test_two_databases_in_one_folder_with_studies_of_one_name_keep_their_checkpoints_apart(tiny_model, tmp_path,
-                                                                                          monkeypatch):
+def test_two_databases_in_one_folder_with_studies_of_one_name_keep_their_checkpoints_apart(
+        scripted, tiny_model, tmp_path, monkeypatch):
     reference = _outcome(_run(f"sqlite:///{tmp_path / 'reference.db'}", _configs(tiny_model),
                               checkpoint_dir=tmp_path / "reference-ck"))
     shared = tmp_path / "shared"
@@ -88,9 +90,9 @@ def test_two_databases_in_one_folder_with_studies_of_one_name_keep_their_checkpo
 
 
 def test_a_checkpoint_location_that_holds_another_studys_checkpoints_is_refused_before_anything_is_written(
-    tiny_model, tmp_path
-):
-    _run(f"sqlite:///{tmp_path / 'a.db'}", _configs(tiny_model)[:1], checkpoint_dir=tmp_path / "ck")
+        tiny_model, tmp_path):
+    stored_study(f"sqlite:///{tmp_path / 'a.db'}", "arithmetic", _configs(tiny_model)[:1], TRAIN, EVAL,
+                 checkpoint_dir=tmp_path / "ck")  # as a run leaves it
     other = rfopt.create_study(study_name="arithmetic", storage=f"sqlite:///{tmp_path / 'b.db'}",
                                checkpoint_dir=tmp_path / "ck")
     with pytest.raises(rfopt.CheckpointError, match=r"belongs to study 'arithmetic' \(id [0-9a-f]+\) of "
@@ -110,7 +112,7 @@ def test_a_checkpoint_location_that_holds_another_studys_checkpoints_is_refused_
 def test_a_checkpoint_dir_other_than_the_recorded_one_is_refused_unless_the_checkpoints_moved_there(tiny_model,
                                                                                                    tmp_path):
     storage = f"sqlite:///{tmp_path / 'a.db'}"
-    study = _run(storage, _configs(tiny_model)[:1], checkpoint_dir=tmp_path / "ck")
+    study = stored_study(storage, "arithmetic", _configs(tiny_model)[:1], TRAIN, EVAL, checkpoint_dir=tmp_path / "ck")
     with pytest.raises(rfopt.CheckpointError, match=r"keeps its checkpoints in .*/ck; this call gives .*/elsewhere\. "
                        r"Leave checkpoint_dir \(--checkpoint-dir\) out"):
         rfopt.load_study("arithmetic", storage, checkpoint_dir=tmp_path / "elsewhere")
@@ -123,6 +125,7 @@ def test_a_checkpoint_dir_other_than_the_recorded_one_is_refused_unless_the_chec
     assert moved.checkpoints.load(0).units_done == 2
 
 
+@pytest.mark.slow
 def test_a_study_in_a_server_database_without_a_shared_checkpoint_location_is_refused_at_start(postgres, tiny_model):
     study = rfopt.create_study(study_name="pg", storage=postgres.new_database())
     with pytest.raises(rfopt.CheckpointError, match=r"is in a server database \(postgresql://.*\) that several hosts "

@@ -9,6 +9,7 @@ from rfopt.training.models import ModelPool
 from rfopt_testkit import trial_config
 
 
+@pytest.mark.e2e
 def test_a_trial_trained_in_chunks_sends_trl_telemetry_once(tiny_model, tmp_path, monkeypatch):
     from trl import GRPOTrainer
 
@@ -43,6 +44,7 @@ def test_the_trials_of_a_study_share_each_chunk_selection_of_their_dataset():
     assert held() is None  # the selections go with their dataset
 
 
+@pytest.mark.e2e
 def test_a_finished_full_fine_tuning_trial_frees_its_model_copy(tiny_model, tmp_path):
     from rfopt.chunks import ChunkPlan, trial_schedule
     from rfopt.training.runner import TrialRunner
@@ -173,6 +175,7 @@ def test_a_released_adapter_is_freed(tiny_model):
     pool.close()
 
 
+@pytest.mark.e2e
 def test_a_trial_with_gradient_checkpointing_leaves_the_shared_model_without_it(tiny_model, tmp_path):
     from rfopt.chunks import ChunkPlan, trial_schedule
     from rfopt.training.runner import TrialRunner
@@ -341,6 +344,8 @@ def test_releasing_the_last_adapter_leaves_the_base_as_loaded_without_its_traine
     _as_loaded(tiny_model, pool._resident[config.model_key].base)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_study_mixing_modules_to_save_and_full_fine_tuning_trains_the_full_trial_alike_in_either_order(
         tiny_model, tmp_path):
     """Issue 35: the full trial, run after a LoRA trial with ``modules_to_save=["lm_head"]``, copied the shared base

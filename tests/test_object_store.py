@@ -107,6 +107,9 @@ def test_a_url_whose_filesystem_package_is_missing_says_what_to_install():
         rfopt.CheckpointStore("gcs://bucket/rfopt")
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_study_with_s3_checkpoints_ends_as_with_a_local_directory_and_exports_its_best_adapter(
     s3, tiny_study_reference, tiny_model, tmp_path
 ):
@@ -136,6 +139,9 @@ def test_a_study_with_s3_checkpoints_ends_as_with_a_local_directory_and_exports_
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_study_killed_between_an_upload_and_its_latest_resumes_from_s3_as_if_never_killed(
     s3, tiny_study_reference, tiny_model, tmp_path
 ):
@@ -152,6 +158,23 @@ def test_a_study_killed_between_an_upload_and_its_latest_resumes_from_s3_as_if_n
     assert_same_study(*tiny_study_reference, storage, root)
     assert retrained_after_durable(events(log)) == []
     committed = commits(events(log))
+    reported = {(t.number, step) for t in trials(storage) for step in t.intermediate_values}
+    assert set(committed) == reported and set(committed.values()) == {1}
+
+
+def test_a_run_dying_between_an_upload_and_its_latest_resumes_from_s3_as_if_it_never_died(
+        scripted, dying, s3, tiny_model, tmp_path, monkeypatch):
+    """The same crashes in this process, on scripted runners, against the reference run with a local directory."""
+    from crashkit import STUDY_FILE, crash_and_rerun_here
+
+    monkeypatch.setenv("RFOPT_TEST_TINY_MODEL", str(tiny_model))
+    root = s3.bucket() + "/rfopt"
+    points = ["checkpoint-renamed:2", "checkpoint-saved:3"]
+    died_at, log, storage = crash_and_rerun_here(STUDY_FILE, points, tmp_path, dying,
+                                                 checkpoints=(tmp_path / "ref-ck", root))
+    assert died_at == points
+    assert retrained_after_durable(log) == []
+    committed = commits(log)
     reported = {(t.number, step) for t in trials(storage) for step in t.intermediate_values}
     assert set(committed) == reported and set(committed.values()) == {1}
 

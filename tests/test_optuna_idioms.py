@@ -3,9 +3,6 @@
 attributes work on an rfopt study, trial ops cannot be confused with `optuna.Study.stop`, and a study's settings are
 stored once."""
 
-import os
-import subprocess
-import sys
 import time
 
 import optuna
@@ -41,7 +38,7 @@ def _sampler():
 
 
 # ---------------------------------------------------------------------- n_trials, timeout, callbacks, catch
-def test_n_trials_counts_the_trials_each_call_starts_as_in_optuna(tiny_model, storage):
+def test_n_trials_counts_the_trials_each_call_starts_as_in_optuna(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage, sampler=_sampler())
     _run(study, _space(tiny_model), n_trials=2)
     _run(study, _space(tiny_model), n_trials=1)
@@ -52,7 +49,7 @@ def test_n_trials_counts_the_trials_each_call_starts_as_in_optuna(tiny_model, st
     assert _states(study) == [TrialState.COMPLETE] * 4
 
 
-def test_work_counts_n_trials_as_optimize_does(tiny_model, storage):
+def test_work_counts_n_trials_as_optimize_does(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="w", storage=storage, sampler=_sampler())
     for _ in range(2):
         study.work(_space(tiny_model), TRAIN, EVAL, n_trials=1, num_chunks=2, lease_seconds=5, poll_seconds=0.05)
@@ -61,7 +58,7 @@ def test_work_counts_n_trials_as_optimize_does(tiny_model, storage):
     assert _states(study) == [TrialState.COMPLETE] * 3
 
 
-def test_timeout_stops_starting_units_and_a_rerun_finishes_the_same_trials(tiny_model, tmp_path):
+def test_timeout_stops_starting_units_and_a_rerun_finishes_the_same_trials(scripted, tiny_model, tmp_path):
     def values(study):
         return [(t.number, t.state, t.intermediate_values) for t in study.optuna.get_trials(deepcopy=False)]
 
@@ -83,7 +80,7 @@ def test_timeout_stops_starting_units_and_a_rerun_finishes_the_same_trials(tiny_
     assert values(study) == values(straight)  # resumed, exactly where it stopped
 
 
-def test_callbacks_get_the_optuna_study_and_each_finished_trial_once(tiny_model, storage):
+def test_callbacks_get_the_optuna_study_and_each_finished_trial_once(scripted, tiny_model, storage):
     seen = []
 
     def callback(optuna_study, trial):
@@ -102,7 +99,7 @@ def test_callbacks_get_the_optuna_study_and_each_finished_trial_once(tiny_model,
     assert {state for _, state in seen} >= {TrialState.COMPLETE, TrialState.FAIL}
 
 
-def test_optunas_max_trials_callback_stops_an_open_ended_run(tiny_model, storage):
+def test_optunas_max_trials_callback_stops_an_open_ended_run(scripted, tiny_model, storage):
     """``n_trials=None`` asks trials until stopped, as in Optuna; Optuna's own callback stops it."""
     study = rfopt.create_study(study_name="s", storage=storage, sampler=_sampler())
     stop_at_two = optuna.study.MaxTrialsCallback(2, states=(TrialState.COMPLETE,))
@@ -110,13 +107,13 @@ def test_optunas_max_trials_callback_stops_an_open_ended_run(tiny_model, storage
     assert _states(study) == [TrialState.COMPLETE] * 2
 
 
-def test_study_stop_from_on_unit_stops_asking_new_trials(tiny_model, storage):
+def test_study_stop_from_on_unit_stops_asking_new_trials(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage, sampler=_sampler())
     _run(study, _space(tiny_model), n_trials=5, max_concurrent=1, on_unit=lambda *unit: study.stop())
     assert _states(study) == [TrialState.COMPLETE]
 
 
-def test_catch_decides_whether_a_failing_trial_ends_the_run(tiny_model, tmp_path):
+def test_catch_decides_whether_a_failing_trial_ends_the_run(scripted, tiny_model, tmp_path):
     configs = [trial_config(tiny_model, rewards=(reward_raises,)), trial_config(tiny_model, rewards=(reward_len,))]
     alone = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'a.db'}")
     _run(alone, configs)  # rfopt's default: the failing trial fails alone
@@ -139,7 +136,7 @@ class _RaisesJudgingTrialOne(optuna.pruners.BasePruner):
         return False
 
 
-def test_a_pruner_that_raises_fails_the_trial_it_judges_as_in_optuna(tiny_model, tmp_path):
+def test_a_pruner_that_raises_fails_the_trial_it_judges_as_in_optuna(scripted, tiny_model, tmp_path):
     """A trial whose ``should_prune()`` raises fails in Optuna, and `catch` decides whether the run goes on. A rung
     decision is the same call: the pruner's ValueError is not taken for "a peer ended elsewhere" and deferred."""
     configs = [trial_config(tiny_model, rewards=(reward_len,))] * 2
@@ -158,7 +155,7 @@ def test_a_pruner_that_raises_fails_the_trial_it_judges_as_in_optuna(tiny_model,
 
 
 # ---------------------------------------------------------------------- an Optuna study to its user
-def test_optunas_study_attributes_work_on_an_rfopt_study(tiny_model, storage):
+def test_optunas_study_attributes_work_on_an_rfopt_study(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="attrs", storage=storage, sampler=_sampler())
     _run(study, _space(tiny_model), n_trials=2)
     real = study.optuna
@@ -175,7 +172,7 @@ def test_optunas_study_attributes_work_on_an_rfopt_study(tiny_model, storage):
         study.optimise  # noqa: B018
 
 
-def test_trial_ops_have_names_apart_from_optunas_stop(tiny_model, storage):
+def test_trial_ops_have_names_apart_from_optunas_stop(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage)
     with pytest.raises(TypeError, match=r"study.stop_trial\(0\)"):
         study.stop(0)
@@ -201,7 +198,7 @@ def test_trial_ops_have_names_apart_from_optunas_stop(tiny_model, storage):
 
 
 # ---------------------------------------------------------------------- settings stored once
-def test_settings_fixed_at_create_study_are_read_back_and_a_different_one_is_refused(tiny_model, storage):
+def test_settings_fixed_at_create_study_are_read_back_and_a_different_one_is_refused(scripted, tiny_model, storage):
     settings = rfopt.EvalSettings(max_new_tokens=4)
     study = rfopt.create_study(study_name="s", storage=storage, num_chunks=2, objective="reward_len",
                                eval_settings=settings, chunk_seed=3)
@@ -226,7 +223,8 @@ def test_settings_fixed_at_create_study_are_read_back_and_a_different_one_is_ref
                                             show_progress_bar=False)
 
 
-def test_a_study_planned_before_settings_were_stored_reads_its_chunks_and_seed_from_its_plan(tiny_model, storage):
+def test_a_study_planned_before_settings_were_stored_reads_its_chunks_and_seed_from_its_plan(
+        scripted, tiny_model, storage):
     """A study planned by an earlier rfopt has ``rfopt:plan`` but no ``rfopt:num_chunks`` / ``rfopt:chunk_seed``."""
     earlier = optuna.create_study(study_name="old", storage=storage, direction="maximize")
     earlier.set_user_attr("rfopt:plan", rfopt.ChunkPlan.build(len(TRAIN), 2, 3).to_dict())
@@ -249,7 +247,6 @@ def test_a_bad_setting_is_refused_before_create_study_stores_anything(storage, t
 STUDY_FILE = """
 import rfopt
 from rfopt.cli import main
-from rfopt.cli import main
 from rfopt_testkit import prompts_dataset, trial_config
 
 def space(trial):
@@ -260,17 +257,14 @@ STUDY = rfopt.StudySpec(name="cli", space=space, datasets=lambda: (prompts_datas
 """
 
 
-def test_cli_n_trials_is_per_command_and_n_trials_total_is_the_studys(tiny_model, tmp_path):
+def test_cli_n_trials_is_per_command_and_n_trials_total_is_the_studys(scripted, tiny_model, tmp_path, monkeypatch):
     study_file = tmp_path / "cli_study.py"
     study_file.write_text(STUDY_FILE.format(model=str(tiny_model)))
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.path.join(os.getcwd(), "tests")]))
+    monkeypatch.chdir(tmp_path)
 
-    def rfopt_run(*flags):
-        done = subprocess.run([sys.executable, "-m", "rfopt.cli", "run", str(study_file), "--storage", storage,
-                               "--no-progress", *flags], env=env, cwd=tmp_path, capture_output=True, text=True,
-                              check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
+    def rfopt_run(*flags):  # in this process, as `rfopt run` would
+        assert main(["run", str(study_file), "--storage", storage, "--no-progress", *flags]) == 0
         return len(optuna.load_study(study_name="cli", storage=storage).trials)
 
     assert rfopt_run() == 2  # the study file's total
@@ -280,7 +274,7 @@ def test_cli_n_trials_is_per_command_and_n_trials_total_is_the_studys(tiny_model
 
 
 def test_a_study_an_earlier_rfopt_kept_in_user_attrs_is_read_and_continued_and_its_new_records_are_system_attrs(
-        tiny_model, storage, monkeypatch):
+        scripted, tiny_model, storage, monkeypatch):
     """rfopt's records moved from user attrs (which optuna-dashboard lists on its pages) to system attrs. A study an
     earlier rfopt wrote keeps loading: its records are read from the user attrs, and a run continues it."""
     from rfopt import compat
@@ -326,7 +320,8 @@ def test_a_study_an_earlier_rfopt_kept_in_user_attrs_is_read_and_continued_and_i
     assert [row.chunks_done for row in study.leaderboard()] == [2, 2]
 
 
-def test_a_user_attr_named_like_an_rfopt_record_is_the_users_and_never_breaks_the_study(tiny_model, storage, caplog):
+def test_a_user_attr_named_like_an_rfopt_record_is_the_users_and_never_breaks_the_study(
+        scripted, tiny_model, storage, caplog):
     """Issue 35: ``trial.set_user_attr("rfopt:stopped", True)`` in a search space made `optimize` raise
     AttributeError (the attr read as an earlier rfopt's stop record), leaving both trials RUNNING, and `rfopt status`
     fail the same way."""

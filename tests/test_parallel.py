@@ -44,6 +44,9 @@ def test_a_batch_that_does_not_split_over_the_devices_is_refused_naming_the_tria
                            ModelPool("cpu", "fp32"), tmp_path, group=DataParallel(0, 3))
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_study_trained_two_devices_per_trial_ends_as_with_one_device_also_after_a_crash_and_for_a_clone(
     tiny_model, tmp_path
 ):

@@ -83,7 +83,7 @@ def test_given_to_optuna_create_study_it_refuses_naming_rfopt_create_study(stora
     assert not trial.should_prune()
 
 
-def test_a_list_study_with_nothing_to_explore_is_refused_before_training(tiny_model, storage):
+def test_a_list_study_with_nothing_to_explore_is_refused_before_training(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="same", storage=storage, pruner=rfopt.PopulationBasedTraining())
     same = [trial_config(tiny_model), trial_config(tiny_model)]
     with pytest.raises(ValueError, match="varies none"):
@@ -128,7 +128,7 @@ def _untouched(study, storage):
     (dict(interval=5), "list", r"interval=5\): the trials train 3 chunks"),
 ])
 def test_population_based_training_that_would_never_act_or_only_copy_is_refused_before_anything_is_stored(
-        tiny_model, storage, pbt, space, says):
+        scripted, tiny_model, storage, pbt, space, says):
     study = rfopt.create_study(study_name="refused", storage=storage, pruner=rfopt.PopulationBasedTraining(**pbt))
     if space.startswith("function"):
         chosen = _space(tiny_model, (4, 8) if "lora_r" in space else (4,))
@@ -243,7 +243,8 @@ def test_a_unit_budget_is_met_exactly_when_every_step_cuts_by_it():
 
 
 # ---------------------------------------------------------------------- a real study
-def test_the_bottom_member_is_replaced_by_a_warm_clone_of_the_top_starting_from_its_weights(tiny_model, storage):
+def test_the_bottom_member_is_replaced_by_a_warm_clone_of_the_top_starting_from_its_weights(
+        scripted, tiny_model, storage):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[2e-3, 5e-3, 1e-2, 3e-3])
     pbt = rfopt.PopulationBasedTraining(interval=1, quantile=0.25, resample_probability=0.0, seed=0)
     study = rfopt.create_study(study_name="pbt", storage=storage, pruner=pbt)
@@ -293,7 +294,7 @@ class Interrupted(Exception):
     pass
 
 
-def test_explore_sampler_in_a_list_study_plans_the_same_values_after_an_interruption(tiny_model, tmp_path):
+def test_explore_sampler_in_a_list_study_plans_the_same_values_after_an_interruption(scripted, tiny_model, tmp_path):
     """A list study's sampler draws nothing but PBT's values, so a study resumed by a new process (a new, seeded
     sampler) before a step is planned plans it as the uninterrupted study did."""
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[2e-3, 5e-3, 1e-2, 3e-3])
@@ -334,6 +335,9 @@ def pbt_reference(tiny_model, tmp_path_factory):
     return storage, where / "ck"
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_sigkill_in_an_exploit_step_then_rerun_reproduces_the_uninterrupted_study(pbt_reference, tiny_model,
                                                                                  tmp_path):
     storage = f"sqlite:///{tmp_path / 'crash.db'}"
@@ -349,6 +353,9 @@ def test_sigkill_in_an_exploit_step_then_rerun_reproduces_the_uninterrupted_stud
     assert_same_study(*pbt_reference, storage, tmp_path / "ck")
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_two_workers_run_a_pbt_study_as_one_process_does(pbt_reference, tiny_model, tmp_path):
     storage = f"sqlite:///{tmp_path / 'workers.db'}"
     command = rfopt_command("worker", str(PBT_STUDY), "--storage", storage, "--checkpoint-dir", str(tmp_path / "ck"),

@@ -58,6 +58,7 @@ def study(storage):
 
 
 # ---------------------------------------------------------------------- the runner's hook
+@pytest.mark.e2e
 def test_the_runner_tells_its_step_hook_of_every_optimizer_step_with_its_logs(tiny_model, tmp_path):
     from rfopt.training.models import ModelPool
     from rfopt.training.runner import TrialRunner
@@ -316,8 +317,8 @@ def test_a_log_gets_a_line_when_a_chunk_is_overdue(monkeypatch):
 
 
 # ---------------------------------------------------------------------- a study-level stop
-def test_halt_stops_every_process_running_the_study_at_the_next_chunk_boundary_and_the_trials_resume(tiny_model,
-                                                                                                   storage):
+def test_halt_stops_every_process_running_the_study_at_the_next_chunk_boundary_and_the_trials_resume(
+        scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="h", storage=storage, direction="maximize")
     configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3)]
     with pytest.raises(ops.OpError, match="nobody is running this study"):

@@ -1,4 +1,5 @@
-"""End to end: real GRPO on the tiny model, trials that cannot learn pruned at the first rung.
+"""End to end: real GRPO on the tiny model, trials that cannot learn pruned at the first rung (and the same study on
+scripted runners, whose trials with a learning rate of 0 cannot learn either, in the fast tier).
 
 Four configurations of the tiny model, trained round-robin by `Study.optimize` over 3 chunks:
 two cannot learn (``learning_rate=0.0``: their weights never move, so every evaluation gives the
@@ -110,8 +111,7 @@ def run_study(tiny_model, storage: str, tmp_path, pruner: optuna.pruners.BasePru
 
 
 def test_median_pruner_stops_the_non_learners_at_step_0_and_keeps_the_learners(
-    tiny_model, storage, tmp_path
-):
+        scripted_or_trl, tiny_model, storage, tmp_path):
     """MedianPruner(n_startup_trials=3), 4 trials, 3 chunks.
 
     Step 0: a non-learner's value (0.221) is below the median of its 3 peers' values at step 0
@@ -166,8 +166,7 @@ def test_median_pruner_stops_the_non_learners_at_step_0_and_keeps_the_learners(
 
 
 def test_successive_halving_stops_the_non_learners_at_rung_0_then_halves_the_learners(
-    tiny_model, storage, tmp_path
-):
+        scripted_or_trl, tiny_model, storage, tmp_path):
     """SuccessiveHalvingPruner(min_resource=1, reduction_factor=2), 4 trials, 3 chunks.
 
     Rungs come after 1 and 2 chunks (steps 0 and 1); the next would come after 4, past the

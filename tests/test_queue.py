@@ -25,7 +25,7 @@ WAITING, RUNNING, FAIL, COMPLETE = (optuna.trial.TrialState.WAITING, optuna.tria
 
 
 @pytest.fixture
-def finished_study(tiny_model, storage):
+def finished_study(scripted, tiny_model, storage):
     """A study that ran one config to the end (2 chunks): it has a plan, checkpoints, and nobody running it. Its
     `seen_running` is what `liveness` said while it ran."""
     study = rfopt.create_study(study_name="q", storage=storage, num_chunks=2)
@@ -52,6 +52,7 @@ def test_liveness_tells_whether_anybody_runs_the_study_and_what_waits(finished_s
     assert after.message in capsys.readouterr().out
 
 
+@pytest.mark.subprocess
 def test_a_killed_process_reads_as_gone_within_two_heartbeats(storage, tmp_path):
     study = rfopt.create_study(study_name="k", storage=storage)
     script = ("import sys, time, optuna; from rfopt.storage.leases import Presence; from rfopt.storage import open_storage\n"
@@ -150,7 +151,7 @@ def test_withdraw_after_the_request_applied_is_refused(storage):
         study.withdraw_request(0, "clone")
 
 
-def test_a_stop_withdrawn_while_the_study_runs_lets_the_trial_finish(tiny_model, storage):
+def test_a_stop_withdrawn_while_the_study_runs_lets_the_trial_finish(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="live", storage=storage, num_chunks=2)
 
     def on_unit(number, step, value):
@@ -164,6 +165,7 @@ def test_a_stop_withdrawn_while_the_study_runs_lets_the_trial_finish(tiny_model,
     assert TrialRecord(trial).applied == [] and len(TrialRecord(trial).withdrawn) == 1
 
 
+@pytest.mark.slow
 def test_presence_withdraw_and_cancel_work_on_postgresql(postgres, tmp_path):
     from rfopt.storage.leases import Presence
     from rfopt.storage.database import open_storage

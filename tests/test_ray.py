@@ -14,7 +14,7 @@ from crashkit import (STUDY_FILE, assert_same_study, assert_same_study_but_summa
                       rfopt_command, run, start, trials, worker_command)
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (make test does)")
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.subprocess, pytest.mark.e2e]
 
 SWEEP = {"RFOPT_TEST_TRIALS": 4, "RFOPT_TEST_CHUNKS": 2}
 """The 4-trial sweep of tests/tiny_study.py, 2 chunks each."""

@@ -26,6 +26,8 @@ def test_the_readme_has_python_examples():
     assert any("GRPOTrainer(" in code for _, code in blocks) and any("rfopt.TrialConfig(" in code for _, code in blocks)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_every_python_example_in_the_readme_runs(tiny_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "readme"}

@@ -22,6 +22,7 @@ import rfopt_testkit
 from rfopt.errors import MissingPackage, Refusal
 from rfopt.storage.schema import TrialRecord
 from rfopt_testkit import prompts_dataset, reward_len, trial_config
+from stored_study import stored_study
 from rfopt.storage.schema import trial_attrs
 
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
@@ -35,6 +36,11 @@ def _study(tmp_path, name="s", **kwargs):
 def _optimize(study, space, train=TRAIN, evaluation=EVAL, **kwargs):
     kwargs.setdefault("num_chunks", 2)
     study.optimize(space, train, evaluation, show_progress_bar=False, **kwargs)
+
+
+def _stored(tmp_path, configs, num_chunks=2):
+    """Study "s" as `_optimize(study, configs)` leaves it, written through the schema writers (tests/stored_study.py)."""
+    return stored_study(f"sqlite:///{tmp_path / 'study.db'}", "s", configs, TRAIN, EVAL, num_chunks=num_chunks)
 
 
 def _snapshot(study, tmp_path):
@@ -52,8 +58,7 @@ def _untouched(study, tmp_path):
 
 # ---------------------------------------------------------------------- results that must not mix
 def test_a_different_eval_set_is_refused_when_a_study_continues(tiny_model, tmp_path):
-    study = _study(tmp_path)
-    _optimize(study, [trial_config(tiny_model)])
+    study = _stored(tmp_path, [trial_config(tiny_model)])
     before = _snapshot(study, tmp_path)
     more = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=1e-3)]
     with pytest.raises(Refusal, match=r"this call's eval_dataset is not the one its trials were evaluated on .*"
@@ -62,7 +67,8 @@ def test_a_different_eval_set_is_refused_when_a_study_continues(tiny_model, tmp_
     assert _snapshot(study, tmp_path) == before
 
 
-def test_a_list_study_grows_and_its_new_configs_become_new_trials_with_their_params(tiny_model, tmp_path, caplog):
+def test_a_list_study_grows_and_its_new_configs_become_new_trials_with_their_params(
+        scripted, tiny_model, tmp_path, caplog):
     base = trial_config(tiny_model)
     study = _study(tmp_path)
     _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 2e-3]))
@@ -82,8 +88,7 @@ def test_a_list_study_grows_and_its_new_configs_become_new_trials_with_their_par
 
 def test_a_changed_config_of_a_list_study_is_refused_naming_what_changed(tiny_model, tmp_path):
     base = trial_config(tiny_model)
-    study = _study(tmp_path)
-    _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 2e-3]))
+    study = _stored(tmp_path, rfopt.grid(base, learning_rate=[1e-3, 2e-3]))
     before = _snapshot(study, tmp_path)
     with pytest.raises(rfopt.ConfigError, match=r"configs\[1\] is not the config this study ran .* "
                        r"\(learning_rate 0.002 -> 0.005\); a config that has run cannot change. Keep it as it was and "
@@ -94,8 +99,7 @@ def test_a_changed_config_of_a_list_study_is_refused_naming_what_changed(tiny_mo
 
 def test_a_list_that_adds_a_choice_to_a_categorical_param_is_refused(tiny_model, tmp_path):
     base = trial_config(tiny_model)
-    study = _study(tmp_path)
-    _optimize(study, rfopt.grid(base, lr_scheduler_type=["linear", "constant"]), num_chunks=1)
+    study = _stored(tmp_path, rfopt.grid(base, lr_scheduler_type=["linear", "constant"]), num_chunks=1)
     before = _snapshot(study, tmp_path)
     with pytest.raises(rfopt.ConfigError, match=r"lr_scheduler_type: the list now gives \['cosine'\], which the "
                        "study's trials did not have as choices"):
@@ -129,6 +133,9 @@ print("trials:", [t.state.name for t in study.optuna.get_trials()])
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_a_reward_function_of_a_script_without_a_main_guard_is_taken_from_the_running_script(tiny_model, tmp_path,
                                                                                              monkeypatch):
     script = tmp_path / "train.py"
@@ -173,6 +180,9 @@ main()
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.e2e
 def test_a_script_whose_top_level_runs_a_study_through_a_function_is_refused_when_it_is_imported(tiny_model,
                                                                                                  tmp_path,
                                                                                                  monkeypatch):
@@ -195,8 +205,8 @@ def test_a_script_whose_top_level_runs_a_study_through_a_function_is_refused_whe
 
 
 # ---------------------------------------------------------------------- a study name is not burned by a typo
-def test_too_many_chunks_for_a_function_space_is_refused_before_the_plan_is_stored_and_the_advice_works(tiny_model,
-                                                                                                        tmp_path):
+def test_too_many_chunks_for_a_function_space_is_refused_before_the_plan_is_stored_and_the_advice_works(
+        scripted, tiny_model, tmp_path):
     study = _study(tmp_path)
     def space(trial):  # 16 completions a step: 4 prompts x 4 generations
         return trial_config(tiny_model, learning_rate=trial.suggest_float("lr", 1e-4, 1e-2),
@@ -212,7 +222,8 @@ def test_too_many_chunks_for_a_function_space_is_refused_before_the_plan_is_stor
 
 
 @pytest.mark.parametrize("kind", ["list", "function"])
-def test_a_mistyped_objective_is_refused_before_anything_trains_and_the_fixed_call_runs(tiny_model, tmp_path, kind):
+def test_a_mistyped_objective_is_refused_before_anything_trains_and_the_fixed_call_runs(
+        scripted, tiny_model, tmp_path, kind):
     study = _study(tmp_path)
     space = [trial_config(tiny_model)] if kind == "list" else (lambda trial: trial_config(tiny_model))
     n_trials = None if kind == "list" else 1
@@ -261,7 +272,7 @@ def test_an_eval_set_missing_a_column_a_reward_function_takes_is_refused_before_
     _untouched(study, tmp_path)
 
 
-def test_a_nan_learning_rate_is_refused_naming_the_field(tiny_model, tmp_path):
+def test_a_nan_learning_rate_is_refused_naming_the_field(scripted, tiny_model, tmp_path):
     study = _study(tmp_path)
     with pytest.raises(rfopt.ConfigError, match=r"args.learning_rate: NaN; give a number") as refused:
         _optimize(study, [trial_config(tiny_model, learning_rate=math.nan)])
@@ -287,6 +298,8 @@ def test_a_wilcoxon_pruner_without_scipy_is_refused_when_the_study_is_created(tm
     assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'study.db'}") == []
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_bf16_with_use_cpu_in_a_config_trains_on_the_cpu_as_the_device_says_and_a_warning_says_so(tiny_model,
                                                                                                   tmp_path, caplog):
     study = _study(tmp_path)
@@ -310,7 +323,7 @@ def test_bf16_with_use_cpu_in_a_config_trains_on_the_cpu_as_the_device_says_and_
     ("reward_reads_solution", "reward function 'reward_reads_solution' raised KeyError: 'solution' (the dataset "
                               "has no column 'solution'; its columns: ['answer'])"),
 ])
-def test_a_bad_reward_fails_its_trial_alone_with_a_reason_that_names_it(tiny_model, tmp_path, reward, reason):
+def test_a_bad_reward_fails_its_trial_alone_with_a_reason_that_names_it(scripted, tiny_model, tmp_path, reward, reason):
     configs = [trial_config(tiny_model, rewards=[reward_len, getattr(rfopt_testkit, reward)]),
                trial_config(tiny_model)]
     study = _study(tmp_path)
@@ -320,6 +333,8 @@ def test_a_bad_reward_fails_its_trial_alone_with_a_reason_that_names_it(tiny_mod
     assert good.state.name == "COMPLETE"
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_reward_reading_trainer_state_gets_the_trials_step_in_training_and_in_evaluation(tiny_model, tmp_path):
     study = _study(tmp_path)
     _optimize(study, [trial_config(tiny_model, rewards=[rfopt_testkit.reward_step])], num_chunks=2)
@@ -331,7 +346,7 @@ def test_a_reward_reading_trainer_state_gets_the_trials_step_in_training_and_in_
     assert trial.intermediate_values == {0: 4.0, 1: 8.0}  # evaluated after 4 and after 8 steps
 
 
-def test_sys_exit_in_a_reward_fails_its_trial_alone_and_the_others_finish(tiny_model, tmp_path, caplog):
+def test_sys_exit_in_a_reward_fails_its_trial_alone_and_the_others_finish(scripted, tiny_model, tmp_path, caplog):
     configs = [trial_config(tiny_model), trial_config(tiny_model, rewards=[reward_len, rfopt_testkit.reward_exits]),
                trial_config(tiny_model, learning_rate=1e-3)]
     study = _study(tmp_path)
@@ -348,7 +363,7 @@ def test_sys_exit_in_a_reward_fails_its_trial_alone_and_the_others_finish(tiny_m
 
 
 def test_sys_exit_in_an_on_unit_callback_ends_the_call_and_every_trial_resumes_to_the_uninterrupted_result(
-        tiny_model, tmp_path):
+        scripted, tiny_model, tmp_path):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
     (tmp_path / "ref").mkdir()
     reference = _study(tmp_path / "ref")
@@ -369,7 +384,7 @@ def test_sys_exit_in_an_on_unit_callback_ends_the_call_and_every_trial_resumes_t
             == [(t.state, t.intermediate_values) for t in reference.optuna.get_trials()])
 
 
-def test_the_leaderboard_shows_a_default_as_its_value_not_none(tiny_model, tmp_path):
+def test_the_leaderboard_shows_a_default_as_its_value_not_none(scripted, tiny_model, tmp_path):
     study = _study(tmp_path)
     _optimize(study, [trial_config(tiny_model), trial_config(tiny_model, optim="sgd")], num_chunks=1)
     default = trl.GRPOConfig.__dataclass_fields__["optim"].default
@@ -377,6 +392,8 @@ def test_the_leaderboard_shows_a_default_as_its_value_not_none(tiny_model, tmp_p
     assert "optim=None" not in study.leaderboard_text()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_an_async_reward_function_is_awaited_in_evaluation_as_in_training(tiny_model, tmp_path):
     study = _study(tmp_path)
     _optimize(study, [trial_config(tiny_model, rewards=[rfopt_testkit.reward_len_async])], num_chunks=1)
@@ -448,8 +465,8 @@ def test_a_study_name_that_would_choose_a_location_is_refused_before_anything_is
     assert _files_under(tmp_path) == before
 
 
-def test_a_study_name_of_letters_digits_and_allowed_signs_makes_its_folder_inside_the_checkpoint_root(tiny_model,
-                                                                                                      tmp_path):
+def test_a_study_name_of_letters_digits_and_allowed_signs_makes_its_folder_inside_the_checkpoint_root(
+        scripted, tiny_model, tmp_path):
     study = _study(tmp_path, name="gsm8k v2_lr=1e-3+lora@8.b-1")
     _optimize(study, [trial_config(tiny_model)], num_chunks=1)
     assert study.checkpoints.root.parent == tmp_path / "rfopt-checkpoints"
@@ -502,7 +519,7 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_stored(ti
     assert rfopt.training.trackers.normalize("wandb") == ["wandb"]
 
 
-def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(tiny_model, tmp_path):
+def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(scripted, tiny_model, tmp_path):
     study = _study(tmp_path, name="gone")
     url = f"sqlite:///{tmp_path / 'study.db'}"
 
@@ -517,6 +534,8 @@ def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(tiny_model, tmp_p
     assert optuna.get_all_study_summaries(url) == []
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("space", ["list", "function"])
 def test_a_reward_function_of_a_script_read_from_stdin_is_refused_before_anything_is_stored(tiny_model, tmp_path,
                                                                                             space):
@@ -537,7 +556,7 @@ def test_a_reward_function_of_a_script_read_from_stdin_is_refused_before_anythin
     assert sorted(p.name for p in tmp_path.iterdir()) == ["script.db"]
 
 
-def test_training_rows_the_chunk_plan_leaves_out_are_counted_in_a_warning(tiny_model, tmp_path, caplog):
+def test_training_rows_the_chunk_plan_leaves_out_are_counted_in_a_warning(scripted, tiny_model, tmp_path, caplog):
     study = _study(tmp_path)
     # 10 rows in 2 chunks of 5; a step takes 2 prompts (8 completions, 4 generations): 4 of each chunk train.
     configs = [trial_config(tiny_model), trial_config(tiny_model, per_device_train_batch_size=8)]

@@ -38,7 +38,7 @@ def _adapter(study, number):
 
 
 @pytest.mark.parametrize("crash_after", [1, 4])
-def test_rerun_after_a_crash_reproduces_the_uninterrupted_study(tiny_model, tmp_path, crash_after):
+def test_rerun_after_a_crash_reproduces_the_uninterrupted_study(scripted_or_trl, tiny_model, tmp_path, crash_after):
     reference, _ = _run(tiny_model, f"sqlite:///{tmp_path / 'ref.db'}", tmp_path / "ref")
 
     storage = f"sqlite:///{tmp_path / 'crash.db'}"

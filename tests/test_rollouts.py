@@ -176,6 +176,7 @@ def test_should_stop_stops_decoding_between_two_tokens(adapters, backend_of):
 
 
 # ---------------------------------------------------------------------- the batched backend's parts
+@pytest.mark.slow
 def test_the_decode_step_compiles_as_one_graph_with_no_break(adapters):
     """``torch.compile(fullgraph=True)`` refuses a graph break, and a host synchronisation (``.item()``, a
     data-dependent branch) is one: the step that a CUDA graph captures has none, every sampler feature on."""

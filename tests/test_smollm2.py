@@ -11,6 +11,7 @@ from rfopt import smollm2
 from rfopt.smollm2 import ModelUnavailableError, smollm2_path
 
 
+@pytest.mark.slow
 def test_smollm2_converts_once_then_loads_from_cache_and_generates(tmp_path, monkeypatch):
     path = smollm2_path(tmp_path)
     assert path == tmp_path / "models" / "SmolLM2-135M-Instruct"

@@ -13,11 +13,9 @@ from rfopt.storage.schema import TrialRecord
 TRAIN, EVAL = prompts_dataset(8), prompts_dataset(2, "E")
 
 
-@pytest.fixture(scope="module")
-def study_with_warm_clone(tiny_model, tmp_path_factory):
+def _study_with_warm_clone(tiny_model, storage):
     """Two trials of a grid over learning_rate, 4 chunks of 2 steps each; after trial 0's first chunk it is cloned
     warm with a learning_rate outside the grid and a lora_dropout no trial searched."""
-    storage = f"sqlite:///{tmp_path_factory.mktemp('steps') / 'study.db'}"
     study = rfopt.create_study(study_name="steps", storage=storage, num_chunks=4)
     clones = []
 
@@ -30,7 +28,30 @@ def study_with_warm_clone(tiny_model, tmp_path_factory):
     return study, clones[0]
 
 
-def test_step_metrics_keep_every_optimizer_step_under_trls_names(study_with_warm_clone):
+@pytest.fixture(scope="module")
+def study_with_warm_clone(tiny_model, tmp_path_factory):
+    """`_study_with_warm_clone` on scripted runners (tests/scripted_runner.py)."""
+    import scripted_runner
+
+    with pytest.MonkeyPatch.context() as patch:
+        scripted_runner.use(patch)
+        return _study_with_warm_clone(tiny_model, f"sqlite:///{tmp_path_factory.mktemp('steps') / 'study.db'}")
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_step_metrics_are_trls_logs_of_every_optimizer_step_under_trls_names(tiny_model, storage):
+    study, _ = _study_with_warm_clone(tiny_model, storage)
+    steps = TrialRecord(study.optuna.trials[1]).step_metrics()
+    assert [row["step"] for row in steps] == list(range(1, 9))
+    for name in ("reward", "reward_std", "rewards/reward_len/mean", "rewards/reward_vowels/mean", "loss",
+                 "learning_rate", "entropy", "completions/mean_length"):
+        assert all(name in row for row in steps), name
+    assert "kl" not in steps[0]  # beta=0: TRL logs no KL
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) for row in steps for v in row.values())
+
+
+def test_step_metrics_keep_every_optimizer_step_on_the_trials_axis(study_with_warm_clone):
     study, _ = study_with_warm_clone
     record = TrialRecord(study.optuna.trials[1])
     steps = record.step_metrics()
@@ -38,10 +59,8 @@ def test_step_metrics_keep_every_optimizer_step_under_trls_names(study_with_warm
     assert [row["unit"] for row in steps] == [0, 0, 1, 1, 2, 2, 3, 3]
     chunks = {m.unit: m.chunk for m in record.unit_metrics()}
     assert all(row["chunk"] == chunks[row["unit"]] for row in steps)
-    for name in ("reward", "reward_std", "rewards/reward_len/mean", "rewards/reward_vowels/mean", "loss",
-                 "learning_rate", "entropy", "completions/mean_length"):
+    for name in ("reward", "rewards/reward_len/mean", "rewards/reward_vowels/mean", "loss", "learning_rate"):
         assert all(name in row for row in steps), name
-    assert "kl" not in steps[0]  # beta=0: TRL logs no KL
     assert all(isinstance(v, (int, float)) and math.isfinite(v) for row in steps for v in row.values())
     # The chunk means stored before are the means of these steps.
     for metrics in record.unit_metrics():

@@ -151,7 +151,8 @@ def test_gsm8k_lite_offline_stops_with_the_loaders_message_not_a_traceback(tmp_p
     code = main(["run", str(STUDIES_DIR / "gsm8k_lite.py"), "--storage", f"sqlite:///{tmp_path / 'g.db'}", "--no-progress"])
     assert code == 1
     err = capsys.readouterr().err
-    assert "rfopt: error: gsm8k: could not load 'openai/gsm8k'" in err
+    line = next(line for line in err.splitlines() if line.startswith("rfopt: error: "))
+    assert "its datasets function" in line and "gsm8k: could not load 'openai/gsm8k'" in line
     assert "Traceback" not in err
 
 
@@ -170,7 +171,7 @@ STUDY = dataclasses.replace(
 """
 
 
-def test_arithmetic_study_runs_end_to_end_through_the_cli(tiny_model, tmp_path, capsys):
+def test_arithmetic_study_runs_end_to_end_through_the_cli(scripted_or_trl, tiny_model, tmp_path, capsys):
     study_file = tmp_path / "arithmetic_tiny.py"
     study_file.write_text(ARITHMETIC_ON_TINY.format(model=str(tiny_model)))
     storage = f"sqlite:///{tmp_path / 'a.db'}"
@@ -189,7 +190,7 @@ def test_arithmetic_study_runs_end_to_end_through_the_cli(tiny_model, tmp_path, 
     assert (Path(study.best_adapter()) / "adapter_config.json").is_file()
 
 
-def test_gsm8k_lite_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage):
+def test_gsm8k_lite_runs_end_to_end_on_a_local_copy(scripted_or_trl, tiny_model, tmp_path, storage):
     module = _module("gsm8k_lite")
     rows = lambda split, n: [  # noqa: E731 - GSM8K's shape: a worked solution ending "#### n"
         {"question": f"{split} {i}: 2 boxes of {i + 1},000 pins?", "answer": f"2 * {i + 1}000 = <<2*{i + 1}000>>\n#### {2 * (i + 1)},000"}
@@ -212,7 +213,7 @@ def test_gsm8k_lite_trial_with_an_unreachable_model_fails_with_the_reason(tmp_pa
     assert row.state == "FAIL" and "could not be loaded" in row.reason
 
 
-def test_deepmath_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage):
+def test_deepmath_runs_end_to_end_on_a_local_copy(scripted_or_trl, tiny_model, tmp_path, storage):
     module = _module("deepmath")
     rows = deepmath_rows(6)
     path = tmp_path / "deepmath.parquet"
@@ -226,7 +227,7 @@ def test_deepmath_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage)
     assert "rewards/soft_overlong_punishment/mean" in eval_metrics
 
 
-def test_numina_tir_runs_end_to_end_on_a_local_copy(tiny_model, tmp_path, storage):
+def test_numina_tir_runs_end_to_end_on_a_local_copy(scripted_or_trl, tiny_model, tmp_path, storage):
     module = _module("numina_tir")
 
     def rows(split, n):

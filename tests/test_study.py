@@ -29,6 +29,8 @@ def rfopt_lora(r):
     return lora_config(r=r)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_model, tmp_path, storage):
     study = rfopt.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
     units = []
@@ -81,7 +83,7 @@ def test_four_trials_three_chunks_complete_with_per_chunk_values_in_sqlite(tiny_
     assert "complete" in study.leaderboard_text()
 
 
-def test_later_trials_are_asked_when_slots_free_and_sampler_sees_finished_ones(tiny_model, storage):
+def test_later_trials_are_asked_when_slots_free_and_sampler_sees_finished_ones(scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage)
     seen_complete = []
 
@@ -97,7 +99,7 @@ def test_later_trials_are_asked_when_slots_free_and_sampler_sees_finished_ones(t
     assert all(t.state.name == "COMPLETE" for t in study.optuna.trials)
 
 
-def test_explicit_list_and_grid_become_enqueued_trials_with_params(tiny_model, storage):
+def test_explicit_list_and_grid_become_enqueued_trials_with_params(scripted, tiny_model, storage):
     base = trial_config(tiny_model)
     configs = rfopt.grid(base, learning_rate=[1e-3, 1e-2], lora_r=[4, 8])
     assert len(configs) == 4
@@ -113,7 +115,7 @@ def test_explicit_list_and_grid_become_enqueued_trials_with_params(tiny_model, s
     assert len(study.optuna.trials) == 4
 
 
-def test_checkpoint_of_each_chunk_is_written_and_older_ones_removed(tiny_model, storage, tmp_path):
+def test_checkpoint_of_each_chunk_is_written_and_older_ones_removed(scripted, tiny_model, storage, tmp_path):
     study = rfopt.create_study(study_name="c", storage=storage, checkpoint_dir=tmp_path / "ck")
     study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2,
                    show_progress_bar=False)
@@ -126,6 +128,7 @@ def test_checkpoint_of_each_chunk_is_written_and_older_ones_removed(tiny_model, 
     assert json.loads((trial_dir / "unit-0002" / "state.json").read_text())["units_done"] == 2
 
 
+@pytest.mark.e2e
 def test_a_model_given_as_a_function_is_stored_by_import_path_and_trains(tiny_model, storage, monkeypatch):
     from rfopt_testkit import tiny_model_factory
 
@@ -139,7 +142,8 @@ def test_a_model_given_as_a_function_is_stored_by_import_path_and_trains(tiny_mo
     assert json.loads(trial_attrs(trial)["rfopt:config"])["model"] == {"factory": "rfopt_testkit:tiny_model_factory"}
 
 
-def test_a_user_callback_that_raises_ends_the_call_with_its_exception_and_the_trial_is_not_failed(tiny_model, storage):
+def test_a_user_callback_that_raises_ends_the_call_with_its_exception_and_the_trial_is_not_failed(
+        scripted, tiny_model, storage):
     study = rfopt.create_study(study_name="callback", storage=storage)
     train, evaluation = prompts_dataset(8), prompts_dataset(2, prefix="E")
 
@@ -158,8 +162,8 @@ def test_a_user_callback_that_raises_ends_the_call_with_its_exception_and_the_tr
     assert trial.state == optuna.trial.TrialState.COMPLETE and trial.intermediate_values.keys() == {0, 1}
 
 
-def test_an_rfopt_listener_of_committed_units_that_raises_does_not_fail_the_trial(tiny_model, storage, caplog,
-                                                                                  monkeypatch):
+def test_an_rfopt_listener_of_committed_units_that_raises_does_not_fail_the_trial(
+        scripted, tiny_model, storage, caplog, monkeypatch):
     def broken(event):
         raise OSError("artifact store full")
 
@@ -172,7 +176,7 @@ def test_an_rfopt_listener_of_committed_units_that_raises_does_not_fail_the_tria
 
 
 def test_a_trial_told_complete_outside_rfopt_while_it_trains_is_said_so_and_marked_on_the_leaderboard(
-        tiny_model, storage, monkeypatch, caplog):
+        scripted, tiny_model, storage, monkeypatch, caplog):
     """Issue 35: optuna-dashboard's "Mark as Complete" (value 99) on a trial rfopt was training: the run logged "trial
     1 failed: UpdateFinishedTrialError", and that one-chunk, adapter-less trial became the best with nothing said."""
     import rfopt_testkit

@@ -29,6 +29,8 @@ def _adapter(study, number):
     return load_file(TrialRecord(study.optuna.trials[number]).adapter + "/adapter_model.safetensors")
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_tensorboard_gets_one_run_per_trial_with_per_step_scalars_and_the_same_results(
         tiny_model, tmp_path, monkeypatch):
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3])
@@ -111,6 +113,9 @@ def _settings():
     return StudySettings(num_chunks=2)
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_runs(tiny_model, tmp_path):
     """`rfopt run STUDY --report-to tensorboard && tensorboard --logdir runs`: the runs land in ./runs/<study>/."""
     from crashkit import env, run, run_command
@@ -134,7 +139,7 @@ def test_the_readmes_command_line_writes_one_tensorboard_run_per_trial_under_run
 
 
 def test_a_run_reporting_to_a_tracker_passed_on_to_trl_trains_one_trial_at_a_time_and_says_so(
-        tiny_model, tmp_path, monkeypatch, caplog):
+        scripted, tiny_model, tmp_path, monkeypatch, caplog):
     """TRL's integrations of trackers other than the four rfopt logs itself keep one active run per process: a run
     reporting to one trains with gang_size 1 and says so in a warning."""
     from rfopt.training import trackers

@@ -42,6 +42,8 @@ def _study(tmp_path):
 
 
 # ---------------------------------------------------------------------- the promise
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_grpo_trainer_call_renamed_to_trial_config_trains_the_same_adapter_bit_for_bit(tiny_model, tmp_path):
     train, evaluation = prompts_dataset(8), prompts_dataset(2, "E")
     kwargs = {
@@ -93,6 +95,8 @@ def test_trl_built_in_rewards_are_stored_by_reference_and_score_the_same_after_l
         assert after(completion_ids=ids) == before(completion_ids=ids)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_trl_built_in_rewards_train_a_trial(tiny_model, tmp_path):
     rewards = [trl.rewards.think_format_reward, trl.rewards.get_soft_overlong_punishment(8, 4)]
     study = _study(tmp_path)
@@ -200,6 +204,8 @@ def test_no_args_means_trls_default_grpo_config():
 
 
 # ---------------------------------------------------------------------- callbacks
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_callbacks_given_as_class_and_instance_are_called_in_every_chunk_and_survive_json(tiny_model, tmp_path):
     tagged = RecordingCallback()
     tagged.tag = "instance"

@@ -34,6 +34,9 @@ def _check_finished_once(storage, log):
     assert set(commits(events(log))) == reported and set(commits(events(log)).values()) == {1}
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_several_workers_on_postgresql_share_the_study_and_end_as_one_process_does(
     postgres, tiny_study_reference, tiny_model, tmp_path
 ):
@@ -52,6 +55,9 @@ def test_several_workers_on_postgresql_share_the_study_and_end_as_one_process_do
     assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_worker_killed_holding_a_lease_has_its_unit_finished_by_another(
     postgres, tiny_study_reference, tiny_model, tmp_path
 ):
@@ -75,6 +81,9 @@ def test_a_worker_killed_holding_a_lease_has_its_unit_finished_by_another(
     assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_two_workers_on_one_sqlite_file_share_the_study(tiny_study_reference, tiny_model, tmp_path):
     storage = f"sqlite:///{tmp_path / 'workers.db'}"
     log = tmp_path / "events.log"
@@ -85,6 +94,9 @@ def test_two_workers_on_one_sqlite_file_share_the_study(tiny_study_reference, ti
     assert_same_study(*tiny_study_reference, storage, tmp_path / "ck")
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_two_hosts_share_the_sweep_through_an_s3_checkpoint_store(s3, tiny_study_reference, tiny_model, tmp_path):
     """Two `rfopt worker` commands, each in a working directory of its own as on two hosts, nothing local shared
     but the study's database: the checkpoints they hand each other trials through are in S3."""
@@ -141,8 +153,7 @@ def test_each_worker_process_runs_the_users_own_arguments_on_its_one_device(tmp_
 
 
 def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_and_the_unit_is_trained_once(
-    tiny_model, tmp_path, monkeypatch, caplog
-):
+        scripted, tiny_model, tmp_path, monkeypatch, caplog):
     """In the middle of a trial's second chunk another holder takes its lease. The worker's heartbeat finds it gone,
     the chunk stops at the next step, nothing of it is checkpointed or committed; once the lease is free again the
     unit is trained from the last checkpoint, once, and the trial ends exactly as an uninterrupted run ends."""
@@ -205,7 +216,8 @@ def test_a_worker_whose_lease_is_taken_over_mid_chunk_stops_and_commits_nothing_
     assert same_tensors(adapter(got), adapter(ref))
 
 
-def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_not_schedule(tiny_model, tmp_path):
+def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_not_schedule(
+        scripted, tiny_model, tmp_path):
     """Under leases as alone: requests are applied by the worker that claims the trial, a paused trial included
     (it is never picked to train, but its resume must still be applied), and it ends as an unpaused run ends."""
     import rfopt
@@ -236,6 +248,9 @@ def test_a_worker_applies_a_pause_and_then_a_resume_to_a_paused_trial_it_does_no
     assert same_tensors(adapter(paused), adapter(ref))
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_two_workers_train_their_own_gangs_and_finish_every_unit_once(tiny_model, tmp_path):
     """Each worker forms gangs of the trials it holds leases on (a gang lives in one process); together they finish
     the study, no unit trained twice or committed by two."""
@@ -257,6 +272,9 @@ def _snapshot(storage):
     return study.user_attrs, [(t.number, t.state, t.intermediate_values, t.user_attrs) for t in study.get_trials()]
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("first", ["run", "worker"])
 def test_a_process_that_cannot_share_a_running_study_is_refused_at_once_and_the_study_ends_as_one_process_does(
     tiny_study_reference, tiny_model, tmp_path, monkeypatch, first
@@ -297,6 +315,9 @@ def test_a_process_that_cannot_share_a_running_study_is_refused_at_once_and_the_
     assert_same_study(*tiny_study_reference, storage, checkpoints)
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_two_rfopt_runs_started_at_once_on_one_study_one_runs_it_the_other_is_refused(tiny_study_reference, tiny_model,
                                                                                      tmp_path):
     storage, checkpoints = f"sqlite:///{tmp_path / 'twice.db'}", tmp_path / "ck"
@@ -324,6 +345,9 @@ def _running(pid):
         return False
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from /proc (Linux)")
 @pytest.mark.parametrize("signal_to_parent", [signal.SIGKILL, signal.SIGINT])
 def test_worker_processes_end_with_the_rfopt_worker_process_that_started_them(tiny_model, tmp_path, signal_to_parent):

@@ -43,7 +43,7 @@ from rfopt.storage.checkpoints import CheckpointError, CheckpointStore
 from rfopt.storage.crashpoints import reach
 from rfopt.storage.schema import TrialRef
 from rfopt.storage.state import UnitReport
-from rfopt.training.evaluation import EvalResult, evaluate_members
+from rfopt.training.evaluation import EvalResult
 from rfopt.training.gang import Gang, GangMember, gang_key
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
@@ -361,8 +361,7 @@ def _evaluate(ctx: Context, backend: Any, trained: list[_Trained], outcomes: dic
     evaluation failed (or whose claim was lost) gets its outcome."""
     started = time.perf_counter()
     runners = [t.live.runner for t in trained]
-    results = evaluate_members(backend, runners[0].model, runners[0].tokenizer, [r.eval_member() for r in runners],
-                               ctx.eval_dataset, ctx.settings)
+    results = runners[0].evaluate_gang(backend, runners, ctx.eval_dataset, ctx.settings)
     eval_seconds = time.perf_counter() - started
     reports: list[tuple[Live, Claim, UnitReport]] = []
     for t, result in zip(trained, results):

@@ -305,11 +305,18 @@ class TrialRunner:
 
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
         """The trial's evaluation alone, on the exact backend (``model.generate``)."""
-        (result,) = evaluate_members(self.rollout_backend(batched=False), self.model, self.tokenizer,
-                                     [self.eval_member()], eval_dataset, settings)
+        (result,) = self.evaluate_gang(self.rollout_backend(batched=False), [self], eval_dataset, settings)
         if isinstance(result, Exception):
             raise result
         return result
+
+    def evaluate_gang(self, backend: RolloutBackend, runners: list[TrialRunner], eval_dataset: Any,
+                      settings: EvalSettings) -> list[EvalResult | Exception]:
+        """The evaluations of `runners` (a gang on this runner's model, this runner among them) through `backend`, the
+        one they trained on: each one's `EvalResult`, or the exception that failed it alone
+        (`rfopt.training.evaluation.evaluate_members`). The unit pipeline asks it of the gang's first runner."""
+        return evaluate_members(backend, self.model, self.tokenizer, [r.eval_member() for r in runners], eval_dataset,
+                                settings)
 
     def eval_member(self) -> EvalMember:
         """What evaluating the trial needs (`rfopt.training.evaluation.evaluate_members`)."""

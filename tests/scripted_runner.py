@@ -1,0 +1,333 @@
+"""A scripted runner: a trial "trained" in microseconds, with no model, for the tests of what the engine does around
+training (the roster, the driver, units, ops, pruning, population-based training, refusals, crashes), as Optuna tests
+its optimize loop with ``lambda _: 1.0``.
+
+`ScriptedRunner` fits the seam a `TrialRunner` fills (`rfopt.engine.unit.Context.runner_class`) and goes through the
+same unit pipeline: a gang (`rfopt.training.gang.Gang`, the real one) trains its chunks, the progress publisher hears
+its steps, the checkpoint store saves and loads its state, and the engine commits its reports. What it does instead
+of TRL:
+
+- its state is one number, ``w`` (a float64 tensor: its "adapter"), and a step counter; a chunk adds
+  ``learning_rate * 100 * (chunk + 1)`` to ``w`` (so a learning rate of 0 keeps whatever it started from), and a
+  trial's value after a unit is ``w`` (or what `Scripted.values` says for it). A wrong resume, a unit trained twice or
+  a lost warm start shows in the values, as it would in a real trial's;
+- each step calls the trial's reward functions as TRL's trainer calls them (`rfopt.training.evaluation
+  .score_completions`: the step's prompts, each `num_generations` times, the dataset's columns, ``trainer_state``) on
+  scripted completions, so a reward function that raises, returns the wrong thing or calls ``sys.exit`` fails its
+  trial as in training; in a gang whose backend shares batches the completions come through the Gang's rollout hook
+  and `ScriptedBackend`;
+- evaluation scores scripted completions of the eval prompts with the trial's reward functions (their means are
+  ``rewards/<name>/mean``, and each sample's ``reward`` its weighted total, as in rfopt's evaluation); the metric
+  ``reward``, the default objective, is the trial's value;
+- the finished trial's "adapter" is ``w`` in ``adapter_model.safetensors``.
+
+Use the `scripted` fixture (tests/conftest.py): every study the test runs in this process trains on it.
+
+    >>> def test_pruned(scripted, tiny_model, storage):           # doctest: +SKIP
+    ...     scripted.values = {1: [0.1, 0.0]}                     # trial 1 reports 0.1, then 0.0
+    ...     rfopt.create_study(...).optimize(configs, TRAIN, EVAL, num_chunks=2)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rfopt.chunks import ChunkPlan, TrialSchedule
+from rfopt.config.rewardfuncs import reward_name
+from rfopt.config.settings import EvalSettings
+from rfopt.config.trial import TrialConfig
+from rfopt.storage.state import TrialSnapshot
+from rfopt.training.evaluation import EvalResult, _nanmean, _prompt_text, is_conversational, score_completions
+from rfopt.training.rollouts import Completions, GenerationRequest
+from rfopt.training.runner import ChunkAborted, ChunkMetrics, StepDone, _aggregate
+
+_NO_STATE = -1
+
+
+@dataclass
+class Scripted:
+    """What the scripted runners of a test report."""
+
+    values: dict[int, list[float]] = field(default_factory=dict)
+    """A trial's value after each unit, by trial number (one value per unit); a trial not listed, or a unit past its
+    list, reports its ``w``."""
+
+    def value(self, number: int, unit: int, w: float) -> float:
+        listed = self.values.get(number, [])
+        return float(listed[unit]) if unit < len(listed) else w
+
+    def runner(self, *args: Any, **kwargs: Any) -> ScriptedRunner:
+        """`rfopt.engine.unit.Context.runner_class`: a scripted runner reporting what this script says."""
+        return ScriptedRunner(*args, script=self, **kwargs)
+
+
+def completion_text(step: int, row: int) -> str:
+    """The scripted completion of row `row` at optimizer step `step` (evaluation: at the trial's global step)."""
+    return "ab"[(step + row) % 2] * (1 + (step + row) % 8)
+
+
+class _Tokenizer:
+    """One token per character (what a test's reward functions see comes back as it was)."""
+
+    pad_token_id = 0
+    eos_token_id = 1
+
+    @staticmethod
+    def encode(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    @staticmethod
+    def decode(ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids if i > 1)
+
+    def save_pretrained(self, path: str) -> None:
+        Path(path, "tokenizer.json").write_text("{}")
+
+
+class _Model:
+    """The finished trial's "adapter" is saved through it (`CheckpointStore.save_adapter`), as PEFT saves one."""
+
+    def __init__(self, runner: ScriptedRunner) -> None:
+        self.runner = runner
+
+    def save_pretrained(self, path: str, selected_adapters: list[str] | None = None) -> None:
+        from safetensors.torch import save_file
+
+        save_file({"w": self.runner.w.clone()}, str(Path(path, "adapter_model.safetensors")))
+        Path(path, "adapter_config.json").write_text(json.dumps({"scripted": True}))
+
+
+class _Pool:
+    """What a gang asks of a runner's pool: to make a member's adapter the active one before it runs."""
+
+    def __init__(self) -> None:
+        self.active: int | None = None
+
+    def activate(self, number: int, config: TrialConfig) -> None:
+        self.active = number
+
+
+class _Trainer:
+    """What a gang's rollout hook reads of a member's trainer: its prompts' token ids and its sampling settings."""
+
+    def __init__(self, config: TrialConfig) -> None:
+        from transformers import GenerationConfig
+
+        args = config.args  # the settings GRPOTrainer builds its generation config from
+        self.generation_config = GenerationConfig(
+            max_new_tokens=args.max_completion_length, do_sample=True, temperature=args.temperature, top_p=args.top_p,
+            top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+            **(args.generation_kwargs or {}))
+
+    def _tokenize_prompts(self, prompts: list[Any]) -> tuple[list[list[int]], None, None]:
+        return [_Tokenizer.encode(_prompt_text(p)) for p in prompts], None, None
+
+
+class ScriptedBackend:
+    """A rollout backend that answers every request with scripted completions (each row: its prompt's length, read
+    as a step of `completion_text`)."""
+
+    def __init__(self, shares_batches: bool) -> None:
+        self.shares_batches = shares_batches
+        self.decodes: list[list[str | None]] = []
+        """The adapters of each `generate` call's requests."""
+
+    def refusal(self, config: Any) -> str | None:
+        return None
+
+    def adapters_changed(self, names: Any) -> None:
+        pass
+
+    def generate(self, requests: list[GenerationRequest], should_stop: Callable[[], bool] | None = None
+                 ) -> list[Completions]:
+        self.decodes.append([r.adapter for r in requests])
+        return [Completions([_Tokenizer.encode(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)],
+                            [[0.0] * len(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)])
+                for r in requests]
+
+
+class ScriptedRunner:
+    """A `TrialRunner` without a model (see the module docstring)."""
+
+    def __init__(self, number: int, config: TrialConfig, plan: ChunkPlan, schedule: TrialSchedule, train_dataset: Any,
+                 pool: Any, workdir: str | Path, start_unit: int = 0, tracking: Any = None, *,
+                 script: Scripted | None = None) -> None:
+        self.number = number
+        self.config = config
+        self.plan = plan
+        self.schedule = schedule
+        self.train_dataset = train_dataset
+        self.pool = _Pool()
+        self.workdir = Path(workdir)
+        self.start_unit = start_unit
+        self.tracking = tracking
+        self.script = script or Scripted()
+        self.units_done = start_unit
+        self.global_step = 0
+        self.tokens_seen = 0
+        self.w = torch.zeros(1, dtype=torch.float64)
+        self.model = _Model(self)
+        self.tokenizer = _Tokenizer()
+
+    # ------------------------------------------------------------------ recipe
+    def setup(self) -> None:
+        pass
+
+    def cleanup(self) -> None:
+        pass
+
+    @property
+    def total_steps(self) -> int:
+        return (self.schedule.num_units - self.start_unit) * self.schedule.steps_per_chunk
+
+    @property
+    def finished(self) -> bool:
+        return self.units_done >= self.schedule.num_units
+
+    def chunk_args(self, report: bool = True) -> Any:
+        """What a gang reads of a chunk's GRPOConfig: the settings a trainer applies to the shared model."""
+        return types.SimpleNamespace(disable_dropout=False, gradient_checkpointing=False)
+
+    def rollout_backend(self, batched: bool) -> ScriptedBackend:
+        return ScriptedBackend(shares_batches=batched and self.config.peft_config is not None)
+
+    def trainer_state(self) -> Any:
+        from transformers import TrainerState
+
+        return TrainerState(global_step=self.global_step, max_steps=self.total_steps,
+                            num_train_epochs=self.schedule.num_epochs, epoch=self.units_done / self.schedule.num_chunks)
+
+    def train_chunk(self, should_stop: Callable[[], bool] | None = None,
+                    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
+                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False) -> ChunkMetrics:
+        if self.units_done == _NO_STATE:
+            raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
+        if self.finished:
+            raise RuntimeError(f"trial {self.number}: all {self.schedule.num_units} chunks are already trained")
+        if self.pool.active != self.number:
+            raise RuntimeError(f"trial {self.number}: its gang did not make its adapter the active one")
+        started = time.perf_counter()
+        unit = self.units_done
+        steps = self.schedule.steps_per_chunk
+        if self.tracking is not None:
+            on_step = self.tracking.step_listener(self.number, on_step)
+        if on_step is not None:
+            on_step(StepDone(step=0, steps=steps, global_step=self.global_step, seconds=0.0, logs={}))
+        chunk = self.plan.chunks[self.schedule.chunk_of_unit(unit)][: self.schedule.prompts_per_chunk]
+        per_step = max(1, len(chunk) // steps)
+        lr = float(self.config.args.learning_rate)
+        logs = []
+        for step in range(steps):
+            rows = chunk[step * per_step:(step + 1) * per_step]
+            scores = self._step_rewards(rows, rollout_func)
+            self.global_step += 1
+            self.tokens_seen += 8 * len(rows)
+            log = {"loss": 0.0, "grad_norm": 0.0, "learning_rate": lr, "step": float(self.global_step)} | scores
+            logs.append(log)
+            if on_step is not None:
+                on_step(StepDone(step=step + 1, steps=steps, global_step=self.global_step,
+                                 seconds=time.perf_counter() - started, logs=dict(log)))
+            if step + 1 < steps and should_stop is not None and should_stop():
+                self.units_done = _NO_STATE
+                raise ChunkAborted(f"trial {self.number}: chunk {unit + 1} stopped at step {self.global_step}")
+        self.w += lr * 100 * (self.schedule.chunk_of_unit(unit) + 1)
+        self.units_done = unit + 1
+        return ChunkMetrics(values=_aggregate(logs), seconds=time.perf_counter() - started, swap_seconds=0.0,
+                            steps=logs)
+
+    def _step_rewards(self, rows: list[int], rollout_func: Any) -> dict[str, float]:
+        """The reward functions called on one step's scripted completions, as TRL's trainer calls them."""
+        data = self.train_dataset.select(rows)
+        g = self.config.args.num_generations
+        prompts = [p for p in data["prompt"] for _ in range(g)]
+        columns = {name: [v for v in data[name] for _ in range(g)] for name in data.column_names if name != "prompt"}
+        if rollout_func is not None:  # through the gang's backend
+            ids = rollout_func(prompts, _Trainer(self.config))["completion_ids"]
+            texts = [_Tokenizer.decode(row) for row in ids]
+        else:
+            texts = [completion_text(self.global_step, row) for row in range(len(prompts))]
+        scores = self._scores(prompts, texts, columns)
+        means = self._means(scores)
+        total = sum(weight * m for weight, m in zip(self._weights, means.values()) if not math.isnan(m))
+        return means | {"reward": total, "reward_std": 0.0}
+
+    def _scores(self, prompts: list[Any], texts: list[str], columns: dict[str, list[Any]]) -> list[list[float]]:
+        """Each reward function's scores of `texts` (completions of `prompts`), called as TRL's trainer calls it."""
+        completions = [[{"role": "assistant", "content": t}] if is_conversational(p) else t
+                       for p, t in zip(prompts, texts)]
+        return score_completions(self.config.reward_funcs, prompts, completions,
+                                 [_Tokenizer.encode(t) for t in texts], columns, self.trainer_state())
+
+    def _means(self, scores: list[list[float]]) -> dict[str, float]:
+        return {f"rewards/{reward_name(f)}/mean": _nanmean(s) for f, s in zip(self.config.reward_funcs, scores)}
+
+    @property
+    def _weights(self) -> list[float]:
+        return self.config.args.reward_weights or [1.0] * len(self.config.reward_funcs)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
+        return self._evaluated(eval_dataset, settings)
+
+    def evaluate_gang(self, backend: Any, runners: list[ScriptedRunner], eval_dataset: Any, settings: EvalSettings
+                      ) -> list[EvalResult | Exception]:
+        results: list[EvalResult | Exception] = []
+        for runner in runners:
+            try:
+                results.append(runner._evaluated(eval_dataset, settings))
+            except Exception as exc:  # noqa: BLE001 - as `evaluate_members`: this member fails alone
+                results.append(exc)
+        return results
+
+    def _evaluated(self, dataset: Any, settings: EvalSettings) -> EvalResult:
+        prompts = list(dataset["prompt"])
+        columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+        texts = [completion_text(self.global_step, row) for row in range(len(prompts))]
+        scores = self._scores(prompts, texts, columns)
+        metrics = self._means(scores) | {
+            "reward": self.script.value(self.number, self.units_done - 1, float(self.w.item())),
+            "completions/mean_length": sum(map(len, texts)) / max(1, len(texts))}
+        samples = [{"prompt": _prompt_text(prompts[i]), "completion": texts[i],
+                    "reward": sum(weight * s[i] for weight, s in zip(self._weights, scores) if not math.isnan(s[i]))}
+                   | {reward_name(f): s[i] for f, s in zip(self.config.reward_funcs, scores)}
+                   for i in range(min(settings.num_samples, len(prompts)))]
+        return EvalResult(metrics=metrics, samples=samples)
+
+    # ------------------------------------------------------------------ state
+    def trainable_weights(self) -> dict[str, Any]:
+        return {"w": self.w.clone()}
+
+    def state(self) -> TrialSnapshot:
+        return TrialSnapshot(units_done=self.units_done, global_step=self.global_step, tokens_seen=self.tokens_seen,
+                             weights=self.trainable_weights(), optimizer=None, scheduler=None, rng=None)
+
+    def load_weights(self, weights: dict[str, Any]) -> None:
+        if set(weights) != {"w"}:
+            raise ValueError(f"trial {self.number}: weights do not fit its adapter ({sorted(weights)[:3]} ...)")
+        self.w = weights["w"].clone().to(torch.float64)
+
+    def load_state(self, state: TrialSnapshot) -> None:
+        self.load_weights(state.weights)
+        self.units_done = state.units_done
+        self.global_step = state.global_step
+        self.tokens_seen = state.tokens_seen
+
+
+def use(monkeypatch: Any, script: Scripted | None = None) -> Scripted:
+    """Make every study this process runs (through `rfopt.engine.run`: `optimize`, `work`, ``rfopt run``/``worker``
+    in-process) train on scripted runners reporting to `script`; undone with `monkeypatch`."""
+    from rfopt.engine import run, unit
+
+    script = script or Scripted()
+    monkeypatch.setattr(run, "Context", functools.partial(unit.Context, runner_class=script.runner))
+    return script
