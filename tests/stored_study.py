@@ -1,8 +1,8 @@
 """A study's stored state written directly, through rfopt's schema writers and checkpoint store: for the tests that need
 a study to refuse against or to read (ops on a finished trial, a clone's checks, a changed dataset), without running
 one. What it writes is what a run of the same list of configs writes: the study's identity, plan and settings
-(`rfopt.engine.run.record`), then each trial's config, schedule, units (metrics, a value per unit), checkpoint and
-adapter, and its end.
+(`rfopt.engine.run.record`), then each trial's config, schedule, units (metrics, a value per unit), checkpoint, best
+checkpoint (`rfopt.engine.best.keep_if_best`, as a run keeps it) and adapter, and its end.
 
     >>> study = stored_study(storage, "s", [config], TRAIN, EVAL, values={0: [0.2, 0.4]})   # doctest: +SKIP
 """
@@ -15,6 +15,7 @@ import torch
 import rfopt
 from rfopt.chunks import trial_schedule
 from rfopt.config.settings import StudySettings
+from rfopt.engine.best import keep_if_best
 from rfopt.engine.checks import check_run
 from rfopt.engine.request import RunRequest
 from rfopt.engine.run import claim_store, record
@@ -52,7 +53,9 @@ def stored_study(storage: str, name: str, configs: list, train, evaluation, *, n
             state = TrialSnapshot(units_done=unit + 1, global_step=(unit + 1) * schedule.steps_per_chunk,
                                   tokens_seen=0, weights={"w": torch.tensor([value], dtype=torch.float64)},
                                   optimizer=None, scheduler=None, rng=None)
-            store.save(trial.number, state, UnitReport(unit, value, metrics, []))
+            report = UnitReport(unit, value, metrics, [])
+            store.save(trial.number, state, report)
+            keep_if_best(store, ref, _Runner(state.weights), config, report, study.optuna)
         if reported and len(reported) == schedule.num_units:
             weights = {"w": torch.tensor([reported[-1]], dtype=torch.float64)}
             schema.write_adapter(ref, str(store.save_adapter(trial.number, _Adapter(weights), "adapter")))
@@ -70,6 +73,14 @@ class _Adapter:
         from safetensors.torch import save_file
 
         save_file(self.weights, f"{path}/adapter_model.safetensors")
+
+
+class _Runner:
+    """What `keep_if_best` saves a trial's best checkpoint from: its weights, as its model."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
+        self.model = _Adapter(weights)
+        self.tokenizer = None
 
 
 def trial_states(study: rfopt.Study) -> list[optuna.trial.TrialState]:

@@ -101,7 +101,8 @@ def test_run_in_this_process_reports_every_chunk_and_ends_with_the_leaderboard_s
     monkeypatch.chdir(tmp_path)
     assert main(["run", str(study_file), "--storage", storage, "--fast"]) == 0
     out, err = capsys.readouterr()
-    assert "COMPLETE" in out and "best adapter (PEFT format):" in out
+    assert "complete" in out
+    assert "recommended adapter (PEFT format; trial " in out and "with no adapter: the baseline" in out
     lines = [line for line in err.split("\n") if line.startswith("cli-demo: trial ")]
     assert lines and not [line for line in lines if "\r" in line]  # not a terminal: plain lines, no redraws
     committed = [line for line in lines if " committed: " in line]
@@ -109,7 +110,7 @@ def test_run_in_this_process_reports_every_chunk_and_ends_with_the_leaderboard_s
     assert re.search(r"\d+/\d+ steps, \d+/\d+ chunks", committed[0]), committed[0]
     assert lines[0].startswith("cli-demo: trial 0 chunk 1/2 step 0/4")
     assert re.search(r"reward: +[-\d.e]+ \(longer [-\d.e]+\)", out), out
-    assert "its eval means per reward function: longer " in out
+    assert "eval means per reward function, recommended vs base: longer " in out
     assert f"optuna-dashboard {storage}" in out
     assert len(optuna.load_study(study_name="cli-demo", storage=storage).trials) == 2
 

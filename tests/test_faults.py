@@ -105,12 +105,14 @@ def test_disk_full_while_checkpointing_fails_the_trial_and_keeps_its_previous_ch
     reason = trial_attrs(full)["rfopt:fail_reason"]
     assert "No space left on device" in reason and "previous checkpoint unit-0001 is kept" in reason
     trial_dir = tmp_path / "ck" / "trial-00001"
-    assert sorted(p.name for p in trial_dir.iterdir()) == ["LATEST", "unit-0001"]  # nothing half-written left
+    # Nothing half-written left; its best checkpoint (unit 1's, issue 34) is kept.
+    assert sorted(p.name for p in trial_dir.iterdir()) == ["LATEST", "best", "unit-0001"]
     assert study.checkpoints.load(1).units_done == 1
     assert list(full.intermediate_values) == [0]  # the failed chunk was never reported
     assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
-    # Retention: a finished trial keeps its latest checkpoint and its adapter, nothing older.
-    assert sorted(p.name for p in (tmp_path / "ck" / "trial-00000").iterdir()) == ["LATEST", "adapter", "unit-0002"]
+    # Retention: a finished trial keeps its latest checkpoint, its adapter and its best checkpoint, nothing older.
+    assert sorted(p.name for p in (tmp_path / "ck" / "trial-00000").iterdir()) == ["LATEST", "adapter", "best",
+                                                                                    "unit-0002"]
 
 
 def _hold_lock(path, seconds):
@@ -490,11 +492,11 @@ def test_export_best_refuses_a_truncated_adapter_naming_the_file_and_leaves_noth
     study = optuna.create_study(direction="maximize")
     study.add_trial(optuna.trial.create_trial(value=1.0, system_attrs={"rfopt:adapter": str(adapter)}))
     assert schema.TrialRecord(study.trials[0]).adapter == str(adapter)
-    good = rfopt.Study(study).export_best(tmp_path / "good")
+    good = rfopt.Study(study).export_best(tmp_path / "good", best_trial=True)
     assert (good / "adapter_model.safetensors").read_bytes() == (adapter / "adapter_model.safetensors").read_bytes()
     data = (adapter / "adapter_model.safetensors").read_bytes()
     (adapter / "adapter_model.safetensors").write_bytes(data[:cut])
     with pytest.raises(CheckpointError) as raised:
-        rfopt.Study(study).export_best(tmp_path / "out")
+        rfopt.Study(study).export_best(tmp_path / "out", best_trial=True)
     assert f"adapter_model.safetensors in {adapter} is not a whole safetensors file" in str(raised.value)
     assert not (tmp_path / "out").exists()

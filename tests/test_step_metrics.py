@@ -123,7 +123,7 @@ def test_trial_note_shows_values_metrics_and_scored_samples_in_plain_optuna_dash
     handle = optuna.trial.Trial(study.optuna, trial_id_of(frozen))
     note = get_note(handle)  # written after each chunk by the run
     lines = note.splitlines()
-    assert lines[0] == "### rfopt: trial 1, 4 of 4 chunks"
+    assert lines[0] == "### rfopt: trial 1, complete, 4 of 4 chunks"  # written again when it ended
     header = next(line for line in lines if line.startswith("| step | after chunk | reward (value) |"))
     assert "rewards/reward_len/mean" in header
     rows = [line for line in lines if line.startswith("| 3 | 4 | ")]

@@ -417,7 +417,9 @@ class Roster:
             self._ended(number)
 
     def _ended(self, number: int) -> None:
-        """Call the run's callbacks with the trial this process just ended, as Optuna calls them after a trial."""
+        """Its optuna-dashboard note says how it ended (written last while it still trained); then call the run's
+        callbacks with the trial this process just ended, as Optuna calls them after a trial."""
+        publish_note(optuna.trial.Trial(self.study, trial_id_of(self.study.get_trials(deepcopy=False)[number])))
         if self.callbacks:
             frozen = copy.deepcopy(self.study.get_trials(deepcopy=False)[number])
             for callback in self.callbacks:
