@@ -338,7 +338,7 @@ def test_a_full_disk_under_the_sqlite_file_stops_the_run_at_once_naming_it_and_t
     tiny_model, tmp_path, small_disk, full
 ):
     from rfopt.compat import storage_of
-    from rfopt.storage.database import engine_of
+    from rfopt.storage.database import sqlalchemy_engine_of
 
     if full == "tmpfs" and small_disk is None:
         pytest.skip("mounting a small file system needs root; the max_page_count case raises the same SQLite error")
@@ -346,7 +346,7 @@ def test_a_full_disk_under_the_sqlite_file_stops_the_run_at_once_naming_it_and_t
     reference, _ = _run(tiny_model, f"sqlite:///{tmp_path / 'ref' / 'f.db'}", tmp_path / "ref" / "ck")
     storage = f"sqlite:///{(small_disk if full == 'tmpfs' else tmp_path) / 'f.db'}"
     study = rfopt.create_study(study_name="f", storage=storage, checkpoint_dir=tmp_path / "ck")
-    limit = _PageLimit(engine_of(storage_of(study.optuna)))
+    limit = _PageLimit(sqlalchemy_engine_of(storage_of(study.optuna)))
     filled = []
 
     def fill_after_the_first_unit(number, step, value):
