@@ -18,8 +18,10 @@ import optuna
 import pytest
 
 import rfopt
+from rfopt.errors import CheckpointError
 from crashkit import assert_same_study, env, events, names_in, run_command, start, trials
 from crashkit import run as crashkit_run
+from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.database import StorageRefusedError, StorageUnavailableError, open_storage, redact, retry
 from rfopt_testkit import prompts_dataset, trial_config
 from rfopt.storage.schema import trial_attrs
@@ -199,7 +201,7 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
 
     from rfopt.storage.state import TrialSnapshot
 
-    store = rfopt.CheckpointStore(checkpoint_root)
+    store = CheckpointStore(checkpoint_root)
 
     def state(units):
         return TrialSnapshot(units_done=units, global_step=units, tokens_seen=0, weights={"w": torch.full((2,), units)},
@@ -207,7 +209,7 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
 
     store.save(0, state(2))
     # A worker whose lease expired, still writing the unit another worker has already gone past.
-    with pytest.raises(rfopt.CheckpointError, match="already has unit-0002"):
+    with pytest.raises(CheckpointError, match="already has unit-0002"):
         store.save(0, state(1))
     assert str(store.latest(0)) == f"{store.trial_dir(0)}/unit-0002" and store.load(0).units_done == 2
     assert names_in(store.trial_dir(0)) == ["LATEST", "unit-0002"]
@@ -216,8 +218,6 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
 def test_workers_starting_together_all_pass_the_checkpoint_store_write_check(tmp_path):
     """`rfopt worker --devices cpu,cpu` starts its processes at once; each checks the shared store takes writes."""
     import threading
-
-    from rfopt.storage.checkpoints import CheckpointStore
 
     store = CheckpointStore(tmp_path / "ck")
     errors = []
@@ -242,7 +242,7 @@ def test_warm_start_weights_are_found_by_token_or_where_older_studies_put_them(c
     import torch
     from safetensors.torch import save as save_bytes
 
-    store = rfopt.CheckpointStore(checkpoint_root)
+    store = CheckpointStore(checkpoint_root)
     store.save_warm_start("t1", {"w": torch.ones(2)}, parent=0, from_unit=1)
     assert store.has_warm_start("t1") and torch.equal(store.load_warm_start(5, "t1")["w"], torch.ones(2))
     # A clone made before tokens named the weights: they are in its own trial directory.
@@ -251,7 +251,7 @@ def test_warm_start_weights_are_found_by_token_or_where_older_studies_put_them(c
     fs.pipe_file(f"{root}/trial-00006/warm-start/weights.safetensors", save_bytes({"w": torch.zeros(2)}))
     assert torch.equal(store.load_warm_start(6, "t-older")["w"], torch.zeros(2))
     # Missing: the error says where the clone's weights should be.
-    with pytest.raises(rfopt.CheckpointError, match="warm-starts/t2/weights.safetensors"):
+    with pytest.raises(CheckpointError, match="warm-starts/t2/weights.safetensors"):
         store.load_warm_start(7, "t2")
     store.discard_warm_start("t1")
     assert not store.has_warm_start("t1")
