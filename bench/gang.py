@@ -124,8 +124,8 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
         for owner, name, part in (
             (rfopt.training.models, "load_model", "load"), (gang.Gang, "train", "gang"),
             (rollouts.BatchedBackend, "generate", "decode"), (rollouts.ExactBackend, "generate", "decode"),
-            (gang._Context, "restore", "switching"),
-            (gang._Context, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
+            (gang._MemberGlobals, "restore", "switching"),
+            (gang._MemberGlobals, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
             (TrialRunner, "evaluate_gang", "evaluation"),
             (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
             (CheckpointStore, "save", "checkpoints"),

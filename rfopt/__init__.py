@@ -9,62 +9,76 @@ chunk's evaluation to Optuna, and lets Optuna's pruners stop losers at rung boun
                                pruner=optuna.pruners.SuccessiveHalvingPruner())
     study.optimize(space, train_dataset, eval_dataset, n_trials=8, timeout=3600)
     print(study.best_trial.params, study.leaderboard_text())
+
+``import rfopt`` offers the Optuna-shaped verbs (`create_study`, `load_study`, `Study`), the config types users write
+(`TrialConfig`, `grid`, `EvalSettings`, `PopulationBasedTraining`, `RayCluster`, `StudySpec`), `LeaderboardRow`, the
+root exceptions (`RfoptError`, `Refusal`) and `errors`, which offers every exception a user may catch
+(``rfopt.errors.ConfigError``). The engine's parts are imported from their sub-packages
+(``from rfopt.training.runner import TrialRunner``).
 """
 
-from rfopt.config.rewardfuncs import RewardFunctionError
+import importlib
+import warnings
+
 from rfopt.config.settings import EvalSettings
 from rfopt.config.spaces import grid
 from rfopt.config.studyfile import StudySpec
-from rfopt.config.trial import ConfigError, TrialConfig
+from rfopt.config.trial import TrialConfig
 from rfopt.engine.cluster import RayCluster
-from rfopt.engine.ops import OpError
 from rfopt.pruning import PopulationBasedTraining
-from rfopt.reports.outcome import Recommendation, StudyOutcome
-from rfopt.storage.checkpoints import CheckpointError, CheckpointStore
-from rfopt.storage.database import StorageLocationError, StorageRefusedError, StorageUnavailableError
-from rfopt.training.evaluation import EvalResult
-from rfopt.training.models import ModelUnavailableError
-from rfopt.training.runner import TrialDiverged, TrialRunner
 
-from .chunks import ChunkPlan, PlanError, TrialSchedule, trial_schedule
-from .compat import CompatError
+from . import errors
 from .errors import Refusal, RfoptError
-from .study import LeaderboardRow, Study, StudyDeletedError, StudyNameError, create_study, load_study
+from .study import LeaderboardRow, Study, create_study, load_study
 
 __all__ = [
-    "CheckpointError",
-    "CheckpointStore",
-    "ChunkPlan",
-    "CompatError",
-    "ConfigError",
-    "EvalResult",
     "EvalSettings",
     "LeaderboardRow",
-    "ModelUnavailableError",
-    "OpError",
-    "PlanError",
     "PopulationBasedTraining",
     "RayCluster",
-    "Recommendation",
     "Refusal",
-    "RewardFunctionError",
     "RfoptError",
-    "StorageLocationError",
-    "StorageRefusedError",
-    "StorageUnavailableError",
     "Study",
-    "StudyDeletedError",
-    "StudyNameError",
-    "StudyOutcome",
     "StudySpec",
     "TrialConfig",
-    "TrialDiverged",
-    "TrialRunner",
-    "TrialSchedule",
     "create_study",
+    "errors",
     "grid",
     "load_study",
-    "trial_schedule",
 ]
+
+# Names `import rfopt` offered up to 0.1.0, and where they live now: each exception in `rfopt.errors`, the engine's
+# internals in their own modules. They still import from `rfopt`, with a DeprecationWarning, until the next release.
+_MOVED = {
+    "CheckpointError": "rfopt.errors",
+    "CheckpointStore": "rfopt.storage.checkpoints",
+    "ChunkPlan": "rfopt.chunks",
+    "CompatError": "rfopt.errors",
+    "ConfigError": "rfopt.errors",
+    "EvalResult": "rfopt.training.evaluation",
+    "ModelUnavailableError": "rfopt.errors",
+    "OpError": "rfopt.errors",
+    "PlanError": "rfopt.errors",
+    "RewardFunctionError": "rfopt.errors",
+    "StorageLocationError": "rfopt.errors",
+    "StorageRefusedError": "rfopt.errors",
+    "StorageUnavailableError": "rfopt.errors",
+    "StudyDeletedError": "rfopt.errors",
+    "StudyNameError": "rfopt.errors",
+    "TrialDiverged": "rfopt.errors",
+    "TrialRunner": "rfopt.training.runner",
+    "TrialSchedule": "rfopt.chunks",
+    "trial_schedule": "rfopt.chunks",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module 'rfopt' has no attribute {name!r}")
+    warnings.warn(f"rfopt.{name} is deprecated and goes in the next release: use {home}.{name}", DeprecationWarning,
+                  stacklevel=2)
+    return getattr(importlib.import_module(home), name)
+
 
 __version__ = "0.1.0"

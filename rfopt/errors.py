@@ -1,22 +1,24 @@
-"""The root of rfopt's exceptions, and the two that the engine itself uses as signals.
+"""The root of rfopt's exceptions, the two that the engine itself uses as signals, and every exception a user catches.
 
 Every exception class rfopt defines derives from `RfoptError`, so ``except rfopt.RfoptError`` catches any error rfopt
 raised on purpose (as ``optuna.exceptions.OptunaError`` does for Optuna). Each class lives in the module that raises
-it (`ConfigError`, raised by every module that reads configs, overrides or param names, lives here), and keeps the
+it (`ConfigError`, raised by every module that reads configs, overrides or param names, lives here); this module offers
+every one a user may catch (``rfopt.errors.OpError``, ``from rfopt.errors import CheckpointError``), and each keeps the
 builtin base users caught it by before (``ValueError`` for a refused input, ``RuntimeError`` for a failure while
 running):
 
 - `Refusal` (a ``ValueError``): rfopt refuses an input or a request before writing anything; the message names the
   field and the fix, and a note (``exc.add_note``) may say where (``in configs[2]``). `TypeRefusal` (also a
-  ``TypeError``: a value of the wrong type), `MissingPackage` (also an ``ImportError``), `rfopt.ConfigError`,
-  `rfopt.PlanError`, `rfopt.OpError`, `rfopt.StorageLocationError`, `rfopt.StudyNameError`,
-  ``rfopt.engine.cluster.ClusterStorageError``. The dashboard answers these with 400 and the message; any other
-  exception is a bug, not the user's mistake.
-- ``RuntimeError`` kin: `rfopt.CheckpointError`, `rfopt.RewardFunctionError`, `rfopt.ModelUnavailableError`,
-  `rfopt.StorageUnavailableError`, `rfopt.StorageRefusedError`, `rfopt.StudyDeletedError`, `rfopt.TrialDiverged`,
-  `rfopt.CompatError`, ``rfopt.storage.leases.StudyBusyError``, ``rfopt.engine.cluster.StorageUnreachableError``,
-  ``rfopt.studies.data.DatasetUnavailableError``; and the engine's own ``LeaseLost``, ``ChunkAborted``,
-  ``rfopt.training.rollouts.Aborted`` (and ``rfopt.training.rollouts.Ungangable``, a ``ValueError``).
+  ``TypeError``: a value of the wrong type), `MissingPackage` (also an ``ImportError``), `ConfigError`, `PlanError`,
+  `OpError`, `StorageLocationError`, `StudyNameError`, `ClusterStorageError`, `ClusterTooSmallError`,
+  `TrackerRefused`. The dashboard answers these with 400 and the message; any other exception is a bug, not the
+  user's mistake.
+- ``RuntimeError`` kin: `CheckpointError`, `RewardFunctionError`, `ModelUnavailableError`, `StorageUnavailableError`,
+  `StorageRefusedError`, `StudyDeletedError`, `TrialDiverged`, `CompatError`, `StudyBusyError`,
+  `StorageUnreachableError`, `DatasetUnavailableError`; and the engine's own ``rfopt.storage.leases.LeaseLost``,
+  ``rfopt.training.runner.ChunkAborted``, ``rfopt.training.rollouts.Aborted`` (and
+  ``rfopt.training.rollouts.Ungangable``, a ``ValueError``), which never reach a user and are not offered here.
+- `PopulationBasedTrainingMisplaced` (a ``TypeError``): `rfopt.PopulationBasedTraining` given to a plain Optuna study.
 - `StaleRead`: what the engine read of a study changed under it (a trial ended in another process); the one signal
   that means "read again next round". Nothing else is deferred that way: a user's pruner that raises fails its trial.
 - `PrunerFailed`: the study's pruner raised while judging a trial; the trial fails with that exception, as a trial
@@ -29,6 +31,8 @@ running):
 """
 
 from __future__ import annotations
+
+import importlib
 
 
 class RfoptError(Exception):
@@ -50,8 +54,8 @@ class MissingPackage(Refusal, ImportError):
 
 
 class ConfigError(Refusal):
-    """A trial configuration that rfopt refuses before any training, with the field and the fix (``rfopt.ConfigError``;
-    here, below every module that reads configs, overrides or param names)."""
+    """A trial configuration that rfopt refuses before any training, with the field and the fix (here, below
+    every module that reads configs, overrides or param names)."""
 
 
 class StaleRead(RfoptError, ValueError):
@@ -67,3 +71,47 @@ class PrunerFailed(RfoptError, RuntimeError):
         super().__init__(message)
         self.trial_number = trial_number
         self.step = step
+
+
+# Where each exception this module offers but does not define lives: the module that raises it, most of them above
+# this one (every layer imports this module, so importing theirs here would be a cycle). Each is imported when first
+# asked for.
+_ELSEWHERE = {
+    "CheckpointError": "rfopt.storage.files",
+    "ClusterStorageError": "rfopt.engine.cluster",
+    "ClusterTooSmallError": "rfopt.engine.cluster",
+    "CompatError": "rfopt.compat",
+    "DatasetUnavailableError": "rfopt.studies.data",
+    "ModelUnavailableError": "rfopt.smollm2",
+    "OpError": "rfopt.engine.ops",
+    "PlanError": "rfopt.chunks",
+    "PopulationBasedTrainingMisplaced": "rfopt.pruning._pbt",
+    "RewardFunctionError": "rfopt.config.rewardfuncs",
+    "StorageLocationError": "rfopt.storage.database",
+    "StorageRefusedError": "rfopt.storage.database",
+    "StorageUnavailableError": "rfopt.storage.database",
+    "StorageUnreachableError": "rfopt.engine.cluster",
+    "StudyBusyError": "rfopt.storage.leases",
+    "StudyDeletedError": "rfopt.engine.run",
+    "StudyNameError": "rfopt.engine.checks",
+    "TrackerRefused": "rfopt.training.trackers",
+    "TrialDiverged": "rfopt.training.runner",
+}
+
+# Those defined here, then the others, spread from the table: ruff's check that each name in `__all__` is defined
+# does not know that `__getattr__` supplies them.
+__all__ = ["ConfigError", "MissingPackage", "PrunerFailed", "Refusal", "RfoptError", "StaleRead", "TypeRefusal",
+           *_ELSEWHERE]
+
+
+def __getattr__(name: str) -> type[RfoptError]:
+    home = _ELSEWHERE.get(name)
+    if home is None:
+        raise AttributeError(f"module 'rfopt.errors' has no attribute {name!r}")
+    cls = getattr(importlib.import_module(home), name)
+    globals()[name] = cls  # asked for once
+    return cls
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

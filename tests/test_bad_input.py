@@ -6,6 +6,7 @@ import pytest
 from datasets import Dataset
 
 import rfopt
+from rfopt.errors import ConfigError, PlanError
 from rfopt.errors import Refusal
 from rfopt_testkit import (
     grpo_config,
@@ -97,7 +98,7 @@ def test_dataset_without_prompt_column_is_refused_before_training(tiny_model, st
 
 def test_impossible_chunk_plan_in_a_list_is_refused_before_any_training(tiny_model, storage):
     study = rfopt.create_study(study_name="s", storage=storage)
-    with pytest.raises(rfopt.PlanError, match="fewer than the 4 one training step needs") as refused:
+    with pytest.raises(PlanError, match="fewer than the 4 one training step needs") as refused:
         study.optimize(
             [trial_config(tiny_model), trial_config(tiny_model, gradient_accumulation_steps=4)],
             prompts_dataset(8),
@@ -112,7 +113,7 @@ def test_impossible_chunk_plan_in_a_list_is_refused_before_any_training(tiny_mod
 def test_vllm_generation_is_refused_with_a_clear_message(tiny_model):
     config = trial_config(tiny_model)
     config.args.use_vllm = True
-    with pytest.raises(rfopt.ConfigError, match="vLLM is not supported yet"):
+    with pytest.raises(ConfigError, match="vLLM is not supported yet"):
         config.validate()
 
 

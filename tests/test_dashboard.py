@@ -52,7 +52,7 @@ def template(tmp_path_factory):
         if number == 0:
             opt.tell(trial, 0.3)
         if number == 1:
-            request = schema.Request(op="pause", by="me@host", at="t", id="1")
+            request = schema.TrialRequest(op="pause", by="me@host", at="t", id="1")
             schema.write_paused(ref, True)
             schema.write_request(ref, request)
             schema.write_applied(ref, [schema.AppliedOp(op="pause", by="me@host", requested_at="t", applied_at="t",

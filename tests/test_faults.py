@@ -18,8 +18,10 @@ import optuna
 import pytest
 
 import rfopt
+from rfopt.errors import CheckpointError
 from crashkit import assert_same_study, env, events, names_in, run_command, start, trials
 from crashkit import run as crashkit_run
+from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.database import StorageRefusedError, StorageUnavailableError, open_storage, redact, retry
 from rfopt_testkit import prompts_dataset, trial_config
 from rfopt.storage.schema import trial_attrs
@@ -209,7 +211,7 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
 
     from rfopt.storage.state import TrialSnapshot
 
-    store = rfopt.CheckpointStore(checkpoint_root)
+    store = CheckpointStore(checkpoint_root)
 
     def state(units):
         return TrialSnapshot(units_done=units, global_step=units, tokens_seen=0, weights={"w": torch.full((2,), units)},
@@ -217,7 +219,7 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
 
     store.save(0, state(2))
     # A worker whose lease expired, still writing the unit another worker has already gone past.
-    with pytest.raises(rfopt.CheckpointError, match="already has unit-0002"):
+    with pytest.raises(CheckpointError, match="already has unit-0002"):
         store.save(0, state(1))
     assert str(store.latest(0)) == f"{store.trial_dir(0)}/unit-0002" and store.load(0).units_done == 2
     assert names_in(store.trial_dir(0)) == ["LATEST", "unit-0002"]
@@ -226,8 +228,6 @@ def test_a_late_writer_cannot_replace_a_newer_checkpoint(checkpoint_root):
 def test_workers_starting_together_all_pass_the_checkpoint_store_write_check(tmp_path):
     """`rfopt worker --devices cpu,cpu` starts its processes at once; each checks the shared store takes writes."""
     import threading
-
-    from rfopt.storage.checkpoints import CheckpointStore
 
     store = CheckpointStore(tmp_path / "ck")
     errors = []
@@ -252,7 +252,7 @@ def test_warm_start_weights_are_found_by_token_or_where_older_studies_put_them(c
     import torch
     from safetensors.torch import save as save_bytes
 
-    store = rfopt.CheckpointStore(checkpoint_root)
+    store = CheckpointStore(checkpoint_root)
     store.save_warm_start("t1", {"w": torch.ones(2)}, parent=0, from_unit=1)
     assert store.has_warm_start("t1") and torch.equal(store.load_warm_start(5, "t1")["w"], torch.ones(2))
     # A clone made before tokens named the weights: they are in its own trial directory.
@@ -261,7 +261,7 @@ def test_warm_start_weights_are_found_by_token_or_where_older_studies_put_them(c
     fs.pipe_file(f"{root}/trial-00006/warm-start/weights.safetensors", save_bytes({"w": torch.zeros(2)}))
     assert torch.equal(store.load_warm_start(6, "t-older")["w"], torch.zeros(2))
     # Missing: the error says where the clone's weights should be.
-    with pytest.raises(rfopt.CheckpointError, match="warm-starts/t2/weights.safetensors"):
+    with pytest.raises(CheckpointError, match="warm-starts/t2/weights.safetensors"):
         store.load_warm_start(7, "t2")
     store.discard_warm_start("t1")
     assert not store.has_warm_start("t1")
@@ -347,7 +347,7 @@ class _PageLimit:
 def test_a_full_disk_under_the_sqlite_file_stops_the_run_at_once_naming_it_and_the_study_resumes_once_freed(
         scripted, tiny_model, tmp_path, small_disk, full):
     from rfopt.compat import storage_of
-    from rfopt.storage.database import engine_of
+    from rfopt.storage.database import sqlalchemy_engine_of
 
     if full == "tmpfs" and small_disk is None:
         pytest.skip("mounting a small file system needs root; the max_page_count case raises the same SQLite error")
@@ -355,7 +355,7 @@ def test_a_full_disk_under_the_sqlite_file_stops_the_run_at_once_naming_it_and_t
     reference, _ = _run(tiny_model, f"sqlite:///{tmp_path / 'ref' / 'f.db'}", tmp_path / "ref" / "ck")
     storage = f"sqlite:///{(small_disk if full == 'tmpfs' else tmp_path) / 'f.db'}"
     study = rfopt.create_study(study_name="f", storage=storage, checkpoint_dir=tmp_path / "ck")
-    limit = _PageLimit(engine_of(storage_of(study.optuna)))
+    limit = _PageLimit(sqlalchemy_engine_of(storage_of(study.optuna)))
     filled = []
 
     def fill_after_the_first_unit(number, step, value):

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import rfopt
+from rfopt.errors import CheckpointError
 from rfopt_testkit import prompts_dataset, trial_config
 from rfopt.storage.schema import study_attrs, trial_attrs
 from stored_study import stored_study
@@ -95,7 +96,7 @@ def test_a_checkpoint_location_that_holds_another_studys_checkpoints_is_refused_
                  checkpoint_dir=tmp_path / "ck")  # as a run leaves it
     other = rfopt.create_study(study_name="arithmetic", storage=f"sqlite:///{tmp_path / 'b.db'}",
                                checkpoint_dir=tmp_path / "ck")
-    with pytest.raises(rfopt.CheckpointError, match=r"belongs to study 'arithmetic' \(id [0-9a-f]+\) of "
+    with pytest.raises(CheckpointError, match=r"belongs to study 'arithmetic' \(id [0-9a-f]+\) of "
                        r"sqlite:///.*a\.db, not to study 'arithmetic' .* of sqlite:///.*b\.db. If that study is gone"):
         other.optimize(_configs(tiny_model)[:1], TRAIN, EVAL, num_chunks=2, show_progress_bar=False)
     assert other.optuna.get_trials() == [] and "rfopt:plan" not in study_attrs(other.optuna)
@@ -104,7 +105,7 @@ def test_a_checkpoint_location_that_holds_another_studys_checkpoints_is_refused_
     (tmp_path / "unmarked" / "trial-00000").mkdir(parents=True)
     third = rfopt.create_study(study_name="c", storage=f"sqlite:///{tmp_path / 'c.db'}",
                                checkpoint_dir=tmp_path / "unmarked")
-    with pytest.raises(rfopt.CheckpointError, match="holds trials' checkpoints but names no study"):
+    with pytest.raises(CheckpointError, match="holds trials' checkpoints but names no study"):
         third.optimize(_configs(tiny_model)[:1], TRAIN, EVAL, num_chunks=2, show_progress_bar=False)
     assert third.optuna.get_trials() == []
 
@@ -113,7 +114,7 @@ def test_a_checkpoint_dir_other_than_the_recorded_one_is_refused_unless_the_chec
                                                                                                    tmp_path):
     storage = f"sqlite:///{tmp_path / 'a.db'}"
     study = stored_study(storage, "arithmetic", _configs(tiny_model)[:1], TRAIN, EVAL, checkpoint_dir=tmp_path / "ck")
-    with pytest.raises(rfopt.CheckpointError, match=r"keeps its checkpoints in .*/ck; this call gives .*/elsewhere\. "
+    with pytest.raises(CheckpointError, match=r"keeps its checkpoints in .*/ck; this call gives .*/elsewhere\. "
                        r"Leave checkpoint_dir \(--checkpoint-dir\) out"):
         rfopt.load_study("arithmetic", storage, checkpoint_dir=tmp_path / "elsewhere")
     assert study_attrs(study.optuna)["rfopt:checkpoint_dir"] == str(tmp_path / "ck")  # not repointed
@@ -128,7 +129,7 @@ def test_a_checkpoint_dir_other_than_the_recorded_one_is_refused_unless_the_chec
 @pytest.mark.slow
 def test_a_study_in_a_server_database_without_a_shared_checkpoint_location_is_refused_at_start(postgres, tiny_model):
     study = rfopt.create_study(study_name="pg", storage=postgres.new_database())
-    with pytest.raises(rfopt.CheckpointError, match=r"is in a server database \(postgresql://.*\) that several hosts "
+    with pytest.raises(CheckpointError, match=r"is in a server database \(postgresql://.*\) that several hosts "
                        r"may share, so its checkpoints need a location every worker can reach: give checkpoint_dir"):
         study.optimize(_configs(tiny_model)[:1], TRAIN, EVAL, num_chunks=2, show_progress_bar=False)
     assert study.optuna.get_trials() == [] and study.optuna.user_attrs == {}

@@ -18,10 +18,12 @@ from peft import PeftModel, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 import rfopt
+from rfopt.errors import CheckpointError
 from crashkit import (adapter, assert_same_study, commits, env, events, names_in, retrained_after_durable, run,
                       run_command, trials)
 from rfopt.storage.state import UnitReport
 from rfopt.chunks import ChunkPlan, trial_schedule
+from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.engine.artifacts import StudyArtifacts
 from rfopt.training.models import ModelPool
 from rfopt.training.runner import TrialRunner
@@ -57,7 +59,7 @@ def _same(a, b) -> bool:
 
 
 def test_a_checkpoint_saved_to_s3_loads_back_identical_and_only_the_latest_is_kept(s3, trained_state):
-    store = rfopt.CheckpointStore(s3.bucket() + "/study")
+    store = CheckpointStore(s3.bucket() + "/study")
     for units in (1, 2, 3):
         report = UnitReport(unit=units - 1, value=0.25 * units, metrics={"eval": {"reward": 0.5}}, samples=[{"a": 1}])
         store.save(4, dataclasses.replace(trained_state, units_done=units), report)
@@ -76,7 +78,7 @@ def test_a_checkpoint_saved_to_s3_loads_back_identical_and_only_the_latest_is_ke
 
 def test_an_upload_failing_partway_raises_and_the_previous_checkpoint_stays_latest(s3, trained_state, monkeypatch):
     root = s3.bucket() + "/study"
-    store = rfopt.CheckpointStore(root)
+    store = CheckpointStore(root)
     store.save(0, dataclasses.replace(trained_state, units_done=1), UnitReport(0, 0.5, {}, []))
 
     filesystem, _ = fsspec.core.url_to_fs(root)  # the store's s3fs instance (fsspec caches one per configuration)
@@ -88,7 +90,7 @@ def test_an_upload_failing_partway_raises_and_the_previous_checkpoint_stays_late
         return real_put(lpath, rpath, *args, **kwargs)
 
     monkeypatch.setattr(filesystem, "put_file", put_file)
-    with pytest.raises(rfopt.CheckpointError) as error:
+    with pytest.raises(CheckpointError) as error:
         store.save(0, dataclasses.replace(trained_state, units_done=2), UnitReport(1, 0.7, {}, []))
     message = str(error.value)
     assert message.startswith("trial 0: writing checkpoint unit-0002")
@@ -103,8 +105,8 @@ def test_an_upload_failing_partway_raises_and_the_previous_checkpoint_stays_late
 def test_a_url_whose_filesystem_package_is_missing_says_what_to_install():
     if importlib.util.find_spec("gcsfs") is not None:
         pytest.skip("gcsfs is installed here")
-    with pytest.raises(rfopt.CheckpointError, match=r"checkpoint store gcs://bucket/rfopt: .*gcsfs.*; pip install gcsfs"):
-        rfopt.CheckpointStore("gcs://bucket/rfopt")
+    with pytest.raises(CheckpointError, match=r"checkpoint store gcs://bucket/rfopt: .*gcsfs.*; pip install gcsfs"):
+        CheckpointStore("gcs://bucket/rfopt")
 
 
 @pytest.mark.e2e
@@ -183,7 +185,7 @@ def test_a_bucket_that_does_not_exist_stops_the_run_before_any_trial(s3, tiny_mo
     s3.bucket()  # the server is up; this bucket is not
     study = rfopt.create_study(study_name="nobucket", storage=f"sqlite:///{tmp_path / 'nb.db'}",
                                checkpoint_dir="s3://rfopt-no-such-bucket/ck")
-    with pytest.raises(rfopt.CheckpointError, match=r"checkpoint store s3://rfopt-no-such-bucket/ck: cannot write "
+    with pytest.raises(CheckpointError, match=r"checkpoint store s3://rfopt-no-such-bucket/ck: cannot write "
                        r"there: .*rfopt creates no bucket"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2)
     assert study.optuna.get_trials() == []  # one clear error, not every trial failing at its first checkpoint

@@ -11,6 +11,8 @@ from optuna.trial import FrozenTrial, TrialState
 from rfopt_testkit import prompts_dataset, reward_len, reward_raises, trial_config
 
 import rfopt
+from rfopt.chunks import ChunkPlan
+from rfopt.errors import RewardFunctionError
 from rfopt.cli import main
 from rfopt.storage.schema import study_attrs, trial_attrs
 
@@ -120,7 +122,7 @@ def test_catch_decides_whether_a_failing_trial_ends_the_run(scripted, tiny_model
     assert _states(alone) == [TrialState.FAIL, TrialState.COMPLETE]
 
     optuna_like = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'b.db'}")
-    with pytest.raises(rfopt.RewardFunctionError, match="reward_raises"):
+    with pytest.raises(RewardFunctionError, match="reward_raises"):
         _run(optuna_like, configs, catch=())  # Optuna's default: the error ends the run, its trial failed
     failed, other = optuna_like.optuna.get_trials(deepcopy=False)
     assert failed.state == TrialState.FAIL and "reward_raises" in trial_attrs(failed)["rfopt:fail_reason"]
@@ -227,7 +229,7 @@ def test_a_study_planned_before_settings_were_stored_reads_its_chunks_and_seed_f
         scripted, tiny_model, storage):
     """A study planned by an earlier rfopt has ``rfopt:plan`` but no ``rfopt:num_chunks`` / ``rfopt:chunk_seed``."""
     earlier = optuna.create_study(study_name="old", storage=storage, direction="maximize")
-    earlier.set_user_attr("rfopt:plan", rfopt.ChunkPlan.build(len(TRAIN), 2, 3).to_dict())
+    earlier.set_user_attr("rfopt:plan", ChunkPlan.build(len(TRAIN), 2, 3).to_dict())
     study = rfopt.load_study("old", storage)
     with pytest.raises(ValueError, match="was planned with num_chunks=2, and this call gives num_chunks=4"):
         study.optimize([trial_config(tiny_model)], TRAIN, EVAL, num_chunks=4, show_progress_bar=False)

@@ -8,7 +8,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from rfopt_testkit import lora_config, reward_len, reward_vowels, trial_config
 
-from rfopt import ConfigError, TrialConfig
+from rfopt import TrialConfig
+from rfopt.errors import ConfigError
 from rfopt.engine import clones
 from rfopt.config.overrides import override_dict
 from rfopt.config.params import (

@@ -16,7 +16,7 @@ from rfopt_testkit import prompts_dataset, trial_config
 import rfopt
 from rfopt.engine import ops
 from rfopt.storage import schema
-from rfopt.chunks import ChunkPlan, TrialSchedule
+from rfopt.chunks import ChunkPlan, TrialSchedule, trial_schedule
 from rfopt.cli.status import status_text as _status_text
 from rfopt.compat import storage_of, trial_id_of
 from rfopt.reports.display import ProgressBar
@@ -65,7 +65,7 @@ def test_the_runner_tells_its_step_hook_of_every_optimizer_step_with_its_logs(ti
 
     config = trial_config(tiny_model)
     plan = ChunkPlan.build(len(TRAIN), 2, 0)
-    schedule = rfopt.trial_schedule(plan, config.args)
+    schedule = trial_schedule(plan, config.args)
     heard: list[StepDone] = []
     pool = ModelPool("cpu")
     try:

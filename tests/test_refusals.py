@@ -18,6 +18,7 @@ import trl
 from datasets import Dataset
 
 import rfopt
+from rfopt.errors import ConfigError, PlanError, StudyDeletedError, StudyNameError
 import rfopt_testkit
 from rfopt.errors import MissingPackage, Refusal
 from rfopt.storage.schema import TrialRecord
@@ -90,7 +91,7 @@ def test_a_changed_config_of_a_list_study_is_refused_naming_what_changed(tiny_mo
     base = trial_config(tiny_model)
     study = _stored(tmp_path, rfopt.grid(base, learning_rate=[1e-3, 2e-3]))
     before = _snapshot(study, tmp_path)
-    with pytest.raises(rfopt.ConfigError, match=r"configs\[1\] is not the config this study ran .* "
+    with pytest.raises(ConfigError, match=r"configs\[1\] is not the config this study ran .* "
                        r"\(learning_rate 0.002 -> 0.005\); a config that has run cannot change. Keep it as it was and "
                        "append the changed config at the end of the list"):
         _optimize(study, rfopt.grid(base, learning_rate=[1e-3, 5e-3]))
@@ -101,7 +102,7 @@ def test_a_list_that_adds_a_choice_to_a_categorical_param_is_refused(tiny_model,
     base = trial_config(tiny_model)
     study = _stored(tmp_path, rfopt.grid(base, lr_scheduler_type=["linear", "constant"]), num_chunks=1)
     before = _snapshot(study, tmp_path)
-    with pytest.raises(rfopt.ConfigError, match=r"lr_scheduler_type: the list now gives \['cosine'\], which the "
+    with pytest.raises(ConfigError, match=r"lr_scheduler_type: the list now gives \['cosine'\], which the "
                        "study's trials did not have as choices"):
         _optimize(study, rfopt.grid(base, lr_scheduler_type=["linear", "constant", "cosine"]), num_chunks=1)
     assert _snapshot(study, tmp_path) == before
@@ -152,7 +153,7 @@ def test_a_reward_function_of_a_script_without_a_main_guard_is_taken_from_the_ru
     # Another process (a worker, the dashboard) that would import the script to find the function gets a clear
     # refusal instead of a second run of the study, and nothing of the script runs.
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(rfopt.ConfigError, match=r"starts a study when it is imported \(rfopt.create_study\(...\), "
+    with pytest.raises(ConfigError, match=r"starts a study when it is imported \(rfopt.create_study\(...\), "
                        r"line 11\).*Put the study's run under `if __name__ == \"__main__\":`"):
         rfopt.TrialConfig.from_json(trial_attrs(stored)["rfopt:config"])
     assert len(optuna.load_study(study_name="script", storage=f"sqlite:///{tmp_path / 'script.db'}").trials) == 1
@@ -197,7 +198,7 @@ def test_a_script_whose_top_level_runs_a_study_through_a_function_is_refused_whe
 
     # The file's top level shows no study call (main() hides it): the study run it reaches is refused instead.
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(rfopt.ConfigError, match=r"train.py cannot be imported: it starts a study when it is imported "
+    with pytest.raises(ConfigError, match=r"train.py cannot be imported: it starts a study when it is imported "
                        r"\(a study run reached while importing it\)"):
         rfopt.TrialConfig.from_json(trial_attrs(stored)["rfopt:config"])
     assert [t.state.name for t in optuna.load_study(study_name="script", storage=storage).trials] == ["COMPLETE"]
@@ -212,7 +213,7 @@ def test_too_many_chunks_for_a_function_space_is_refused_before_the_plan_is_stor
         return trial_config(tiny_model, learning_rate=trial.suggest_float("lr", 1e-4, 1e-2),
                             per_device_train_batch_size=16)
 
-    with pytest.raises(rfopt.PlanError, match=r"each of the 8 chunks holds 2 prompts, fewer than the 4 one training "
+    with pytest.raises(PlanError, match=r"each of the 8 chunks holds 2 prompts, fewer than the 4 one training "
                        r"step needs .* use at most 4 chunks") as refused:
         _optimize(study, space, train=prompts_dataset(16), n_trials=1, num_chunks=8)
     assert refused.value.__notes__ == ["in the search space function's config"]
@@ -274,7 +275,7 @@ def test_an_eval_set_missing_a_column_a_reward_function_takes_is_refused_before_
 
 def test_a_nan_learning_rate_is_refused_naming_the_field(scripted, tiny_model, tmp_path):
     study = _study(tmp_path)
-    with pytest.raises(rfopt.ConfigError, match=r"args.learning_rate: NaN; give a number") as refused:
+    with pytest.raises(ConfigError, match=r"args.learning_rate: NaN; give a number") as refused:
         _optimize(study, [trial_config(tiny_model, learning_rate=math.nan)])
     assert refused.value.__notes__ == ["in configs[0]"]
     _untouched(study, tmp_path)
@@ -417,7 +418,7 @@ def test_a_refusal_is_an_rfopt_error_and_the_builtin_error_callers_catch_it_by()
 def test_the_command_line_shows_where_a_refusal_applies_on_its_one_line():
     from rfopt.cli.program import _error_text
 
-    refused = rfopt.PlanError("each of the 8 chunks holds 2 prompts, fewer than the 4 one training step needs")
+    refused = PlanError("each of the 8 chunks holds 2 prompts, fewer than the 4 one training step needs")
     refused.add_note("in configs[1]")
     assert _error_text(refused) == ("each of the 8 chunks holds 2 prompts, fewer than the 4 one training step needs "
                                     "(in configs[1])")
@@ -450,7 +451,7 @@ def test_a_study_name_that_would_choose_a_location_is_refused_before_anything_is
     before = _files_under(tmp_path)
     rule = (r"; a study name is also a folder name \(rfopt-checkpoints/<name>-<id>, a tracker's run\): use letters, "
             r"digits, spaces and \. _ - \+ = @, at most 128 characters")
-    with pytest.raises(rfopt.StudyNameError, match=f"study name .*: {problem}{rule}"):
+    with pytest.raises(StudyNameError, match=f"study name .*: {problem}{rule}"):
         rfopt.create_study(study_name=name, storage=f"sqlite:///{work / 'study.db'}")
     assert _files_under(tmp_path) == before  # not even the database file
 
@@ -459,7 +460,7 @@ def test_a_study_name_that_would_choose_a_location_is_refused_before_anything_is
     optuna.create_study(study_name=name, storage=url)
     study = rfopt.load_study(name, url)
     before = _files_under(tmp_path)
-    with pytest.raises(rfopt.StudyNameError, match=f"{problem}{rule}"):
+    with pytest.raises(StudyNameError, match=f"{problem}{rule}"):
         _optimize(study, [trial_config(tiny_model)])
     _untouched(study, work)
     assert _files_under(tmp_path) == before
@@ -526,7 +527,7 @@ def test_a_study_deleted_while_it_runs_stops_the_run_saying_so(scripted, tiny_mo
     def delete(number, step, value):  # what optuna-dashboard's delete button does to the storage
         optuna.delete_study(study_name="gone", storage=url)
 
-    with pytest.raises(rfopt.StudyDeletedError, match=r"study 'gone' was deleted from its storage \(sqlite:///.*\) "
+    with pytest.raises(StudyDeletedError, match=r"study 'gone' was deleted from its storage \(sqlite:///.*\) "
                        r"while this process ran it \(optuna-dashboard's delete button, or optuna.delete_study\): its "
                        r"trials and results are gone from the database, and this run stopped. Its checkpoints are "
                        r"still in .*rfopt-checkpoints/gone-"):

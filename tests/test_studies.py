@@ -15,6 +15,7 @@ import optuna
 import pytest
 
 import rfopt
+from rfopt.chunks import ChunkPlan, trial_schedule
 from rfopt.cli import main
 from rfopt.config.studyfile import load_spec
 from rfopt_testkit import deepmath_rows
@@ -85,11 +86,11 @@ def test_study_file_loads_and_its_configs_fit_the_chunk_plan(name):
     for variant in (spec, spec.with_fast()):
         configs = variant.search_space()
         assert configs and all(isinstance(c, rfopt.TrialConfig) for c in configs)
-        plan = rfopt.ChunkPlan.build(_default_train_rows(module), variant.num_chunks)
+        plan = ChunkPlan.build(_default_train_rows(module), variant.num_chunks)
         for config in configs:
             config.validate()
             assert config.args.num_train_epochs == 1
-            schedule = rfopt.trial_schedule(plan, config.args)
+            schedule = trial_schedule(plan, config.args)
             assert schedule.steps_per_chunk >= 1
             assert rfopt.TrialConfig.from_json(config.to_json()).to_json() == config.to_json()
         assert variant.pruner is None or isinstance(variant.pruner(), optuna.pruners.BasePruner)
@@ -130,7 +131,7 @@ def test_gsm8k_lite_matches_the_article():
         assert set(c.peft_config.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
         assert c.reward_names == ["correctness", "integer_answer", "strict_format", "soft_format", "tag_count"]
     # 128 prompts in 4 chunks: 32 steps each.
-    schedule = rfopt.trial_schedule(rfopt.ChunkPlan.build(128, 4), configs[0].args)
+    schedule = trial_schedule(ChunkPlan.build(128, 4), configs[0].args)
     assert (schedule.prompts_per_chunk, schedule.steps_per_chunk) == (32, 32)
 
 

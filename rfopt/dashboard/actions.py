@@ -4,8 +4,8 @@ returns the JSON reply.
 Pause, resume and stop are requests stored on the trial, applied by the process running the study at the trial's next
 chunk boundary; halt asks every such process to stop; cancel and withdraw take effect at once, or are refused when
 the engine got there first; a clone is checked before anything is written. An action that cannot apply raises a
-`rfopt.errors.Refusal` (an `rfopt.engine.ops.OpError`, a `rfopt.ConfigError`, or a malformed body) and writes nothing: the
-route answers 400 with its message.
+`rfopt.errors.Refusal` (an `rfopt.errors.OpError`, an `rfopt.errors.ConfigError`, or a malformed body) and writes
+nothing: the route answers 400 with its message.
 
     >>> control(study, 2, "pause", by="dashboard (127.0.0.1)")["message"]           # doctest: +SKIP
     "trial 2: pause requested; it applies at the trial's next chunk boundary"

@@ -381,9 +381,9 @@ class WorkerJob:
         gave (None: the study's); `ClusterStorageError` if its storage is not a database other processes can open."""
         from rfopt.compat import storage_of
         from rfopt.config.usercode import import_path
-        from rfopt.storage.database import engine_of
+        from rfopt.storage.database import sqlalchemy_engine_of
 
-        engine = engine_of(storage_of(study))
+        engine = sqlalchemy_engine_of(storage_of(study))
         if engine is None or engine.url.database in (None, "", ":memory:"):
             raise ClusterStorageError(
                 f"study {study.study_name!r}: its storage is not a database that the cluster's workers can open; give "

@@ -4,7 +4,7 @@ Ops travel through the study's storage, so any process can steer a study that an
 running (the Python API, the ``rfopt`` command line, the dashboard):
 
 - pause, resume, stop are *requests*: each is written once, under a key of its own, on the running
-  trial (`schema.Request`), and never rewritten, so two requests made at the same moment are both
+  trial (`schema.TrialRequest`), and never rewritten, so two requests made at the same moment are both
   kept. The process running the trial applies every pending request, oldest first, at the trial's
   next chunk boundary (`apply_requests`), and records each one applied, by its id, in the trial's
   ``rfopt:ops`` history; a request is pending until its id is there. So none is lost (a stop that
@@ -44,7 +44,7 @@ from rfopt.reports.status import liveness
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.leases import requests_lock
-from rfopt.storage.schema import AppliedOp, Cancel, Request, Stop, TrialRecord, TrialRef, Withdrawal
+from rfopt.storage.schema import AppliedOp, Cancel, Stop, TrialRecord, TrialRef, TrialRequest, Withdrawal
 
 logger = logging.getLogger("rfopt")
 
@@ -66,7 +66,7 @@ def halt(study: optuna.Study, by: str | None = None) -> schema.Halt:
 
 
 # ---------------------------------------------------------------------- requests
-def request(study: optuna.Study, trial_number: int, op: str, by: str | None = None) -> Request:
+def request(study: optuna.Study, trial_number: int, op: str, by: str | None = None) -> TrialRequest:
     """Ask for `op` (pause, resume, stop) on a running trial; it applies at the trial's next chunk boundary."""
     if op not in schema.CONTROL_OPS:
         raise OpError(f"unknown op {op!r}; use one of {', '.join(schema.CONTROL_OPS)} (or clone)")
@@ -78,7 +78,7 @@ def request(study: optuna.Study, trial_number: int, op: str, by: str | None = No
         raise OpError(f"trial {trial_number} is already paused")
     if op == "resume" and not after.paused:
         raise OpError(f"trial {trial_number} is not paused; only a paused trial can be resumed")
-    req = Request.new(op, by)
+    req = TrialRequest.new(op, by)
     schema.write_request(TrialRef.of(study, record.trial), req)
     return req
 
@@ -88,11 +88,11 @@ class Outcome:
     """Where a trial's requests leave it: paused or not, stopped (by which request) or not."""
 
     paused: bool
-    stop: Request | None = None
-    applied: list[Request] = field(default_factory=list)
+    stop: TrialRequest | None = None
+    applied: list[TrialRequest] = field(default_factory=list)
 
 
-def outcome(paused: bool, pending: list[Request]) -> Outcome:
+def outcome(paused: bool, pending: list[TrialRequest]) -> Outcome:
     """Apply `pending` requests, oldest first, to a trial that is `paused` or not (nothing is written)."""
     applied = []
     for req in pending:

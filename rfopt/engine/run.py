@@ -40,7 +40,7 @@ from rfopt.reports.display import ProgressBar
 from rfopt.reports.status import state_counts
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointError, CheckpointStore, location_exists
-from rfopt.storage.database import describe, engine_of
+from rfopt.storage.database import describe, sqlalchemy_engine_of
 from rfopt.storage.files import normalize_location
 from rfopt.storage.leases import Leases, Presence
 from rfopt.storage.schema import TrialRecord, study_record
@@ -238,7 +238,7 @@ def _presence(study: optuna.Study, kind: str) -> Any:
     `rfopt.reports.status.liveness` reads it): in an SQL storage, where other processes can look. Entered before anything
     is written, it refuses (`rfopt.storage.leases.StudyBusyError`) to run beside a process it cannot share the study
     with: an `optimize` beside anyone, a worker beside an `optimize`."""
-    if engine_of(storage_of(study)) is None:
+    if sqlalchemy_engine_of(storage_of(study)) is None:
         return nullcontext()
     return Presence(study, kind, interval=PRESENCE_SECONDS, exclusive=True)
 
@@ -326,7 +326,7 @@ def _default_location(study: optuna.Study, uid: str) -> Path:
     """``rfopt-checkpoints/<name>-<id>`` beside a SQLite file (in the working directory for other file-less
     storages); a server database has none, since hosts do not share a working directory."""
     directory = f"{study.study_name}-{uid[:12]}"
-    engine = engine_of(storage_of(study))
+    engine = sqlalchemy_engine_of(storage_of(study))
     if engine is None:
         return Path.cwd() / "rfopt-checkpoints" / directory
     url = engine.url

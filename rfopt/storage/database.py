@@ -453,7 +453,7 @@ for _name in dir(BaseStorage):
 abc.update_abstractmethods(RetryingStorage)
 
 
-def engine_of(storage: Any) -> Any | None:
+def sqlalchemy_engine_of(storage: Any) -> Any | None:
     """The SQLAlchemy engine of an SQL storage opened by `open_storage` or given as an ``RDBStorage``; else None."""
     rdb = storage.rdb if isinstance(storage, RetryingStorage) else storage
     return getattr(rdb, "engine", None) if isinstance(rdb, optuna.storages.RDBStorage) else None
@@ -463,7 +463,7 @@ def describe(storage: Any) -> str:
     """The storage as a person knows it: its URL without password, or its kind."""
     if isinstance(storage, RetryingStorage):
         return storage.where
-    engine = engine_of(storage)
+    engine = sqlalchemy_engine_of(storage)
     return engine.url.render_as_string(hide_password=True) if engine is not None else type(storage).__name__
 
 

@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from rfopt.compat import storage_of
 from rfopt.errors import RfoptError
 
-from .database import engine_of, is_schema_race, is_unreachable, retry
+from .database import is_schema_race, is_unreachable, retry, sqlalchemy_engine_of
 
 logger = logging.getLogger("rfopt")
 
@@ -112,7 +112,7 @@ class Leases:
 
     def __init__(self, study: optuna.Study, holder: str | None = None, retry_seconds: float | None = None) -> None:
         storage = storage_of(study)
-        engine = engine_of(storage)
+        engine = sqlalchemy_engine_of(storage)
         if engine is None:
             raise ValueError(
                 f"study {study.study_name!r}: workers need an SQL storage (sqlite:///... on one host, "
@@ -258,7 +258,7 @@ def requests_lock(study: optuna.Study, trial: int) -> Iterator[None]:
     a request is either withdrawn or applied, never both. A lease of its own per call (a thread of the process running
     the study and its API call exclude each other too). A storage without SQL (in memory) is one process's: no lock.
     """
-    if engine_of(storage_of(study)) is None:
+    if sqlalchemy_engine_of(storage_of(study)) is None:
         yield
         return
     leases = Leases(study, holder=f"{worker_id()}:{uuid.uuid4().hex[:8]}")
@@ -311,7 +311,7 @@ class Presence:
 
     def __init__(self, study: optuna.Study, kind: str, interval: float = 5.0, holder: str | None = None,
                  exclusive: bool = False) -> None:
-        engine = engine_of(storage_of(study))
+        engine = sqlalchemy_engine_of(storage_of(study))
         if engine is None:
             raise ValueError(f"study {study.study_name!r}: presence needs an SQL storage")
         self.engine: sa.Engine = engine
@@ -395,7 +395,7 @@ class Presence:
 
 def seen_on(study: optuna.Study) -> list[Seen] | None:
     """Every process that ran `study` and said so (`Presence`), latest first; None for a storage without SQL."""
-    engine = engine_of(storage_of(study))
+    engine = sqlalchemy_engine_of(storage_of(study))
     if engine is None:
         return None
     if not sa.inspect(engine).has_table(PRESENCE.name):

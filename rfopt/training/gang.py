@@ -65,8 +65,9 @@ class GangMember:
 
 
 @dataclass
-class _Context:
-    """The process-wide state one member's code sees while it runs."""
+class _MemberGlobals:
+    """The process-wide state one member's code sees while it runs: captured when it waits for a rollout, restored
+    when it resumes."""
 
     rng: RngState
     gradient: dict[str, Any]
@@ -75,7 +76,7 @@ class _Context:
     """torch's grad mode: per thread, so shared by the members, which all run in the caller's thread."""
 
     @classmethod
-    def capture(cls, model: Any) -> _Context:
+    def capture(cls, model: Any) -> _MemberGlobals:
         import torch
 
         return cls(RngState.capture(), compat.gradient_state(), compat.forward_patches(model), torch.is_grad_enabled())
@@ -105,7 +106,7 @@ class Gang:
         self._pending: dict[int, GenerationRequest] = {}
         self._responses: dict[int, Any] = {}
         self._done: set[int] = set()
-        self._contexts: dict[int, _Context] = {}
+        self._globals: dict[int, _MemberGlobals] = {}
         self._greenlets: dict[int, Any] = {}
         self._caller: Any = None
         self._aborted = threading.Event()
@@ -123,9 +124,10 @@ class Gang:
         for member in members:
             member.result = member.error = None
         args = members[0].runner.chunk_args(report=False)
-        outside = _Context.capture(model)
-        self._contexts = {i: _Context(outside.rng, dict(outside.gradient), dict(outside.forward), outside.grad_enabled)
-                          for i in range(len(members))}
+        outside = _MemberGlobals.capture(model)
+        self._globals = {i: _MemberGlobals(outside.rng, dict(outside.gradient), dict(outside.forward),
+                                           outside.grad_enabled)
+                         for i in range(len(members))}
         self._caller = greenlet.getcurrent()
         self._greenlets = {i: greenlet.greenlet(functools.partial(self._body, i)) for i in range(len(members))}
         self._done, self._pending, self._responses = set(), {}, {}
@@ -173,7 +175,7 @@ class Gang:
     def _run(self, i: int) -> None:
         """Member `i` runs, with its own process-wide state, until it asks for rollouts or its chunk ends."""
         member = self.members[i]
-        self._contexts[i].restore()
+        self._globals[i].restore()
         member.runner.pool.activate(member.number, member.runner.config)
         self._greenlets[i].switch()
         if self._greenlets[i].dead:
@@ -208,7 +210,7 @@ class Gang:
             seed=seed_from_stream(),  # from this member's own stream: its draws do not depend on the others
         )
         self._pending[i] = request
-        self._contexts[i] = _Context.capture(self.model)
+        self._globals[i] = _MemberGlobals.capture(self.model)
         self._caller.switch()  # back to `_drive`; it resumes this member once the batch is decoded
         out = self._responses.pop(i)
         if isinstance(out, BaseException):

@@ -10,7 +10,7 @@ and write through the functions it offers. Its private modules, lowest first (ea
 ``_values``
     Values as the JSON attrs hold them: `json_safe`, and TRL's per-step logs by column (`StepColumns`).
 ``_records``
-    A trial's small records: `Lineage`, `Request`, `Withdrawal`, `Cancel`, `AppliedOp`, `Stop`, `PruneDecision`,
+    A trial's small records: `Lineage`, `TrialRequest`, `Withdrawal`, `Cancel`, `AppliedOp`, `Stop`, `PruneDecision`,
     `UnitMetrics`, `BestCheckpoint`, `ProgressRecord`.
 ``_study``
     The study's records, read and written: `StudyRecord`, `Halt`, `Baseline`, population-based training's `PbtStep`.
@@ -79,8 +79,8 @@ from ._records import (
     Lineage,
     ProgressRecord,
     PruneDecision,
-    Request,
     Stop,
+    TrialRequest,
     UnitMetrics,
     Withdrawal,
     now,
@@ -146,13 +146,13 @@ __all__ = [
     "ProgressRecord",
     "PruneDecision",
     "Replacement",
-    "Request",
     "RunShape",
     "StepColumns",
     "Stop",
     "StudyRecord",
     "TrialRecord",
     "TrialRef",
+    "TrialRequest",
     "UnitMetrics",
     "Withdrawal",
     "decision_key",

@@ -55,7 +55,7 @@ class Lineage:
 
 
 @dataclass(frozen=True)
-class Request:
+class TrialRequest:
     """An op asked for on a running trial (pause, resume, stop), not necessarily applied yet."""
 
     op: str
@@ -69,7 +69,7 @@ class Request:
         return f"{_REQUEST}{self.at}-{self.id}"
 
     @classmethod
-    def new(cls, op: str, by: str | None = None) -> Request:
+    def new(cls, op: str, by: str | None = None) -> TrialRequest:
         return cls(op=op, by=by or who(), at=now(), id=uuid.uuid4().hex[:12])
 
 
@@ -77,7 +77,7 @@ class Request:
 class Withdrawal:
     """A pending request taken back before it applied (``rfopt:withdrawn:<request id>``)."""
 
-    request: Request
+    request: TrialRequest
     by: str
     at: str
 

@@ -50,8 +50,8 @@ from ._records import (
     Lineage,
     ProgressRecord,
     PruneDecision,
-    Request,
     Stop,
+    TrialRequest,
     UnitMetrics,
     Withdrawal,
 )
@@ -223,14 +223,14 @@ class TrialRecord:
 
     # -------------------------------------------------------------- ops
     @cached_property
-    def requests(self) -> list[Request]:
+    def requests(self) -> list[TrialRequest]:
         """Every op requested on the trial, oldest first."""
         found = []
         for key in sorted(k for k in self.attrs if k.startswith(_REQUEST)):
             value = self.attrs[key]
             if isinstance(value, Mapping) and value.get("op") in CONTROL_OPS:
-                found.append(Request(op=value["op"], by=str(value.get("by", "unknown")), at=str(value.get("at", "")),
-                                     id=str(value["id"])))
+                found.append(TrialRequest(op=value["op"], by=str(value.get("by", "unknown")),
+                                          at=str(value.get("at", "")), id=str(value["id"])))
         return found
 
     @cached_property
@@ -252,7 +252,7 @@ class TrialRecord:
         return found
 
     @property
-    def pending(self) -> list[Request]:
+    def pending(self) -> list[TrialRequest]:
         """Requests neither applied nor withdrawn yet, oldest first."""
         done = {op.id for op in self.applied} | {w.request.id for w in self.withdrawn}
         return [r for r in self.requests if r.id not in done]
@@ -426,7 +426,7 @@ def write_decision(ref: TrialRef, decision: PruneDecision) -> None:
     ref.set(decision_key(decision.step), decision.to_attr())
 
 
-def write_request(ref: TrialRef, request: Request) -> None:
+def write_request(ref: TrialRef, request: TrialRequest) -> None:
     """A new request under a key of its own: a request never overwrites another, so none is lost."""
     ref.set(request.key, {"op": request.op, "by": request.by, "at": request.at, "id": request.id})
 
