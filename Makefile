@@ -22,15 +22,16 @@ demo: setup
 	$(BIN)/rfopt run arithmetic
 
 # The fast tier's temporary files (SQLite studies, checkpoints: a sync to disk at every commit) go to a folder of its
-# own in RAM where the machine has one (/dev/shm), removed afterwards; `make test-all` keeps the system's.
-RAM_TMP := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm)
+# own in RAM where the machine has one with 2 GiB free (/dev/shm), removed afterwards.
+RAM_TMP := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && df -Pk /dev/shm | awk 'NR == 2 && $$4 > 2097152 {print "/dev/shm"}')
 
 test: setup
 	export TMPDIR="$$(mktemp -d -p $(if $(RAM_TMP),$(RAM_TMP),"$${TMPDIR:-/tmp}") rfopt-tests.XXXXXX)" && trap 'rm -rf "$$TMPDIR"' EXIT && \
 	  $(BIN)/python -m pytest -q -m "not slow"
 
-test-all: setup
-	$(BIN)/python -m pytest -q
+# Every test: the fast tier (`make test`), then the slow one.
+test-all: test
+	$(BIN)/python -m pytest -q -m slow
 
 # Correctness rules and a complexity limit (pyproject.toml, [tool.ruff]); .ci/run runs it before the tests.
 lint: setup
