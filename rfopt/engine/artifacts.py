@@ -143,8 +143,9 @@ def publish_unit(event: Any) -> None:
 NOTE_END = "*rfopt writes the part above after each chunk; write your own notes below this line.*"
 _NOTE_SAMPLES = 8
 _NOTE_CELL = 160
-_NOTE_LEFT_OUT = {"reward_std", "completions/count", "diversity/prompts", "diversity/top_tokens"}
-"""Eval metrics the note's table leaves out (spreads and counts), so that it stays a readable width."""
+_NOTE_LEFT_OUT = {"reward_std", "completions/count", "completions/clipped_ratio"}
+"""Eval metrics the note's table leaves out (spreads, counts, and the diversity measures, which the trial's charts and
+rfopt's page show), so that it fits optuna-dashboard's trial page."""
 
 
 def trial_note(record: TrialRecord, objective: str = "reward", kept: str = "", study_id: int | None = None) -> str:
@@ -169,7 +170,8 @@ def trial_note(record: TrialRecord, objective: str = "reward", kept: str = "", s
     if reason:
         lines.append(f"\n**{state}**: {_cell(reason)}")
     if units:
-        keys = sorted({k for m in units for k in m.eval if k not in _NOTE_LEFT_OUT and not k.endswith("/std")})
+        keys = sorted({k for m in units for k in m.eval
+                       if k not in _NOTE_LEFT_OUT and not k.endswith("/std") and not k.startswith("diversity/")})
         lines += ["", "| step | after chunk | " + f"{objective} (value) | " + " | ".join(keys) + " |",
                   "|---" * (len(keys) + 3) + "|"]
         for m in units:
