@@ -62,11 +62,10 @@ class Live:
     """Each "now training" line the page showed as stuck (amber), with the study's forecast line then."""
     stuck_status: str = ""
     """What ``rfopt status`` printed while the page showed a unit stuck."""
-    ends: list[tuple[float, str, float]] = field(default_factory=list)
-    """The study's end as the page gave it just before and just after each ``rfopt status`` run, with what that run
-    printed."""
-    page_ends: dict[float, list[float]] = field(default_factory=dict)
-    """The study's ends the page showed, by the time of the records each was forecast from (its anchor)."""
+    snapshot: tuple[dict, str] | None = None
+    """While a chunk trained: the study's end as the page gave it from a copy of the storage taken then, and what
+    ``rfopt status`` printed from the same copy (the same records on both sides, while progress records change several
+    times a second)."""
     index_row: str = ""
     """The index's row of the study while it trained."""
 
@@ -151,33 +150,44 @@ def _watch(state: Live) -> None:
     state.now_lines += lines
     state.in_flight += [f | {"committed": committed[f["trial"]]} for f in flights]
     state.stuck_lines += [line | {"eta": eta} for line in lines if line["stuck"]]
-    if eta is not None and eta["end"] not in state.page_ends.setdefault(eta["anchor"], []):
-        state.page_ends[eta["anchor"]].append(eta["end"])
     stuck = any(line["stuck"] for line in lines)
     training = any(line["phase"] == "training" for line in lines)
+    if state.snapshot is None and training and not stuck and eta is not None:
+        state.snapshot = _both_from_a_copy(state)
     if (stuck and not state.stuck_status or "now training: trial " not in state.status and state.status_runs < 3
-            and training or not stuck and training and eta is not None and len(state.ends) < 3):
-        # asked while a chunk trains: until it says so (three tries), for the study's end (three), once stuck
+            and training):
+        # asked while a chunk trains: until it says so (three tries), once stuck
         state.status_runs += 1
         printed = subprocess.run(rfopt_command("status", "--study", "live", "--storage", state.storage),
                                  capture_output=True, text=True, env=env(state.tiny_model), timeout=120).stdout
         state.status = state.status if "now training: trial " in state.status else printed
         if stuck:
             state.stuck_status = printed
-        if eta is not None and not eta["hold"]:
-            after = _page_eta(browser)
-            state.ends.append((eta["end"], printed, after["end"] if after else float("nan")))
     time.sleep(0.1)
+
+
+def _both_from_a_copy(state: Live) -> tuple[dict, str] | None:
+    """The study's end as the page and ``rfopt status`` give it from one copy of the storage, taken now (SQLite's
+    online backup: one consistent version of the records); the page is served from the copy by a second server."""
+    copy = Path(state.storage.removeprefix("sqlite:///")).with_name("copy.db")
+    with closing(sqlite3.connect(state.storage.removeprefix("sqlite:///"))) as live, closing(sqlite3.connect(copy)) as to:
+        live.backup(to)
+    server = make_server(f"sqlite:///{copy}", port=0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        state.browser.get(server.url(f"/rfopt/studies/{state.study_id}"))
+        eta = state.browser.execute_script(_ETA)
+    finally:
+        server.shutdown()
+        server.server_close()
+        state.browser.get(state.page)
+    printed = subprocess.run(rfopt_command("status", "--study", "live", "--storage", f"sqlite:///{copy}"),
+                             capture_output=True, text=True, env=env(state.tiny_model), timeout=120).stdout
+    return (eta, printed) if eta is not None else None
 
 
 _ETA = ("const e = document.getElementById('eta'); return e && e.dataset.end ? {end: +e.dataset.end, "
         "anchor: +e.dataset.anchor, hold: e.classList.contains('on-hold'), text: e.textContent} : null")
-
-
-def _page_eta(browser) -> dict | None:
-    """The study's end as the open page gives it (after asking the server for what changed)."""
-    browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
-    return browser.execute_script(_ETA)
 
 
 def _wait_for_study(path: Path, process, log: Path) -> int:
@@ -492,13 +502,23 @@ def test_the_page_and_rfopt_status_give_the_study_the_same_end(live):
     said = _today_at(found.group(1))
     shown = {x["eta"]["end"] for x in live.stuck_lines if x["eta"] is not None}
     assert shown and all(abs(end - said) <= 1.0 for end in shown), (live.stuck_status, shown)
-    # (While it trains, the page and rfopt status are not compared: progress records are written every 0.2 s here, so
-    # "the records of 20:42:06" that each printed may be different ones, and the ends differ by seconds.)
+    # And while a chunk trains (progress records every 0.2 s here: several versions of the records a second), from one
+    # copy of the storage: both name the version they read by its newest record's time, to the millisecond, and give
+    # the same end.
+    assert live.snapshot is not None
+    page, printed = live.snapshot
+    found = re.search(r"; ends by (\d\d:\d\d:\d\d) \(as its records of (\d\d:\d\d:\d\d\.\d\d\d) say\)", printed)
+    assert found and not page["hold"], (printed, page)
+    assert abs(page["anchor"] - _today_at(found.group(2))) < 5e-4, (printed, page)
+    assert 0 <= page["end"] - _today_at(found.group(1)) < 1.0, (printed, page)
 
 
 def _today_at(clock: str) -> float:
-    hours, minutes, seconds = map(int, clock.split(":"))
-    return datetime.datetime.now().replace(hour=hours, minute=minutes, second=seconds, microsecond=0).timestamp()
+    """``20:42:06`` or ``20:42:06.413``, today, in seconds since the epoch."""
+    hours, minutes, seconds = clock.split(":")
+    whole, _, millis = seconds.partition(".")
+    return datetime.datetime.now().replace(hour=int(hours), minute=int(minutes), second=int(whole),
+                                           microsecond=int(millis.ljust(3, "0")) * 1000).timestamp()
 
 
 def test_the_leader_within_noise_of_the_runner_up_is_marked_a_tie(live):

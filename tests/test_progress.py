@@ -6,6 +6,7 @@ The page showing it while a live study trains is tests/test_dashboard_live.py.""
 from __future__ import annotations
 
 import io
+import re
 import time
 
 import optuna
@@ -25,7 +26,7 @@ from rfopt.training.progress import ProgressPublisher, UnitProgress
 from rfopt.training.runner import StepDone
 from rfopt.storage.schema import ProgressRecord, StepColumns, TrialRecord
 from rfopt.storage.database import open_storage
-from rfopt.reports.timeline import NowTraining, now_training, study_cost, trial_etas
+from rfopt.reports.timeline import NowTraining, clock_time, now_training, study_cost, trial_etas
 
 TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
 
@@ -231,6 +232,9 @@ def test_status_says_what_trains_now_the_pending_requests_and_the_waiting_clones
     assert "s · 6 s/step · chunk ends in ~" in lines[1]
     assert "pruning saved 0 of 6 chunk units (0%) · 4 trained so far" in text
     assert "\nstudy: ~" in text and "as if nothing more is pruned" in text and "; ends by " in text
+    # the version of the records it read, named by the newest one's time to the millisecond (the progress record's)
+    assert f"(as its records of {clock_time(record.updated, millis=True)} say)" in text, text
+    assert re.search(r"as its records of \d\d:\d\d:\d\d\.\d\d\d say", text)
     assert "pending: pause trial 1, asked by me@host" in text
     assert ("WAITING: trial 3 (clone of trial 1, warm from chunk 2 with {'learning_rate': 0.01}); starts when a slot "
             "frees") in text

@@ -91,5 +91,5 @@ def _forecast_line(ahead: Any, stuck: list[int]) -> str:
                 f"({ahead.units_left:.3g} chunk units left{before})")
     text = f"study: {ahead.text(time.time())}"
     if ahead.end_at is not None and ahead.units_left > 0:
-        text += f"; ends by {clock_time(ahead.end_at)} (as its records of {clock_time(ahead.anchor)} say)"
+        text += f"; ends by {clock_time(ahead.end_at)} (as its records of {clock_time(ahead.anchor, millis=True)} say)"
     return text

@@ -224,8 +224,8 @@ def _eta_line(ahead: Forecast, flights: list[NowTraining]) -> str:
         ends += (f", <span class='clock' data-until='{ahead.end_at_max:.0f}'>by {_clock_time(ahead.end_at_max)}"
                  "</span> at the latest (if nothing more is pruned)")
     stuck = " on-hold" if any(n.stuck() for n in flights) else ""
-    return (f"<p id='eta' class='eta{stuck}' data-end='{ahead.end_at:.0f}' data-anchor='{ahead.anchor:.0f}' "
-            f"data-units='{ahead.units_left:.3g}' title='from the records written up to {_clock_time(ahead.anchor)}'>study "
+    return (f"<p id='eta' class='eta{stuck}' data-end='{ahead.end_at:.3f}' data-anchor='{ahead.anchor:.3f}' "
+            f"data-units='{ahead.units_left:.3g}' title='from the records written up to {_clock_time(ahead.anchor, True)}'>study "
             f"{ends} · {ahead.units_left:.3g} chunk units left of {ahead.trials} live trial"
             f"{'s' if ahead.trials != 1 else ''} ({_e(ahead.schedule)})</p>")
 
@@ -617,6 +617,6 @@ def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _clock_time(epoch: float) -> str:
+def _clock_time(epoch: float, millis: bool = False) -> str:
     """The local time of day (with the date when not today), as the server's clock reads it."""
-    return clock_time(epoch)
+    return clock_time(epoch, millis)

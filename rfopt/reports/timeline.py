@@ -367,11 +367,14 @@ def _placed(rows: list[dict[str, float]], unit: int, start: float, train_seconds
     return out
 
 
-def clock_time(epoch: float) -> str:
-    """The local time of day (with the date when not today), as this machine's clock reads it: ``12:03:40``."""
-    when = datetime.datetime.fromtimestamp(epoch).astimezone()
+def clock_time(epoch: float, millis: bool = False) -> str:
+    """The local time of day (with the date when not today), as this machine's clock reads it: ``12:03:40``.
+    `millis`: to the millisecond, ``12:03:40.412`` (`epoch` rounded as ``f"{epoch:.3f}"`` rounds it), to name one
+    version of a study's records: they change several times a second while a chunk trains."""
+    when = datetime.datetime.fromtimestamp(round(epoch, 3) if millis else epoch).astimezone()
     today = datetime.datetime.now().astimezone().date()
-    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M")
+    day = "" if when.date() == today else "%Y-%m-%d "
+    return when.strftime(f"{day}%H:%M:%S.%f")[:-3] if millis else when.strftime("%H:%M:%S" if not day else f"{day}%H:%M")
 
 
 def _seconds(seconds: float) -> str:
