@@ -126,7 +126,7 @@ def test_a_read_only_sqlite_folder_is_refused_before_connecting(tmp_path):
 
 def test_sqlite_failing_to_open_its_file_is_not_retried_for_minutes(tmp_path):
     """The folder vanishing between the check and the connection: SQLite's "unable to open database file" is not a
-    lock, so it is refused at once (a locked database is still retried: tests/test_faults.py)."""
+    lock, so it is refused at once (a locked database is still retried: tests/storage/test_faults.py)."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'gone' / 'x.db'}")

@@ -1,7 +1,7 @@
 """rfopt dashboard: control routes over real HTTP, access checks, artifacts, and the page in headless Chromium.
 
 The study is built synthetically (optuna plus the attrs the engine writes), so no model trains here; a live study
-on the tiny model is tests/test_dashboard_live.py.
+on the tiny model is tests/dashboard/test_dashboard_live.py.
 """
 
 from __future__ import annotations
