@@ -371,11 +371,6 @@ def test_a_local_bind_refuses_other_host_names_and_cross_origin_writes(study):
     assert _snapshot(study) == before
 
 
-def test_cli_dashboard_refuses_a_missing_sqlite_file(tmp_path, capsys):
-    assert cli(["dashboard", "--storage", f"sqlite:///{tmp_path / 'missing.db'}"]) == 1
-    assert "no SQLite file" in capsys.readouterr().err
-
-
 # ---------------------------------------------------------------------- artifacts and plain optuna-dashboard
 def test_publish_chunk_keeps_one_chart_and_one_samples_file_per_trial(study):
     opt = study.optuna
