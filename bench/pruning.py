@@ -25,7 +25,7 @@ trials (trial numbers, hence SHA's tie-breaks). So every seed has its own curves
 ranking and possibly its own winner. The evaluation set and its sampling seed stay the same.
 
 Both sweeps: full fine-tuning of the tiny model (a LoRA cannot sharpen its sampled output; see
-tests/test_pruning_e2e.py), reward ``reward_vowel_variety`` (distinct lowercase vowels in 8
+tests/pruning/test_pruning_e2e.py), reward ``reward_vowel_variety`` (distinct lowercase vowels in 8
 characters, / 5), sampled evaluation (temperature 1) on 32 prompts, 8 chunks of 2 optimizer steps
 of 4 prompts x 4 completions, 12 configs live at once (``max_concurrent=12``).
 

@@ -1,9 +1,10 @@
-"""Record the end of a demo run (``rfopt run arithmetic``, what ``make demo`` runs) for ``tests/test_demo.py``: what
-the study's storage says it produced (its baselines, and each trial's values, eval metrics, samples, best checkpoint,
-rung decisions and how it ended), as JSON, with the run's wall time, the load average around it and what it printed.
+"""Record the end of a demo run (``rfopt run arithmetic``, what ``make demo`` runs) for ``tests/product/test_demo.py``:
+what the study's storage says it produced (its baselines, and each trial's values, eval metrics, samples, best
+checkpoint, rung decisions and how it ended), as JSON, with the run's wall time, the load average around it and what it
+printed.
 
     uptime; /usr/bin/time -v rfopt run arithmetic > demo.out 2> demo.err; uptime
-    python bench/record_demo.py sqlite:///rfopt.db tests/data/demo-arithmetic.json --output demo.out \\
+    python bench/record_demo.py sqlite:///rfopt.db tests/recorded/demo-arithmetic.json --output demo.out \\
         --wall-seconds 840 --load "2.1 1.9 1.5" --load-after "2.0 2.0 1.7"
 
 The test replays the record into an in-memory study and checks the demo's promise on it: the recommended adapter did

@@ -1,7 +1,7 @@
-"""Record a study as it runs, for the forecast's tests (`tests/test_forecast.py`): run `tests/forecast_study.py` (6 trials
-of the tiny model, 4 chunks, two gangs of 3, successive halving) with `rfopt run` in a subprocess, read its storage
-every 0.2 s, and keep a snapshot of every trial each time a unit commits or a rung is decided, with the time it was
-taken; the time the run ended closes the recording.
+"""Record a study as it runs, for the forecast's tests (`tests/reports/test_forecast.py`): run `tests/forecast_study.py`
+(6 trials of the tiny model, 4 chunks, two gangs of 3, successive halving) with `rfopt run` in a subprocess, read its
+storage every 0.2 s, and keep a snapshot of every trial each time a unit commits or a rung is decided, with the time it
+was taken; the time the run ended closes the recording.
 
     python bench/record_forecast.py tests/recorded/forecast-halving.json
 

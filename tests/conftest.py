@@ -58,6 +58,26 @@ def storage(tmp_path):
     return f"sqlite:///{tmp_path / 'study.db'}"
 
 
+# A valid study file whose data cannot be loaded: `rfopt run` on it gets as far as reading its data and no further,
+# so a test sees what run does before training (the banner, the storage check) without training anything.
+STUDY_FILE_WITHOUT_DATA = """
+import rfopt
+
+def datasets():
+    raise ValueError("this test's study has no data")
+
+STUDY = rfopt.StudySpec(name="file-name", space=lambda trial: None, datasets=datasets)
+"""
+
+
+@pytest.fixture
+def study_file(tmp_path):
+    """tmp_path/study.py, holding STUDY_FILE_WITHOUT_DATA."""
+    path = tmp_path / "study.py"
+    path.write_text(STUDY_FILE_WITHOUT_DATA)
+    return path
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL server of its own in a temporary directory (Debian's `postgresql` package; .ci/run installs

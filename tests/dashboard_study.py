@@ -1,8 +1,8 @@
 """A live study for the dashboard's browser tests and screenshots (`rfopt run tests/dashboard_study.py`): 4 trials of
 the tiny model (its directory from ``RFOPT_TEST_TINY_MODEL``), 2 chunks of 4 optimizer steps, two reward functions, and
 a MedianPruner that stops the two trials that cannot learn (learning rate 0) after their first chunk, as in
-tests/test_pruning_e2e.py. ``RFOPT_TEST_STEP_SECONDS`` slows each optimizer step by that much (the reward function
-waits), so that a page can watch a chunk train step by step; ``RFOPT_TEST_HANG_CALL=N`` and
+tests/pruning/test_pruning_e2e.py. ``RFOPT_TEST_STEP_SECONDS`` slows each optimizer step by that much (the reward
+function waits), so that a page can watch a chunk train step by step; ``RFOPT_TEST_HANG_CALL=N`` and
 ``RFOPT_TEST_HANG_SECONDS=S`` make the reward function's N-th call in the process hang for S seconds (a stuck reward
 server). Trials 1 and 3 have the same config: they learn the same, and tie."""
 

@@ -1,8 +1,8 @@
-"""The study the forecast is checked against (`tests/test_forecast.py`, recorded by `bench/record_forecast.py`): 6
-trials of the tiny model (its directory from ``RFOPT_TEST_TINY_MODEL``), 4 chunks of 4 optimizer steps, two gangs of 3,
-and successive halving (``min_resource=1, reduction_factor=2``: 6 -> 3 after chunk 1, 3 -> 2 after chunk 2), as the
-issue that asked for the forecast tried it. ``RFOPT_TEST_STEP_SECONDS`` (default 0.5) slows each reward call, so that
-a unit's time is mostly its steps, as on a real model."""
+"""The study the forecast is checked against (`tests/reports/test_forecast.py`, recorded by `bench/record_forecast.py`):
+6 trials of the tiny model (its directory from ``RFOPT_TEST_TINY_MODEL``), 4 chunks of 4 optimizer steps, two gangs of
+3, and successive halving (``min_resource=1, reduction_factor=2``: 6 -> 3 after chunk 1, 3 -> 2 after chunk 2), as the
+issue that asked for the forecast tried it. ``RFOPT_TEST_STEP_SECONDS`` (default 0.5) slows each reward call, so that a
+unit's time is mostly its steps, as on a real model."""
 
 import os
 import time

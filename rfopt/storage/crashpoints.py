@@ -58,5 +58,5 @@ def reach(point: str, *, trial: int, unit: int) -> None:
 
 def _die() -> None:
     """Die as power loss would: SIGKILL, no handler, no flush, no cleanup. (A test that crashes runs inside its own
-    process replaces it with an exception nothing in rfopt catches: tests/test_crash.py.)"""
+    process replaces it with an exception nothing in rfopt catches: tests/engine/test_crash.py.)"""
     os.kill(os.getpid(), signal.SIGKILL)

@@ -17,7 +17,7 @@ numbers than one process drawing for all. So a data-parallel trial samples each 
 stream of its own (`RowSampler`), keyed by the trial's seed, the optimizer step and the row's place in the
 global batch: its rollouts do not depend on how the batch is split. A trial on K devices then matches the same
 trial with one device (``devices_per_trial=1``, the same global batch) up to the order of floating-point sums
-(the all-reduce, a batch's matmuls); tests/test_parallel.py bounds it. Sampling per row differs from TRL's
+(the all-reduce, a batch's matmuls); tests/training/test_parallel.py bounds it. Sampling per row differs from TRL's
 sampling, so a data-parallel trial does not match a trial trained without it (`devices_per_trial` None),
 though both are GRPO with the same distribution of rollouts.
 """

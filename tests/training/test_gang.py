@@ -1,5 +1,5 @@
 """Gangs: several trials trained in lockstep on one device, their rollouts decoded together by the batched backend
-(the backends themselves: tests/test_rollouts.py).
+(the backends themselves: tests/training/test_rollouts.py).
 
 What must hold: each trial samples from its own stream (its completions and its trained weights do not depend on who
 shares its gang); a gang is deterministic; a failing member fails alone; and the study around it (pruning, ops, crash

@@ -16,8 +16,8 @@ from rfopt.reports.outcome import outcome
 from rfopt.storage.schema import TrialRecord
 from rfopt.training.diversity import collapse_reason
 
-RECORD = Path(__file__).resolve().parent / "data" / "demo-arithmetic.json"
-STUDY_FILE = Path(__file__).resolve().parents[1] / "rfopt" / "studies" / "arithmetic.py"
+RECORD = Path(__file__).resolve().parents[1] / "recorded" / "demo-arithmetic.json"
+STUDY_FILE = Path(__file__).resolve().parents[2] / "rfopt" / "studies" / "arithmetic.py"
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,11 @@ import dataclasses
 
 import optuna
 import pytest
+import trl
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-from rfopt_testkit import lora_config, reward_len, reward_vowels, trial_config
+from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_vowels, trial_config
 
+import rfopt
 from rfopt import TrialConfig
 from rfopt.errors import ConfigError
 from rfopt.engine import clones
@@ -112,6 +114,15 @@ def test_a_list_space_its_overrides_and_a_clone_agree_on_every_param(tmp_path):
     params, distributions = clones._clone_params(study, parent, overrides)  # the clone records them as the list does
     assert params == listed.params
     assert all(admits(distributions[name], value) for name, value in params.items())
+
+
+def test_the_leaderboard_shows_a_default_as_its_value_not_none(scripted, tiny_model, tmp_path):
+    study = rfopt.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    study.optimize([trial_config(tiny_model), trial_config(tiny_model, optim="sgd")], prompts_dataset(8),
+                   prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
+    default = trl.GRPOConfig.__dataclass_fields__["optim"].default
+    assert sorted(t.params["optim"] for t in study.optuna.get_trials()) == sorted([str(default), "sgd"])
+    assert "optim=None" not in study.leaderboard_text()
 
 
 def test_the_distribution_keeps_or_widens_the_studys_own_and_refuses_what_optuna_cannot_hold():

@@ -470,7 +470,7 @@ def test_a_new_process_reads_back_the_stored_decision(tmp_path):
         f"study = optuna.load_study(study_name='rr', storage='sqlite:///{tmp_path}/proc.db')\n"
         "print(repr(decide(study, [5], 0, optuna.pruners.NopPruner(), n_steps=8)[0]))\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
     )

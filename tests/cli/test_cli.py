@@ -149,16 +149,36 @@ def test_help_describes_every_command(capsys):
     assert "--storage" in out and "--fast" in out and "examples:" in out
 
 
-def test_a_missing_study_file_is_a_clear_error(capsys):
-    assert main(["run", "no/such/study.py"]) == 1
-    assert "study file no/such/study.py does not exist" in capsys.readouterr().err
+def test_version_prints_rfopt_and_the_libraries_it_drives(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"rfopt {version('rfopt')}"
+    for library in ("optuna", "trl", "transformers", "peft", "torch"):
+        assert f"  {library} {version(library)}" in lines
 
 
-def test_unknown_study_in_status_is_a_clear_error(tmp_path, capsys):
-    optuna.create_study(study_name="other", storage=f"sqlite:///{tmp_path / 'e.db'}")
-    code = main(["status", "--storage", f"sqlite:///{tmp_path / 'e.db'}", "--study", "nope"])
-    assert code == 1
-    assert "nope" in capsys.readouterr().err
+@pytest.mark.parametrize("flag", ["--study", "--study-name"])
+def test_run_names_its_study_with_study_or_study_name(flag, tmp_path, monkeypatch, capsys, study_file):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(study_file), flag, "chosen", "--no-progress"]) == 1  # its data cannot be loaded
+    err = capsys.readouterr().err
+    assert f"rfopt: study 'chosen' from {study_file}" in err and "this test's study has no data" in err
+
+
+@pytest.mark.parametrize("flag", ["--study", "--study-name"])
+def test_status_and_ops_name_the_study_with_study_or_study_name(flag, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="x", storage=url, direction="maximize").ask()
+    assert main(["status", "--storage", url, flag, "x"]) == 0
+    assert "interrupted" in capsys.readouterr().out  # RUNNING in Optuna, and nobody runs it
+    assert main(["pause", "0", "--storage", url, flag, "x"]) == 0
+    assert "trial 0: pause requested" in capsys.readouterr().out
+    assert main(["resume", "0", "--storage", url, flag, "x"]) == 0
+    assert "trial 0: resume requested" in capsys.readouterr().out
 
 
 def test_commands_on_a_study_need_no_name_where_the_storage_holds_one(tmp_path, capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 import rfopt
 from rfopt.errors import RfoptError
 
-PACKAGE = Path(__file__).resolve().parent.parent / "rfopt"
+PACKAGE = Path(__file__).resolve().parents[2] / "rfopt"
 
 # rfopt's sub-packages and top-level modules, lowest first. A module may import from its own group (by the layers
 # below) or from a lower group, never from a higher one.

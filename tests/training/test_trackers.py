@@ -1,7 +1,7 @@
 """Trials' TRL logs in TensorBoard: one run per trial, per-step scalars on the trial's global step, a resumed trial
 continuing its run, and results bit-identical with the tracker on; ``report_to`` checked before anything runs, and a
 tracker passed on to TRL's one-run-per-process integration training one trial at a time. (W&B, MLflow and trackio,
-and TensorBoard's part of them: tests/test_tracker_runs.py.)"""
+and TensorBoard's part of them: tests/training/test_tracker_runs.py.)"""
 
 from pathlib import Path
 

@@ -1,5 +1,6 @@
-"""What `rfopt.engine.cluster` decides before a Ray cluster is involved (tests/test_ray.py runs it on one): how many actors,
-with what resources; SQLite refused across nodes with what to use instead; a storage a worker cannot reach named."""
+"""What `rfopt.engine.cluster` decides before a Ray cluster is involved (tests/engine/test_ray.py runs it on one): how
+many actors, with what resources; SQLite refused across nodes with what to use instead; a storage a worker cannot reach
+named."""
 
 import optuna
 import pytest

@@ -1,7 +1,7 @@
 """Progress inside a chunk: the runner's step hook, the throttled ``rfopt:progress`` record, what it tells (ETAs, compute
 spent), ``rfopt status``, the progress bar (a terminal's, and plain lines in a log), and a study-level stop.
 
-The page showing it while a live study trains is tests/test_dashboard_live.py."""
+The page showing it while a live study trains is tests/dashboard/test_dashboard_live.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from crashkit import assert_same_study, env, rfopt_command, run, trials
+from crashkit import TESTS, assert_same_study, env, rfopt_command, run, trials
 from optuna.distributions import (
     CategoricalDistribution,
     FloatDistribution,
@@ -24,7 +24,7 @@ from rfopt.pruning import Member, load_decision, perturb, plan_step
 from rfopt.storage.schema import TrialRecord, load_pbt_step, study_record
 
 TRAIN, EVAL = prompts_dataset(12), prompts_dataset(2, "E")
-PBT_STUDY = Path(__file__).resolve().parent / "tiny_pbt_study.py"
+PBT_STUDY = TESTS / "tiny_pbt_study.py"
 
 
 # ---------------------------------------------------------------------- bad input

@@ -14,7 +14,6 @@ from trackerkit import (by_step, mlflow_history, mlflow_runs, tensorboard_scalar
 import rfopt
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt.training import trackers
-from rfopt.errors import MissingPackage
 from rfopt.training.trackers import TrackerRefused
 
 for package in ("wandb", "mlflow", "trackio", "tensorboard"):
@@ -230,12 +229,6 @@ def test_wandb_online_without_credentials_is_refused_before_anything_is_stored(t
         assert study.optuna.trials == [] and study_record(study.optuna).plan is None
     finally:
         wandb.teardown()
-
-
-def test_a_tracker_that_is_not_installed_is_refused_with_the_extra_that_installs_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(trackers, "_installed", lambda name: name != "wandb")
-    with pytest.raises(MissingPackage, match=r"wandb is not installed here.*pip install 'rfopt\[trackers\]'"):
-        rfopt.create_study(study_name="x", storage=f"sqlite:///{tmp_path / 's.db'}", report_to=["wandb", "mlflow"])
 
 
 def test_rfopt_logs_the_four_trackers_itself_and_passes_the_others_on_to_trl(monkeypatch):

@@ -31,7 +31,7 @@ import rfopt
 from rfopt.dashboard import make_server
 from rfopt.storage.schema import TrialRecord
 
-STUDY_FILE = Path(__file__).resolve().parent / "dashboard_study.py"
+STUDY_FILE = Path(__file__).resolve().parents[1] / "dashboard_study.py"
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.e2e]
 

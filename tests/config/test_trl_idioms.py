@@ -147,6 +147,31 @@ def test_one_reward_function_is_taken_as_trl_takes_it():
     assert rfopt.TrialConfig(model="some/model", reward_funcs="rfopt_testkit:reward_len").reward_funcs == [reward_len]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_reward_reading_trainer_state_gets_the_trials_step_in_training_and_in_evaluation(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    study.optimize([trial_config(tiny_model, rewards=[rfopt_testkit.reward_step])], prompts_dataset(8),
+                   prompts_dataset(2, "E"), num_chunks=2, show_progress_bar=False)
+    trial = study.optuna.get_trials()[0]
+    assert trial.state.name == "COMPLETE"
+    # 4 prompts a chunk, one a step (4 completions, 4 generations): steps 0-3 generate in chunk 0, 4-7 in chunk 1.
+    steps = [m["train"]["rewards/reward_step/mean"] for m in study.chunk_metrics(0)]
+    assert steps == [1.5, 5.5]
+    assert trial.intermediate_values == {0: 4.0, 1: 8.0}  # evaluated after 4 and after 8 steps
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_an_async_reward_function_is_awaited_in_evaluation_as_in_training(tiny_model, tmp_path):
+    study = _study(tmp_path)
+    study.optimize([trial_config(tiny_model, rewards=[rfopt_testkit.reward_len_async])], prompts_dataset(8),
+                   prompts_dataset(2, "E"), num_chunks=1, show_progress_bar=False)
+    trial = study.optuna.get_trials()[0]
+    assert trial.state.name == "COMPLETE"
+    assert trial.value == study.chunk_metrics(0)[0]["eval"]["rewards/reward_len_async/mean"]
+
+
 # ---------------------------------------------------------------------- what a trial cannot take
 def test_a_model_instance_is_refused_with_what_to_give_instead(tiny_model):
     from peft import get_peft_model

@@ -10,8 +10,8 @@ import time
 import optuna
 import pytest
 
-from crashkit import (STUDY_FILE, assert_same_study, assert_same_study_but_summation_order, commits, env, events,
-                      rfopt_command, run, start, trials, worker_command)
+from crashkit import (STUDY_FILE, TESTS, assert_same_study, assert_same_study_but_summation_order, commits, env,
+                      events, rfopt_command, run, start, trials, worker_command)
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (make test does)")
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.subprocess, pytest.mark.e2e]
@@ -176,13 +176,11 @@ def test_the_workers_judge_rungs_with_the_callers_pruner(tiny_model, tmp_path):
     """The actors load the study with the caller's pruner and sampler. They used to load it with Optuna's defaults
     (a MedianPruner): a study file's population-based training never replaced a member on a cluster, and its halving
     never halved."""
-    from pathlib import Path
-
     from rfopt.pruning import load_decision
     from rfopt.storage.schema import TrialRecord
 
     storage = f"sqlite:///{tmp_path / 'pbt.db'}"
-    study_file = Path(__file__).resolve().parent / "tiny_pbt_study.py"
+    study_file = TESTS / "tiny_pbt_study.py"
     command = rfopt_command("run", str(study_file), "--storage", storage, "--checkpoint-dir", str(tmp_path / "ck"),
                             "--no-progress", "--ray", "--workers", "1")
     code = run(command, tmp_path, env(tiny_model, RFOPT_TEST_TRIALS=4, RFOPT_TEST_CHUNKS=3), tmp_path / "out.log")

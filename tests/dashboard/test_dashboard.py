@@ -1,7 +1,7 @@
 """rfopt dashboard: control routes over real HTTP, access checks, artifacts, and the page in headless Chromium.
 
 The study is built synthetically (optuna plus the attrs the engine writes), so no model trains here; a live study
-on the tiny model is tests/test_dashboard_live.py.
+on the tiny model is tests/dashboard/test_dashboard_live.py.
 """
 
 from __future__ import annotations
@@ -369,11 +369,6 @@ def test_a_local_bind_refuses_other_host_names_and_cross_origin_writes(study):
         assert call(server, "POST", api(study, 2, "stop"), {}, {"Origin": "http://evil.example"})[0] == 403
         assert call(server, "GET", "/rfopt", headers={"Host": "localhost"})[0] == 200
     assert _snapshot(study) == before
-
-
-def test_cli_dashboard_refuses_a_missing_sqlite_file(tmp_path, capsys):
-    assert cli(["dashboard", "--storage", f"sqlite:///{tmp_path / 'missing.db'}"]) == 1
-    assert "no SQLite file" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- artifacts and plain optuna-dashboard

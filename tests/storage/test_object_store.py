@@ -2,7 +2,7 @@
 (moto, on 127.0.0.1) reached through s3fs: a checkpoint comes back exactly; an upload that fails partway leaves
 the previous checkpoint the latest; a study on S3 ends exactly as on a local directory, survives being killed
 between an upload and its LATEST, and exports its best adapter. (Corrupt and missing checkpoints, and late
-writers, on S3: tests/test_faults.py; workers on separate hosts sharing S3: tests/test_workers.py.)"""
+writers, on S3: tests/storage/test_faults.py; workers on separate hosts sharing S3: tests/engine/test_workers.py.)"""
 
 import dataclasses
 import io

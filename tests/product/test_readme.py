@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 MODEL_NAMES = ('"smollm2"', '"HuggingFaceTB/SmolLM2-135M-Instruct"')
 
 

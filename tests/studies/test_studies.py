@@ -20,7 +20,7 @@ from rfopt.cli import main
 from rfopt.config.studyfile import load_spec
 from rfopt_testkit import deepmath_rows
 
-STUDIES_DIR = Path(__file__).resolve().parents[1] / "rfopt" / "studies"
+STUDIES_DIR = Path(__file__).resolve().parents[2] / "rfopt" / "studies"
 STUDY_NAMES = ["arithmetic", "gsm8k_lite", "deepmath", "numina_tir"]
 
 

@@ -16,7 +16,7 @@ from rfopt.pruning import Outlook, PopulationBasedTraining, describe
 from rfopt.reports.forecast import forecast
 from rfopt.storage.schema import RunShape, TrialRecord
 
-RECORDED = Path(__file__).resolve().parent / "recorded" / "forecast-halving.json"
+RECORDED = Path(__file__).resolve().parents[1] / "recorded" / "forecast-halving.json"
 
 
 def _frozen(data: dict) -> FrozenTrial:
