@@ -107,8 +107,13 @@ def live(tiny_model, tmp_path_factory):
             if notice.get_attribute("data-running") == "true":
                 state.running_notice = notice.text
             time.sleep(0.3)
-        browser.get(server.url("/rfopt"))
-        state.index_row = browser.find_element(By.CSS_SELECTOR, f"tr[data-study='{study_id}']").text
+        # The index's row while it trains (a few tries: between two chunks its trials are queued for a moment).
+        for _ in range(20):
+            browser.get(server.url("/rfopt"))
+            state.index_row = browser.find_element(By.CSS_SELECTOR, f"tr[data-study='{study_id}']").text
+            if "training" in state.index_row or process.poll() is not None:
+                break
+            time.sleep(0.2)
         browser.get(state.page)
         # Then watch it train: refresh the open page (what its timer does every 5 s) as fast as it answers.
         while process.poll() is None:
