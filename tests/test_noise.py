@@ -11,7 +11,7 @@ import pytest
 from rfopt import noise
 from rfopt.config.settings import EvalSettings
 from rfopt.pruning import decide
-from rfopt.reports.charts import lead
+from rfopt.reports.lead import lead
 from rfopt.storage import schema
 from rfopt.storage.database import open_storage
 from rfopt.storage.schema import TrialRecord

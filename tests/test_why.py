@@ -12,7 +12,9 @@ from optuna.distributions import FloatDistribution
 from rfopt_testkit import trial_config
 
 from rfopt.dashboard.pages import _render_versus, render_side_by_side
-from rfopt.reports.charts import colour, comparison, lead, param_importance, parallel_svg
+from rfopt.reports.charts import colour, comparison
+from rfopt.reports.lead import lead, param_importance
+from rfopt.reports.parallel import parallel_svg
 from rfopt.storage import schema
 from rfopt.storage.database import open_storage
 

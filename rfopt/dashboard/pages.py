@@ -33,7 +33,9 @@ from rfopt.noise import gap
 from rfopt.config.form import reward_weighting
 from rfopt.reports.outcome import StudyOutcome, outcome
 from rfopt.reports.status import Liveness, StudySummary, tally
-from rfopt.reports.charts import Lead, colour, comparison, lead, parallel_svg, trial_labels
+from rfopt.reports.charts import colour, comparison, trial_labels
+from rfopt.reports.lead import Lead, lead
+from rfopt.reports.parallel import parallel_svg
 from rfopt.reports.forecast import Forecast, forecast
 from rfopt.reports.timeline import NowTraining, StudyCost, clock_time, duration, now_training, study_cost
 from rfopt.storage.schema import RunShape, TrialRecord, json_safe, study_record
