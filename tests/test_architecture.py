@@ -55,7 +55,8 @@ LAYERS = {
                {"coordinator", "roster"},
                {"checks", "driver"},
                {"run"}, {"cluster"}, {"__init__"}],
-    "dashboard": [{"access", "actions", "views"}, {"pages"}, {"routes"}, {"server"}, {"__init__"}],
+    "dashboard": [{"access", "actions", "views", "markup"}, {"leaderboard", "samples"}, {"pages"}, {"routes"}, {"server"},
+                  {"__init__"}],
     "cli": [{"arguments", "launcher"}, {"training", "status", "ops", "clone", "dashboard"}, {"run", "worker"},
             {"program"}, {"__init__"}, {"__main__"}],
 }

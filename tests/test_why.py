@@ -11,7 +11,8 @@ import pytest
 from optuna.distributions import FloatDistribution
 from rfopt_testkit import trial_config
 
-from rfopt.dashboard.pages import _render_versus, render_side_by_side
+from rfopt.dashboard.leaderboard import _render_versus
+from rfopt.dashboard.samples import render_side_by_side
 from rfopt.reports.charts import colour, comparison
 from rfopt.reports.lead import lead, param_importance
 from rfopt.reports.parallel import parallel_svg
