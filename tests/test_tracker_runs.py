@@ -14,6 +14,7 @@ from trackerkit import (by_step, mlflow_history, mlflow_runs, tensorboard_scalar
 import rfopt
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt.training import trackers
+from rfopt.training.trackers import _report_to
 from rfopt.errors import MissingPackage
 from rfopt.training.trackers import TrackerRefused
 
@@ -233,7 +234,7 @@ def test_wandb_online_without_credentials_is_refused_before_anything_is_stored(t
 
 
 def test_a_tracker_that_is_not_installed_is_refused_with_the_extra_that_installs_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(trackers, "_installed", lambda name: name != "wandb")
+    monkeypatch.setattr(_report_to, "_installed", lambda name: name != "wandb")
     with pytest.raises(MissingPackage, match=r"wandb is not installed here.*pip install 'rfopt\[trackers\]'"):
         rfopt.create_study(study_name="x", storage=f"sqlite:///{tmp_path / 's.db'}", report_to=["wandb", "mlflow"])
 
@@ -241,5 +242,5 @@ def test_a_tracker_that_is_not_installed_is_refused_with_the_extra_that_installs
 def test_rfopt_logs_the_four_trackers_itself_and_passes_the_others_on_to_trl(monkeypatch):
     assert trackers.own(["wandb", "comet_ml", "tensorboard"]) == ["tensorboard", "wandb"]
     assert trackers.passed_on(["wandb", "comet_ml", "tensorboard"]) == ["comet_ml"]
-    monkeypatch.setattr(trackers, "_installed", lambda name: name in ("mlflow", "trackio"))
+    monkeypatch.setattr(_report_to, "_installed", lambda name: name in ("mlflow", "trackio"))
     assert trackers.own(["all"]) == ["mlflow", "trackio"]  # "all": those installed
