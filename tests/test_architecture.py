@@ -54,7 +54,7 @@ LAYERS = {
     "engine": [{"scheduler", "ops", "clones", "artifacts", "request", "best", "baselines"}, {"unit", "population"},
                {"coordinator", "roster"},
                {"checks", "driver"},
-               {"run"}, {"cluster"}, {"__init__"}],
+               {"run"}, {"ray_worker"}, {"cluster"}, {"__init__"}],
     "dashboard": [{"access", "actions", "views", "markup"}, {"leaderboard", "samples"}, {"pages"}, {"routes"}, {"server"},
                   {"__init__"}],
     "cli": [{"arguments", "launcher"}, {"training", "status", "ops", "clone", "dashboard"}, {"run", "worker"},
