@@ -29,7 +29,7 @@ is the record). Training is the same with or without trackers: they log, and dra
 
 | module | owns |
 |---|---|
-| `_report_to` | a study's ``report_to``: read as TRL reads it, the trackers rfopt logs itself and those passed on, `check` |
+| `_report_to` | a study's ``report_to``: read as TRL reads it, the trackers rfopt logs itself or passes on, `check` |
 | `_tracking` | `Tracking`: one process's logging of a study's trials, each into its runs, caught up from storage |
 | `_records` | what rfopt tells a tracker about a trial, and the per-trial run (`TrialRun`) each tracker opens |
 | `_tensorboard`, `_wandb`, `_mlflow`, `_trackio` | each tracker's runs (the table above) |
