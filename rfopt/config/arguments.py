@@ -22,8 +22,6 @@ __all__ = ["UNSUPPORTED_TRAINER_ARGUMENTS", "check_training_values"]
 
 _DATASETS = ("the datasets are the study's, the same for every trial: give them to "
              "study.optimize(space, train_dataset, eval_dataset)")
-
-
 UNSUPPORTED_TRAINER_ARGUMENTS: dict[str, str] = {
     "train_dataset": _DATASETS,
     "eval_dataset": _DATASETS,
