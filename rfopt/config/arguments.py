@@ -19,7 +19,6 @@ from .usercode import resolve_import
 
 __all__ = ["UNSUPPORTED_TRAINER_ARGUMENTS", "check_training_values"]
 
-
 _DATASETS = ("the datasets are the study's, the same for every trial: give them to "
              "study.optimize(space, train_dataset, eval_dataset)")
 UNSUPPORTED_TRAINER_ARGUMENTS: dict[str, str] = {

@@ -10,7 +10,6 @@ from rfopt.config.trial import TrialConfig
 
 from .loading import meta_model
 
-
 GIB = 1024**3
 
 

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from rfopt.errors import MissingPackage, Refusal, TypeRefusal
 
-
 NAMED = ("tensorboard", "wandb", "mlflow", "trackio")
 """The trackers rfopt logs each trial's run to itself (others are passed to TRL as they are)."""
 
