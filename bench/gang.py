@@ -17,7 +17,7 @@ Measured in one process:
 3. **Generation throughput**: completion tokens per second of one `BatchedBackend.generate` call decoding G trials'
    rows together, of G calls decoding one trial's rows each, and of ``model.generate`` on one adapter G times.
 4. **Peak memory** of each gang run (the process's peak resident set, reset before the run; on a GPU
-   ``torch.cuda.max_memory_allocated``) against `rfopt.training.models.gang_memory`'s estimate.
+   ``torch.cuda.max_memory_allocated``) against `rfopt.training.memory.gang_memory`'s estimate.
 
     python bench/gang.py --model smollm2 --configs 4 --chunks 4 --gangs 1,2,4 --repeats 3
     python bench/gang.py --model smollm2 --configs 8 --chunks 4 --gangs 8 --repeats 2
@@ -106,6 +106,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     import torch
 
     import rfopt
+    import rfopt.training.memory
     import rfopt.training.models
     from rfopt.training import gang, rollouts
     from rfopt.storage import schema
@@ -158,7 +159,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     breakdown["storage_rungs_adapters"] = wall - training - breakdown["evaluation"] - breakdown["checkpoints"]
     lengths = [m.train.get("completions/mean_length") for t in study.optuna.trials
                for m in schema.TrialRecord(t).unit_metrics()]
-    estimate = rfopt.training.models.gang_memory(setup.configs[:gang_size], prompt_tokens)
+    estimate = rfopt.training.memory.gang_memory(setup.configs[:gang_size], prompt_tokens)
     return {
         "gang_size": gang_size,
         "wall_s": wall,
@@ -198,7 +199,7 @@ def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, 
     from peft import LoraConfig, get_peft_model
 
     from rfopt.training.evaluation import EvalPrompts
-    from rfopt.training.models import load_model
+    from rfopt.training.loading import load_model
     from rfopt.training.rollouts import BatchedBackend, GenerationRequest, Sampling
 
     model, tokenizer = load_model(setup.configs[0], setup.device)

@@ -19,7 +19,7 @@ tokenizer; the prompts are rfopt's synthetic arithmetic set. One run measures, o
   start-up alone (needs ``pip install 'rfopt[ray]'``);
 - gangs (issue 23): the same configs as a full study (evaluation after every chunk, adapters saved) by plain TRL one
   after another against ``optimize(..., gang_size=G)`` for G in 1, 2, 4 (bench/gang.py's functions), with each gang
-  run's time by part and peak GPU memory against `rfopt.training.models.gang_memory`'s estimate, and the rollout engine's
+  run's time by part and peak GPU memory against `rfopt.training.memory.gang_memory`'s estimate, and the rollout engine's
   generation throughput (one batched call for G trials against G calls).
 
     python bench/gpu.py                    # on the GPU machine: see bench/gpu.md
@@ -226,7 +226,7 @@ class BusySampler:
 
 def base_model_bytes(setup: throughput.Setup) -> int | None:
     """GPU memory the base model takes once loaded (None on the CPU)."""
-    from rfopt.training.models import load_model
+    from rfopt.training.loading import load_model
 
     cuda = _cuda(setup)
     if cuda is None:
@@ -437,7 +437,7 @@ def measure_decode(setup: throughput.Setup, gangs: list[int], modes: list[str], 
     import decode  # bench/decode.py
     import torch
 
-    from rfopt.training.models import load_model
+    from rfopt.training.loading import load_model
 
     model, tokenizer = load_model(setup.configs[0], setup.device)
     peft = decode.adapters(model, max(gangs))

@@ -265,7 +265,8 @@ def run_plain(setup: Setup, *, with_eval: bool, out_dir: Path) -> SideResult:
     from trl import GRPOTrainer
 
     from rfopt.training.evaluation import evaluate
-    from rfopt.training.models import Placement, load_model
+    from rfopt.training.loading import load_model
+    from rfopt.training.models import Placement
 
     result = SideResult()
     placement = Placement.of(setup.device, setup.precision)

@@ -78,7 +78,7 @@ class PrunerFailed(RfoptError, RuntimeError):
 # asked for.
 _ELSEWHERE = {
     "CheckpointError": "rfopt.storage.files",
-    "ClusterStorageError": "rfopt.engine.cluster",
+    "ClusterStorageError": "rfopt.engine.ray_worker",
     "ClusterTooSmallError": "rfopt.engine.cluster",
     "CompatError": "rfopt.compat",
     "DatasetUnavailableError": "rfopt.studies.data",
@@ -90,7 +90,7 @@ _ELSEWHERE = {
     "StorageLocationError": "rfopt.storage.database",
     "StorageRefusedError": "rfopt.storage.database",
     "StorageUnavailableError": "rfopt.storage.database",
-    "StorageUnreachableError": "rfopt.engine.cluster",
+    "StorageUnreachableError": "rfopt.engine.ray_worker",
     "StudyBusyError": "rfopt.storage.leases",
     "StudyDeletedError": "rfopt.engine.run",
     "StudyNameError": "rfopt.engine.checks",

@@ -111,7 +111,7 @@ def test_a_grpo_trainer_wraps_the_model_forward_on_the_instance_and_the_restore_
 def test_grpo_trainer_loads_a_string_model_and_its_processing_class_the_way_rfopt_copies():
     """rfopt loads a string model as GRPOTrainer.__init__ does: create_model_from_path with args.model_init_kwargs
     (quantization_config and trust_remote_code added), and with no processing_class an AutoProcessor padded and
-    truncated on the left (rfopt.training.models.load_model)."""
+    truncated on the left (rfopt.training.loading.load_model)."""
     from trl import GRPOTrainer
     from trl.trainer.utils import create_model_from_path
 

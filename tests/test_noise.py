@@ -11,7 +11,7 @@ import pytest
 from rfopt import noise
 from rfopt.config.settings import EvalSettings
 from rfopt.pruning import decide
-from rfopt.reports.charts import lead
+from rfopt.reports.lead import lead
 from rfopt.storage import schema
 from rfopt.storage.database import open_storage
 from rfopt.storage.schema import TrialRecord
@@ -108,7 +108,7 @@ def test_a_leader_within_noise_of_the_runner_up_is_a_tie(storage):
 
 
 def test_the_page_and_the_leaderboard_text_show_each_value_with_its_standard_error(storage):
-    from rfopt.dashboard.pages import _render_leaderboard
+    from rfopt.dashboard.leaderboard import _render_leaderboard
     from rfopt.dashboard.views import trial_views
 
     base = [0.3, 0.0, 1.0, 0.2, 0.0, 0.3, 0.6, 0.0]

@@ -3,6 +3,7 @@
 | module | owns |
 |---|---|
 | `trial` | `TrialConfig` (a ``GRPOTrainer(...)`` call, renamed) and its validation |
+| `arguments` | GRPOTrainer's arguments as a `TrialConfig` takes or refuses them; `GRPOConfig` values training refuses |
 | `codec` | a config as JSON (functions, callbacks, tokenizers, `GRPOConfig` and PEFT fields); the first rfopt's layout |
 | `overrides` | FIELD=VALUE overrides typed by their fields (clones, ``rfopt clone --set``) |
 | `params` | the one naming of config fields as Optuna params, both ways, and the distributions that hold their values |
@@ -16,6 +17,7 @@
 `rfopt.config` itself offers the names the single ``config`` module offered before it was split.
 """
 
+from rfopt.config.arguments import UNSUPPORTED_TRAINER_ARGUMENTS, check_training_values
 from rfopt.config.codec import (
     PLACEMENT_FIELDS,
     PLUMBING_FIELDS,
@@ -31,7 +33,7 @@ from rfopt.config.codec import (
     reward_to_json,
 )
 from rfopt.config.overrides import override_dict, parse_assignments, typed_value
-from rfopt.config.trial import UNSUPPORTED_TRAINER_ARGUMENTS, TrialConfig, check_model, check_training_values
+from rfopt.config.trial import TrialConfig, check_model
 from rfopt.config.usercode import import_path, importing_user_file, load_file_module, resolve_import, study_on_import
 from rfopt.errors import ConfigError
 

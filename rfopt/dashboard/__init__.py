@@ -61,7 +61,10 @@ The package, one concern a module:
 - `routes`: every URL above, one small method each.
 - `actions`: what the buttons do (pause, resume, stop, cancel, withdraw, halt, clone), through `rfopt.engine.ops`.
 - `views`: the trials as the pages show them (`TrialView`), and the page's data version.
-- `pages`: the HTML.
+- `pages`: the HTML of the index and of the study page, in the parts the page refreshes (each trial's card among them).
+- `leaderboard`: the trials ranked: the leaderboard, and the leader against the runner-up reward by reward.
+- `samples`: eval samples: one trial's per chunk, and the same eval prompt across trials.
+- `markup`: what every page's HTML shares: the page around a body, the formatters of values.
 """
 
 from .access import TOKEN_ENV, resolve_token

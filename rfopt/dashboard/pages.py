@@ -1,5 +1,6 @@
-"""The HTML of rfopt's dashboard pages (`rfopt.dashboard.routes` serves them; the trials they show are
-`rfopt.dashboard.views`).
+"""rfopt's dashboard pages as HTML: the index and the study page with its parts (`rfopt.dashboard.routes` serves them;
+the trials they show are `rfopt.dashboard.views`). The leaderboard is `rfopt.dashboard.leaderboard`'s, the samples
+`rfopt.dashboard.samples`', what every page shares `rfopt.dashboard.markup`'s.
 
 - `render_index`: every study of the storage with its trials by state, its best value, and whether a process runs it.
 - `study_page`: one study as the page shows it, in parts the page refreshes one by one (`StudyPage`): who runs it,
@@ -9,8 +10,8 @@
   leaderboard order. `StudyPage.version` fingerprints the stored data the page shows
   (`rfopt.dashboard.views.data_version`): the page asks again with it (an ETag) and gets "not modified" while nothing
   changed.
-- `render_samples` (a trial's eval samples per chunk) and `render_side_by_side` (the same eval prompt's completions
-  across trials, with each reward's score).
+- `rfopt.dashboard.samples`: a trial's eval samples per chunk (loaded when its card's "Samples" opens) and the same
+  eval prompt's completions across trials, with each reward's score.
 
 Chunks are counted from 1 for people ("after chunk 1" is Optuna's step 0). Times that move (how long a chunk has
 trained, when it should end) are sent as timestamps (``data-since``, ``data-until``) that the page's script turns into
@@ -19,25 +20,25 @@ trained, when it should end) are sent as timestamps (``data-since``, ``data-unti
 
 from __future__ import annotations
 
-import html
 import json
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
 from rfopt.compat import study_id_of
-from rfopt.noise import gap
 from rfopt.config.form import reward_weighting
-from rfopt.reports.outcome import StudyOutcome, outcome
+from rfopt.reports.outcome import outcome
 from rfopt.reports.status import Liveness, StudySummary, tally
-from rfopt.reports.charts import Lead, colour, comparison, lead, parallel_svg, trial_labels
+from rfopt.reports.charts import colour, comparison
+from rfopt.reports.lead import lead
+from rfopt.reports.parallel import parallel_svg
 from rfopt.reports.forecast import Forecast, forecast
-from rfopt.reports.timeline import NowTraining, StudyCost, clock_time, duration, now_training, study_cost
+from rfopt.reports.timeline import NowTraining, StudyCost, duration, now_training, study_cost
 from rfopt.storage.schema import RunShape, TrialRecord, json_safe, study_record
 
+from .leaderboard import _render_leaderboard, _render_versus
+from .markup import _clock_time, _e, _num, _page
 from .views import TrialView, trial_views
 
 REFRESH_SECONDS = 5
@@ -256,159 +257,12 @@ def _render_warnings(records: list[TrialRecord], objective: str) -> str:
             f"one reward's eval column, or clone with the same reward_weights.<ul>{items}</ul></div>")
 
 
-def _render_leaderboard(views: list[TrialView], best: int | None, label: str, direction: Any,
-                        ahead: Lead | None = None, found: StudyOutcome | None = None) -> str:
-    """Every trial in a table, best first (`views` come in that order); the page sorts it by any column. With the
-    study's outcome (`found`): each value's difference from the baseline, each trial's best checkpoint and warnings
-    (collapsed, degraded), the baselines as reference rows under the trials, and the adapter to take above them."""
-    maximize = direction is not None and direction.name == "MAXIMIZE"
-    first = "desc" if maximize else "asc"
-    params = list(dict.fromkeys(k for v in views for k in v.params))
-    rewards = sorted({k for v in views for k in v.eval if k.startswith("rewards/") and k.endswith("/mean")})
-    baselines = list(found.baselines.values()) if found is not None else []
-    compared = bool(baselines) or any(v.vs_base is not None for v in views)
-    kept = any(v.best_value is not None for v in views)
-    flagged = any(v.flags for v in views)
-    heads = [("trial", "num", "asc"), ("state", "text", "asc"), ("value", "num", first)]
-    heads += [("vs base", "num", first)] if compared else []
-    heads += [("best checkpoint", "num", first)] if kept else []
-    heads += [("after chunk", "num", "desc"), ("chunks trained", "num", "desc")]
-    heads += [(p, "auto", "asc") for p in params]
-    heads += [(f"eval {k[len('rewards/'):-len('/mean')]}", "num", "desc") for k in rewards]
-    lineage = any(v.lineage for v in views)
-    heads += [("lineage", "text", "asc")] if lineage else []
-    heads += [("time", "num", "desc"), ("why it ended", "text", "asc")]
-    heads += [("warnings", "text", "asc")] if flagged else []
-    # A header may break after an underscore (soft_<wbr>format_<wbr>reward_<wbr>func), so that long reward names
-    # do not widen the table past the window.
-    head = "".join(f"<th data-kind='{kind}' data-first='{first}' title='sort by {_e(name)}'>"
-                   f"{_e(name).replace('_', '_<wbr>')}</th>" for name, kind, first in heads)
-    rows = []
-    for v in views:
-        star = f" <span class='best'>★ {label}</span>" if v.number == best else ""
-        if v.number == best and ahead is not None and ahead.tie:
-            star += f" <span class='tie' title='{_e(ahead.text())}'>tie with trial {ahead.runner_up}</span>"
-        name = (f"<span class='name'><span class='swatch' style='background:{v.colour}'></span>trial {v.number}</span>"
-                f"{star}")
-        elapsed = v.ended - v.started if v.started is not None and v.ended is not None else None
-        cells = [(v.number, name), (v.situation, _e(v.situation)), (v.value, _value_cell(v))]
-        cells += [(v.vs_base, "-" if v.vs_base is None else f"{v.vs_base:+.4g}")] if compared else []
-        cells += [(v.best_value, "-" if v.best_value is None or v.best_step is None else
-                   f"{_num(v.best_value)} <span class='hint'>after chunk {v.best_step + 1}</span>")] if kept else []
-        cells += [
-            (None if v.value_step is None else v.value_step + 1, _num(None if v.value_step is None else v.value_step + 1)),
-            (v.steps_done, f"{v.steps_done}" + (f"/{v.num_steps}" if v.num_steps else "")),
-        ]
-        cells += [_param_cell(v, p) for p in params]
-        cells += [(v.eval.get(k), _num(v.eval.get(k))) for k in rewards]
-        cells += [(v.lineage, _e(v.lineage))] if lineage else []
-        if v.started is not None and v.ended is None and v.situation == "training":
-            since = f"since {_clock_time(v.started)}"
-            cells += [(v.started, f"<span class='clock' data-since='{v.started:.0f}' title='{since}'>{since}</span>")]
-        elif elapsed is not None:
-            cells += [(elapsed, f"<span title='from {_clock_time(v.started)} to {_clock_time(v.ended)}'>"
-                                f"{duration(elapsed)}</span>")]
-        else:
-            cells += [(None, "")]
-        cells += [(v.reason or "", _e(v.reason or ""))]
-        cells += [("; ".join(v.flags), "".join(f"<span class='warn'>{_e(f)}</span> " for f in v.flags))] if flagged else []
-        tds = "".join(f"<td data-sort='{_e('' if key is None else key)}'>{text}</td>" for key, text in cells)
-        rows.append(f"<tr data-trial='{v.number}'>{tds}</tr>")
-    # The baselines are reference rows under the trials (the page sorts the trials' rows only).
-    references = "".join(
-        f"<tr class='baseline' data-baseline='{_e(b.key)}'><td><b>base model</b></td><td>no adapter</td>"
-        f"<td>{_num(b.value)}</td><td colspan='{len(heads) - 3}' class='hint'>{_e(b.model)} evaluated before any trial "
-        "trained, on the same eval set and settings: the reference every value here compares with</td></tr>"
-        for b in baselines)
-    said = "".join(f"<p class='recommendation'>{_e(line)}</p>" for line in (found.lines() if found else []))
-    return (
-        f"<section id='leaderboard'><h2>Leaderboard</h2>{said}"
-        f"<div class='table-scroll'><table class='leaderboard'><thead><tr>{head}</tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody>" + (f"<tfoot>{references}</tfoot>" if references else "")
-        + "</table></div></section>"
-    )
-
-
-def _render_versus(trials: Sequence[optuna.trial.FrozenTrial], ahead: Lead | None, objective: str) -> str:
-    """The leader against the runner-up, reward by reward: each reward function's eval mean for both, its weight in
-    the objective, and the weighted gap with its standard error (prompt by prompt), the total last; which reward the
-    lead comes from."""
-    if ahead is None:
-        return ""
-    by_number = {t.number: TrialRecord(t) for t in trials}
-    best, other = by_number[ahead.best], by_number[ahead.runner_up]
-    units = [_value_unit(best), _value_unit(other)]
-    if best.config_json is None or None in units:
-        return ""
-    rows = []
-    for name, weight in reward_weighting(best.config_json):
-        a, b = (_unit_of(r, u) for r, u in zip((best, other), units))
-        mean_a, mean_b = (m.eval.get(f"rewards/{name}/mean") if m else None for m in (a, b))
-        if mean_a is None or mean_b is None:
-            continue
-        found = gap([weight * x for x in a.scores_of(name)], [weight * y for y in b.scores_of(name)])
-        rows.append((name, weight, mean_a, mean_b, weight * (mean_a - mean_b), found))
-    if not rows:
-        return ""
-    lead_from = max(rows, key=lambda r: r[4] if ahead.gap.difference >= 0 else -r[4])[0]
-    cells = ""
-    for name, weight, x, y, diff, found in rows:
-        marked = " class='lead-from'" if name == lead_from and not ahead.tie else ""
-        error = f" <span class='sem'>± {found.stderr:.2g}</span>" if found is not None and found.stderr is not None else ""
-        noisy = " <span class='sem'>(within noise)</span>" if found is not None and found.within_noise else ""
-        cells += (f"<tr{marked}><td>{_e(name)}</td><td>× {weight:g}</td><td>{_num(x)}</td><td>{_num(y)}</td>"
-                  f"<td>{diff:+.3g}{error}{noisy}</td></tr>")
-    error = f" <span class='sem'>± {ahead.gap.stderr:.2g}</span>" if ahead.gap.stderr is not None else ""
-    total = (f"<tr class='total'><td>{_e(objective)} (the value)</td><td></td><td>{_num(best.value)}</td>"
-             f"<td>{_num(other.value)}</td><td>{ahead.gap.difference:+.3g}{error}</td></tr>")
-    chunks = (f"after chunk {units[0] + 1}" if units[0] == units[1]
-              else f"trial {ahead.best} after chunk {units[0] + 1}, trial {ahead.runner_up} after chunk {units[1] + 1}")
-    verdict = (f"<b class='tie'>a tie</b>: {_e(ahead.text())}" if ahead.tie else
-               f"the lead comes mostly from <b>{_e(lead_from)}</b>: {_e(ahead.text())}")
-    return (f"<h3>Trial {ahead.best} against the runner-up, trial {ahead.runner_up}</h3>"
-            f"<table class='versus'><thead><tr><th>reward</th><th>weight</th><th>trial {ahead.best}</th>"
-            f"<th>trial {ahead.runner_up}</th><th>weighted gap</th></tr></thead><tbody>{cells}{total}</tbody></table>"
-            f"<p class='hint'>eval means {chunks}; {verdict}</p>")
-
-
-def _value_unit(record: TrialRecord) -> int | None:
-    values = record.trial.intermediate_values
-    return max(values) if values else None
-
-
-def _unit_of(record: TrialRecord, unit: int | None) -> Any:
-    return next((m for m in record.unit_metrics() if m.unit == unit), None)
-
-
-def _value_cell(v: TrialView) -> str:
-    """The value, with its standard error and eval count beneath where its unit stored per-prompt scores."""
-    if v.value is None:
-        return "-"
-    if v.eval_count is None:
-        return _num(v.value)
-    error = "" if v.value_error is None else f"± {v.value_error:.2g} "
-    return (f"{_num(v.value)}<br><span class='sem' title='standard error of the mean over {v.eval_count} eval "
-            f"prompts'>{error}(n={v.eval_count})</span>")
-
-
 def _by_gang(gangs: dict[int, tuple[int, ...]]) -> list[tuple[tuple[int, ...], list[int]]]:
     """The units a trial trained with each set of partners, in the order it first trained with them."""
     grouped: dict[tuple[int, ...], list[int]] = {}
     for unit, members in sorted(gangs.items()):
         grouped.setdefault(tuple(sorted(members)), []).append(unit)
     return list(grouped.items())
-
-
-def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
-    """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
-    param (`rfopt.engine.clones.held_as`), that value, marked, so that the column never reads as the parent's."""
-    holder = v.held_as.get(param)
-    if holder is not None:
-        value = v.params[holder]
-        why = (f"Optuna's param {param} cannot hold this clone's value (a categorical cannot gain a choice): it is the "
-               f"param {holder}")
-        return value, f"<span class='held' title='{_e(why)}'>{_e(_num(value))} ⚠</span>"
-    return v.params.get(param), _e(_num(v.params[param])) if param in v.params else ""
 
 
 def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
@@ -485,69 +339,6 @@ def _render_trial(study_id: int, v: TrialView, steerable: bool) -> str:
     )
 
 
-def render_samples(record: TrialRecord) -> str:
-    """A trial's eval samples: a table per chunk, latest first, with the total and each reward function's score."""
-    chunks = {m.unit: m for m in record.unit_metrics()}
-    parts = []
-    for i, (unit, samples) in enumerate(sorted(record.samples().items(), reverse=True)):
-        scores = list(dict.fromkeys(k for s in samples for k in s if k not in ("prompt", "completion", "reward")))
-        head = "".join(f"<th>{_e(k)}</th>" for k in ["#", "prompt", "completion", "reward (total)", *scores])
-        rows = "".join(
-            f"<tr><td>{j}</td><td><pre>{_e(s.get('prompt', ''))}</pre></td><td><pre>{_e(s.get('completion', ''))}</pre></td>"
-            + "".join(f"<td class='score'>{_score(s.get(k))}</td>" for k in ["reward", *scores]) + "</tr>"
-            for j, s in enumerate(samples)
-        )
-        metrics = chunks.get(unit)
-        mean = f" · eval reward {_num(metrics.eval['reward'])}" if metrics and "reward" in metrics.eval else ""
-        data_chunk = f" (data chunk {metrics.chunk + 1})" if metrics and metrics.chunk != unit else ""
-        parts.append(
-            f"<details class='unit' data-unit='{unit}'{' open' if i == 0 else ''}><summary>after chunk {unit + 1}"
-            f"{data_chunk}{mean}</summary><table class='samples'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{rows}</tbody></table></details>"
-        )
-    return "".join(parts) or "<p class='hint'>no samples stored yet</p>"
-
-
-def render_side_by_side(trials: Sequence[optuna.trial.FrozenTrial], direction: Any, unit: int | None = None,
-                        url: str = "") -> str:
-    """Each eval prompt of the trials' samples after one chunk (`unit`; by default the last chunk at least two
-    trials have samples of), with every trial's completion of it and each reward's score, best total first: trials
-    compared at the same chunk. A select shows one prompt at a time, another picks the chunk (`url` loads it)."""
-    labels = trial_labels(trials)
-    stored = {t.number: TrialRecord(t).samples() for t in trials}
-    units = sorted({u for samples in stored.values() for u in samples})
-    if not units:
-        return "<p class='hint'>no samples stored yet</p>"
-    if unit is None or unit not in units:
-        shared = [u for u in units if sum(u in samples for samples in stored.values()) >= 2]
-        unit = (shared or units)[-1]
-    by_prompt: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
-    for t in trials:
-        for sample in stored[t.number].get(unit, []):
-            by_prompt.setdefault(str(sample.get("prompt", "")), []).append((t.number, unit, sample))
-    sign = -1 if direction is not None and direction.name == "MINIMIZE" else 1
-    options = "".join(f"<option value='{i}'>prompt {i + 1}: {_e(_cut(p, 80))}</option>" for i, p in enumerate(by_prompt))
-    chunks = "".join(f"<option value='{u}'{' selected' if u == unit else ''}>after chunk {u + 1} "
-                     f"({sum(u in samples for samples in stored.values())} trials)</option>" for u in units)
-    sections = []
-    for i, (prompt, rows) in enumerate(by_prompt.items()):
-        scores = list(dict.fromkeys(k for _, _, s in rows for k in s if k not in ("prompt", "completion", "reward")))
-        head = "".join(f"<th>{_e(k)}</th>" for k in ["trial", "after chunk", "completion", "reward (total)", *scores])
-        ordered = sorted(rows, key=lambda r: -sign * (r[2].get("reward") if isinstance(r[2].get("reward"), (int, float))
-                                                       and math.isfinite(r[2]["reward"]) else -math.inf * sign))
-        body = "".join(
-            f"<tr data-trial='{n}'><td><span class='swatch' style='background:{colour(n)}'></span>{_e(labels[n])}</td>"
-            f"<td>{u + 1}</td><td><pre>{_e(s.get('completion', ''))}</pre></td>"
-            + "".join(f"<td class='score'>{_score(s.get(k))}</td>" for k in ["reward", *scores]) + "</tr>"
-            for n, u, s in ordered)
-        sections.append(f"<section class='prompt' data-prompt='{i}'{'' if i == 0 else ' hidden'}><pre class='prompt-text'>"
-                        f"{_e(prompt)}</pre><table class='samples'><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
-                        "</table></section>")
-    return (f"<p data-unit='{unit}'><label>eval prompt <select class='prompt-picker'>{options}</select></label> "
-            f"<label>trials compared <select class='chunk-picker' data-url='{_e(url)}'>{chunks}</select></label> "
-            "<span class='hint'>every trial's completion after the same chunk</span></p>" + "".join(sections))
-
-
 # ---------------------------------------------------------------------- the index
 def render_index(studies: list[StudySummary]) -> str:
     rows = []
@@ -574,49 +365,3 @@ def render_index(studies: list[StudySummary]) -> str:
 
 def render_missing(study_id: int) -> str:
     return _page("no such study", f"<p>No study with id {study_id}. <a href='/rfopt'>All studies</a></p>")
-
-
-# ---------------------------------------------------------------------- HTML
-def plotly_version() -> str:
-    """The version of the plotly.js the page loads: the ``plotly`` package's bundled one (`rfopt.dashboard` serves
-    it)."""
-    import plotly
-
-    return plotly.__version__
-
-
-def _page(title: str, body: str, scripts: bool = False) -> str:
-    head = "<meta name='viewport' content='width=device-width'><link rel='stylesheet' href='/rfopt/static/rfopt.css'>"
-    if scripts:
-        head += (f"<script src='/rfopt/static/plotly-{plotly_version()}.min.js' defer></script>"
-                 "<script src='/rfopt/static/rfopt.js' defer></script>")
-    return (
-        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>{head}</head>"
-        f"<body>{body}</body></html>"
-    )
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _score(value: Any) -> str:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "<span class='hint' title='the reward function gave None for it: skipped'>not scored</span>"
-    return _e(_num(value))
-
-
-def _cut(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def _clock_time(epoch: float, millis: bool = False) -> str:
-    """The local time of day (with the date when not today), as the server's clock reads it."""
-    return clock_time(epoch, millis)

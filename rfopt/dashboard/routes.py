@@ -1,6 +1,6 @@
-"""rfopt's routes in optuna-dashboard's Bottle app: the pages (`rfopt.dashboard.pages`), their data, their static
-files, and the actions (`rfopt.dashboard.actions`). `add_routes` lists every URL; each route is one method of
-`_Routes`, which holds the storage.
+"""rfopt's routes in optuna-dashboard's Bottle app: the pages (`rfopt.dashboard.pages`, `rfopt.dashboard.samples`),
+their data, their static files, and the actions (`rfopt.dashboard.actions`). `add_routes` lists every URL; each route
+is one method of `_Routes`, which holds the storage.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rfopt.errors import Refusal
 from rfopt.storage.database import StorageRefusedError
 from rfopt.storage.schema import TrialRecord, json_safe, study_attrs
 
-from . import actions, pages
+from . import actions, markup, pages, samples
 from .access import actor, json_body, json_error
 from .views import data_version, trial_views
 
@@ -91,7 +91,7 @@ class _Routes:
         trial = _trial(study, number)
         if trial is None:
             return _html(f"<p>study {html.escape(study.study_name)} has no trial {number}</p>", 404)
-        return _html(pages.render_samples(TrialRecord(trial)))
+        return _html(samples.render_samples(TrialRecord(trial)))
 
     def side_by_side(self, study_id: int) -> Any:
         """The same eval prompt across trials, after one chunk (``?unit=``: Optuna's step; default: the last chunk at
@@ -99,7 +99,7 @@ class _Routes:
         study = self._study(study_id)
         direction = study.directions[0] if len(study.directions) == 1 else None
         unit = request.query.get("unit", "")
-        return _html(pages.render_side_by_side(study.get_trials(deepcopy=False), direction,
+        return _html(samples.render_side_by_side(study.get_trials(deepcopy=False), direction,
                                                int(unit) if unit.isdigit() else None,
                                                f"/rfopt/studies/{study_id}/compare"))
 
@@ -110,7 +110,7 @@ class _Routes:
 
     def plotly_js(self, version: str) -> Any:
         """The plotly package's bundled plotly.js, under a versioned name: cached for good, sent compressed."""
-        if version != pages.plotly_version():
+        if version != markup.plotly_version():
             return HTTPResponse("no such plotly.js version", status=404)
         headers = {"Content-Type": "text/javascript; charset=utf-8", "Cache-Control": "public, max-age=31536000, immutable",
                    "Vary": "Accept-Encoding"}

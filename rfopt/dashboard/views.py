@@ -22,7 +22,8 @@ from optuna.trial import TrialState
 
 from rfopt import noise
 from rfopt.engine.clones import held_as
-from rfopt.reports.charts import best_trial, colour, trial_labels
+from rfopt.reports.charts import colour, trial_labels
+from rfopt.reports.lead import best_trial
 from rfopt.reports.outcome import StudyOutcome, TrialOutcome, outcome
 from rfopt.reports.status import SITUATIONS, Liveness, situation
 from rfopt.reports.timeline import TrialTimes

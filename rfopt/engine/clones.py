@@ -213,7 +213,7 @@ def _check_first_chunk(config: TrialConfig, schedule: Any, notes: list[str]) -> 
     """Build what the clone's first chunk builds before it trains, without training: its GRPOConfig as a chunk trains
     it (the plan's ``max_steps``; TRL's own checks) and its adapter on the base model on the meta device (PEFT's own
     checks). What cannot be built here is said in `notes`."""
-    from rfopt.training.models import check_adapter
+    from rfopt.training.loading import check_adapter
 
     try:
         replace(config.args, max_steps=schedule.total_steps, use_cpu=True, bf16=False, fp16=False,

@@ -1,6 +1,7 @@
 """Charts that compare a study's trials: one Plotly figure per metric, every trial overlaid (rfopt's dashboard page),
-and the "why it wins" views: parallel coordinates (params -> value; an SVG, `parallel_svg`) and each param against the
-value.
+the "why it wins" figures (each param against the value, param importances), and what every chart shares: each
+trial's colour and series name, a param's axis scale. The parallel coordinates are `rfopt.reports.parallel`'s; which
+trial leads, `rfopt.reports.lead`'s.
 
     >>> figures = comparison(study.trials, optuna.study.StudyDirection.MAXIMIZE).figures   # doctest: +SKIP
     >>> [f.key for f in figures]
@@ -35,7 +36,6 @@ can put the x axis on wall time (`rfopt.reports.timeline`).
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +44,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt import noise
 from rfopt.storage.schema import TrialRecord
 
+from .lead import best_trial, param_importance
 from .timeline import step_times, value_times
 
 # 24 colours, the first 10 Tableau's, each next one far from the others (no light tints of earlier ones); past 24,
@@ -123,110 +123,6 @@ class Comparison:
     figures: list[Figure] = field(default_factory=list)
     labels: dict[int, str] = field(default_factory=dict)
     """Each trial's series name (`trial_labels`)."""
-
-
-def best_trial(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> tuple[int | None, str]:
-    """The trial to mark as best and how to call it: Optuna's best trial (the best value among COMPLETE trials) when
-    there is one, else ``leading``: the best last reported value among trials still running. None for a
-    multi-objective study (`direction` None) or when no trial has a value."""
-    if direction is None:
-        return None, ""
-    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
-    complete = [(t.values[0], t.number) for t in trials if t.state == TrialState.COMPLETE and t.values]
-    if complete:
-        return max(complete, key=lambda vn: (sign * vn[0], -vn[1]))[1], "best"
-    running = [(v, t.number) for t in trials if t.state == TrialState.RUNNING and not (r := TrialRecord(t)).paused
-               and (v := r.last_value) is not None]  # only a live, trained trial leads
-    if running:
-        return max(running, key=lambda vn: (sign * vn[0], -vn[1]))[1], "leading"
-    return None, ""
-
-
-@dataclass(frozen=True)
-class Lead:
-    """The best (or leading) trial against the runner-up (the next best value), prompt by prompt on their values'
-    evaluations (`rfopt.noise.gap`): whether the lead is more than noise."""
-
-    best: int
-    runner_up: int
-    gap: noise.Gap
-
-    @property
-    def tie(self) -> bool:
-        """The lead is within noise: the two values could swap on other eval prompts."""
-        return self.gap.within_noise
-
-    def text(self) -> str:
-        """``tie: within noise of trial 2 (gap 0 ± 0 over 8 eval prompts)`` or ``ahead of trial 2 by more than noise
-        (...)``."""
-        if self.tie:
-            return f"tie: within noise of trial {self.runner_up} ({self.gap.text()})"
-        return f"ahead of trial {self.runner_up} by more than noise ({self.gap.text()})"
-
-
-def lead(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "reward") -> Lead | None:
-    """The best trial (`best_trial`) against the runner-up; None without two valued trials or stored scores."""
-    best, _ = best_trial(trials, direction)
-    if best is None or direction is None:
-        return None
-    sign = 1.0 if direction == StudyDirection.MAXIMIZE else -1.0
-    by_number = {t.number: TrialRecord(t) for t in trials}
-    others = [(r.value, n) for n, r in by_number.items() if n != best and r.value is not None
-              and math.isfinite(r.value) and r.cancelled is None]
-    if not others:
-        return None
-    runner_up = max(others, key=lambda vn: (sign * vn[0], -vn[1]))[1]
-    found = noise.gap(_value_scores(by_number[best], objective), _value_scores(by_number[runner_up], objective))
-    return None if found is None else Lead(best, runner_up, found)
-
-
-def _value_scores(record: TrialRecord, objective: str) -> list[float]:
-    """The per-prompt scores behind the trial's value (its last reported unit)."""
-    values = record.trial.intermediate_values
-    if not values:
-        return []
-    unit = max(values)
-    return next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == unit), [])
-
-
-@dataclass(frozen=True)
-class Importance:
-    """Optuna's param importances (`optuna.importance.get_param_importances`, fANOVA) over the trials' values after
-    one chunk: the deepest chunk at least three trials reached (values after different chunks do not compare)."""
-
-    importances: dict[str, float]
-    trials: int
-    step: int
-
-
-def param_importance(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> Importance | None:
-    """The study's param importances (`Importance`); None with fewer than three trials with values, no param that
-    varies, or a search space Optuna cannot evaluate."""
-    import optuna
-
-    valued = [t for t in trials if t.intermediate_values and t.params]
-    if direction is None or len(valued) < 3:
-        return None
-    steps = sorted({s for t in valued for s in t.intermediate_values}, reverse=True)
-    step = next((s for s in steps if sum(s in t.intermediate_values for t in valued) >= 3), None)
-    if step is None:
-        return None
-    at = [t for t in valued if step in t.intermediate_values and math.isfinite(t.intermediate_values[step])]
-    if not any(len({repr(t.params.get(k)) for t in at}) > 1 for k in at[0].params):
-        return None
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        view = optuna.create_study(direction=direction)
-        for t in at:
-            view.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
-                                                     value=t.intermediate_values[step]))
-        found = optuna.importance.get_param_importances(view)
-    except (ValueError, RuntimeError):  # a dynamic search space, a param of one value
-        return None
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    return Importance(dict(found), len(at), step) if found else None
 
 
 def _importance_figure(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> Figure | None:
@@ -319,62 +215,6 @@ class _Trial:
         return None if t is None else round(1000 * t)
 
 
-def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective",
-                 width: int = 640, height: int = 300) -> str:
-    """Parallel coordinates as an SVG: one line per trial that has a value, through each param, the chunks it trained
-    and its value, in the trial's colour (the same as in every chart and the leaderboard); a pruned, stopped or failed
-    trial's line is dashed, the best drawn thicker and last. Params searched on a log scale (or spanning two orders of
-    magnitude) get a log axis. Hovering a line names the trial, its params and its value (``<title>``). Drawn here,
-    not by plotly.js, whose parallel coordinates need WebGL (and a Content-Security-Policy that allows ``eval``)."""
-    shown = [t for t in trials if t.intermediate_values]
-    if not shown:
-        return ""
-    labels = trial_labels(trials)
-    names = list(dict.fromkeys(k for t in shown for k in t.params))
-    values = [TrialRecord(t).value for t in shown]
-    axes: list[tuple[str, list[float | None], list[tuple[float, str]]]] = []
-    for name in names:
-        dist = next((t.distributions[name] for t in shown if name in t.distributions), None)
-        axes.append(_axis(name, [t.params.get(name) for t in shown], dist))
-    axes.append(_axis("chunks trained", [TrialRecord(t).committed for t in shown], None))
-    axes.append(_axis(objective, values, None))
-    left, right, top, bottom = 40, 40, 28, 40
-    span = (width - left - right) / max(1, len(axes) - 1)
-    plot_h = height - top - bottom
-    parts = [f'<svg class="parallel" width="100%" viewBox="0 0 {width} {height}" preserveAspectRatio="xMidYMid meet" '
-             'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="10" role="img" '
-             f'aria-label="parallel coordinates: params to {_attr(objective)}, one line per trial">']
-    lo, hi = min(v for v in values if v is not None), max(v for v in values if v is not None)
-    maximize = direction != StudyDirection.MINIMIZE
-    best, _ = best_trial(trials, direction)
-    order = sorted(range(len(shown)), key=lambda i: (shown[i].number == best, _goodness(values[i], lo, hi, maximize)))
-    for i in order:
-        trial = shown[i]
-        points = []
-        for a, (_, positions, _) in enumerate(axes):
-            y = positions[i]
-            points.append(f"{left + a * span:.1f},{top + (1 - y) * plot_h:.1f}" if y is not None else None)
-        coords = " ".join(p for p in points if p is not None)
-        ended = trial.state in (TrialState.PRUNED, TrialState.FAIL) or TrialRecord(trial).stop is not None
-        state = TrialRecord(trial).shown_state
-        dash = ' stroke-dasharray="5 3"' if ended else ""
-        parts.append(f'<polyline data-trial="{trial.number}" data-state="{state}" points="{coords}" fill="none" '
-                     f'stroke="{colour(trial.number)}" stroke-width="{3 if trial.number == best else 1.6}" '
-                     f'stroke-opacity="0.9"{dash}><title>{_attr(labels[trial.number])} · {state.lower()} · '
-                     f'{_attr(objective)} {_short(values[i])}</title></polyline>')
-    for a, (name, _, ticks) in enumerate(axes):
-        x = left + a * span
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" stroke="#888"/>')
-        anchor = "start" if a == 0 else "end" if a == len(axes) - 1 else "middle"
-        parts.append(f'<text x="{x:.1f}" y="{top - 10}" text-anchor="{anchor}" font-weight="bold">{_attr(name)}</text>')
-        for position, text in ticks:
-            y = top + (1 - position) * plot_h
-            parts.append(f'<text x="{x + 3:.1f}" y="{y + 3:.1f}" fill="#444">{_attr(text)}</text>')
-    parts.append(f'<text x="{left}" y="{height - 12}" fill="#666">one colour per trial, as in every chart · thick: '
-                 f'the {"best" if best is not None else "leading"} trial · dashed: pruned, stopped or failed</text></svg>')
-    return "".join(parts)
-
-
 def log_scale(values: Sequence[Any], dist: Any) -> bool:
     """Whether a param's axis is logarithmic: searched on a log scale, or (a list's params, whose ranges are
     linear) all positive and spanning two orders of magnitude."""
@@ -384,36 +224,6 @@ def log_scale(values: Sequence[Any], dist: Any) -> bool:
     if isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log:
         return True
     return not isinstance(dist, CategoricalDistribution) and max(numbers) / min(numbers) >= 100
-
-
-def _axis(name: str, raw: list[Any], dist: Any) -> tuple[str, list[float | None], list[tuple[float, str]]]:
-    """An axis of the parallel coordinates: its label, each trial's position on it (0 bottom, 1 top; None: no value)
-    and a few ticks. Categorical and text values are spaced evenly, log-scale params on a log scale."""
-    present = [v for v in raw if v is not None]
-    if not present:
-        return name, [None] * len(raw), []
-    if isinstance(dist, CategoricalDistribution) or any(not isinstance(v, (int, float)) for v in present):
-        choices = list(dict.fromkeys(str(v) for v in present))
-        where = {c: (i + 0.5) / len(choices) for i, c in enumerate(choices)}
-        return name, [None if v is None else where[str(v)] for v in raw], [(where[c], c) for c in choices][:12]
-    log = log_scale(present, dist)
-    scale = (lambda v: math.log10(v)) if log else (lambda v: float(v))
-    lo, hi = scale(min(present)), scale(max(present))
-    width = hi - lo or 1.0
-
-    def position(v: Any) -> float | None:
-        return None if v is None else 0.5 if hi == lo else (scale(v) - lo) / width
-
-    distinct = sorted(set(present))
-    ticks = distinct if len(distinct) <= 6 else [distinct[0], distinct[len(distinct) // 2], distinct[-1]]
-    return name, [position(v) for v in raw], [(position(v) or 0.0, _short(v)) for v in ticks]
-
-
-def _goodness(value: float | None, lo: float, hi: float, maximize: bool) -> float:
-    if value is None or hi == lo:
-        return 1.0 if value is not None else 0.0
-    good = (value - lo) / (hi - lo)
-    return good if maximize else 1 - good
 
 
 def _params_figure(lines: list[_Trial], trials: Sequence[FrozenTrial], best: int | None,
@@ -630,7 +440,3 @@ def _short(value: Any) -> str:
 def _e(text: Any) -> str:
     # Plotly renders a subset of HTML in hover text and titles: params, reasons and names come from users.
     return html.escape(str(text), quote=False)
-
-
-def _attr(value: Any) -> str:
-    return html.escape(str(value), quote=True)

@@ -284,8 +284,8 @@ class _StudyView:
 
         from rfopt.storage.schema import TrialRecord, study_record
 
-        from .charts import best_trial
         from .forecast import forecast
+        from .lead import best_trial
         from .status import situation
 
         trials = study.get_trials(deepcopy=False)

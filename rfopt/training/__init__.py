@@ -2,7 +2,9 @@
 
 | module | owns |
 |---|---|
-| `models` | resident base models per device, adapters on them, placement and precision, memory planning |
+| `loading` | a base model and its tokenizer loaded as TRL loads them; its adapter checked on the meta device |
+| `memory` | what a base model and a gang need in memory (estimated without loading weights), what a device has free |
+| `models` | resident base models per device, adapters on them, placement and precision |
 | `runner` | `TrialRunner`: one trial's `GRPOTrainer`, trained one chunk at a time, bit-identical to training straight through |
 | `evaluation` | each chunk's evaluation: fixed decoding, the trial's own reward functions |
 | `diversity` | whether an evaluation's completions still depend on the prompt: diversity measures, the collapse verdict |

@@ -44,7 +44,7 @@ from .runner import ChunkMetrics, StepDone, TrialRunner
 
 DEFAULT_GANG_SIZE = 4
 """``gang_size`` when a run gives none (`Study.optimize`, ``rfopt run``, a study file): chosen from the benchmarks
-(BENCHMARKS.md, "Gangs"). Memory planning trains fewer at once where the device is short (`rfopt.training.models.gang_memory`);
+(BENCHMARKS.md, "Gangs"). Memory planning trains fewer at once where the device is short (`rfopt.training.memory.gang_memory`);
 ``gang_size=1`` trains one trial at a time, bit for bit as plain TRL."""
 
 

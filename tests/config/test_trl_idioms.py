@@ -308,7 +308,7 @@ def test_a_tokenizer_that_cannot_be_rebuilt_is_refused(tiny_model, tmp_path):
 
 
 def test_the_tokenizer_a_trial_trains_with_is_the_one_its_config_names(tiny_model):
-    from rfopt.training.models import load_model
+    from rfopt.training.loading import load_model
 
     _, default = load_model(trial_config(tiny_model))  # as GRPOTrainer loads it: padding and truncation left
     assert (default.padding_side, default.truncation_side) == ("left", "left")
@@ -320,7 +320,7 @@ def test_the_tokenizer_a_trial_trains_with_is_the_one_its_config_names(tiny_mode
 
 # ---------------------------------------------------------------------- model loading
 def test_model_init_kwargs_load_the_model_as_trl_does(tiny_model):
-    from rfopt.training.models import load_model
+    from rfopt.training.loading import load_model
 
     model, _ = load_model(trial_config(tiny_model, model_init_kwargs={"dtype": "bfloat16"}))
     assert model.dtype == torch.bfloat16

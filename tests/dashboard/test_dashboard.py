@@ -23,7 +23,8 @@ import rfopt
 from rfopt.engine import clones, ops
 from rfopt.storage import schema
 from rfopt.engine.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
-from rfopt.reports.charts import best_trial, colour, comparison
+from rfopt.reports.charts import colour, comparison
+from rfopt.reports.lead import best_trial
 from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.cli import main as cli
 from rfopt.dashboard import make_server, resolve_token

@@ -6,8 +6,8 @@ import optuna
 import pytest
 
 import rfopt
-from rfopt.engine.cluster import (ClusterStorageError, ClusterTooSmallError, RayCluster, StorageUnreachableError,
-                                  WorkerJob, check_reachable)
+from rfopt.engine.cluster import ClusterTooSmallError, RayCluster
+from rfopt.engine.ray_worker import ClusterStorageError, StorageUnreachableError, WorkerJob, check_reachable
 
 
 def test_one_worker_per_gpu_where_the_cluster_has_gpus_else_per_cpu_share():

@@ -318,7 +318,8 @@ def test_a_clone_with_a_model_the_categorical_param_lacks_is_described_by_what_t
     parent's model), the clone, leaderboard and page say so, and study.best_config is the config it trained."""
     import shutil
 
-    from rfopt.dashboard.pages import _render_leaderboard, _render_trial
+    from rfopt.dashboard.leaderboard import _render_leaderboard
+    from rfopt.dashboard.pages import _render_trial
     from rfopt.dashboard.views import TrialView
 
     other = tmp_path / "other-model"

@@ -11,8 +11,11 @@ import pytest
 from optuna.distributions import FloatDistribution
 from rfopt_testkit import trial_config
 
-from rfopt.dashboard.pages import _render_versus, render_side_by_side
-from rfopt.reports.charts import colour, comparison, lead, param_importance, parallel_svg
+from rfopt.dashboard.leaderboard import _render_versus
+from rfopt.dashboard.samples import render_side_by_side
+from rfopt.reports.charts import colour, comparison
+from rfopt.reports.lead import lead, param_importance
+from rfopt.reports.parallel import parallel_svg
 from rfopt.storage import schema
 from rfopt.storage.database import open_storage
 

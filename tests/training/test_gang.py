@@ -220,7 +220,7 @@ def test_gang_size_must_be_a_whole_number(tiny_model, tmp_path):
 
 # ---------------------------------------------------------------------- memory is planned
 def test_the_memory_estimate_counts_each_adapter_and_the_base_model_as_built(tiny_model):
-    from rfopt.training.models import gang_memory, model_bytes
+    from rfopt.training.memory import gang_memory, model_bytes
 
     configs = [trial_config(tiny_model), trial_config(tiny_model, peft=lora_config(r=8, target_modules="all-linear"))]
     estimate = gang_memory(configs, prompt_tokens=20)
@@ -232,13 +232,13 @@ def test_the_memory_estimate_counts_each_adapter_and_the_base_model_as_built(tin
 
 
 def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny_model, tmp_path, monkeypatch, caplog):
-    from rfopt.training import models
+    from rfopt.training import memory, models
 
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
     train = prompts_dataset(8)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     longest = max(map(len, EvalPrompts.of(train, tokenizer).token_ids(tokenizer)))
-    estimate = models.gang_memory(configs, longest)
+    estimate = memory.gang_memory(configs, longest)
     # Room for two members beside the (resident) base model, not three.
     room = (sum(estimate.members[:2]) + estimate.step + sum(estimate.decode[:2])) * 1.21
     monkeypatch.setattr(models, "free_bytes", lambda device: int(room))

@@ -12,7 +12,8 @@ from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
 from rfopt.cli import main
-from rfopt.training.models import GIB, ModelPool, model_bytes
+from rfopt.training.memory import GIB, model_bytes
+from rfopt.training.models import ModelPool
 from rfopt.storage.schema import study_attrs
 
 FREE = {"bytes": 80 * GIB}

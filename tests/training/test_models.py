@@ -298,7 +298,7 @@ def _as_loaded(tiny_model, model):
     """Whether `model` is the tiny model as loaded: its weights, which of them train, its tied LM head, its modules."""
     import torch
 
-    from rfopt.training.models import load_model
+    from rfopt.training.loading import load_model
 
     loaded, _ = load_model(trial_config(tiny_model))
     ours, theirs = model.state_dict(), loaded.state_dict()
@@ -379,7 +379,7 @@ def test_the_adapter_check_on_the_meta_device_refuses_what_peft_refuses_and_not_
     """A clone's Check builds its adapter on the model's shape (`check_adapter`): PEFT's refusals (r=0, target modules
     the model lacks) are refused; an initialization that needs the weights (PiSSA) is not the config's fault."""
     from rfopt.errors import ConfigError
-    from rfopt.training.models import check_adapter
+    from rfopt.training.loading import check_adapter
     from rfopt_testkit import lora_config
 
     assert check_adapter(trial_config(tiny_model, peft=lora_config(init_lora_weights="pissa"))) is None

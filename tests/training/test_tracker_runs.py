@@ -14,6 +14,7 @@ from trackerkit import (by_step, mlflow_history, mlflow_runs, tensorboard_scalar
 import rfopt
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt.training import trackers
+from rfopt.training.trackers import _report_to
 from rfopt.training.trackers import TrackerRefused
 
 for package in ("wandb", "mlflow", "trackio", "tensorboard"):
@@ -234,5 +235,5 @@ def test_wandb_online_without_credentials_is_refused_before_anything_is_stored(t
 def test_rfopt_logs_the_four_trackers_itself_and_passes_the_others_on_to_trl(monkeypatch):
     assert trackers.own(["wandb", "comet_ml", "tensorboard"]) == ["tensorboard", "wandb"]
     assert trackers.passed_on(["wandb", "comet_ml", "tensorboard"]) == ["comet_ml"]
-    monkeypatch.setattr(trackers, "_installed", lambda name: name in ("mlflow", "trackio"))
+    monkeypatch.setattr(_report_to, "_installed", lambda name: name in ("mlflow", "trackio"))
     assert trackers.own(["all"]) == ["mlflow", "trackio"]  # "all": those installed

@@ -143,9 +143,10 @@ def test_a_run_reporting_to_a_tracker_passed_on_to_trl_trains_one_trial_at_a_tim
     """TRL's integrations of trackers other than the four rfopt logs itself keep one active run per process: a run
     reporting to one trains with gang_size 1 and says so in a warning."""
     from rfopt.training import trackers
+    from rfopt.training.trackers import _tracking
 
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
-    monkeypatch.setattr(trackers, "passed_on", lambda report_to: ["comet_ml"])  # comet_ml is not installed here
+    monkeypatch.setattr(_tracking, "passed_on", lambda report_to: ["comet_ml"])  # comet_ml is not installed here
     monkeypatch.setattr(trackers.Tracking, "trainer_args", lambda self, number: {"report_to": []})
     study = rfopt.create_study(study_name="one-run", storage=f"sqlite:///{tmp_path / 's.db'}", num_chunks=2,
                                report_to="tensorboard")
