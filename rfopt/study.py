@@ -19,7 +19,6 @@ ops go to `rfopt.engine.ops`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -326,14 +325,15 @@ class Study:
         from rfopt.noise import estimate
         from rfopt.reports.status import situation
 
-        sign = 1 if self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+        maximize = self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE
         objective = study_record(self.optuna).objective
         live = liveness(self.optuna, trials)
-        rows = []
+        rows, ranks = [], {}
         for t in trials:
             if t.state == TrialState.WAITING:
                 continue
             record = TrialRecord(t)
+            ranks[t.number] = record.leaderboard_rank(maximize)
             last = max(t.intermediate_values, default=None)
             scores = next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == last), [])
             noise = estimate(scores) if scores else None
@@ -358,15 +358,7 @@ class Study:
                     flags=judged.flags,
                 )
             )
-        order = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}
-        rows.sort(
-            key=lambda r: (
-                order.get(r.state, 4),
-                -sign * r.value if r.value is not None and math.isfinite(r.value) else math.inf,
-                -r.chunks_done,
-                r.number,
-            )
-        )
+        rows.sort(key=lambda r: ranks[r.number])
         return rows
 
     def leaderboard_text(self) -> str:

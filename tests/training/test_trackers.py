@@ -156,3 +156,18 @@ def test_a_run_reporting_to_a_tracker_passed_on_to_trl_trains_one_trial_at_a_tim
     assert "report_to comet_ml: one trial at a time (gang_size 1 instead of 4)" in caplog.text
     assert not [k for t in study.optuna.trials for k in t.system_attrs if k.startswith("rfopt:gang:")]
     assert all(t.state.name == "COMPLETE" for t in study.optuna.trials)
+
+
+def test_the_trackers_leaderboard_ranks_the_trials_as_the_study_does(tiny_model, tmp_path):
+    from stored_study import stored_study
+
+    from rfopt.training.trackers._tracking import _leaderboard
+
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 2e-3, 3e-3, 4e-3, 5e-3])
+    # complete (0.4, 0.6, 0.6), running after one unit (0.9), running after none
+    values = {0: [0.2, 0.4], 1: [0.9], 2: [0.5, 0.6], 3: [], 4: [0.3, 0.6]}
+    study = stored_study(f"sqlite:///{tmp_path / 's.db'}", "s", configs, prompts_dataset(8), prompts_dataset(2, "E"),
+                         values=values)
+    trials = study.optuna.get_trials(deepcopy=False)
+    ranked = [row[0] for row in _leaderboard(study.optuna, trials).rows]
+    assert ranked == [r.number for r in study.leaderboard()] == [2, 4, 0, 1, 3]

@@ -3,6 +3,7 @@ are written (`TrialRef` and the ``write_*`` functions)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -271,6 +272,15 @@ class TrialRecord:
         started (Optuna keeps it FAIL)."""
         return "CANCELLED" if self.cancelled is not None else self.state.name
 
+    def leaderboard_rank(self, maximize: bool) -> tuple[int, float, int, int]:
+        """Where the trial stands on a leaderboard, smaller first (the study's and the trackers'): complete, running,
+        pruned, failed, then the rest; within a state by value, best first (none or not finite last); then by chunks
+        trained, most first; then by number."""
+        value = self.value
+        sign = 1 if maximize else -1
+        return (_RANKED_STATES.get(self.shown_state, len(_RANKED_STATES)),
+                -sign * value if value is not None and math.isfinite(value) else math.inf, -self.committed, self.number)
+
     @property
     def paused(self) -> bool:
         return bool(self.attrs.get(_PAUSED))
@@ -356,6 +366,8 @@ class TrialRecord:
 
 # ---------------------------------------------------------------------- trial writers
 _FAIL_REASON_LIMIT = 2000
+_RANKED_STATES = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}
+"""The leaderboard's order of states (`TrialRecord.leaderboard_rank`); any other state after them."""
 
 
 @dataclass(frozen=True)

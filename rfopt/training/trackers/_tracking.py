@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -292,23 +291,14 @@ def _end_of(record: TrialRecord) -> TrialEnd:
     return TrialEnd(state=name, reason=record.end_reason, value=record.value)
 
 
-_ORDER = {"COMPLETE": 0, "RUNNING": 1, "PRUNED": 2, "FAIL": 3}
-
-
 def _leaderboard(study: Any, trials: list[Any]) -> Leaderboard:
-    """The study's trials, best first: finished ones by value, then the rest by progress (as `Study.leaderboard`)."""
+    """The study's trials, best first, in the order `Study.leaderboard` gives them (`TrialRecord.leaderboard_rank`)."""
     import optuna
 
-    sign = 1 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     records = [TrialRecord(t) for t in trials if t.state.name != "WAITING"]
     params = sorted({k for r in records for k in r.trial.params})
-
-    def order(r: TrialRecord) -> tuple:
-        value = r.value
-        return (_ORDER.get(r.shown_state, 4), -sign * value if value is not None and math.isfinite(value) else math.inf,
-                -r.committed, r.number)
-
-    records.sort(key=order)
+    records.sort(key=lambda r: r.leaderboard_rank(maximize))
     rows = [[r.number, r.shown_state, r.value, r.committed, *[r.trial.params.get(k) for k in params], r.end_reason]
             for r in records]
     complete = [r for r in records if r.state.name == "COMPLETE" and r.value is not None]
