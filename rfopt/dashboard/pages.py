@@ -226,7 +226,8 @@ def _eta_line(ahead: Forecast, flights: list[NowTraining]) -> str:
                  "</span> at the latest (if nothing more is pruned)")
     stuck = " on-hold" if any(n.stuck() for n in flights) else ""
     return (f"<p id='eta' class='eta{stuck}' data-end='{ahead.end_at:.3f}' data-anchor='{ahead.anchor:.3f}' "
-            f"data-units='{ahead.units_left:.3g}' title='from the records written up to {_clock_time(ahead.anchor, True)}'>study "
+            f"data-units='{ahead.units_left:.3g}' "
+            f"title='from the records written up to {_clock_time(ahead.anchor, millis=True)}'>study "
             f"{ends} · {ahead.units_left:.3g} chunk units left of {ahead.trials} live trial"
             f"{'s' if ahead.trials != 1 else ''} ({_e(ahead.schedule)})</p>")
 

@@ -374,7 +374,9 @@ def clock_time(epoch: float, millis: bool = False) -> str:
     when = datetime.datetime.fromtimestamp(round(epoch, 3) if millis else epoch).astimezone()
     today = datetime.datetime.now().astimezone().date()
     day = "" if when.date() == today else "%Y-%m-%d "
-    return when.strftime(f"{day}%H:%M:%S.%f")[:-3] if millis else when.strftime("%H:%M:%S" if not day else f"{day}%H:%M")
+    if millis:
+        return when.strftime(f"{day}%H:%M:%S.%f")[:-3]
+    return when.strftime(f"{day}%H:%M" if day else "%H:%M:%S")
 
 
 def _seconds(seconds: float) -> str:

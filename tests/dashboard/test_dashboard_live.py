@@ -174,8 +174,9 @@ def _watch(state: Live) -> None:
 def _both_from_a_copy(state: Live) -> tuple[dict, str] | None:
     """The study's end as the page and ``rfopt status`` give it from one copy of the storage, taken now (SQLite's
     online backup: one consistent version of the records); the page is served from the copy by a second server."""
-    copy = Path(state.storage.removeprefix("sqlite:///")).with_name("copy.db")
-    with closing(sqlite3.connect(state.storage.removeprefix("sqlite:///"))) as live, closing(sqlite3.connect(copy)) as to:
+    path = Path(state.storage.removeprefix("sqlite:///"))
+    copy = path.with_name("copy.db")
+    with closing(sqlite3.connect(path)) as live, closing(sqlite3.connect(copy)) as to:
         live.backup(to)
     server = make_server(f"sqlite:///{copy}", port=0)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
