@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt.compat import storage_of
 from rfopt.config.settings import EvalSettings, StudySettings
 from rfopt.config.trial import TrialConfig
 from rfopt.engine import clones, ops
@@ -41,8 +41,8 @@ from rfopt.reports.outcome import Recommendation, StudyOutcome, outcome
 from rfopt.reports.status import Liveness, liveness
 from rfopt.pruning import PopulationBasedTraining, optuna_pruner
 from rfopt.storage import schema
-from rfopt.storage.checkpoints import CheckpointStore, Location, download, location_exists
-from rfopt.storage.database import open_storage
+from rfopt.storage.checkpoints import CheckpointStore, Location, export, location_exists
+from rfopt.storage.database import open_storage, sqlalchemy_engine_of
 from rfopt.storage.files import is_url, normalize_location
 from rfopt.storage.schema import Baseline, TrialRecord, study_record
 from rfopt.training.parallel import DataParallel
@@ -414,15 +414,29 @@ class Study:
             raise LookupError(f"trial {number}: {what} is not in the checkpoint store ({path})")
         return path if is_url(path) else Path(path)
 
-    def export_best(self, path: str | os.PathLike, *, best_trial: bool = False) -> Path:
+    def export_best(self, path: str | os.PathLike, *, best_trial: bool = False, overwrite: bool = False) -> Path:
         """Copy the recommended adapter (`recommendation`: the best checkpoint over all trials; PEFT format, with its
         tokenizer) to the local directory `path`, downloading it from an object store if the study's checkpoints are
-        there. With `best_trial`, Optuna's best trial's final adapter (the last chunk of the best COMPLETE trial)."""
+        there. With `best_trial`, Optuna's best trial's final adapter (the last chunk of the best COMPLETE trial).
+
+        `path` must be a new or empty folder: a file, the working directory and a folder that is not empty are refused
+        (`rfopt.Refusal`), the last unless ``overwrite=True``, which still never removes a folder holding the study's
+        SQLite file, its checkpoint store or the adapter itself. The copy is checked, then renamed into place: a
+        damaged adapter or a failed copy leaves `path` as it was (`rfopt.storage.checkpoints.export`)."""
         source = self.best_adapter(best_trial=best_trial)
-        target = Path(path)
-        if target.exists():
-            shutil.rmtree(target)
-        return download(source, target)
+        return export(source, path, overwrite=overwrite, keep=self._own_files())
+
+    def _own_files(self) -> dict[str, Path]:
+        """The study's files on this machine that an export never removes: its SQLite file and its checkpoint store."""
+        own: dict[str, Path] = {}
+        engine = sqlalchemy_engine_of(storage_of(self.optuna))
+        if engine is not None and engine.url.get_backend_name() == "sqlite" \
+                and engine.url.database not in (None, "", ":memory:"):
+            own["the study's SQLite file"] = Path(os.path.abspath(engine.url.database))
+        store = study_record(self.optuna).checkpoint_dir or self._requested
+        if store is not None and not is_url(store):
+            own["the study's checkpoint store"] = Path(os.path.abspath(normalize_location(store)))
+        return own
 
     @property
     def best_config(self) -> TrialConfig:

@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import optuna
 import pytest
@@ -210,3 +211,99 @@ def test_a_trial_told_complete_outside_rfopt_while_it_trains_is_said_so_and_mark
     # The recommendation is a checkpoint rfopt kept (trial 0's), never the value told from outside.
     assert study.recommendation().trial == 0
     assert study.export_best(storage.removeprefix("sqlite:///") + ".export").is_dir()
+
+
+# ---------------------------------------------------------------------- export_best never deletes what it did not write
+def _exportable(tiny_model, tmp_path):
+    """A stored study on SQLite in `tmp_path` whose trial 0 finished with its best chunk first (0.9, then 0.4): its
+    recommended ``best/`` and its final adapter differ."""
+    from stored_study import stored_study
+
+    return stored_study(f"sqlite:///{tmp_path / 'study.db'}", "s", [trial_config(tiny_model)], prompts_dataset(8),
+                        prompts_dataset(2, "E"), values={0: [0.9, 0.4]})
+
+
+def _tree(folder):
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_export_best_refuses_a_folder_of_the_users_own_files_and_keeps_them(tiny_model, tmp_path):
+    study = _exportable(tiny_model, tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my own work")
+    with pytest.raises(rfopt.Refusal, match=r"is a folder that is not empty: .*overwrite=True"):
+        study.export_best(mine)
+    assert _tree(mine) == {"notes.txt": b"my own work"}
+    (tmp_path / "a-file").write_text("mine too")
+    for overwrite in (False, True):
+        with pytest.raises(rfopt.Refusal, match="is a file, not a folder"):
+            study.export_best(tmp_path / "a-file", overwrite=overwrite)
+    assert (tmp_path / "a-file").read_text() == "mine too"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _tree(study.export_best(empty)) == _tree(study.recommendation().location)
+
+
+@pytest.mark.parametrize("path", ["", ".", "./"])
+def test_export_best_refuses_the_working_directory_and_leaves_it_intact(tiny_model, tmp_path, monkeypatch, path):
+    study = _exportable(tiny_model, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(rfopt.Refusal, match="is the working directory"):
+            study.export_best(path, overwrite=overwrite)
+    with pytest.raises(rfopt.Refusal, match="is the working directory or holds it"):
+        study.export_best(tmp_path.parent, overwrite=True)
+    assert _tree(tmp_path) == before and (tmp_path / "study.db").is_file()
+
+
+def test_export_best_with_overwrite_never_removes_the_checkpoint_store_the_storage_or_the_adapter(tiny_model, tmp_path):
+    study = _exportable(tiny_model, tmp_path)
+    store = Path(study.checkpoints.root)
+    best = Path(study.recommendation().location)
+    before = _tree(tmp_path)
+    # The checkpoint folder of every study beside the SQLite file, this study's store, the recommended best/ given as
+    # its own target, its trial's folder, the folder holding the SQLite file.
+    for target, what in [(store.parent, "the study's checkpoint store"), (store, "the study's checkpoint store"),
+                         (best, "the study's checkpoint store"), (best.parent, "the study's checkpoint store"),
+                         (tmp_path, "the study's SQLite file")]:
+        with pytest.raises(rfopt.Refusal, match=re.escape(what)):
+            study.export_best(target, overwrite=True)
+    # A new folder inside the store or the adapter is refused too: the store is rfopt's.
+    with pytest.raises(rfopt.Refusal, match="is inside"):
+        study.export_best(best / "copy")
+    # Another study's checkpoint store, wherever it is, is never removed.
+    other = tmp_path / "elsewhere" / "old-study"
+    other.mkdir(parents=True)
+    (other / "rfopt-study.json").write_text("{}")
+    with pytest.raises(rfopt.Refusal, match="holds a checkpoint store"):
+        study.export_best(tmp_path / "elsewhere", overwrite=True)
+    assert _tree(tmp_path) == {**before, "elsewhere/old-study/rfopt-study.json": b"{}"}
+    assert Path(study.recommendation().location) == best and _tree(best)
+
+
+def test_export_best_refuses_a_damaged_adapter_before_anything_at_the_target_changed(tiny_model, tmp_path):
+    from rfopt.errors import CheckpointError
+
+    study = _exportable(tiny_model, tmp_path)
+    target = study.export_best(tmp_path / "export")
+    before = _tree(target)
+    weights = Path(study.recommendation().location) / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-3])
+    with pytest.raises(CheckpointError, match="is not a whole safetensors file"):
+        study.export_best(target, overwrite=True)
+    assert _tree(target) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".export")] == []  # no staging folder left
+
+
+def test_export_best_with_overwrite_replaces_a_folder_it_exported_before(tiny_model, tmp_path):
+    study = _exportable(tiny_model, tmp_path)
+    target = study.export_best(tmp_path / "export", best_trial=True)
+    assert _tree(target) == _tree(study.best_adapter(best_trial=True))
+    with pytest.raises(rfopt.Refusal, match="overwrite=True"):
+        study.export_best(target)
+    assert study.export_best(target, overwrite=True) == target
+    assert _tree(target) == _tree(study.best_adapter()) != _tree(study.best_adapter(best_trial=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["export", "rfopt-checkpoints", "study.db"])

@@ -51,14 +51,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rfopt.errors import Refusal, TypeRefusal
+
 from .crashpoints import reach
-from .files import CheckpointError, files_at
+from .files import CheckpointError, files_at, is_url
 from .state import TrialSnapshot, UnitReport, from_tensors, to_tensors
 
 Location = Path | str
@@ -86,6 +89,74 @@ def download(location: Location, target: str | os.PathLike) -> Path:
             raise CheckpointError(f"{name} in {location} is not a whole safetensors file: {problem}; nothing was "
                                   "exported (the file was cut short or damaged where it is stored)")
     return target
+
+
+def export(location: Location, target: str | os.PathLike, *, overwrite: bool, keep: dict[str, Path]) -> Path:
+    """Copy the adapter at `location` to the local folder `target` without ever deleting what rfopt did not write, and
+    return `target`.
+
+    Refused (`Refusal`) before anything changes: ``""``, ``"."``, the working directory or a folder holding it; a file;
+    a folder inside the source or inside `keep` (the study's own files: ``{"the checkpoint store": root, ...}``); a
+    folder that is not empty, unless `overwrite`; and even then a folder that holds one of `keep`'s paths or another
+    checkpoint store. The copy is made in a hidden sibling folder and checked (`download`) before it is renamed into
+    place, so a damaged source or a failed copy leaves `target` as it was.
+    """
+    if not isinstance(overwrite, bool):
+        raise TypeRefusal(f"export_best: overwrite={overwrite!r}: give True or False")
+    if str(target).strip() in ("", "."):
+        raise Refusal(f"export_best: path {str(target)!r} is the working directory: name a new folder for the adapter "
+                      "(e.g. 'best-adapter')")
+    given = Path(target)
+    where = Path(os.path.realpath(given))
+    cwd = Path(os.path.realpath(Path.cwd()))
+    if where == cwd or where in cwd.parents:
+        raise Refusal(f"export_best: {str(given)!r} is the working directory or holds it: name a new folder for the "
+                      "adapter (e.g. 'best-adapter')")
+    if given.is_file() or (given.exists() and not given.is_dir()):
+        raise Refusal(f"export_best: {str(given)!r} is a file, not a folder: name a new folder for the adapter "
+                      "(nothing was changed)")
+    sources = {} if is_url(location) else {"the adapter being exported": Path(files_at(location).location(""))}
+    guarded = {what: Path(os.path.realpath(path)) for what, path in {**keep, **sources}.items()}
+    for what, path in guarded.items():
+        if path.is_dir() and (where == path or path in where.parents):
+            raise Refusal(f"export_best: {str(given)!r} is inside {what} ({path}): export outside it")
+    if given.is_dir() and any(given.iterdir()):
+        if not overwrite:
+            raise Refusal(f"export_best: {str(given)!r} is a folder that is not empty: name a new folder, or pass "
+                          "overwrite=True to replace it (nothing was changed)")
+        for what, path in guarded.items():
+            if where == path or where in path.parents:
+                raise Refusal(f"export_best: {str(given)!r} holds {what} ({path}): overwrite=True never removes it; "
+                              "name another folder")
+        foreign = _store_under(where)
+        if foreign is not None:
+            raise Refusal(f"export_best: {str(given)!r} holds a checkpoint store ({foreign}): overwrite=True never "
+                          "removes it; name another folder")
+    beside = Path(os.path.abspath(given))
+    beside.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{beside.name}.export-", dir=beside.parent))
+    try:
+        copied = download(location, staging / "adapter")
+        if given.is_dir():  # empty, or replaced with overwrite=True: set aside until the copy is in place
+            os.rename(given, staging / "replaced")
+            try:
+                os.rename(copied, given)
+            except BaseException:
+                os.rename(staging / "replaced", given)
+                raise
+        else:
+            os.rename(copied, given)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return given
+
+
+def _store_under(folder: Path) -> Path | None:
+    """A checkpoint store (a folder holding ``rfopt-study.json``) at or under `folder`, or None."""
+    for root, _, files in os.walk(folder):
+        if OWNER_FILE in files:
+            return Path(root)
+    return None
 
 
 def safetensors_problem(path: Path) -> str | None:
