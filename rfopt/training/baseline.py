@@ -25,10 +25,13 @@ from .models import ModelPool
 
 def baseline_key(config: TrialConfig, settings: EvalSettings) -> str:
     """What a trial's baseline depends on, as a short hash: its base model (how it is loaded, its tokenizer), its reward
-    functions and their weights, and the evaluation's completion budget."""
+    functions and their weights, the evaluation's completion budget, and the chat template kwargs its prompts are rendered
+    with."""
     stored = config.to_dict()
     budget = settings.max_new_tokens or config.args.max_completion_length
     what = [config.model_key, stored.get("reward_funcs"), config.args.reward_weights, budget]
+    if config.args.chat_template_kwargs:  # its prompts are rendered otherwise (absent: the keys stored before stay)
+        what.append(config.args.chat_template_kwargs)
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -42,10 +45,12 @@ def model_label(config: TrialConfig) -> str:
 
 def evaluate_baseline(pool: ModelPool, config: TrialConfig, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
     """`config`'s base model, with no adapter, evaluated as its trials are (`rfopt.training.evaluation.evaluate`): the
-    trial's reward functions and weights, its completion budget, and a trainer state at step 0."""
+    trial's reward functions and weights, its completion budget, its chat template kwargs, and a trainer state at step
+    0."""
     from transformers import TrainerState
 
     with pool.base_model(config) as model:
         return evaluate(model, pool.tokenizer(config), eval_dataset, list(config.reward_funcs),
                         config.args.reward_weights, settings, max_new_tokens=config.args.max_completion_length,
-                        trainer_state=TrainerState(global_step=0, max_steps=0, epoch=0.0))
+                        trainer_state=TrainerState(global_step=0, max_steps=0, epoch=0.0),
+                        chat_template_kwargs=config.args.chat_template_kwargs)

@@ -49,11 +49,14 @@ class EvalPrompts:
     columns: dict[str, list[Any]]
 
     @classmethod
-    def of(cls, dataset: Any, tokenizer: Any) -> EvalPrompts:
+    def of(cls, dataset: Any, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> EvalPrompts:
+        """`chat_template_kwargs`: the trial's ``args.chat_template_kwargs`` (e.g. ``enable_thinking=False``), passed
+        to the chat template as TRL passes them when it builds the training prompts."""
         prompts = list(dataset["prompt"])
         columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
         texts = [
-            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if is_conversational(p)
+            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False,
+                                          **(chat_template_kwargs or {})) if is_conversational(p)
             else p
             for p in prompts
         ]
@@ -83,28 +86,36 @@ class EvalMember:
     reward_weights: list[float] | None
     max_new_tokens: int
     trainer_state: Any = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """What the trial's chat template is rendered with (its ``args.chat_template_kwargs``), as in its training."""
 
 
 def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, members: list[EvalMember], dataset: Any,
                      settings: EvalSettings) -> list[EvalResult | Exception]:
     """Generate one completion per eval prompt for each member through `backend` (the batched backend decodes every
     member's batch of `settings.batch_size` prompts together) and score it with the member's reward functions, called
-    as TRL calls them. A member whose decoding or scoring fails gets its exception; the others their results.
+    as TRL calls them. A member whose decoding or scoring fails gets its exception; the others their results. Each
+    member's conversational prompts are rendered with its `EvalMember.chat_template_kwargs`, as in its training.
 
     Greedy by default (`EvalSettings`); the generation settings are the model's generation config with evaluation's
     over it, as ``model.generate(**settings)`` merges them (a model whose config has a repetition penalty keeps it).
     """
-    prompts = EvalPrompts.of(dataset, tokenizer)
-    ids = prompts.token_ids(tokenizer)
+    rendered: dict[str, tuple[EvalPrompts, list[list[int]]]] = {}  # by chat template kwargs: members mostly share
     eos = eos_token_ids(model, tokenizer)
-    requests = []
+    requests, prompts_of = [], []
     for member in members:
+        key = repr(sorted(member.chat_template_kwargs.items()))
+        if key not in rendered:
+            prompts = EvalPrompts.of(dataset, tokenizer, member.chat_template_kwargs)
+            rendered[key] = (prompts, prompts.token_ids(tokenizer))
+        prompts, ids = rendered[key]
+        prompts_of.append(prompts)
         kwargs = _generate_kwargs(tokenizer, settings, settings.max_new_tokens or member.max_new_tokens, eos)
         requests.append(GenerationRequest(member.adapter, ids, _sampling(model, kwargs), seed=settings.seed,
                                           batch_rows=settings.batch_size, generate_kwargs=kwargs))
     outcomes = backend.generate(requests)
     results: list[EvalResult | Exception] = []
-    for member, outcome in zip(members, outcomes):
+    for member, prompts, outcome in zip(members, prompts_of, outcomes):
         if isinstance(outcome, Exception):
             results.append(outcome)
             continue
@@ -125,10 +136,13 @@ def evaluate(
     settings: EvalSettings,
     max_new_tokens: int,
     trainer_state: Any = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> EvalResult:
     """One model's evaluation (its active adapter) through ``model.generate``: `evaluate_members` on the exact
-    backend. `trainer_state` is the trial's `transformers.TrainerState` at the evaluated step."""
-    member = EvalMember(None, reward_funcs, reward_weights, max_new_tokens, trainer_state)
+    backend. `trainer_state` is the trial's `transformers.TrainerState` at the evaluated step;
+    `chat_template_kwargs` its ``args.chat_template_kwargs``."""
+    member = EvalMember(None, reward_funcs, reward_weights, max_new_tokens, trainer_state,
+                        dict(chat_template_kwargs or {}))
     (result,) = evaluate_members(ExactBackend(model), model, tokenizer, [member], dataset, settings)
     if isinstance(result, Exception):
         raise result

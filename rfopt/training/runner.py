@@ -322,7 +322,8 @@ class TrialRunner:
         """What evaluating the trial needs (`rfopt.training.evaluation.evaluate_members`)."""
         return EvalMember(adapter_name(self.number) if self.config.peft_config is not None else None,
                           list(self.config.reward_funcs), self.config.args.reward_weights,
-                          self.config.args.max_completion_length, self.trainer_state())
+                          self.config.args.max_completion_length, self.trainer_state(),
+                          dict(self.config.args.chat_template_kwargs or {}))
 
     def rollout_backend(self, batched: bool) -> RolloutBackend:
         """What the trial generates through: the pool's batched backend for its base model (`batched`, when that
