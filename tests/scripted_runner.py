@@ -48,7 +48,7 @@ from rfopt.config.settings import EvalSettings
 from rfopt.config.trial import TrialConfig
 from rfopt.storage.state import TrialSnapshot
 from rfopt.training.evaluation import EvalResult, _nanmean, _prompt_text, is_conversational, score_completions
-from rfopt.training.rollouts import Completions, GenerationRequest
+from rfopt.training.rollouts import BATCHED, Completions, GenerationRequest, refusal
 from rfopt.training.runner import ChunkAborted, ChunkMetrics, StepDone, _aggregate
 
 _NO_STATE = -1
@@ -143,7 +143,8 @@ class ScriptedBackend:
         """The adapters of each `generate` call's requests."""
 
     def refusal(self, config: Any) -> str | None:
-        return None
+        """The batched backend's config gate, as a gang's real backend asks it (`rfopt.training.rollouts.refusal`)."""
+        return refusal(config) if self.shares_batches else None
 
     def adapters_changed(self, names: Any) -> None:
         pass
@@ -198,8 +199,8 @@ class ScriptedRunner:
         """What a gang reads of a chunk's GRPOConfig: the settings a trainer applies to the shared model."""
         return types.SimpleNamespace(disable_dropout=False, gradient_checkpointing=False)
 
-    def rollout_backend(self, batched: bool) -> ScriptedBackend:
-        return ScriptedBackend(shares_batches=batched and self.config.peft_config is not None)
+    def rollout_backend(self, kind: str) -> ScriptedBackend:
+        return ScriptedBackend(shares_batches=kind == BATCHED)
 
     def trainer_state(self) -> Any:
         from transformers import TrainerState

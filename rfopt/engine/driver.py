@@ -8,12 +8,12 @@ Each round:
 3. decide every complete rung (`rfopt.pruning`; population-based training's steps under the asking lock, since
    they make clones);
 4. ask new trials while slots are free, one asker at a time (`Coordinator.asking`);
-5. pick the next trial, least progress first among those no other process holds (`rfopt.engine.scheduler`),
-   and under its claim run one unit of it (`Roster.work_on` -> `rfopt.engine.unit.run_units`, a gang of one on the exact
-   rollout backend); a trial at an exploit step of
-   population-based training waits until that step is decided. With ``gang_size`` > 1 the pick is a gang: up to
-   that many trials at the same progress on the same base model, each under its own claim, trained together
-   through the batched rollout backend (`rfopt.training.gang`); a gang stored before a crash is formed again.
+5. plan the next unit among the trials no other process holds (`rfopt.engine.plan.Planner`: least progress first,
+   who trains together, on which rollout backend), and under each member's claim carry it out (`Roster.work_on` ->
+   `rfopt.engine.unit.run_units`: a trial alone is a gang of one on the exact rollout backend); a trial at an exploit
+   step of population-based training waits until that step is decided. With ``gang_size`` > 1 the plan is a gang:
+   up to that many trials at the same progress on the same base model, trained together through the batched rollout
+   backend (`rfopt.training.gang`); a gang stored before a crash is formed again.
 
 It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
 resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`) or once somebody asked every
@@ -33,8 +33,8 @@ from rfopt import compat
 from rfopt.storage import schema
 from rfopt.storage.schema import study_record
 
+from .plan import Planner
 from .roster import Roster, RunProgress
-from .scheduler import next_gang
 
 logger = logging.getLogger("rfopt")
 
@@ -76,6 +76,7 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
     """Run the study's units until none is left for this process (see the module docstring)."""
     study = roster.study
     started = time.time()
+    planner = Planner(gang_size, roster.rollout_refusal)  # who trains together, on which backend (`rfopt.engine.plan`)
     with compat.optimize_loop(study), _interrupts() as interrupted:  # study.stop() stops asking, as in Study.optimize
         while True:
             if interrupted.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see `_interrupts`)
@@ -115,11 +116,11 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
             if on_progress is not None:
                 on_progress(roster.progress())
             held = roster.held_at_rungs()  # waiting for population-based training's decision at their step
-            free = [live.candidate() for live in roster.live.values() if live.number not in busy | held]
-            planned = {r.number: plan.numbers for r in records
-                       if r.number in roster.live and (plan := schema.gang_plan(r.trial, r.committed)) is not None}
-            picks = next_gang(free, gang_size, roster.resident_models(), planned)
-            if not picks:
+            free = [live for live in roster.live.values() if live.number not in busy | held]
+            stored = {r.number: gang.numbers for r in records
+                      if r.number in roster.live and (gang := schema.gang_plan(r.trial, r.committed)) is not None}
+            plan = planner.plan(free, roster.resident_models(), stored, fit=roster.fit_gang)
+            if plan is None:
                 if roster.active() == 0 and not asking():
                     paused = sorted(n for n, live in roster.live.items() if live.paused)
                     if paused:
@@ -131,13 +132,10 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
                     return
                 time.sleep(poll_seconds)  # other processes hold the remaining units
                 continue
-            batched = gang_size > 1 and picks[0].gang_key is not None  # else it trains alone, as plain TRL would
-            if batched:
-                picks = roster.fit_gang(picks)  # memory is planned, not discovered
             with contextlib.ExitStack() as claims:
-                held_here = [(roster.live[pick.number], claim) for pick in picks
-                             if (claim := claims.enter_context(coordinator.claim(pick.number))) is not None]
+                held_here = [(roster.live[number], claim) for number in plan.members
+                             if (claim := claims.enter_context(coordinator.claim(number))) is not None]
                 if held_here:
-                    roster.work_on(held_here, batched)
+                    roster.work_on(held_here, plan)
             if on_progress is not None:
                 on_progress(roster.progress())

@@ -17,9 +17,10 @@ from optuna.trial import FrozenTrial
 
 from rfopt.config.settings import StudySettings
 from rfopt.errors import Refusal, TypeRefusal
-from rfopt.training.gang import DEFAULT_GANG_SIZE
 from rfopt.training.parallel import DataParallel
 from rfopt.values import is_int, is_number
+
+from .plan import planned_gang_size
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,6 @@ class RunRequest:
     def gang(self) -> int:
         """The gang size the run trains with: the one given, else rfopt's default (1 for a trial over several devices,
         which trains one trial at a time)."""
-        if self.gang_size is not None:
-            return self.gang_size
         data_parallel = self.worker.data_parallel if self.worker is not None else None
-        return 1 if data_parallel is not None else DEFAULT_GANG_SIZE
+        return planned_gang_size(self.gang_size, data_parallel=data_parallel is not None)
 

@@ -37,7 +37,6 @@ from rfopt.storage import schema
 from rfopt.storage.database import STORAGE_ERRORS
 from rfopt.storage.leases import LeaseLost
 from rfopt.storage.schema import TrialRecord, TrialRef, study_record
-from rfopt.training import rollouts
 from rfopt.training.diversity import collapse_reason
 from rfopt.training.evaluation import EvalPrompts
 from rfopt.training.runner import ChunkAborted
@@ -45,8 +44,9 @@ from rfopt.training.runner import ChunkAborted
 from . import ops, unit
 from .artifacts import publish_note
 from .baselines import Baselines
+from .plan import BATCHED, UnitPlan
 from .population import PopulationRungs
-from .scheduler import LiveTrial, completed_rungs
+from .scheduler import completed_rungs
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
@@ -225,7 +225,6 @@ class Roster:
             loaded=fresh and not warm,
             paused=record.paused, last_value=record.last_value,
             decided=set(range(start_unit)) | record.decided_steps,  # a warm clone reports from its parent's step on
-            alone=rollouts.refusal(config),
         )
         self.live[trial.number] = live
         return live
@@ -301,15 +300,17 @@ class Roster:
         return max((u for u in units if u is not None), default=self.ctx.plan.num_chunks)
 
     # ------------------------------------------------------------------ one unit
-    def work_on(self, members: list[tuple[Live, Claim]], batched: bool = False) -> None:
+    def work_on(self, members: list[tuple[Live, Claim]], plan: UnitPlan | None = None) -> None:
         """Under each trial's claim (one, or a gang's): read them again, apply their requests, train the next unit of
-        those still to train, together (`unit.run_units`; `batched`: through the base model's batched backend), and
-        finish the ones that are done."""
+        those still to train, together, as `plan` says (`unit.run_units`; None: a trial alone), and finish the ones
+        that are done."""
         ready = [(live, claim) for live, claim in members if self._still_to_train(live)]
         if not ready:
             return
+        if plan is not None:
+            plan = plan.keeping(live.number for live, _ in ready)
         try:
-            outcomes = unit.run_units(self.ctx, ready, batched)
+            outcomes = unit.run_units(self.ctx, ready, plan)
         except unit.CallbackFailed as exc:  # every unit is committed; the members finish at the next round
             raise exc.__cause__ from None
         for live, claim in ready:
@@ -438,12 +439,12 @@ class Roster:
         """Live trials that hold a slot: paused ones free theirs."""
         return sum(not live.paused for live in self.live.values())
 
-    def fit_gang(self, picks: list[LiveTrial]) -> list[LiveTrial]:
-        """The first of `picks` (a gang) that fit in the device's memory (`ModelPool.gang_room`); says once when a gang
-        is made smaller."""
+    def fit_gang(self, picks: list[int]) -> list[int]:
+        """The first of `picks` (a gang's trial numbers) that fit in the device's memory (`ModelPool.gang_room`); says
+        once when a gang is made smaller."""
         if len(picks) <= 1:
             return picks
-        configs = [self.live[p.number].config for p in picks]
+        configs = [self.live[n].config for n in picks]
         if self._prompt_tokens is None:
             tokenizer = self.ctx.pool.tokenizer(configs[0])
             sample = self.ctx.train_dataset.select(range(min(256, len(self.ctx.train_dataset))))
@@ -453,6 +454,11 @@ class Roster:
             self._said.add(why)
             logger.warning("%s", why)
         return picks[:n]
+
+    def rollout_refusal(self, live: Live) -> str | None:
+        """Why the batched backend of `live`'s base model refuses it (`RolloutBackend.refusal`): the planner's gate
+        (`rfopt.engine.plan.Planner`)."""
+        return live.runner.rollout_backend(BATCHED).refusal(live.config)
 
     def resident_models(self) -> set[str]:
         return {live.config.model_key for live in self.live.values() if self.ctx.pool.has_base(live.config)}

@@ -52,6 +52,7 @@ from .artifacts import publish_unit
 from .checks import CheckedRun, check_run, say_placement
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .driver import drive
+from .plan import planned_gang_size
 from .request import RunRequest
 from .roster import Roster
 from .unit import Context
@@ -143,15 +144,7 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
     data_parallel = request.worker.data_parallel if request.worker is not None else None
     if data_parallel is not None:
         ctx.runner_class = functools.partial(DataParallelRunner, group=data_parallel)
-    gang_size = request.gang
-    if gang_size > 1 and tracking is not None and tracking.passed_on:
-        # rfopt logs each trial's run itself for tensorboard, wandb, mlflow and trackio; TRL's integrations of the
-        # others keep one active run per process, so gang members would write into each other's runs.
-        single = tracking.passed_on
-        logger.warning("report_to %s: one trial at a time (gang_size 1 instead of %d): TRL's integration of %s "
-                       "keeps one active run per process, so gang members would write into each other's runs",
-                       ", ".join(single), gang_size, " and ".join(single))
-        gang_size = 1
+    gang_size = planned_gang_size(request.gang, single_run_trackers=tracking.passed_on if tracking is not None else ())
     if request.on_unit is not None:
         ctx.callbacks.append(lambda event: request.on_unit(event.trial.number, event.unit, event.value))
     if progress is not None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +43,15 @@ from rfopt.storage.crashpoints import reach
 from rfopt.storage.schema import TrialRef
 from rfopt.storage.state import UnitReport
 from rfopt.training.evaluation import EvalResult
-from rfopt.training.gang import Gang, GangMember, gang_key
+from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
+from rfopt.training.rollouts import RolloutBackend
 from rfopt.training.runner import TrialRunner
 from rfopt.training.trackers import Tracking
 
 from .best import keep_if_best
+from .plan import UnitPlan, alone
 from .scheduler import LiveTrial
 
 logger = logging.getLogger("rfopt")
@@ -136,8 +137,6 @@ class Live:
     last_value: float | None = None
     decided: set[int] = field(default_factory=set)
     """Steps whose rung decision is stored for it."""
-    alone: str | None = None
-    """Why its rollouts cannot share a batch (`rfopt.training.rollouts.refusal`), or None: it then trains alone."""
 
     @property
     def number(self) -> int:
@@ -148,9 +147,8 @@ class Live:
         return self.committed >= self.schedule.num_units
 
     def candidate(self) -> LiveTrial:
-        """What the scheduler needs to know of it."""
-        return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused,
-                         gang_key=None if self.alone is not None else gang_key(self.config))
+        """What the scheduler needs to know of it (who it may train with is the planner's: `rfopt.engine.plan`)."""
+        return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused)
 
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
@@ -244,34 +242,35 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
 
 
 # ---------------------------------------------------------------------- 2-5. train, evaluate, checkpoint, commit
-def run_units(ctx: Context, members: list[tuple[Live, Claim]], batched: bool = False
+def run_units(ctx: Context, members: list[tuple[Live, Claim]], plan: UnitPlan | None = None
               ) -> dict[int, BaseException | None]:
-    """One unit of each member, trained in lockstep through one rollout backend (`rfopt.training.gang`: a trial alone is
-    a gang of one on the exact backend; `batched`: the base model's batched backend), evaluated together through the
-    same backend, checkpointed durably with each unit's report (a gang's all of them or none:
-    `CheckpointStore.save_gang`), then committed one by one.
+    """One unit of each member, carried out as `plan` says (`rfopt.engine.plan`; None: each trial alone): trained in
+    lockstep through the plan's rollout backend (`rfopt.training.gang`: a trial alone is a gang of one on the exact
+    backend; a gang's members share the base model's batched backend), evaluated together through the same backend,
+    checkpointed durably with each unit's report (a gang's all of them or none: `CheckpointStore.save_gang`), then
+    committed one by one.
 
     Returns each member's outcome by trial number: None (its unit is committed, or it had none left to train) or
     the exception that ended its unit (it fails alone, or with `LeaseLost`/`ChunkAborted` another process has it
     now). Raises what a user callback raised (`CallbackFailed`), once every unit is committed, and what stops the
     whole run (Ctrl-C)."""
+    plan = plan or alone(members[0][0].number)
     outcomes: dict[int, BaseException | None] = {}
     ready = _ready(ctx, members, outcomes)
     if not ready:
         return outcomes
-    backend = ready[0][0].runner.rollout_backend(batched)
-    plan = None
-    if len(ready) > 1 or backend.shares_batches:  # who trained together, so that a rerun forms the same gang
-        plan = schema.GangPlan(id=uuid.uuid4().hex[:12],
-                               members=tuple((live.number, live.committed) for live, _ in ready))
-        schema.write_gang_plan([live.ref for live, _ in ready], plan)
-    trained = _train(ctx, backend, ready, plan, outcomes)
+    backend = ready[0][0].runner.rollout_backend(plan.backend)
+    record = None
+    if plan.in_gang:  # who trained together, so that a rerun forms the same gang
+        record = schema.GangPlan(id=plan.gang_id, members=tuple((live.number, live.committed) for live, _ in ready))
+        schema.write_gang_plan([live.ref for live, _ in ready], record)
+    trained = _train(ctx, backend, ready, record, outcomes)
     if not trained:
         return outcomes
     reports = _evaluate(ctx, backend, trained, outcomes)
     if not reports:
         return outcomes
-    saved = _save(ctx, reports, plan)
+    saved = _save(ctx, reports, record)
     failed_callback: CallbackFailed | None = None
     for live, claim, report in reports:
         if isinstance(saved[live.number], Exception):  # its own checkpoint could not be written: it fails alone
@@ -327,7 +326,7 @@ class _Trained:
     seconds: float
 
 
-def _train(ctx: Context, backend: Any, ready: list[tuple[Live, Claim]], plan: schema.GangPlan | None,
+def _train(ctx: Context, backend: RolloutBackend, ready: list[tuple[Live, Claim]], plan: schema.GangPlan | None,
            outcomes: dict[int, BaseException | None]) -> list[_Trained]:
     """Each member's chunk, in lockstep (`rfopt.training.gang.Gang`); a member that failed gets its outcome."""
     publishers = {}
@@ -355,7 +354,7 @@ def _train(ctx: Context, backend: Any, ready: list[tuple[Live, Claim]], plan: sc
     return trained
 
 
-def _evaluate(ctx: Context, backend: Any, trained: list[_Trained], outcomes: dict[int, BaseException | None]
+def _evaluate(ctx: Context, backend: RolloutBackend, trained: list[_Trained], outcomes: dict[int, BaseException | None]
               ) -> list[tuple[Live, Claim, UnitReport]]:
     """Each trained member's evaluation, through the backend it trained on, as its unit's report; a member whose
     evaluation failed (or whose claim was lost) gets its outcome."""

@@ -21,7 +21,7 @@ from rfopt.errors import Refusal
 
 from .loading import load_model
 from .memory import GIB, free_bytes, gang_memory, model_bytes
-from .rollouts import BatchedBackend, ExactBackend, RolloutBackend, model_refusal
+from .rollouts import BATCHED, EXACT, KINDS, BatchedBackend, ExactBackend, RolloutBackend
 
 logger = logging.getLogger("rfopt")
 
@@ -152,8 +152,6 @@ class _Resident:
     peft_model: Any = None
     adapters: set[str] = field(default_factory=set)
     batched: BatchedBackend | None = None
-    unbatched: str | None = None
-    """Why its gangs cannot decode in one batch (`rfopt.training.rollouts.model_refusal`), once it was asked."""
 
 
 class ModelPool:
@@ -265,22 +263,19 @@ class ModelPool:
             model.set_adapter(name)
         return model
 
-    def backend(self, trial_number: int, config: TrialConfig, batched: bool) -> RolloutBackend:
-        """What trial `trial_number` (acquired) generates through: with `batched`, the batched backend of its resident
-        base model (one per base model and device, shared by every gang that trains on it), unless that model cannot
-        be served batched (said once); else the exact backend on its model."""
-        model = self.acquire(trial_number, config) if config.peft_config is None else self._resident_model(config)
-        if not batched or config.peft_config is None:
+    def backend(self, kind: str, trial_number: int, config: TrialConfig) -> RolloutBackend:
+        """The one place rollout backends are built, by kind (`rfopt.training.rollouts.KINDS`): `EXACT`, the exact
+        backend on trial `trial_number`'s model (acquired); `BATCHED`, the batched backend of `config`'s resident base
+        model (one per base model and device, shared by every gang that trains on it; built on the base model until
+        an adapter is on it). Ask its `refusal(config)` before a trial trains on it."""
+        if kind == EXACT:
+            model = self.acquire(trial_number, config) if config.peft_config is None else self._resident_model(config)
             return ExactBackend(model)
-        resident = self._resident[config.model_key]
+        if kind != BATCHED:
+            raise ValueError(f"trial {trial_number}: rollout backend {kind!r}: give one of {', '.join(KINDS)}")
+        resident = self._load(config)
+        model = resident.peft_model if resident.peft_model is not None else resident.base
         if resident.batched is None or resident.batched.model is not model:
-            if resident.unbatched is None:
-                resident.unbatched = model_refusal(model) or ""
-                if resident.unbatched:
-                    logger.warning("%s: gangs train their members one after another (no batched rollouts): %s",
-                                   config.model, resident.unbatched)
-            if resident.unbatched:
-                return ExactBackend(model)
             resident.batched = BatchedBackend(model, dtype=self.placement.compute_dtype())
         return resident.batched
 

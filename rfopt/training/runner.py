@@ -54,7 +54,7 @@ from rfopt.storage.state import RngState, TrialSnapshot
 
 from .evaluation import EvalMember, EvalResult, evaluate_members
 from .models import ModelPool, adapter_name
-from .rollouts import RolloutBackend
+from .rollouts import EXACT, RolloutBackend
 from .trackers import Tracking
 
 _NO_STATE = -1
@@ -305,7 +305,7 @@ class TrialRunner:
 
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
         """The trial's evaluation alone, on the exact backend (``model.generate``)."""
-        (result,) = self.evaluate_gang(self.rollout_backend(batched=False), [self], eval_dataset, settings)
+        (result,) = self.evaluate_gang(self.rollout_backend(EXACT), [self], eval_dataset, settings)
         if isinstance(result, Exception):
             raise result
         return result
@@ -325,10 +325,11 @@ class TrialRunner:
                           self.config.args.max_completion_length, self.trainer_state(),
                           dict(self.config.args.chat_template_kwargs or {}))
 
-    def rollout_backend(self, batched: bool) -> RolloutBackend:
-        """What the trial generates through: the pool's batched backend for its base model (`batched`, when that
-        model can be served batched), else the exact backend on its model."""
-        return self.pool.backend(self.number, self.config, batched)
+    def rollout_backend(self, kind: str) -> RolloutBackend:
+        """The rollout backend of kind `kind` the trial would generate through (`ModelPool.backend`): `EXACT`, the
+        exact backend on its model; `BATCHED`, its base model's batched backend (whose `refusal` says whether it
+        may)."""
+        return self.pool.backend(kind, self.number, self.config)
 
     def trainer_state(self) -> Any:
         """What a reward function reading ``trainer_state`` gets from TRL at the trial's current step."""

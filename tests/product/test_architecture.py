@@ -51,7 +51,7 @@ LAYERS = {
                  {"runner", "baseline"}, {"parallel", "gang", "progress"}, {"__init__"}],
     "reports": [{"outcome"}, {"timeline", "status", "trial_svg", "lead"}, {"charts", "forecast"},
                 {"parallel", "display"}, {"__init__"}],
-    "engine": [{"scheduler", "ops", "clones", "artifacts", "request", "best", "baselines"}, {"unit", "population"},
+    "engine": [{"plan", "scheduler", "ops", "clones", "artifacts", "request", "best", "baselines"}, {"unit", "population"},
                {"coordinator", "roster"},
                {"checks", "driver"},
                {"run"}, {"ray_worker"}, {"cluster"}, {"__init__"}],

@@ -38,7 +38,7 @@ def _train(tiny_model, members, chunks=2, **grpo):
                                    "/tmp/rfopt-test-gang"))
     for runner in runners:
         runner.setup()
-    backend = runners[0].rollout_backend(batched=True)
+    backend = runners[0].rollout_backend("batched")
     metrics = {r.number: [] for r in runners}
     decodes = 0
     for _ in range(chunks):
@@ -100,7 +100,7 @@ def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_m
                                    "/tmp/rfopt-test-gang"))
     for runner in runners:
         runner.setup()
-    backend = runners[0].rollout_backend(batched=True)
+    backend = runners[0].rollout_backend("batched")
     Gang(backend, [GangMember(r) for r in runners]).train()  # the adapters differ after a chunk
     evals = prompts_dataset(5, "E")
     for settings in (EvalSettings(batch_size=2, num_samples=5), EvalSettings(temperature=0.8, batch_size=2)):
@@ -122,7 +122,7 @@ def test_the_rollout_hook_gets_the_generation_batch_and_the_model_is_put_back(ti
     config = trial_config(tiny_model)
     runner = TrialRunner(0, config, plan, trial_schedule(plan, config.args), dataset, pool, "/tmp/rfopt-test-gang")
     runner.setup()
-    backend = runner.rollout_backend(batched=True)
+    backend = runner.rollout_backend("batched")
     seen = []
     generate = backend.generate
     backend.generate = lambda requests, **kw: seen.append([len(r.prompt_ids) for r in requests]) or generate(requests,
@@ -330,7 +330,7 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
                                     "/tmp/rfopt-test-gang"))
     for runner in runners:
         runner.setup()
-    gang = Gang(runners[0].rollout_backend(batched=True), [GangMember(r) for r in runners])
+    gang = Gang(runners[0].rollout_backend("batched"), [GangMember(r) for r in runners])
     with pytest.raises(KeyboardInterrupt):
         gang.train()
     assert isinstance(gang.members[1].error, Aborted)

@@ -11,6 +11,9 @@ sampler (`sampler`).
 """
 
 from .backend import (
+    BATCHED,
+    EXACT,
+    KINDS,
     Aborted,
     Completions,
     ExactBackend,
@@ -25,6 +28,6 @@ from .backend import (
 from .batched import BatchedBackend, DecodeStats
 from .sampler import Sampling, Ungangable
 
-__all__ = ["Aborted", "BatchedBackend", "Completions", "DecodeStats", "ExactBackend", "GenerationRequest", "Outcome",
+__all__ = ["BATCHED", "EXACT", "KINDS", "Aborted", "BatchedBackend", "Completions", "DecodeStats", "ExactBackend", "GenerationRequest", "Outcome",
            "RolloutBackend", "Sampling", "Ungangable", "model_refusal", "refusal", "seed_from_stream", "until_eos"]
 

@@ -34,6 +34,13 @@ from rfopt.errors import RfoptError
 from .sampler import Sampling, Ungangable
 
 
+EXACT = "exact"
+"""The backend kind of a trial alone: `ExactBackend`."""
+BATCHED = "batched"
+"""The backend kind of a gang: `rfopt.training.rollouts.batched.BatchedBackend`."""
+KINDS = (EXACT, BATCHED)
+
+
 class Aborted(RfoptError, RuntimeError):
     """Decoding was stopped between two tokens (`RolloutBackend.generate`'s `should_stop`)."""
 
@@ -142,10 +149,10 @@ def _embedding_target(target_modules: Any) -> str | None:
 
 
 def model_refusal(model: Any) -> str | None:
-    """Why the batched backend cannot serve `model` (a PeftModel) at all, or None: an attention it does not mask
-    (only ``sdpa`` and ``eager``), sliding-window layers (a static cache of full layers), or an evaluation whose
-    generation config asks for settings it does not sample with."""
-    config = model.get_base_model().config
+    """Why the batched backend cannot serve `model` (a PeftModel, or the base model before any adapter is on it) at
+    all, or None: an attention it does not mask (only ``sdpa`` and ``eager``), sliding-window layers (a static cache of
+    full layers)."""
+    config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
     attention = compat.attention_implementation(config)
     if attention not in ("sdpa", "eager"):
         return f"attention {attention!r} (the batched decoder masks sdpa and eager attention)"
@@ -251,5 +258,5 @@ def until_eos(ids: list[int], eos_ids: Sequence[int], pad_id: int | None) -> lis
     return [t for t in ids if t != pad_id] if pad_id not in eos_ids else ids
 
 
-__all__ = ["Aborted", "Completions", "ExactBackend", "GenerationRequest", "Outcome", "RolloutBackend",
+__all__ = ["BATCHED", "EXACT", "KINDS", "Aborted", "Completions", "ExactBackend", "GenerationRequest", "Outcome", "RolloutBackend",
            "model_refusal", "refusal", "seed_from_stream", "until_eos"]

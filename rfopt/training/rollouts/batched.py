@@ -152,7 +152,10 @@ class BatchedBackend:
 
     # ------------------------------------------------------------------ the protocol
     def refusal(self, config: Any) -> str | None:
-        return refusal(config)
+        """Why `config`'s trial cannot generate through this backend (it then trains alone, on the exact backend), or
+        None: the config gate (`rfopt.training.rollouts.refusal`), then this backend's own check of the model it
+        serves (`model_refusal`)."""
+        return refusal(config) or model_refusal(self.model)
 
     def adapters_changed(self, names: Iterable[str]) -> None:
         """Nothing to do: every decode copies its adapters' current weights into the bank."""
