@@ -9,7 +9,8 @@ running):
 
 - `Refusal` (a ``ValueError``): rfopt refuses an input or a request before writing anything; the message names the
   field and the fix, and a note (``exc.add_note``) may say where (``in configs[2]``). `TypeRefusal` (also a
-  ``TypeError``: a value of the wrong type), `MissingPackage` (also an ``ImportError``), `ConfigError`, `PlanError`,
+  ``TypeError``: a value of the wrong type), `MissingPackage` (also an ``ImportError``), `MissingFile` (also a
+  ``FileNotFoundError``), `ConfigError`, `PlanError`,
   `OpError`, `StorageLocationError`, `StudyNameError`, `ClusterStorageError`, `ClusterTooSmallError`,
   `TrackerRefused`. The dashboard answers these with 400 and the message; any other exception is a bug, not the
   user's mistake.
@@ -18,6 +19,8 @@ running):
   `StorageUnreachableError`, `DatasetUnavailableError`; and the engine's own ``rfopt.storage.leases.LeaseLost``,
   ``rfopt.training.runner.ChunkAborted``, ``rfopt.training.rollouts.Aborted`` (and
   ``rfopt.training.rollouts.Ungangable``, a ``ValueError``), which never reach a user and are not offered here.
+- `NothingToAnswer` (a ``LookupError``): what was asked for is not there yet (a study of that name, a best adapter
+  before one is kept); `NoSuchTrial` (also an ``IndexError``): no trial of that number.
 - `PopulationBasedTrainingMisplaced` (a ``TypeError``): `rfopt.PopulationBasedTraining` given to a plain Optuna study.
 - `StaleRead`: what the engine read of a study changed under it (a trial ended in another process); the one signal
   that means "read again next round". Nothing else is deferred that way: a user's pruner that raises fails its trial.
@@ -51,6 +54,20 @@ class TypeRefusal(Refusal, TypeError):
 class MissingPackage(Refusal, ImportError):
     """A `Refusal` of an input that needs a package that is not installed (the message names the ``pip install``):
     also an ``ImportError``."""
+
+
+class MissingFile(Refusal, FileNotFoundError):
+    """A `Refusal` of a path that names no file (a study file, a SQLite file to watch): also a ``FileNotFoundError``."""
+
+
+class NothingToAnswer(RfoptError, LookupError):
+    """What was asked for is not there (yet): a study of that name, a best trial or a checkpoint to export before one
+    exists, a trial's config it never stored. Also a ``LookupError``, as rfopt raised it before."""
+
+
+class NoSuchTrial(NothingToAnswer, IndexError):
+    """The study has no trial of that number (``study.trial_config(7)``): also an ``IndexError``, as
+    ``study.trials[7]`` raises."""
 
 
 class ConfigError(Refusal):
@@ -100,8 +117,8 @@ _ELSEWHERE = {
 
 # Those defined here, then the others, spread from the table: ruff's check that each name in `__all__` is defined
 # does not know that `__getattr__` supplies them.
-__all__ = ["ConfigError", "MissingPackage", "PrunerFailed", "Refusal", "RfoptError", "StaleRead", "TypeRefusal",
-           *_ELSEWHERE]
+__all__ = ["ConfigError", "MissingFile", "MissingPackage", "NoSuchTrial", "NothingToAnswer", "PrunerFailed", "Refusal",
+           "RfoptError", "StaleRead", "TypeRefusal", *_ELSEWHERE]
 
 
 def __getattr__(name: str) -> type[RfoptError]:

@@ -32,6 +32,7 @@ from rfopt.compat import storage_of
 from rfopt.config.settings import EvalSettings, StudySettings
 from rfopt.config.trial import TrialConfig
 from rfopt.engine import clones, ops
+from rfopt.errors import NoSuchTrial, NothingToAnswer, TypeRefusal
 from rfopt.engine.checks import StudyNameError, check_pruner, check_study_name
 from rfopt.engine.cluster import RayCluster
 from rfopt.engine.request import RunRequest, Worker
@@ -115,7 +116,7 @@ class Study:
         """The study's checkpoint store (`LookupError` before the study has run and none was given)."""
         location = study_record(self.optuna).checkpoint_dir or self._requested
         if location is None:
-            raise LookupError(f"study {self.study_name!r} has not run yet: it has no checkpoint location")
+            raise NothingToAnswer(f"study {self.study_name!r} has not run yet: it has no checkpoint location")
         return CheckpointStore(location)
 
     # ------------------------------------------------------------------ an Optuna study to its user
@@ -133,7 +134,7 @@ class Study:
         """Stop the running `optimize` / `work` of this process, as `optuna.Study.stop` does (call it from a callback):
         no new trial is started; the live ones go on to their end. To stop one trial, use `stop_trial`."""
         if args:
-            raise TypeError(f"Study.stop() stops the optimization loop, as in Optuna; to stop trial {args[0]} at its "
+            raise TypeRefusal(f"Study.stop() stops the optimization loop, as in Optuna; to stop trial {args[0]} at its "
                             f"next chunk boundary use study.stop_trial({args[0]})")
         self.optuna.stop()
 
@@ -397,21 +398,21 @@ class Study:
         With `best_trial`, Optuna's best trial's final adapter instead."""
         if best_trial:
             if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
-                raise LookupError(f"study {self.study_name!r} has no finished trial yet")
+                raise NothingToAnswer(f"study {self.study_name!r} has no finished trial yet")
             best = self.optuna.best_trial
             record = TrialRecord(best)
             number, path, what = best.number, record.adapter, "its adapter"
             if path is None and record.told_outside is not None:
-                raise LookupError(f"trial {best.number}, the best, was {record.told_outside}: nothing to export")
+                raise NothingToAnswer(f"trial {best.number}, the best, was {record.told_outside}: nothing to export")
         else:
             recommended = self.recommendation()
             if recommended is None:
-                raise LookupError(f"study {self.study_name!r} has no checkpoint to recommend yet (none of its trials has "
+                raise NothingToAnswer(f"study {self.study_name!r} has no checkpoint to recommend yet (none of its trials has "
                                   "committed a chunk whose completions had not collapsed); export_best(path, "
                                   "best_trial=True) exports Optuna's best trial's final adapter")
             number, path, what = recommended.trial, recommended.location, "its best checkpoint"
         if path is None or not location_exists(path):
-            raise LookupError(f"trial {number}: {what} is not in the checkpoint store ({path})")
+            raise NothingToAnswer(f"trial {number}: {what} is not in the checkpoint store ({path})")
         return path if is_url(path) else Path(path)
 
     def export_best(self, path: str | os.PathLike, *, best_trial: bool = False, overwrite: bool = False) -> Path:
@@ -449,20 +450,29 @@ class Study:
             >>> study.best_config.model, study.best_config.args.learning_rate           # doctest: +SKIP
         """
         if not self.optuna.get_trials(deepcopy=False, states=[TrialState.COMPLETE]):
-            raise LookupError(f"study {self.study_name!r} has no finished trial yet")
+            raise NothingToAnswer(f"study {self.study_name!r} has no finished trial yet")
         return self.trial_config(self.optuna.best_trial.number)
 
     def trial_config(self, number: int) -> TrialConfig:
-        """Trial `number`'s config as it was trained (its stored ``rfopt:config``)."""
-        stored = TrialRecord(self.optuna.trials[number]).config_json
+        """Trial `number`'s config as it was trained (its stored ``rfopt:config``); `rfopt.errors.NoSuchTrial` (an
+        ``IndexError``) if the study has no trial `number`."""
+        stored = TrialRecord(self._trial(number)).config_json
         if stored is None:
-            raise LookupError(f"trial {number} has no rfopt config")
+            raise NothingToAnswer(f"trial {number} has no rfopt config")
         return TrialConfig.from_json(stored)
 
     def chunk_metrics(self, number: int) -> list[dict[str, Any]]:
         """Per-chunk training and eval metrics stored on trial `number`, in chunk order."""
-        record = TrialRecord(self.optuna.trials[number])
+        record = TrialRecord(self._trial(number))
         return [record.raw_metrics(m.unit) for m in record.unit_metrics()]
+
+    def _trial(self, number: int) -> FrozenTrial:
+        """Trial `number`, or `NoSuchTrial` naming the numbers the study has."""
+        trials = self.optuna.get_trials(deepcopy=False)
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(trials):
+            held = f"trials 0..{len(trials) - 1}" if trials else "no trial yet"
+            raise NoSuchTrial(f"study {self.study_name!r} has no trial {number!r}: it holds {held}")
+        return trials[number]
 
 
 # ---------------------------------------------------------------------- module API
@@ -533,7 +543,7 @@ def load_study(
         study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=optuna_pruner(pruner))
     except KeyError as exc:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise LookupError(f"no study named {study_name!r} in this storage; it holds {names or 'no studies'}") from exc
+        raise NothingToAnswer(f"no study named {study_name!r} in this storage; it holds {names or 'no studies'}") from exc
     return Study(study, checkpoint_dir, pruner=pruner)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rfopt.errors import ConfigError
+from rfopt.errors import ConfigError, MissingFile
 
 from .settings import EvalSettings
 from .usercode import failure, load_file_module
@@ -136,8 +136,8 @@ def find_study_file(name: str | Path) -> Path:
         return path
     if path.suffix != ".py" and len(path.parts) == 1 and path.name in builtin_studies():
         return _builtin_folder() / f"{path.name}.py"
-    raise FileNotFoundError(f"study file {name} does not exist; give a path, or a ready-made study: "
-                            f"{', '.join(builtin_studies())}")
+    raise MissingFile(f"study file {name} does not exist; give a path, or a ready-made study: "
+                      f"{', '.join(builtin_studies())}")
 
 
 def _builtin_folder() -> Path:

@@ -21,6 +21,7 @@ from wsgiref.simple_server import make_server as _wsgiref_server
 
 import optuna
 
+from rfopt.errors import MissingFile
 from rfopt import compat
 from rfopt.engine.artifacts import StudyArtifacts
 
@@ -131,7 +132,7 @@ def make_server(
     if isinstance(storage, str) and storage.startswith("sqlite:///"):
         path = Path(storage[len("sqlite:///"):])
         if not path.exists():
-            raise FileNotFoundError(f"no SQLite file {path.resolve()}; give the storage your study runs in (--storage)")
+            raise MissingFile(f"no SQLite file {path.resolve()}; give the storage your study runs in (--storage)")
     token, _ = resolve_token(host, token)
     server_class = DashboardServer
     if ":" in host:

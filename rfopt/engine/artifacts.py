@@ -20,6 +20,7 @@ from typing import Any
 
 import optuna
 
+from rfopt.errors import NothingToAnswer, Refusal
 from rfopt.compat import storage_of, study_id_of, trial_id_of
 from rfopt.reports.status import situation
 from rfopt.reports.trial_svg import charts_svg
@@ -36,7 +37,7 @@ def study_artifact_store(study: optuna.Study) -> Any:
     """The artifact store of an rfopt study: ``artifacts/`` in its checkpoint store (a directory or a URL)."""
     root = study_record(study).checkpoint_dir
     if root is None:
-        raise LookupError(f"study {study.study_name!r} has no checkpoint location; it has not run under rfopt")
+        raise NothingToAnswer(f"study {study.study_name!r} has no checkpoint location; it has not run under rfopt")
     if is_url(root):
         return ObjectArtifactStore(f"{root}/artifacts")
     path = Path(root) / "artifacts"
@@ -77,7 +78,7 @@ class ObjectArtifactStore:
         """The object of `artifact_id`, always directly under the store's prefix: an id is never a path (as Optuna's
         `FileSystemArtifactStore` refuses one that leaves its folder)."""
         if not artifact_id or "/" in artifact_id or "\\" in artifact_id or artifact_id.startswith("."):
-            raise ValueError(f"Invalid artifact_id: {artifact_id!r} (an artifact id is a name, not a path)")
+            raise Refusal(f"Invalid artifact_id: {artifact_id!r} (an artifact id is a name, not a path)")
         return f"{self._path}/{artifact_id}"
 
 

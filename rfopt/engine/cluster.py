@@ -37,7 +37,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.config.spaces import ListSpace
-from rfopt.errors import Refusal
+from rfopt.errors import MissingPackage, Refusal
 from rfopt.reports.status import state_counts
 from rfopt.storage.schema import TrialRecord
 
@@ -126,7 +126,7 @@ class RayCluster:
             if value is not None and not isinstance(value, dict):
                 problems.append(f"{name} must be a dict, got {type(value).__name__} {value!r}")
         if problems:
-            raise ValueError("RayCluster: " + "; ".join(problems))
+            raise Refusal("RayCluster: " + "; ".join(problems))
 
     # ------------------------------------------------------------------ the run
     def run(self, study: optuna.Study, request: RunRequest, checkpoint_dir: str | None = None) -> None:
@@ -136,7 +136,7 @@ class RayCluster:
         space, n_trials, n_trials_total = checked.space, request.n_trials, request.n_trials_total
         if isinstance(space, ListSpace):
             if n_trials is not None:
-                raise ValueError("n_trials with a list of configs: on a cluster the workers run every config not run "
+                raise Refusal("n_trials with a list of configs: on a cluster the workers run every config not run "
                                  "yet; leave n_trials out")
             concurrent = request.max_concurrent or max(1, min(len(space), 8))
         else:  # n_trials counts this call's new trials: the workers share them as a study total
@@ -205,7 +205,7 @@ class RayCluster:
                 logger.warning("RayCluster(num_workers=%d): the cluster's nodes hold %d such workers; the others wait "
                                "for room", self.num_workers, room)
         if count < self.devices_per_trial:
-            raise ValueError(f"RayCluster(devices_per_trial={self.devices_per_trial}): the cluster gives {count} "
+            raise Refusal(f"RayCluster(devices_per_trial={self.devices_per_trial}): the cluster gives {count} "
                              f"worker device(s); a trial needs {self.devices_per_trial}")
         return count - count % self.devices_per_trial, each
 
@@ -215,7 +215,7 @@ class RayCluster:
         gpus = cluster_gpus > 0 if self.gpus is None else self.gpus
         if gpus:
             if cluster_gpus < 1:
-                raise ValueError("RayCluster(gpus=True): the cluster has no GPU; leave gpus=None to train on its CPUs")
+                raise Refusal("RayCluster(gpus=True): the cluster has no GPU; leave gpus=None to train on its CPUs")
             return self.num_workers or cluster_gpus, {"num_gpus": 1, "num_cpus": 1}
         cpus = resources.get("CPU", 0)
         return self.num_workers or max(1, math.floor(cpus / self.cpus_per_worker)), {"num_cpus": self.cpus_per_worker}
@@ -411,7 +411,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ImportError("running a study on a Ray cluster needs Ray: pip install 'rfopt[ray]'") from None
+        raise MissingPackage("running a study on a Ray cluster needs Ray: pip install 'rfopt[ray]'") from None
     return ray
 
 

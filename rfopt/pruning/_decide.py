@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from rfopt import noise
 from rfopt.compat import patience_gate, percentile_helpers, pruner_settings
-from rfopt.errors import PrunerFailed, StaleRead
+from rfopt.errors import PrunerFailed, Refusal, StaleRead
 from rfopt.storage.schema import PruneDecision, TrialRecord, TrialRef, load_decision, study_record, write_decision
 
 from ._halving import Brackets, successive_halving
@@ -140,14 +140,14 @@ def _noise_note(at: _Step, number: int, verdict: _Verdict, verdicts: Mapping[int
 
 def _check_study_and_step(study: optuna.Study, step: int, n_steps: int) -> None:
     if len(study.directions) != 1:
-        raise ValueError(
+        raise Refusal(
             f"study {study.study_name!r} has {len(study.directions)} objectives; Optuna pruners "
             "judge single-objective studies only."
         )
     if n_steps < 1:
-        raise ValueError(f"n_steps={n_steps}: a chunk plan has at least one chunk.")
+        raise Refusal(f"n_steps={n_steps}: a chunk plan has at least one chunk.")
     if not 0 <= step < n_steps:
-        raise ValueError(f"step={step} is outside the chunk plan: steps run 0..{n_steps - 1}.")
+        raise Refusal(f"step={step} is outside the chunk plan: steps run 0..{n_steps - 1}.")
 
 
 def _stored_or_check(
@@ -156,12 +156,12 @@ def _stored_or_check(
     """The stored decision, or None after checking that the trial can be decided now."""
     trial = trials.get(number)
     if trial is None:
-        raise ValueError(f"trial {number}: no such trial in study {study.study_name!r}.")
+        raise Refusal(f"trial {number}: no such trial in study {study.study_name!r}.")
     decision = load_decision(trial, step)
     if decision is not None:
         return decision
     if step not in trial.intermediate_values:
-        raise ValueError(
+        raise Refusal(
             f"trial {number} has not reported step {step}; decide only once it has "
             f"(its last reported step is {trial.last_step})."
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from optuna.pruners import HyperbandPruner, SuccessiveHalvingPruner
 from optuna.study import StudyDirection
 
+from rfopt.errors import Refusal
 from rfopt.compat import pruner_settings
 
 #: With ``min_resource="auto"`` the first rung comes after about ``n_steps / eta**3`` chunks, so a
@@ -133,7 +134,7 @@ class Brackets:
         # Same expression as Optuna, so float rounding agrees too.
         n_brackets = math.floor(math.log(max_resource / min_resource, eta)) + 1
         if n_brackets < 1:
-            raise ValueError(
+            raise Refusal(
                 f"HyperbandPruner: max_resource={max_resource} is below "
                 f"min_resource={min_resource}; set max_resource to the number of chunks or 'auto'."
             )

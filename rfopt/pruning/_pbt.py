@@ -42,7 +42,7 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt.errors import RfoptError
+from rfopt.errors import Refusal, RfoptError
 from rfopt.storage.schema import PbtStep, Replacement
 
 EXPLORE_MODES = ("perturb", "sampler")
@@ -121,7 +121,7 @@ class PopulationBasedTraining:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             problems.append(f"seed={seed!r}: give an int or None")
         if problems:
-            raise ValueError("PopulationBasedTraining: " + "; ".join(problems))
+            raise Refusal("PopulationBasedTraining: " + "; ".join(problems))
         self.interval = interval
         self.quantile = float(quantile)
         self.factors = tuple(float(f) for f in factors)

@@ -8,6 +8,8 @@ equal) hold everywhere.
 import re
 from collections.abc import Mapping, Sequence
 
+from rfopt.errors import Refusal, TypeRefusal
+
 _ANSWER_OPEN = "<answer>"
 _ANSWER_CLOSE = "</answer>"
 
@@ -67,7 +69,7 @@ def completion_texts(completions: Sequence[object], reward: str) -> list[str]:
     ``reward`` names the calling reward function in the error.
     """
     if isinstance(completions, (str, bytes, Mapping)) or not isinstance(completions, Sequence):
-        raise TypeError(
+        raise TypeRefusal(
             f"reward function '{reward}': completions must be a list (one entry per completion), "
             f"got {type(completions).__name__}"
         )
@@ -171,18 +173,18 @@ def find_gold_column(columns: Mapping[str, object], names: Sequence[str], count:
         if values is None:
             continue
         if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-            raise ValueError(
+            raise Refusal(
                 f"reward function '{reward}': column '{name}' must hold one gold value per completion, "
                 f"got a single {type(values).__name__}"
             )
         if len(values) != count:
-            raise ValueError(
+            raise Refusal(
                 f"reward function '{reward}': column '{name}' has {len(values)} values for {count} completions"
             )
         return list(values)
     trl_keywords = ("trainer_state", "log_extra", "log_metric", "completion_ids", "environments")
     present = sorted(k for k, v in columns.items() if v is not None and k not in trl_keywords)
-    raise ValueError(
+    raise Refusal(
         f"reward function '{reward}': no gold column; it reads the first of {list(names)}, "
         f"but the columns passed are {present}. Add such a column to the dataset."
     )

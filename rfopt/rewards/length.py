@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
+from rfopt.errors import Refusal
 from rfopt.values import is_int
 
 from .extract import completion_texts
@@ -19,7 +20,7 @@ def completion_lengths(completions: Sequence[Any], completion_ids: Sequence[Any]
     if completion_ids is None:
         return [len(text.split()) for text in texts]
     if len(completion_ids) != len(texts):
-        raise ValueError(
+        raise Refusal(
             f"reward function '{reward}': completion_ids has {len(completion_ids)} entries "
             f"for {len(texts)} completions"
         )
@@ -59,7 +60,7 @@ class SoftOverlongPunishment(FactoryReward):
                 f"max_completion_length ({max_completion_length})"
             )
         if errors:
-            raise ValueError("soft_overlong_punishment: " + "; ".join(errors))
+            raise Refusal("soft_overlong_punishment: " + "; ".join(errors))
         self.max_completion_length = max_completion_length
         self.soft_punish_cache = soft_punish_cache
         super().__init__(
@@ -113,7 +114,7 @@ class LengthReward(FactoryReward):
         if not is_int(effective) or effective < 1:
             errors.append(f"tolerance must be an integer >= 1 (it defaults to target_length), got {effective!r}")
         if errors:
-            raise ValueError("length_reward: " + "; ".join(errors))
+            raise Refusal("length_reward: " + "; ".join(errors))
         self.target_length = target_length
         self.tolerance = effective
         super().__init__(

@@ -6,6 +6,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
+from rfopt.errors import Refusal
 from .extract import (
     completion_texts,
     extract_answer,
@@ -60,7 +61,7 @@ class MathAccuracy(FactoryReward):
     def __init__(self, gold_columns: Sequence[str]) -> None:
         is_list = isinstance(gold_columns, Sequence) and not isinstance(gold_columns, str)
         if not is_list or not gold_columns or not all(isinstance(c, str) and c for c in gold_columns):
-            raise ValueError(
+            raise Refusal(
                 f"math_accuracy_for: gold_columns must be a non-empty list of column names, got {gold_columns!r}"
             )
         self.gold_columns = tuple(gold_columns)

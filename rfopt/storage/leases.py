@@ -45,7 +45,7 @@ import optuna
 import sqlalchemy as sa
 
 from rfopt.compat import storage_of
-from rfopt.errors import RfoptError
+from rfopt.errors import Refusal, RfoptError
 
 from .database import is_schema_race, is_unreachable, retry, sqlalchemy_engine_of
 
@@ -114,7 +114,7 @@ class Leases:
         storage = storage_of(study)
         engine = sqlalchemy_engine_of(storage)
         if engine is None:
-            raise ValueError(
+            raise Refusal(
                 f"study {study.study_name!r}: workers need an SQL storage (sqlite:///... on one host, "
                 f"postgresql://... across hosts), not {type(storage).__name__}"
             )
@@ -313,7 +313,7 @@ class Presence:
                  exclusive: bool = False) -> None:
         engine = sqlalchemy_engine_of(storage_of(study))
         if engine is None:
-            raise ValueError(f"study {study.study_name!r}: presence needs an SQL storage")
+            raise Refusal(f"study {study.study_name!r}: presence needs an SQL storage")
         self.engine: sa.Engine = engine
         self._optuna_study = study
         self.study = study.study_name

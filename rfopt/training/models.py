@@ -81,12 +81,12 @@ class Placement:
         import torch
 
         if precision not in PRECISIONS:
-            raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+            raise Refusal(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
         cuda = torch.device(device).type == "cuda"
         if precision == "auto":
             precision = "bf16" if cuda and _bf16_supported() else "fp32"
         if precision == "fp16" and not cuda:
-            raise ValueError(f"precision 'fp16' needs a CUDA device; this study runs on {device!r}")
+            raise Refusal(f"precision 'fp16' needs a CUDA device; this study runs on {device!r}")
         return cls(device=device, use_cpu=not cuda, bf16=precision == "bf16", fp16=precision == "fp16")
 
     def args(self) -> dict[str, bool]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rfopt.errors import Refusal
 from rfopt import compat
 from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.config.trial import TrialConfig
@@ -59,7 +60,7 @@ class DataParallel:
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"data parallel: rank {self.rank} of {self.world_size} devices; give 0 <= rank < "
+            raise Refusal(f"data parallel: rank {self.rank} of {self.world_size} devices; give 0 <= rank < "
                              "world_size")
 
     @property
@@ -138,7 +139,7 @@ class DataParallelRunner(TrialRunner):
         batch = self.config.args.per_device_train_batch_size
         per_device, rest = divmod(batch, self.group.world_size)
         if rest or per_device < 1:
-            raise ValueError(f"trial {self.number}: per_device_train_batch_size {batch} (the trial's batch, split "
+            raise Refusal(f"trial {self.number}: per_device_train_batch_size {batch} (the trial's batch, split "
                              f"over its devices) cannot be split evenly over {self.group.world_size} devices; give "
                              f"a multiple of {self.group.world_size}")
         return per_device
@@ -155,7 +156,7 @@ class DataParallelRunner(TrialRunner):
         """`TrialRunner.train_chunk`, as one data-parallel job; a trial over several devices trains alone (on the exact
         rollout backend: each rank generates its own rows), so it takes no `rollout_func`."""
         if rollout_func is not None:
-            raise ValueError(f"trial {self.number}: a data-parallel trial generates on each of its devices; it cannot "
+            raise Refusal(f"trial {self.number}: a data-parallel trial generates on each of its devices; it cannot "
                              "share a batched decode")
         group = self.group
         if group.world_size > 1 and group.lead:

@@ -28,6 +28,50 @@ def test_a_refusal_is_an_rfopt_error_and_the_builtin_error_callers_catch_it_by()
     assert isinstance(refused.value, rfopt.RfoptError)
 
 
+def _public_api_refusals(tmp_path):
+    """(what, call, the builtin error it raised before it was an RfoptError): what the public API refuses on purpose,
+    outside a run, from an empty study to an argument out of range."""
+    from rfopt.config.studyfile import find_study_file
+    from rfopt.rewards import length_reward
+    from rfopt.rewards.math_answers import math_accuracy_for
+    from rfopt.studies.data import load_arithmetic
+
+    storage = f"sqlite:///{tmp_path / 'empty.db'}"
+    empty = rfopt.create_study(study_name="empty", storage=storage)
+    return [
+        ("load_study of a missing study", lambda: rfopt.load_study(study_name="nope", storage=storage), LookupError),
+        ("export_best before a checkpoint", lambda: empty.export_best(tmp_path / "out"), LookupError),
+        ("best_adapter before a checkpoint", lambda: empty.best_adapter(), LookupError),
+        ("best_adapter(best_trial=True) before a trial", lambda: empty.best_adapter(best_trial=True), LookupError),
+        ("best_config before a trial", lambda: empty.best_config, LookupError),
+        ("trial_config of a missing trial", lambda: empty.trial_config(0), IndexError),
+        ("chunk_metrics of a missing trial", lambda: empty.chunk_metrics(3), IndexError),
+        ("checkpoints before a run", lambda: empty.checkpoints, LookupError),
+        ("Study.stop(trial)", lambda: empty.stop(3), TypeError),
+        ("PopulationBasedTraining(interval=0)", lambda: rfopt.PopulationBasedTraining(interval=0), ValueError),
+        ("RayCluster(num_workers=0)", lambda: rfopt.RayCluster(num_workers=0), ValueError),
+        ("length_reward(-1)", lambda: length_reward(-1), ValueError),
+        ("math_accuracy_for([])", lambda: math_accuracy_for([]), ValueError),
+        ("load_arithmetic(difficulty='x')", lambda: load_arithmetic(n_train=2, n_test=2, difficulty="x"), ValueError),
+        ("a missing study file", lambda: find_study_file(tmp_path / "none.py"), FileNotFoundError),
+    ]
+
+
+def test_every_refusal_of_the_public_api_is_an_rfopt_error_of_its_old_builtin_kind(tmp_path):
+    """Issue 41 item 17: ``except rfopt.RfoptError`` missed what rfopt raised on purpose (LookupError, IndexError,
+    ValueError); each is an RfoptError now, and still the builtin error a caller caught it by."""
+    from rfopt.errors import NoSuchTrial, NothingToAnswer
+
+    for what, call, builtin in _public_api_refusals(tmp_path):
+        with pytest.raises(builtin) as raised:
+            call()
+        assert isinstance(raised.value, rfopt.RfoptError), f"{what}: {type(raised.value).__name__}: {raised.value}"
+        if builtin is LookupError:
+            assert isinstance(raised.value, NothingToAnswer), what
+    with pytest.raises(NoSuchTrial, match=r"study 'empty' has no trial 0: it holds no trial yet"):
+        rfopt.load_study(study_name="empty", storage=f"sqlite:///{tmp_path / 'empty.db'}").trial_config(0)
+
+
 # ---------------------------------------------------------------------- a name never chooses a location
 _BAD_NAMES = [
     ("../../x", "'/' is not allowed"),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import datasets
 
+from rfopt.errors import Refusal
 from ._prompts import REASONING_SYSTEM_PROMPT
 from ._source import Splits, check_sizes, conversation
 
@@ -275,7 +276,7 @@ def _problems(seed: int, split: str, tier: _Tier, n: int, exclude: set[str]) -> 
         seen.add(problem.question)
         found.append(problem)
     if len(found) < n:
-        raise ValueError(f"arithmetic: could only make {len(found)} distinct {split} problems, not {n}.")
+        raise Refusal(f"arithmetic: could only make {len(found)} distinct {split} problems, not {n}.")
     return found
 
 
@@ -305,9 +306,9 @@ def load_arithmetic(
     """
     check_sizes("arithmetic", n_train=n_train, n_test=n_test)
     if n_train is None or n_test is None:
-        raise ValueError("arithmetic: n_train and n_test must be integers (the generator has no 'all').")
+        raise Refusal("arithmetic: n_train and n_test must be integers (the generator has no 'all').")
     if difficulty not in _TIERS:
-        raise ValueError(f"arithmetic: difficulty={difficulty!r}; choose one of {sorted(_TIERS)}.")
+        raise Refusal(f"arithmetic: difficulty={difficulty!r}; choose one of {sorted(_TIERS)}.")
     tier = _TIERS[difficulty]
     test = _problems(seed, "test", tier, n_test, exclude=set())
     train = _problems(seed, "train", tier, n_train, exclude={p.question for p in test})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rfopt.errors import Refusal
 from ._prompts import BOXED_SYSTEM_PROMPT
 from ._source import Source, Splits, check_sizes, conversation, load_splits, take
 
@@ -42,7 +43,7 @@ def load_deepmath(
     )["train"].shuffle(seed=seed)
     n_test = len(dataset) if n_test is None else n_test
     if n_test > len(dataset):
-        raise ValueError(
+        raise Refusal(
             f"deepmath: asked for {n_test} test rows but the source has only {len(dataset)} rows; "
             f"pass a smaller n_test."
         )

@@ -9,7 +9,7 @@ from typing import NamedTuple, Union
 
 import datasets
 
-from rfopt.errors import RfoptError
+from rfopt.errors import Refusal, RfoptError
 
 #: A Hub dataset id (``"openai/gsm8k"``), a local file or directory, or ``{split: path}``.
 Source = Union[str, os.PathLike, Mapping[str, Union[str, os.PathLike]]]
@@ -92,7 +92,7 @@ def take(name: str, dataset: datasets.Dataset, split: str, n: int | None, start:
     if n is None:
         n = available
     if n > available:
-        raise ValueError(
+        raise Refusal(
             f"{name}: asked for {n} {split} rows but only {available} are available; "
             f"pass a smaller n_{split} (or None for all of them)."
         )
@@ -107,7 +107,7 @@ def check_sizes(name: str, **sizes: int | None) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0)
     ]
     if bad:
-        raise ValueError(f"{name}: {', '.join(bad)}: sizes must be non-negative integers or None.")
+        raise Refusal(f"{name}: {', '.join(bad)}: sizes must be non-negative integers or None.")
 
 
 def conversation(system_prompt: str | None, question: str) -> list[dict[str, str]]:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rfopt.errors import Refusal
 from rfopt import compat
 
 from .backend import Aborted, Completions, GenerationRequest, Outcome, model_refusal, refusal
@@ -61,7 +62,7 @@ def default_mode(device: Any) -> str:
     mode = os.environ.get("RFOPT_DECODE")
     if mode:
         if mode not in MODES:
-            raise ValueError(f"RFOPT_DECODE={mode!r}: give one of {', '.join(MODES)}")
+            raise Refusal(f"RFOPT_DECODE={mode!r}: give one of {', '.join(MODES)}")
         return mode
     return "graph" if getattr(device, "type", str(device)) == "cuda" else "eager"
 
@@ -138,9 +139,9 @@ class BatchedBackend:
         self.device = next(model.parameters()).device
         self.mode = mode or default_mode(self.device)
         if self.mode not in MODES:
-            raise ValueError(f"decode mode {self.mode!r}: give one of {', '.join(MODES)}")
+            raise Refusal(f"decode mode {self.mode!r}: give one of {', '.join(MODES)}")
         if self.mode != "eager" and self.device.type != "cuda":
-            raise ValueError(f"decode mode {self.mode!r} needs a CUDA device; the model is on {self.device}")
+            raise Refusal(f"decode mode {self.mode!r} needs a CUDA device; the model is on {self.device}")
         self.max_rows = max_rows
         self.stats = DecodeStats()
         self._bank: LoraBank | None = None
