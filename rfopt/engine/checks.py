@@ -30,6 +30,7 @@ from rfopt.errors import MissingPackage, Refusal, TypeRefusal
 from rfopt.pruning import PopulationBasedTraining
 from rfopt.storage import schema
 from rfopt.storage.schema import study_record
+from rfopt.training.rollouts.batched import decode_env
 from rfopt.training.trackers import check as check_trackers
 from rfopt.training.trackers import normalize as trackers_of
 
@@ -82,6 +83,7 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
                          "runs its configs (n_trials limits how many of them this call starts)")
     pruner = request.pruner if request.pruner is not None else study.pruner
     check_pruner(pruner)
+    decode_env(None if request.executor is not None else request.device)  # a cluster's workers have their own devices
     record = study_record(study)
     settings = request.settings.resolved(StudySettings.from_attrs(record.settings, record.plan), study.study_name)
     plan = record.plan

@@ -5,6 +5,8 @@ mix); run arguments (n_trials, objective, eval settings, device). A study delete
 so. Every refused input is an `rfopt.errors.Refusal` (an `rfopt.RfoptError`, and the builtin error callers caught it
 by before)."""
 
+import re
+
 import optuna
 import pytest
 
@@ -70,6 +72,30 @@ def test_every_refusal_of_the_public_api_is_an_rfopt_error_of_its_old_builtin_ki
             assert isinstance(raised.value, NothingToAnswer), what
     with pytest.raises(NoSuchTrial, match=r"study 'empty' has no trial 0: it holds no trial yet"):
         rfopt.load_study(study_name="empty", storage=f"sqlite:///{tmp_path / 'empty.db'}").trial_config(0)
+
+
+@pytest.mark.parametrize("value, refused", [("bogus", "give one of eager, graph, compiled"),
+                                             ("graph", "needs a CUDA device, and this study trains on 'cpu'"),
+                                             (" Compiled ", "needs a CUDA device")])
+def test_a_bad_rfopt_decode_is_refused_before_anything_is_stored(tiny_model, tmp_path, monkeypatch, value, refused):
+    """Issue 41 item 16: RFOPT_DECODE was read after the trials were stored and the baseline evaluated, ended the call
+    with a plain ValueError and left every trial RUNNING."""
+    monkeypatch.setenv("RFOPT_DECODE", value)
+    study = study_at(tmp_path)
+    with pytest.raises(Refusal, match=re.escape(f"RFOPT_DECODE={value!r}") + ".*" + re.escape(refused)):
+        optimize(study, [trial_config(tiny_model), trial_config(tiny_model, learning_rate=1e-3)], gang_size=2)
+    untouched(study, tmp_path)
+
+
+def test_rfopt_decode_is_read_stripped_in_any_case():
+    from rfopt.training.rollouts.batched import decode_env, default_mode
+
+    for value, device, mode in [(" EAGER ", "cpu", "eager"), ("Graph", "cuda:1", "graph"), ("", "cpu", "eager"),
+                                ("  ", "cuda", "graph")]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RFOPT_DECODE", value)
+            assert default_mode(device) == mode
+            assert decode_env(None) == (value.strip().lower() or None)
 
 
 # ---------------------------------------------------------------------- a name never chooses a location

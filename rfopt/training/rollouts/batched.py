@@ -58,13 +58,30 @@ MODES = ("eager", "graph", "compiled")
 
 
 def default_mode(device: Any) -> str:
-    """``RFOPT_DECODE`` if set; else ``graph`` on a CUDA device and ``eager`` elsewhere."""
-    mode = os.environ.get("RFOPT_DECODE")
-    if mode:
-        if mode not in MODES:
-            raise Refusal(f"RFOPT_DECODE={mode!r}: give one of {', '.join(MODES)}")
-        return mode
-    return "graph" if getattr(device, "type", str(device)) == "cuda" else "eager"
+    """``RFOPT_DECODE`` if set (`decode_env`); else ``graph`` on a CUDA device and ``eager`` elsewhere."""
+    return decode_env(device) or ("graph" if _device_kind(device) == "cuda" else "eager")
+
+
+def decode_env(device: Any = None) -> str | None:
+    """The decode mode ``RFOPT_DECODE`` asks for (stripped, in any case: ``" EAGER"`` is ``eager``), None where it is
+    unset or blank. A value that is no mode is a `Refusal`, and so is a mode that needs CUDA where `device` (a torch
+    device or ``"cuda:1"``; None: not known yet) is not a GPU. The run's up-front checks call it before anything is
+    stored."""
+    given = os.environ.get("RFOPT_DECODE", "")
+    mode = given.strip().casefold()
+    if not mode:
+        return None
+    if mode not in MODES:
+        raise Refusal(f"RFOPT_DECODE={given!r}: give one of {', '.join(MODES)}, or unset it (graph on a GPU, eager "
+                      "elsewhere)")
+    if mode != "eager" and device is not None and _device_kind(device) != "cuda":
+        raise Refusal(f"RFOPT_DECODE={given!r} needs a CUDA device, and this study trains on {str(device)!r}: set "
+                      "RFOPT_DECODE=eager, or unset it")
+    return mode
+
+
+def _device_kind(device: Any) -> str:
+    return getattr(device, "type", None) or str(device).split(":")[0]
 
 
 @dataclass
@@ -477,4 +494,4 @@ def serves(model: Any) -> str | None:
     return model_refusal(model)
 
 
-__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "default_mode", "serves"]
+__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "decode_env", "default_mode", "serves"]
