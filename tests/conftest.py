@@ -5,6 +5,8 @@ import warnings
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 # One torch (OpenMP) thread, here and in the processes tests start: the tiny model gains nothing from more, and on a
 # busy 2-core machine two spinning OpenMP threads per process made tests 10x slower.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -15,6 +17,79 @@ warnings.filterwarnings("ignore", category=UserWarning)
 # trackio reads its directory once, when first imported: the tests' trackio runs go to a folder of their own, not the
 # user's ~/.cache (each test names its own project). Set before any test imports trackio; inherited by subprocesses.
 os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="rfopt-tests-trackio-"))
+
+
+# ---------------------------------------------------------------------- the two tiers, kept apart
+# `make test` runs `-m "not slow"`. What puts a test in the slow tier is what it does, not what someone remembered to
+# write: a test marked `e2e` (trains through TRL) or `subprocess` (starts processes that train or load rfopt) is slow
+# by that alone (`pytest_collection_modifyitems`), and a test left in the fast tier that trains through TRL or starts
+# a Python process fails, naming the marker to add (`_fast_tier_stays_fast`). pyproject.toml sets --strict-markers,
+# so a misspelt marker is an error, not a silently unmarked test.
+TIER_MARKERS = ("e2e", "subprocess")
+
+
+class SlowWorkInFastTier(AssertionError):
+    """A test outside the slow tier trained through TRL or started a Python process."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(name) for name in TIER_MARKERS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+def _is_python_process(command) -> bool:
+    import shlex
+    import sys
+
+    argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+    program = os.path.basename(argv[0]) if argv else ""
+    return bool(argv) and (argv[0] == sys.executable or program.startswith("python") or program == "rfopt")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_stays_fast(request, monkeypatch):
+    """Outside the slow tier, TRL's training loop and Python subprocesses refuse to start (see above). The test
+    fails even where rfopt catches the refusal (a trial that fails alone), with the marker to add."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    import subprocess
+
+    import transformers
+
+    name = request.node.nodeid
+    caught: list[str] = []
+
+    def refuse(message: str):
+        caught.append(message)
+        raise SlowWorkInFastTier(message)
+
+    def no_training(*args, **kwargs):
+        refuse(f"{name} trains through TRL: mark it @pytest.mark.e2e (the slow tier), or train on the scripted "
+               "runner (the `scripted` fixture)")
+
+    popen_init = subprocess.Popen.__init__
+
+    def no_python_process(self, args, *rest, **kwargs):
+        if _is_python_process(args):
+            refuse(f"{name} starts a Python process ({args!r}): mark it @pytest.mark.subprocess (the slow tier)")
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "train", no_training)
+    monkeypatch.setattr(subprocess.Popen, "__init__", no_python_process)
+    yield
+    if caught and not getattr(request.node, "_call_failed", False):  # the refusal was caught on its way out
+        pytest.fail(caught[0], pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item._call_failed = report.failed
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ def counted(monkeypatch):
     return calls
 
 
+@pytest.mark.e2e
 def test_the_base_model_is_evaluated_once_before_any_trial_trains_and_scores_as_the_untrained_model(
         tiny_model, storage, counted):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -76,6 +77,7 @@ def test_trials_with_other_reward_functions_get_a_baseline_of_their_own(tiny_mod
     assert found[keys[1]].metrics == untrained.metrics
 
 
+@pytest.mark.e2e
 def test_a_baseline_that_cannot_be_evaluated_is_skipped_and_the_study_goes_on(tiny_model, storage, monkeypatch,
                                                                                caplog):
     def fails(*args, **kwargs):
@@ -90,6 +92,8 @@ def test_a_baseline_that_cannot_be_evaluated_is_skipped_and_the_study_goes_on(ti
     assert "could not be evaluated as a baseline (RuntimeError: no room for the base model)" in caplog.text
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
 def test_the_baseline_survives_a_crash_and_a_rerun_evaluates_it_no_more(tiny_model, tiny_study_reference, tmp_path):
     storage = f"sqlite:///{tmp_path / 'crash.db'}"
     command = run_command(storage, "--checkpoint-dir", str(tmp_path / "ck"))

@@ -19,6 +19,7 @@ def _same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.e2e
 def test_a_trial_whose_last_chunk_scores_worse_keeps_its_best_chunks_adapter_bit_for_bit(tiny_model, storage, tmp_path):
     study = rfopt.create_study(study_name="best", storage=storage, checkpoint_dir=tmp_path / "ck")
     after = {}
@@ -52,6 +53,7 @@ def test_a_trial_whose_last_chunk_scores_worse_keeps_its_best_chunks_adapter_bit
     assert "degraded after chunk 2: reward " in study.leaderboard_text()
 
 
+@pytest.mark.e2e
 def test_a_pruned_trial_keeps_its_best_checkpoint(tiny_model, storage, tmp_path):
     study = rfopt.create_study(study_name="pruned", storage=storage, checkpoint_dir=tmp_path / "ck",
                                pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
@@ -63,6 +65,8 @@ def test_a_pruned_trial_keeps_its_best_checkpoint(tiny_model, storage, tmp_path)
     assert (Path(best.location) / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.e2e
+@pytest.mark.subprocess
 @pytest.mark.parametrize("point", ["checkpoint-saved", "metrics-stored"])
 def test_a_crash_around_a_commit_keeps_the_same_best_checkpoint_as_an_uninterrupted_run(
         tiny_model, tiny_study_reference, tmp_path, point):

@@ -458,6 +458,7 @@ def test_decisions_need_only_storage_a_reloaded_study_and_a_new_pruner(tmp_path)
     assert reloaded == in_process
 
 
+@pytest.mark.subprocess
 def test_a_new_process_reads_back_the_stored_decision(tmp_path):
     study = new_study(tmp_path, "proc")
     trials = [study.ask() for _ in range(8)]

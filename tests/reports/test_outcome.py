@@ -69,6 +69,7 @@ def test_a_trial_whose_completions_no_longer_depend_on_the_prompt_is_marked_coll
     assert not all(torch.equal(ours[k], optunas[k]) for k in ours)
 
 
+@pytest.mark.e2e
 def test_the_opt_in_guard_prunes_a_collapsed_trial_with_the_reason(tiny_model, storage, tmp_path):
     collapsing = trial_config(tiny_model, rewards=(reward_agreement, reward_len),
                               peft=lora_config(modules_to_save=["embed_tokens"]))
