@@ -57,6 +57,7 @@ def test_the_base_model_is_evaluated_once_before_any_trial_trains_and_scores_as_
     assert TrialRecord(study.trials[2]).baseline_key == baseline.key
 
 
+@pytest.mark.e2e
 def test_trials_with_other_reward_functions_get_a_baseline_of_their_own(tiny_model, storage, counted):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
