@@ -61,6 +61,8 @@ class Scripted:
     values: dict[int, list[float]] = field(default_factory=dict)
     """A trial's value after each unit, by trial number (one value per unit); a trial not listed, or a unit past its
     list, reports its ``w``."""
+    adapters_changed: list[list[str]] = field(default_factory=list)
+    """What the rollout backends were told, call by call (`RolloutBackend.adapters_changed`)."""
 
     def value(self, number: int, unit: int, w: float) -> float:
         listed = self.values.get(number, [])
@@ -137,17 +139,18 @@ class ScriptedBackend:
     """A rollout backend that answers every request with scripted completions (each row: its prompt's length, read
     as a step of `completion_text`)."""
 
-    def __init__(self, shares_batches: bool) -> None:
+    def __init__(self, shares_batches: bool, script: Scripted | None = None) -> None:
         self.shares_batches = shares_batches
         self.decodes: list[list[str | None]] = []
         """The adapters of each `generate` call's requests."""
+        self.script = script or Scripted()
 
     def refusal(self, config: Any) -> str | None:
         """The batched backend's config gate, as a gang's real backend asks it (`rfopt.training.rollouts.refusal`)."""
         return refusal(config) if self.shares_batches else None
 
     def adapters_changed(self, names: Any) -> None:
-        pass
+        self.script.adapters_changed.append(list(names))
 
     def generate(self, requests: list[GenerationRequest], should_stop: Callable[[], bool] | None = None
                  ) -> list[Completions]:
@@ -200,7 +203,7 @@ class ScriptedRunner:
         return types.SimpleNamespace(disable_dropout=False, gradient_checkpointing=False)
 
     def rollout_backend(self, kind: str) -> ScriptedBackend:
-        return ScriptedBackend(shares_batches=kind == BATCHED)
+        return ScriptedBackend(shares_batches=kind == BATCHED, script=self.script)
 
     def trainer_state(self) -> Any:
         from transformers import TrainerState

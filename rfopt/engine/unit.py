@@ -260,6 +260,8 @@ def run_units(ctx: Context, members: list[tuple[Live, Claim]], plan: UnitPlan | 
     if not ready:
         return outcomes
     backend = ready[0][0].runner.rollout_backend(plan.backend)
+    # Their adapters were loaded or made since the backend last saw them (a checkpoint, a warm start, a fresh adapter).
+    backend.adapters_changed([adapter_name(live.number) for live, _ in ready if live.config.peft_config is not None])
     record = None
     if plan.in_gang:  # who trained together, so that a rerun forms the same gang
         record = schema.GangPlan(id=plan.gang_id, members=tuple((live.number, live.committed) for live, _ in ready))

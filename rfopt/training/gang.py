@@ -193,11 +193,19 @@ class Gang:
             member.result = member.runner.train_chunk(
                 should_stop=lambda: self._aborted.is_set() or bool(member.should_stop and member.should_stop()),
                 rollout_func=rollouts,
-                on_step=member.on_step,
+                on_step=functools.partial(self._stepped, member),
                 in_gang=True,
             )
         except BaseException as exc:  # noqa: BLE001 - the member's own failure; the gang goes on
             member.error = exc
+
+    def _stepped(self, member: GangMember, done: StepDone) -> None:
+        """A member's step hook: after each optimizer step its adapter changed, and the backend hears of it (one that
+        holds its own copy of the weights reloads it); then the member's own listener."""
+        if done.step > 0:
+            self.backend.adapters_changed([adapter_name(member.number)])
+        if member.on_step is not None:
+            member.on_step(done)
 
     def _rollout(self, i: int, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         """TRL's ``rollout_func`` for member `i`: queue its request, let the others run, and take the completions."""

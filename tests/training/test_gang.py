@@ -348,3 +348,15 @@ def test_a_run_that_names_no_gang_size_trains_in_gangs_of_the_default(scripted, 
     gangs = {tuple(map(tuple, t.system_attrs[k]["members"])) for t in study.trials for k in t.system_attrs
              if k.startswith("rfopt:gang:")}
     assert DEFAULT_GANG_SIZE == 4 and sorted(map(len, gangs)) == [2, 3]  # 5 trials, at most 4 at once, split evenly
+
+
+def test_the_backend_hears_of_every_members_optimizer_step_and_loaded_weights(scripted, tiny_model, tmp_path):
+    """A backend that holds its own copy of the weights (a vLLM engine) must reload an adapter after each optimizer
+    step and after its weights are loaded, or it decodes a stale adapter: the recording backend hears each."""
+    study = _study(tmp_path)
+    configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3)]
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), gang_size=2, show_progress_bar=False)
+    steps = schema.TrialRecord(study.trials[0]).schedule.steps_per_chunk
+    units = schema.TrialRecord(study.trials[0]).num_units
+    # Each unit: both members' adapters as loaded, then each member's adapter after each of its steps.
+    assert scripted.adapters_changed == units * ([["trial-0", "trial-1"]] + [["trial-0"], ["trial-1"]] * steps)

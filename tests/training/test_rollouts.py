@@ -228,11 +228,22 @@ def test_the_bank_refuses_what_it_cannot_serve_and_the_view_leaves_the_model_alo
     model, tokenizer = adapters
     assert adapter_refusal(model, "a") is None
     assert "no adapter" in adapter_refusal(model, "zzz")
-    model.add_adapter("emb", LoraConfig(r=2, target_modules=["embed_tokens"]))
+    model.add_adapter("emb", LoraConfig(r=2, target_modules=["embed_tokens"], init_lora_weights=False))
     try:
         assert "Embedding" in adapter_refusal(model, "emb")
-        out = BatchedBackend(model).generate([GenerationRequest("emb", _ids(tokenizer)[:1], _sampling(tokenizer))])
-        assert isinstance(out[0], Ungangable)
+        greedy = _sampling(tokenizer, do_sample=False)
+        backend = BatchedBackend(model)
+        model.set_adapter("b")
+        out = backend.generate([GenerationRequest("emb", _ids(tokenizer)[:2], greedy),
+                                GenerationRequest("a", _ids(tokenizer)[:2], greedy)])
+        # What it cannot serve is routed to the exact path (never a failure), beside the rows it decodes itself.
+        assert out[0].token_ids == _generate_alone(model, tokenizer, "emb", _ids(tokenizer)[:2])
+        assert out[1].token_ids == _generate_alone(model, tokenizer, "a", _ids(tokenizer)[:2])
+        assert backend.stats.routed == 1
+        model.set_adapter("b")
+        backend.generate([GenerationRequest("emb", _ids(tokenizer)[:1], greedy)])
+        assert model.active_adapter == "b"  # the shared model's active adapter is left as it was
+        assert isinstance(backend.generate([GenerationRequest(None, _ids(tokenizer)[:1], greedy)])[0], Ungangable)
     finally:
         model.delete_adapter("emb")
     before = {id(m): dict(vars(m)) for m in model.modules()}
@@ -248,6 +259,19 @@ def test_who_may_share_a_batch_is_decided_in_one_place(tiny_model):
                                                                                               "embed_tokens"])))
     assert "full fine-tuning" in refusal(rfopt.TrialConfig(model=str(tiny_model), reward_funcs=[reward_len],
                                                            args=trial_config(tiny_model).args, peft_config=None))
+
+
+def test_the_batched_backends_refusal_is_its_config_gate_and_its_own_check_of_the_model(adapters, tiny_model):
+    model, _ = adapters
+    backend = BatchedBackend(model)
+    assert backend.refusal(trial_config(tiny_model)) is None
+    assert "DoRA" in backend.refusal(trial_config(tiny_model, peft=lora_config(use_dora=True)))
+    config = model.get_base_model().config
+    config.sliding_window, config.use_sliding_window = 4, True
+    try:
+        assert "sliding-window" in backend.refusal(trial_config(tiny_model))  # the model it serves, its own check
+    finally:
+        del config.sliding_window, config.use_sliding_window
 
 
 def test_under_mixed_precision_the_decoder_reads_a_bf16_copy_and_the_trained_weights_stay_float32(adapters):

@@ -11,9 +11,13 @@ or the exception that ended that request alone. Two backends:
   through its own adapter (`rfopt.training.rollouts.bank`), with a static cache and a step captured as a CUDA graph
   on a GPU.
 
-`refusal` is the one place that decides whether a trial's rollouts can share a batch (otherwise it trains alone, on
-the exact backend); `model_refusal` whether a resident base model can be served batched at all (otherwise its gangs
-train their members one after another on the exact backend).
+Backends are built in one place, by kind (`EXACT`, `BATCHED`: `rfopt.training.models.ModelPool.backend`).
+`RolloutBackend.refusal(config)` is the one gate that decides, before training, whether a trial may generate through
+a backend: the unit's planner (`rfopt.engine.plan`) asks it of the backend a gang would use, and a trial it refuses
+trains alone, on the exact backend. The batched backend's is `refusal` (the config: its adapter, its generation
+settings) and then its own `model_refusal` (the model it serves). A request the batched backend cannot sample all the
+same is decoded on the exact path (``model.generate``), never returned as a failure. `adapters_changed` is called
+after every gang member's optimizer step and after a unit loads its members' weights.
 
 A vLLM backend would be a third: `generate` as ``LLM.generate`` with one ``LoRARequest`` per request (``enable_lora``,
 ``max_loras`` = the gang size), the seed as ``SamplingParams.seed``; `adapters_changed` reloads the named adapters

@@ -85,7 +85,7 @@ class LoraBank:
         """Adapters of the batch being decoded (positions 0..groups-1); read by the banked layers."""
 
         self.entries: dict[int, BankEntry] = {}
-        for _, layer in lora_layers(model):
+        for _, layer in banked_layers(model):
             weight = layer.base_layer.weight  # the bank computes in the view's dtype, as a vLLM engine does
             dtype, device = dtype or weight.dtype, weight.device
             in_features, out_features = layer.in_features, layer.out_features
@@ -149,13 +149,21 @@ def _new_bias(bank: LoraBank) -> bool:
                for entry in bank.entries.values())
 
 
+def banked_layers(model: Any) -> list[tuple[str, Any]]:
+    """The LoRA layers the bank serves: PEFT's ``lora.Linear`` (another adapter's embedding or convolution layer, on
+    the shared model beside the gang's, is decoded as its base layer: no adapter the bank serves adapts it)."""
+    from peft.tuners.lora import Linear
+
+    return [(name, layer) for name, layer in lora_layers(model) if isinstance(layer, Linear)]
+
+
 def signature(model: Any) -> tuple[int, ...]:
     """Which modules are LoRA layers: a new adapter that adapts other modules changes it (the view is then stale)."""
     return tuple(id(layer) for _, layer in lora_layers(model))
 
 
 def max_rank(model: Any) -> int:
-    return max((m.weight.shape[0] for _, layer in lora_layers(model) for m in layer.lora_A.values()), default=1)
+    return max((m.weight.shape[0] for _, layer in banked_layers(model) for m in layer.lora_A.values()), default=1)
 
 
 def banked_linear(base: Any, entry: BankEntry, bank: LoraBank) -> Any:
@@ -200,14 +208,18 @@ def decode_view(model: Any, bank: LoraBank) -> Any:
     served from `bank` (see the module docstring); in eval mode."""
     from rfopt import compat
 
+    from peft.tuners.lora import LoraLayer
+
     def replace(module: Any, view_of: Any) -> Any:
         entry = bank.entries.get(id(module))
-        return None if entry is None else banked_linear(view_of(module.base_layer), entry, bank)
+        if entry is None:  # a LoRA layer only adapters outside the batch adapt: its base layer alone
+            return view_of(module.base_layer) if isinstance(module, LoraLayer) else None
+        return banked_linear(view_of(module.base_layer), entry, bank)
 
     view = compat.module_view(model.get_base_model(), replace, dtype=bank.dtype)
     view.eval()
     return view
 
 
-__all__ = ["BankEntry", "banked_linear", "LoraBank", "adapter_refusal", "decode_view", "lora_layers", "max_rank",
+__all__ = ["BankEntry", "banked_layers", "banked_linear", "LoraBank", "adapter_refusal", "decode_view", "lora_layers", "max_rank",
            "signature"]

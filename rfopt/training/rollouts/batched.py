@@ -40,7 +40,7 @@ from typing import Any
 from rfopt.errors import Refusal
 from rfopt import compat
 
-from .backend import Aborted, Completions, GenerationRequest, Outcome, model_refusal, refusal
+from .backend import Aborted, Completions, ExactBackend, GenerationRequest, Outcome, model_refusal, refusal
 from .bank import LoraBank, adapter_refusal, decode_view
 from .sampler import Features, RowSettings, Sampling, Ungangable, row_key, sample, uniform_noise
 
@@ -96,6 +96,8 @@ class DecodeStats:
     prefill_seconds: float = 0.0
     captures: int = 0
     capture_seconds: float = 0.0
+    routed: int = 0
+    """Requests it could not sample, decoded on the exact path (``model.generate``) instead."""
 
 
 @dataclass
@@ -182,11 +184,15 @@ class BatchedBackend:
                  ) -> list[Outcome]:
         results: list[Any] = [None] * len(requests)
         live: list[int] = []
+        routed: list[int] = []
         for i, r in enumerate(requests):
             why = ("its generation settings need model.generate" if r.sampling is None
                    else adapter_refusal(self.model, r.adapter) if r.adapter is not None
                    else "it has no adapter on the shared model")
-            if why is not None:
+            if why is not None and r.adapter in getattr(self.model, "peft_config", {}) and \
+                    (r.generate_kwargs is not None or r.sampling is not None):
+                routed.append(i)  # what this backend cannot sample goes to the exact path, never back as a failure
+            elif why is not None:
                 results[i] = Ungangable(why)
             elif not r.prompt_ids:
                 results[i] = Completions([], [] if r.logprobs else None)
@@ -211,6 +217,16 @@ class BatchedBackend:
                     results[i].logprobs.extend(out.logprobs)
             live = [i for i in live if isinstance(results[i], Completions)
                     and len(results[i].token_ids) < len(requests[i].prompt_ids)]
+        if routed:
+            self.stats.routed += len(routed)
+            active = self.model.active_adapter
+            try:
+                outs = ExactBackend(self.model).generate([requests[i] for i in routed], should_stop)
+            finally:
+                if self.model.active_adapter != active:
+                    self.model.set_adapter(active)
+            for i, out in zip(routed, outs):
+                results[i] = out
         return results
 
     # ------------------------------------------------------------------ one batch
