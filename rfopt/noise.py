@@ -94,6 +94,8 @@ def gap(a: Sequence[float], b: Sequence[float]) -> Gap | None:
 def _stderr(values: list[float], mean: float) -> float | None:
     if len(values) < 2:
         return None
+    if max(values) == min(values):  # no spread: 0, not the rounding of their mean (a "± 8.4e-17")
+        return 0.0
     variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
     return math.sqrt(variance / len(values))
 

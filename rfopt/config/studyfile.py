@@ -79,6 +79,9 @@ class StudySpec:
         if self.configs is not None and not callable(self.configs):
             raise ConfigError(f"StudySpec {self.name!r}: configs= must be a function returning the list of "
                               "TrialConfig; give a list itself as space=")
+        if not isinstance(self.prune_collapsed, bool):
+            raise ConfigError(f"StudySpec {self.name!r}: prune_collapsed={self.prune_collapsed!r}: give True (prune a "
+                              "trial whose completions collapsed) or False")
         unknown = sorted(set(self.fast) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise ConfigError(f"StudySpec {self.name!r}: fast= names no field {unknown}")

@@ -90,6 +90,9 @@ class RunRequest:
         catch = self.catch if isinstance(self.catch, tuple) else (self.catch,)
         if not all(isinstance(c, type) and issubclass(c, Exception) for c in catch):
             raise TypeRefusal(f"catch must be a tuple of exception classes, got {self.catch!r}")
+        if not isinstance(self.prune_collapsed, bool):  # "no" is truthy: it would turn the guard on
+            raise TypeRefusal(f"prune_collapsed={self.prune_collapsed!r}: give True (prune a trial whose completions "
+                              "collapsed) or False")
         if self.gang_size is not None and (not is_int(self.gang_size) or self.gang_size < 1):
             raise Refusal(f"gang_size={self.gang_size!r}: give a whole number >= 1 (1 trains one trial at a time)")
         data_parallel = self.worker.data_parallel if self.worker is not None else None

@@ -160,11 +160,12 @@ def _trial_outcome(record: TrialRecord, baselines: Mapping[str, Baseline], recor
         collapsed = f"collapsed at chunk {units[-1].unit + 1}: {reason}"
     return TrialOutcome(number=record.number, state=record.shown_state, final=final, best=record.best,
                         baseline=baseline, collapsed=collapsed,
-                        degraded=_degraded(record, values, evals, records, objective, maximize))
+                        degraded=_degraded(record, values, evals, records, baselines, objective, maximize))
 
 
 def _degraded(record: TrialRecord, values: Mapping[int, float], evals: Mapping[int, Mapping[str, float]],
-              records: list[TrialRecord], objective: str, maximize: bool) -> str | None:
+              records: list[TrialRecord], baselines: Mapping[str, Baseline], objective: str,
+              maximize: bool) -> str | None:
     if len(values) < 2:
         return None
     sign = 1.0 if maximize else -1.0
@@ -183,6 +184,8 @@ def _degraded(record: TrialRecord, values: Mapping[int, float], evals: Mapping[i
             continue
         unit = max(other_values)
         other_evals = {m.unit: m.eval for m in other.unit_metrics()}
+        if _collapsed(other, other_evals.get(unit), baselines):  # a collapsed value is no bar to fall below
+            continue
         gap = _beyond_noise(other_values[unit], values[last], other_evals.get(unit), evals.get(last), objective, sign)
         if gap is not None:
             outlived.append((sign * other_values[unit], other.number, unit, other_values[unit], gap))
@@ -192,6 +195,14 @@ def _degraded(record: TrialRecord, values: Mapping[int, float], evals: Mapping[i
     if not said:
         return None
     return (f"degraded after chunk {peak + 1}: " if peak != last else "degraded: ") + "; ".join(said)
+
+
+def _collapsed(record: TrialRecord, metrics: Mapping[str, float] | None, baselines: Mapping[str, Baseline]) -> bool:
+    """Whether `record`'s evaluation `metrics` found its completions collapsed (`collapse_reason`)."""
+    if metrics is None:
+        return False
+    baseline = baselines.get(record.baseline_key) if record.baseline_key is not None else None
+    return collapse_reason(metrics, None if baseline is None else baseline.metrics) is not None
 
 
 def _beyond_noise(better: float, worse: float, better_eval: Mapping[str, float] | None,

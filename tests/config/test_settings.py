@@ -1,5 +1,7 @@
 """A study's settings (`rfopt.config.settings.StudySettings`): checked when made, fixed once, stored and read back."""
 
+import re
+
 import pytest
 
 from rfopt.chunks import ChunkPlan
@@ -55,6 +57,8 @@ def test_a_bad_setting_is_refused_when_it_is_made(field, value, error, says):
     (dict(catch="oops"), TypeError, r"catch must be a tuple of exception classes"),
     (dict(gang_size=0), ValueError, r"gang_size=0: give a whole number >= 1"),
     (dict(num_chunks=0), ValueError, r"num_chunks must be a whole number >= 1, got 0"),
+    *[(dict(prune_collapsed=value), TypeError, re.escape(f"prune_collapsed={value!r}: give True (prune a trial"))
+      for value in ("no", 1, None, [True])],  # issue 41 item 12: "no" turned the guard on
 ])
 def test_optimize_and_work_refuse_a_bad_argument_alike_before_anything_is_stored(tiny_model, storage, given, error,
                                                                                  says):

@@ -44,6 +44,17 @@ def test_a_study_file_that_fails_to_import_is_named_with_the_error_and_its_line(
     assert contents(tmp_path) == before  # not even the default rfopt.db
 
 
+@pytest.mark.parametrize("value", ["'no'", "1", "None"])
+def test_a_study_files_prune_collapsed_that_is_not_a_bool_is_refused(value, tmp_path, monkeypatch, capsys):
+    """Issue 41 item 12: ``prune_collapsed="no"`` was accepted, and turned the guard on."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("import rfopt\n\nSTUDY = rfopt.StudySpec(name='x', space=lambda trial: None, "
+                                   f"datasets=lambda: None, prune_collapsed={value})\n")
+    assert main(["run", "s.py"]) == 1
+    assert f"StudySpec 'x': prune_collapsed={value}: give True (prune a trial" in capsys.readouterr().err
+    assert list(p.name for p in tmp_path.iterdir()) == ["s.py"]
+
+
 def test_a_study_file_that_calls_sys_exit_when_imported_is_named_not_a_silent_exit(tmp_path, monkeypatch, capsys):
     """Issue 35: ``sys.exit(3)`` at import exited with code 3 and no message."""
     monkeypatch.chdir(tmp_path)

@@ -129,6 +129,39 @@ def test_a_survivor_that_ends_below_a_trial_it_outlived_says_so(recorded):
     assert degraded.endswith("; ends below trial 1 (1.89 after chunk 2), which it outlived, beyond the noise ±0.071")
 
 
+def test_a_survivor_is_not_flagged_degraded_against_a_collapsed_trials_value(recorded):
+    """Issue 41 item 12: the value a collapsed trial scored (one completion answering every prompt) is no bar a
+    survivor fell below."""
+    _add(recorded, {0: 1.8, 1: 1.85, 2: 1.9, 3: 1.9}, best=2)
+    _add(recorded, {0: 1.7, 1: 2.6}, state=TrialState.PRUNED, best=0)
+    collapsed = recorded.trials[1]
+    attrs = {schema.metrics_key(1): {"chunk": 1, "eval": {**_eval(2.6), "diversity/top_share": 1.0}}}
+    recorded.add_trial(create_trial(state=TrialState.PRUNED, params={"lr": 0.1},
+                                    distributions={"lr": FloatDistribution(0, 1)},
+                                    intermediate_values=collapsed.intermediate_values,
+                                    system_attrs={**collapsed.system_attrs, **attrs}))
+    found = outcome(recorded)
+    assert found.trials[2].collapsed == "collapsed at chunk 2: one completion answers 16 of 16 eval prompts"
+    assert found.trials[0].degraded == ("degraded after chunk 3: ends below trial 1 (2.6 after chunk 2), which it "
+                                        "outlived, beyond the noise ±0.071")  # trial 1 scored 2.6 without collapsing
+    # The same study without trial 1: only the collapsed 2.6 is above trial 0.
+    study = optuna.create_study(direction="maximize")
+    schema.write_settings(study, {"objective": "reward"})
+    schema.write_baseline(study, Baseline("k", "smollm2", "reward", 1.0, _eval(1.0)))
+    study.add_trial(recorded.trials[0])
+    study.add_trial(recorded.trials[2])
+    found = outcome(study)
+    assert found.trials[1].collapsed is not None and found.trials[0].degraded is None
+
+
+def test_a_zero_spread_shows_as_zero():
+    """Issue 41 item 12: eight scores of 0.1 have no spread; their mean's rounding printed as ``± 8.4e-17``."""
+    from rfopt.noise import estimate
+
+    assert estimate([0.1] * 8).stderr == 0.0
+    assert estimate([0.1] * 8).text() == "0.1 ± 0 (8 prompts)"
+
+
 def test_the_leaderboard_shows_the_baseline_row_each_difference_and_best_checkpoint(recorded):
     from rfopt.reports.display import format_leaderboard
 
