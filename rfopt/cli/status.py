@@ -58,7 +58,8 @@ def status_text(study: Any) -> str:
         flights = now_training(records, processes)
         lines += [f"now training: {n.line()}" for n in flights] or ["now training: nothing (between chunks)"]
         lines.append(_forecast_line(forecast(records, study_record(study).run_shape, processes),
-                                    [n.trial for n in flights if n.stuck()]))
+                                    [n.who() for n in flights if n.stuck()],
+                                    any(n.progress.phase == "baseline" for n in flights)))
     cost = study_cost(records, processes)
     if cost.units_without_pruning:
         lines.append(cost.line())
@@ -70,26 +71,29 @@ def status_text(study: Any) -> str:
         if record.state == TrialState.WAITING:
             lineage = record.lineage
             what = "a listed config" if lineage is None else (
-                f"clone of trial {lineage.parent}" + (f", warm from chunk {lineage.start_unit + 1}"
-                                                      if lineage.warm_start else "")
+                f"clone of trial {lineage.parent}" + (f", warm-started from its checkpoint after chunk "
+                                                      f"{lineage.start_unit}" if lineage.warm_start else "")
                 + (f" with {lineage.overrides}" if lineage.overrides else ""))
             lines.append(f"WAITING: trial {record.number} ({what}); starts when a slot frees in a run of the study")
     return "\n".join(lines)
 
 
-def _forecast_line(ahead: Any, stuck: list[int]) -> str:
+def _forecast_line(ahead: Any, stuck: list[str], baseline: bool = False) -> str:
     """``study: ~4m10s left, ends by 12:03:40 (...)``: the page's forecast, in the same words; on hold while a trial
-    is stuck."""
+    (or a gang: `stuck` holds ``trial 3``, ``trials 3, 4, 5 (one gang)``) is stuck, or while the base model is
+    evaluated (`baseline`: no chunk's time counts it)."""
     import time
 
     from rfopt.reports.timeline import clock_time
 
+    before = "" if ahead.end_at is None or not ahead.firm else f"; at its pace before, it ended by {clock_time(ahead.end_at)}"
     if stuck:
-        before = "" if ahead.end_at is None else f"; at its pace before, it ended by {clock_time(ahead.end_at)}"
-        return (f"study: its end is on hold while trial{'s' if len(stuck) > 1 else ''} "
-                f"{', '.join(map(str, stuck))} make{'s' if len(stuck) == 1 else ''} no progress "
-                f"({ahead.units_left:.3g} chunk units left{before})")
+        return (f"study: its end is on hold while {' and '.join(stuck)} make{'s' if len(stuck) == 1 else ''} no "
+                f"progress ({ahead.units_left:.3g} chunk units left{before})")
+    if baseline:
+        return (f"study: its end is on hold while the base model is evaluated with no adapter (the study's baseline; "
+                f"{ahead.units_left:.3g} chunk units left{before})")
     text = f"study: {ahead.text(time.time())}"
-    if ahead.end_at is not None and ahead.units_left > 0:
+    if ahead.end_at is not None and ahead.firm and ahead.units_left > 0:
         text += f"; ends by {clock_time(ahead.end_at)} (as its records of {clock_time(ahead.anchor, millis=True)} say)"
     return text

@@ -178,37 +178,29 @@ def _render_now(records: list[TrialRecord], live: Liveness, shape: RunShape | No
 
 
 def _now_line(now: NowTraining) -> str:
+    """One line per trial alone or per gang (one step counter, one pace, one stuck verdict)."""
     p = now.progress
-    if p.phase == "loading":
-        what = "loading (swapping the trial in)"
-    elif p.phase == "evaluating":
-        what = f"evaluating after its {p.steps} steps"
-    else:
-        what = f"{p.step} of {p.steps} steps done"
-    parts = [f"<b>trial {now.trial}</b> <span class='swatch' style='background:{colour(now.trial)}'></span>",
-             f"chunk {p.unit + 1} of {p.num_units}", what,
+    swatches = "".join(f"<span class='swatch' style='background:{colour(n)}'></span>" for n in now.trials)
+    parts = [f"<b>{_e(now.who())}</b> {swatches}", f"chunk {p.unit + 1} of {p.num_units}", _e(now.what()),
              f"<span class='clock' data-since='{p.started:.0f}'>since {_clock_time(p.started)}</span>"]
     if p.step_seconds is not None and p.phase == "training":
         parts.append(f"{p.step_seconds:.3g} s/step")
     if now.chunk_end_at is not None:
         parts.append(f"chunk ends <span class='clock' data-until='{now.chunk_end_at:.0f}'>"
                      f"by {_clock_time(now.chunk_end_at)}</span>")
-    if now.trial_end_at is not None and p.unit + 1 < p.num_units:
-        parts.append(f"its last chunk, if it is kept, done <span class='clock' data-until='{now.trial_end_at:.0f}'>"
-                     f"by {_clock_time(now.trial_end_at)}</span>")
-    if len(p.gang) > 1:
-        parts.append(f"trained together with trials {', '.join(str(n) for n in p.gang if n != now.trial)}")
     silence = now.silence
     quiet = ""
     stuck = ""
     if silence is not None:
-        noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading"}[silence.what]
+        noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading",
+                "baseline": "evaluating the base model"}[silence.what]
         quiet = (f" data-moved='{silence.since:.1f}' data-stuck-at='{silence.stuck_at:.1f}' data-quiet='{noun}' "
                  f"data-usual='{_e(silence.usual_text())}'")
         if now.stuck():
             stuck = " stuck"
     text = silence.text() + ": stuck or very slow; ETAs on hold" if stuck and silence is not None else ""
-    return (f"<li class='flight{stuck}' data-trial='{now.trial}' data-unit='{p.unit}' data-step='{p.step}' "
+    members = f" data-members='{','.join(map(str, now.members))}'" if now.members else ""
+    return (f"<li class='flight{stuck}' data-trial='{now.trial}'{members} data-unit='{p.unit}' data-step='{p.step}' "
             f"data-phase='{p.phase}'{quiet}>{' · '.join(parts)} <span class='silence'>{_e(text)}</span></li>")
 
 
@@ -217,9 +209,12 @@ def _eta_line(ahead: Forecast, flights: list[NowTraining]) -> str:
     with a range where that is an expectation."""
     if ahead.units_left <= 0:
         return ""
-    if ahead.end_at is None:
+    if any(n.progress.phase == "baseline" for n in flights):
+        return (f"<p id='eta' class='eta on-hold'>study: its end is on hold while the base model is evaluated with no "
+                f"adapter (the study's baseline) · {ahead.units_left:.3g} chunk units left ({_e(ahead.schedule)})</p>")
+    if ahead.end_at is None or not ahead.firm:
         return (f"<p id='eta' class='eta'>study: {ahead.units_left:.3g} chunk units left ({_e(ahead.schedule)}); "
-                "no unit's time measured yet</p>")
+                "its end is estimated after the first chunk commits</p>")
     ends = (f"ends <span class='clock' data-until='{ahead.end_at:.0f}'>by {_clock_time(ahead.end_at)}</span>")
     if ahead.ranged and ahead.end_at_max is not None:
         ends += (f", <span class='clock' data-until='{ahead.end_at_max:.0f}'>by {_clock_time(ahead.end_at_max)}"

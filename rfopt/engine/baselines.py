@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -40,14 +41,20 @@ class Baselines:
         self._known: dict[str, Baseline] = {}
         self._failed: set[str] = set()
 
-    def ensure(self, ref: TrialRef, config: TrialConfig, named: str | None) -> Baseline | None:
-        """The baseline of trial ``ref.number`` (whose config is `config`), evaluated now if the study has none yet;
-        the trial names it unless it does already (`named`). None if its evaluation failed."""
+    def ensure(self, ref: TrialRef, config: TrialConfig, named: str | None,
+               announce: Callable[[], None] | None = None) -> Baseline | None:
+        """The baseline of trial ``ref.number`` (whose config is `config`), evaluated now if the study has none yet
+        (`announce` is called first: the trial's progress then says the base model is being evaluated); the trial
+        names it unless it does already (`named`). None if its evaluation failed."""
         key = baseline_key(config, self.settings)
         if key in self._failed:
             return None
         if key not in self._known:
-            baseline = study_record(self.study).baselines.get(key) or self._evaluate(key, config)
+            baseline = study_record(self.study).baselines.get(key)
+            if baseline is None:
+                if announce is not None:
+                    announce()
+                baseline = self._evaluate(key, config)
             if baseline is None:
                 self._failed.add(key)
                 return None

@@ -39,6 +39,7 @@ from rfopt.storage.leases import LeaseLost
 from rfopt.storage.schema import TrialRecord, TrialRef, study_record
 from rfopt.training.diversity import collapse_reason
 from rfopt.training.evaluation import EvalPrompts
+from rfopt.training.progress import ProgressPublisher
 from rfopt.training.runner import ChunkAborted
 
 from . import ops, unit
@@ -326,7 +327,9 @@ class Roster:
             if live.number not in self.live or live.paused:
                 return False
         try:
-            self.baselines.ensure(live.ref, live.config, record.baseline_key)
+            self.baselines.ensure(live.ref, live.config, record.baseline_key, announce=lambda: ProgressPublisher(
+                live.ref, unit=live.committed, num_units=live.schedule.num_units, steps=live.schedule.steps_per_chunk,
+                listeners=self.ctx.step_listeners).baseline())
         except optuna.exceptions.UpdateFinishedTrialError:  # told finished outside rfopt while its baseline was evaluated
             told = TrialRecord(self.study.get_trials(deepcopy=False)[live.number]).told_outside
             logger.warning("trial %d %s; it trains no further here", live.number, told or "ended outside this process")

@@ -3,6 +3,7 @@ leaderboard."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -18,21 +19,25 @@ from .timeline import STUCK_FLOOR, STUCK_TIMES, STUCK_UNKNOWN, duration
 
 class ProgressBar:
     """What a run shows while it trains: a tqdm bar over the optimizer steps of its units, advancing at every step, in
-    one line that fits 100 columns (``t3,t4,t5 c2/4 s5/8 1.2s/st`` for a gang in flight, then live and pruned counts,
-    the best value as the leaderboard shows it, and the time left as the dashboard shows it); or, when its stream is
-    not a terminal (a log file, CI), plain lines: one when a chunk commits, one when a trial is pruned (with the
-    reason), one at most every `plain_seconds` while a chunk trains, and one when a chunk is overdue (no step for
-    several step times: stuck or very slow).
+    one line as wide as the terminal, what matters first and cut from the right: a stuck unit (``STUCK? t3,t4,t5 no
+    step 2m10s``) or what trains now (``t3,t4,t5 c2/4 s5/8 1.2s/st``: a gang is one group, one step counter, one pace),
+    the live and pruned counts, the best value as the leaderboard shows it, and the time left as the dashboard shows
+    it. Or, when its stream is not a terminal (a log file, CI), plain lines: one when a chunk commits, one when a
+    trial is pruned (with the reason), one per trial or gang and phase change (the base model evaluated, loading,
+    training, evaluating), one at most every `plain_seconds` while a chunk trains, and one when a trial or gang is
+    overdue (no step for several step times: stuck or very slow).
 
     It is handed each `rfopt.engine.roster.RunProgress` the run reports (units and steps committed, the last unit)
     and each step of a unit in flight (`rfopt.training.progress.UnitProgress`, via `step`). With `study`, it reads the
-    study's records after each commit, rung or change of counts: the trial counts, the
-    best value and the forecast are then the storage's, the same as the page's and ``rfopt status``'s. Its total
-    (steps committed plus the steps of the units the forecast expects) never runs backwards.
+    study's records after each commit and at least every `watch_seconds` (a prune or a change of counts is shown when
+    it is decided, the forecast follows the estimator between commits): the trial counts, the best value and the
+    forecast are then the storage's, the same as the page's and ``rfopt status``'s. Its total (steps committed plus
+    the steps of the units the forecast expects) never runs backwards. While the bar is drawn, log records are written
+    above it, never over it.
     """
 
     WIDTH = 100
-    """The widest line it draws."""
+    """The line's width when the stream's width cannot be told."""
 
     def __init__(self, study_name: str, enabled: bool = True, stream: TextIO | None = None,
                  plain: bool | None = None, plain_seconds: float = 30.0, study: Any = None,
@@ -49,22 +54,29 @@ class ProgressBar:
         self._flight: dict[int, Any] = {}
         self._heard: dict[int, float] = {}
         """When each trial in flight last moved (`time.monotonic`)."""
-        self._said_stuck: dict[int, float] = {}
+        self._said_stuck: dict[tuple[int, ...], float] = {}
+        self._said_phase: dict[tuple[int, ...], tuple[int, str]] = {}
         self._last_line = -math.inf
         self._last_commit: Any = None
         self._view: _StudyView | None = None
         self._read_key: Any = None
+        self._read_at = -math.inf
         self._total = 0
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._redirect: Any = None
 
     def __enter__(self) -> ProgressBar:
         if self.enabled and not self.plain:
             from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._bar = tqdm(total=0, desc=f"{self.study_name}", unit="step", file=self.stream, dynamic_ncols=True,
                              bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]{postfix}")
+            # Log records go above the bar (tqdm.write), not over it.
+            self._redirect = logging_redirect_tqdm(loggers=[logging.getLogger(), logging.getLogger("rfopt")])
+            self._redirect.__enter__()
         if self.enabled and self.watch_seconds > 0:
             self._watcher = threading.Thread(target=self._watch, name="rfopt-progress-watch", daemon=True)
             self._watcher.start()
@@ -80,6 +92,9 @@ class ProgressBar:
                 self._bar.total = self._bar.n  # nothing left: done, whatever the forecast expected
                 self._bar.refresh()
             self._bar.close()
+        if self._redirect is not None:
+            self._redirect.__exit__(*exc)
+            self._redirect = None
 
     def __call__(self, progress: Any) -> None:
         """The run's progress after a round of the driver or a commit."""
@@ -95,38 +110,47 @@ class ProgressBar:
                     self._last_commit = progress.last
                     trial, unit, value = progress.last
                     self._line(f"trial {trial} chunk {unit + 1} committed: {value:.4g} · {self._totals()}")
-                for number, reason in pruned:
-                    self._line(f"trial {number} pruned: {reason}")
-                return
-            for number, reason in pruned:
-                self._bar.write(f"{self.study_name}: trial {number} pruned: {reason}", file=self.stream)
-            self._draw()
+            self._say_pruned(pruned)
+            if not self.plain:
+                self._draw()
 
     def step(self, event: Any) -> None:
         """A unit in flight reached a step or a phase (`rfopt.training.progress.UnitProgress`)."""
         with self._lock:
             self._flight[event.trial] = event
             self._heard[event.trial] = time.monotonic()
-            self._said_stuck.pop(event.trial, None)
+            for key in [k for k in self._said_stuck if event.trial in k]:
+                del self._said_stuck[key]
             if not self.enabled:
                 return
             if self.plain:
                 now = time.monotonic()
-                if event.phase == "training" and now - self._last_line >= self.plain_seconds:
+                members = _members(event)
+                said = self._said_phase.get(members)
+                if said != (event.unit, event.phase):  # one line per trial or gang and phase change
+                    self._said_phase[members] = (event.unit, event.phase)
+                    who = _who(members, long=True)
+                    self._line(f"{who} chunk {event.unit + 1}/{event.num_units}: {_PHASES[event.phase]}")
+                elif event.phase == "training" and now - self._last_line >= self.plain_seconds:
                     self._line(f"{self._now(long=True)} · {self._totals()}")
                 return
             self._draw()
 
     # ------------------------------------------------------------------ what it reads
-    def _read(self, progress: Any) -> list[tuple[int, str]]:
-        """Read the study's records when something changed (at most once a second); return the trials pruned since
-        the last read, with their reasons."""
+    def _read(self, progress: Any = None, *, every: float | None = None) -> list[tuple[int, str]]:
+        """Read the study's records when something changed, or (`every`) when the last read is that many seconds old;
+        return the trials pruned since the last read, with their reasons."""
         if self.study is None:
             return []
-        key = (progress.last, progress.done, tuple(sorted(progress.counts.items())))
-        if key == self._read_key:
+        now = time.monotonic()
+        if progress is not None:
+            key = (progress.last, progress.done, tuple(sorted(progress.counts.items())))
+            if key == self._read_key:
+                return []
+            self._read_key = key
+        elif every is None or now - self._read_at < every:
             return []
-        self._read_key = key
+        self._read_at = now
         try:
             view = _StudyView.read(self.study)
         except Exception:  # noqa: BLE001 - a display's failure is not the run's
@@ -136,6 +160,13 @@ class ProgressBar:
         if before is None:
             return []
         return [(n, reason) for n, reason in view.pruned.items() if n not in before.pruned]
+
+    def _say_pruned(self, pruned: list[tuple[int, str]]) -> None:
+        for number, reason in pruned:
+            if self.plain:
+                self._line(f"trial {number} pruned: {reason}")
+            elif self._bar is not None:
+                self._bar.write(f"{self.study_name}: trial {number} pruned: {reason}", file=self.stream)
 
     # ------------------------------------------------------------------ showing it
     def _steps(self) -> tuple[int, int]:
@@ -150,28 +181,35 @@ class ProgressBar:
         self._total = max(self._total, total, run.steps_done + flying)
         return run.steps_done + flying, self._total
 
-    def _now(self, long: bool = False) -> str:
-        """What trains now: ``t3,t4 c2/4 s5/8 1.2s/st`` (a gang at the same step, one group), or in a log
-        ``trial 3 chunk 2/4 step 5/8 (1.2 s/step)``."""
-        groups: dict[tuple, list[Any]] = {}
+    def _groups(self) -> list[list[Any]]:
+        """The units in flight, a gang's members as one group (by their first member)."""
+        groups: dict[tuple[int, ...], list[Any]] = {}
         for e in sorted(self._flight.values(), key=lambda e: e.trial):
-            phase = {"loading": "loading", "evaluating": "eval"}.get(e.phase, f"s{e.step}/{e.steps}")
-            groups.setdefault((e.unit, e.num_units, phase), []).append(e)
-        if long:
-            parts = []
-            for e in sorted(self._flight.values(), key=lambda e: e.trial):
-                text = f"trial {e.trial} chunk {e.unit + 1}/{e.num_units} "
-                text += {"loading": "loading", "evaluating": "evaluating"}.get(e.phase, f"step {e.step}/{e.steps}")
-                if e.step_seconds is not None and e.phase == "training":
-                    text += f" ({e.step_seconds:.3g} s/step)"
-                parts.append(text)
-            return ", ".join(parts) or "between chunks"
+            members = _members(e)
+            groups.setdefault((e.unit, *members), []).append(e)
+        return list(groups.values())
+
+    def _now(self, long: bool = False) -> str:
+        """What trains now: ``t3,t4 c2/4 s5/8 1.2s/st`` (a gang as one: the steps every member has done, their median
+        pace), or in a log ``trials 3, 4 chunk 2/4 step 5/8 (1.2 s/step)``."""
         parts = []
-        for (unit, units, phase), events in groups.items():
-            paces = [e.step_seconds for e in events if e.step_seconds is not None and e.phase == "training"]
-            pace = f" {sum(paces) / len(paces):.2g}s/st" if paces else ""
-            parts.append(f"{','.join(f't{e.trial}' for e in events)} c{unit + 1}/{units} {phase}{pace}")
-        return "; ".join(parts) or "between chunks"
+        for events in self._groups():
+            behind = min(events, key=lambda e: (_ORDER.get(e.phase, 2), e.step))
+            paces = sorted(e.step_seconds for e in events if e.step_seconds is not None and e.phase == "training")
+            pace = paces[len(paces) // 2] if paces else None
+            numbers = tuple(e.trial for e in events)
+            if long:
+                text = f"{_who(numbers, long=True)} chunk {behind.unit + 1}/{behind.num_units} "
+                text += f"step {behind.step}/{behind.steps}" if behind.phase == "training" else _PHASES[behind.phase]
+                if pace is not None and behind.phase == "training":
+                    text += f" ({pace:.3g} s/step)"
+            else:
+                phase = _SHORT_PHASES.get(behind.phase) or f"s{behind.step}/{behind.steps}"
+                text = f"{_who(numbers)} c{behind.unit + 1}/{behind.num_units} {phase}"
+                if pace is not None and behind.phase == "training":
+                    text += f" {pace:.2g}s/st"
+            parts.append(text)
+        return ("; " if not long else ", ").join(parts) or "between chunks"
 
     def _counts(self) -> dict[str, int]:
         if self._view is not None:
@@ -185,6 +223,17 @@ class ProgressBar:
         run = self._run
         return f"{run.best:.4g}" if run is not None and run.best is not None and math.isfinite(run.best) else None
 
+    def _left(self) -> str | None:
+        """The time left from the forecast as last read, counted down to now; on hold while a unit is stuck."""
+        view = self._view
+        if view is None or view.units_left <= 0:
+            return None
+        if self._stuck_text(time.monotonic()) is not None or view.baseline:
+            return "ETA on hold"
+        if view.end_at is None:
+            return "ETA after the first chunk"
+        return f"~{duration(max(0.0, view.end_at - time.time()))} left"
+
     def _totals(self) -> str:
         run = self._run
         done, total = self._steps()
@@ -196,8 +245,8 @@ class ProgressBar:
                 text += f" · {counts}"
             if (best := self._best()) is not None:
                 text += f" · best {best}"
-            if self._view is not None and self._view.left is not None:
-                text += f" · {self._view.left}"
+            if (left := self._left()) is not None:
+                text += f" · {left}"
         return text
 
     def _line(self, text: str) -> None:
@@ -209,59 +258,113 @@ class ProgressBar:
         if bar is None:
             return
         bar.n, bar.total = self._steps()
-        postfix = []
+        width = _columns(self.stream)
+        parts = [self._stuck_text(time.monotonic()) or self._now()]
         counts = self._counts()
         if counts:
-            postfix.append(" ".join(f"{k} {n}" for k, n in counts.items()))
+            parts.append(" ".join(f"{k} {n}" for k, n in counts.items()))
         if (best := self._best()) is not None:
-            postfix.append(f"best {best}")
-        if self._view is not None and self._view.left is not None:
-            postfix.append(self._view.left.replace(" left", ""))
-        stuck = self._stuck_text(time.monotonic())
-        tail = " · ".join(postfix)
-        room = self.WIDTH - len(tail) - 36  # the percentage, the bar's least width, n/total and the elapsed time
+            parts.append(f"best {best}")
+        if (left := self._left()) is not None:
+            parts.append(left.replace(" left", ""))
         name = self.study_name if len(self.study_name) <= 16 else self.study_name[:15] + "…"
-        desc = f"{name} {stuck or self._now()}"
+        # What matters first, cut from the right; the bar keeps its percentage, 10 columns, n/total and elapsed time.
+        room = width - 2 - len(f" 100%|{'#' * 10}| {bar.n}/{bar.total} [00:00:00]")
+        desc = f"{name} {' · '.join(parts)}"
         bar.set_description_str(desc if len(desc) <= room else desc[: max(8, room - 1)] + "…", refresh=False)
-        bar.set_postfix_str(tail, refresh=False)
-        bar.ncols = min(self.WIDTH, _columns(self.stream))
+        bar.set_postfix_str("", refresh=False)
+        bar.ncols = width
         bar.refresh()
 
     # ------------------------------------------------------------------ overdue chunks
+    def _overdue(self, now: float) -> list[tuple[list[Any], float]]:
+        """Each trial or gang in flight past its limit (`Silence`'s rule: a gang moved when any member moved, its
+        usual step the members' median, a prior from the other units in flight for a first step), with its quiet
+        seconds."""
+        out = []
+        known = [e.step_seconds for e in self._flight.values() if e.step_seconds is not None and e.phase == "training"]
+        for events in self._groups():
+            quiet = now - max(self._heard.get(e.trial, now) for e in events)
+            if quiet >= _limit(events, known):
+                out.append((events, quiet))
+        return out
+
     def _stuck_text(self, now: float) -> str | None:
-        """``STUCK? t3 no step 1m40s`` for the first trial in flight past its limit (`Silence`'s), else None."""
-        for e in sorted(self._flight.values(), key=lambda e: e.trial):
-            quiet = now - self._heard.get(e.trial, now)
-            if quiet >= _limit(e):
-                return f"STUCK? t{e.trial} no step {duration(quiet)}"
+        """``STUCK? t3,t4,t5 no step 1m40s`` for the first trial or gang in flight past its limit, else None."""
+        for events, quiet in self._overdue(now):
+            behind = min(events, key=lambda e: (_ORDER.get(e.phase, 2), e.step))
+            what = {"training": "no step"}.get(behind.phase) or _SHORT_PHASES[behind.phase]
+            return f"STUCK? {_who(tuple(e.trial for e in events))} {what} {duration(quiet)}"
         return None
 
     def _watch(self) -> None:
-        """Every `watch_seconds`: say a chunk is overdue (a line in a log, once and then every 2 minutes; the bar's
-        description in a terminal)."""
+        """Every `watch_seconds`: read the study's records (a prune is said when decided, the forecast follows the
+        estimator), and say a chunk is overdue (a line in a log, once per trial or gang and then every 2 minutes; the
+        bar's description in a terminal)."""
         while not self._stop.wait(self.watch_seconds):
             with self._lock:
+                self._say_pruned(self._read(every=self.watch_seconds))
                 now = time.monotonic()
-                for e in list(self._flight.values()):
-                    quiet = now - self._heard.get(e.trial, now)
-                    if quiet < _limit(e) or now - self._said_stuck.get(e.trial, -math.inf) < 120:
+                for events, quiet in self._overdue(now):
+                    key = tuple(e.trial for e in events)
+                    if now - self._said_stuck.get(key, -math.inf) < 120:
                         continue
-                    self._said_stuck[e.trial] = now
+                    self._said_stuck[key] = now
                     if self.plain:
-                        what = {"evaluating": "evaluating", "loading": "loading"}.get(e.phase, "no step")
-                        usual = (f"a step takes ~{e.step_seconds:.2g} s" if e.step_seconds is not None
-                                 else "its usual pace is not known yet")
-                        self._line(f"trial {e.trial} chunk {e.unit + 1}/{e.num_units}: {what} for {duration(quiet)} "
-                                   f"({usual}): stuck or very slow")
+                        behind = min(events, key=lambda e: (_ORDER.get(e.phase, 2), e.step))
+                        what = {"training": "no step"}.get(behind.phase) or _PHASES[behind.phase]
+                        self._line(f"{_who(key, long=True)} chunk {behind.unit + 1}/{behind.num_units}: {what} for "
+                                   f"{duration(quiet)} ({_usual(events, self._flight.values())}): stuck or very slow")
                 if not self.plain:
                     self._draw()
 
 
-def _limit(event: Any) -> float:
-    """Seconds without a step before a unit in flight reads as stuck (`rfopt.reports.timeline.Silence`'s rule)."""
-    if event.step_seconds is None or event.phase != "training":
+_ORDER = {"baseline": 0, "loading": 1, "training": 2, "evaluating": 3}
+_PHASES = {"baseline": "evaluating the base model with no adapter (the study's baseline)",
+           "loading": "loading", "training": "training", "evaluating": "evaluating"}
+_SHORT_PHASES = {"baseline": "base model eval", "loading": "loading", "evaluating": "eval"}
+
+
+def _members(event: Any) -> tuple[int, ...]:
+    gang = tuple(getattr(event, "gang", ()) or ())
+    return gang if len(gang) > 1 else (event.trial,)
+
+
+def _who(numbers: tuple[int, ...], long: bool = False) -> str:
+    if long:
+        return f"trial {numbers[0]}" if len(numbers) == 1 else f"trials {', '.join(map(str, numbers))}"
+    return ",".join(f"t{n}" for n in numbers)
+
+
+def _usual_step(events: list[Any], known: Sequence[float]) -> tuple[float | None, bool]:
+    """The usual step time of a trial or gang in flight (the members' median), else a prior (the other units' median
+    in flight); whether it is the prior."""
+    own = sorted(e.step_seconds for e in events if e.step_seconds is not None and e.phase == "training")
+    if own:
+        return own[len(own) // 2], False
+    others = sorted(known)
+    return (others[len(others) // 2], True) if others else (None, False)
+
+
+def _limit(events: list[Any], known: Sequence[float] = ()) -> float:
+    """Seconds without a step before a trial or gang in flight reads as stuck (`rfopt.reports.timeline.Silence`'s
+    rule)."""
+    if any(e.phase != "training" for e in events):
         return STUCK_UNKNOWN
-    return max(STUCK_TIMES * event.step_seconds, STUCK_FLOOR)
+    usual, _ = _usual_step(events, known)
+    return STUCK_UNKNOWN if usual is None else max(STUCK_TIMES * usual, STUCK_FLOOR)
+
+
+def _usual(events: list[Any], flight: Any) -> str:
+    known = [e.step_seconds for e in flight if e.step_seconds is not None and e.phase == "training"]
+    if any(e.phase != "training" for e in events):
+        return f"no time to compare with yet: stuck only after {duration(STUCK_UNKNOWN)}, a generous bound"
+    usual, prior = _usual_step(events, known)
+    if usual is None:
+        return f"no step time to compare with yet: stuck only after {duration(STUCK_UNKNOWN)}, a generous bound"
+    if prior:
+        return f"a step of the other trials in flight takes ~{usual:.2g} s (its own: not measured yet)"
+    return f"a step takes ~{usual:.2g} s"
 
 
 @dataclass(frozen=True)
@@ -270,13 +373,15 @@ class _StudyView:
 
     counts: dict[str, int]
     best: str | None
-    left: str | None
-    """``~4m10s left``, from the forecast (`rfopt.reports.forecast`)."""
+    end_at: float | None
+    """When the forecast (`rfopt.reports.forecast`) says the study ends; None before a chunk's time is measured."""
     units_left: float
     steps_left: int | None
     """Steps of the units the forecast expects still to commit (the units in flight whole)."""
     pruned: dict[int, str]
     """Pruned trials, with the reason."""
+    baseline: bool = False
+    """Whether the base model is being evaluated (the forecast is on hold)."""
 
     @classmethod
     def read(cls, study: Any) -> _StudyView:
@@ -302,13 +407,12 @@ class _StudyView:
             if number is not None and (value := records[number].value) is not None:
                 best = f"{value:.4g}" + ("" if label == "best" else " (leading)")
         ahead = forecast(records, study_record(study).run_shape)
-        left = None
-        if ahead.seconds_left is not None and ahead.units_left > 0:
-            left = f"~{duration(max(0.0, (ahead.end_at or 0) - time.time()))} left"
+        end_at = ahead.end_at if ahead.firm else None
         spc = [r.schedule.steps_per_chunk for r in records if r.schedule is not None and r.state == TrialState.RUNNING]
         steps_left = None if not spc else round(ahead.units_to_commit * sum(spc) / len(spc))
         pruned = {r.number: r.end_reason or "pruned" for r in records if r.state == TrialState.PRUNED}
-        return cls(counts, best, left, ahead.units_left, steps_left, pruned)
+        baseline = any((f := r.in_flight) is not None and f.phase == "baseline" for r in records)
+        return cls(counts, best, end_at, ahead.units_left, steps_left, pruned, baseline)
 
 
 _SHORT = {"RUNNING": "live", "COMPLETE": "done", "PRUNED": "pruned", "FAIL": "failed"}

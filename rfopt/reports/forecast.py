@@ -67,6 +67,10 @@ class Forecast:
     """The pruner's schedule in words (`rfopt.pruning.Outlook.describe`)."""
     trials: int
     """Live trials counted (paused ones are not: they train again once resumed), those still to start included."""
+    firm: bool = True
+    """Whether a committed unit's time was measured: before, `seconds_left` is a first guess from the steps in
+    flight (they leave out loading, evaluation and the gaps between rounds), and people are shown "after the first
+    chunk" rather than a number."""
 
     @property
     def end_at(self) -> float | None:
@@ -95,8 +99,8 @@ class Forecast:
             return "nothing left to train"
         left = self.left(self.anchor if now is None else now)
         units = f"{self.units_left:.3g} chunk units"
-        if left is None:
-            return f"{units} left ({self.schedule}); no unit's time measured yet"
+        if left is None or not self.firm:
+            return f"{units} left ({self.schedule}); its end is estimated after the first chunk commits"
         text = f"~{duration(left[0])} left"
         if self.ranged:
             text += f", up to ~{duration(left[1])} if nothing more is pruned"
@@ -138,7 +142,7 @@ def forecast(records: Sequence[TrialRecord], shape: RunShape | None, processes: 
     at_most = _walk(live, records, outlook, gang_size, processes, pace, prune=False)
     schedule = outlook.describe() if shape is not None else "no pruning schedule stored: as if nothing more is pruned"
     return Forecast(expected[0], at_most[0], expected[2], expected[1], at_most[1], anchor,
-                    outlook.certain and shape is not None, schedule, len(live))
+                    outlook.certain and shape is not None, schedule, len(live), firm=bool(pace.ends))
 
 
 def _live_trials(records: Sequence[TrialRecord], outlook: Outlook, longest: int, train_share: float) -> list[_Live]:

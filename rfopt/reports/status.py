@@ -20,7 +20,7 @@ from rfopt.storage.leases import seen_on
 from rfopt.storage.schema import TrialRecord
 
 from .outcome import outcome
-from .timeline import Silence
+from .timeline import now_training
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,8 @@ class StudySummary:
     """(trial, value) of Optuna's best trial; None before one completes (or for several objectives)."""
     live: Liveness
     stuck: tuple[str, ...] = ()
-    """Its units in flight that read as stuck (`rfopt.reports.timeline.Silence`): ``trial 3: no step for 1m40s (a
-    step takes ~8.1 s)``."""
+    """Its units in flight that read as stuck (`rfopt.reports.timeline.Silence`), a gang as one: ``trial 3: no step
+    for 1m40s (a step takes ~8.1 s)``, ``trials 3, 4, 5 (one gang): no step for ...``."""
     baseline: float | None = None
     """The base model's value with no adapter (the first baseline, `rfopt.storage.schema.Baseline`); None before."""
     recommended: tuple[int, int, float] | None = None
@@ -195,10 +195,10 @@ def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
         stuck = []
         if live.running:
             now = time.time()
-            for t in trials:
-                silence = Silence.of(TrialRecord(t))
-                if silence is not None and silence.stuck(now):
-                    stuck.append(f"trial {t.number}: {silence.text(now)}")
+            for flight in now_training([TrialRecord(t) for t in trials]):  # a gang is one: one verdict
+                if flight.stuck(now):
+                    assert flight.silence is not None
+                    stuck.append(f"{flight.who()}: {flight.silence.text(now)}")
         found = outcome(study, trials)
         baseline = next(iter(found.baselines.values()), None)
         recommended = found.recommendation

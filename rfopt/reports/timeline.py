@@ -6,9 +6,9 @@ person's script agree:
 
 - `TrialTimes`: a trial's start, end, elapsed time and each chunk's duration (training, from the swap-in on, plus its
   evaluation: the ``seconds`` and ``eval_seconds`` each unit stores);
-- `NowTraining`: the unit a trial trains now (its ``rfopt:progress`` record), with an ETA for that chunk and for the
-  trial's training left, from the step times measured so far, and its `Silence`: how long it has not moved against
-  its usual step time (slow, or stuck: then its ETAs are on hold);
+- `NowTraining`: the unit a trial (or a gang, as one) trains now (its ``rfopt:progress`` records), with an ETA for
+  that chunk from the step times measured so far, and its `Silence`: how long it has not moved against its usual step
+  time (slow, or stuck: then its ETAs are on hold);
 - `StudyCost`: what pruning saved of the units a run without pruning needs (every started trial trained to its end),
   the time spent summed over trials, and the wall time. The study's time left is `rfopt.reports.forecast`'s.
 
@@ -78,22 +78,34 @@ STUCK_TIMES = 5.0
 """A unit in flight that has not moved for this many times its usual step (evaluation, loading) time reads as stuck."""
 STUCK_FLOOR = 10.0
 """...and for at least this many seconds."""
-STUCK_UNKNOWN = 120.0
-"""Seconds without a sign of life before a unit reads as stuck where its usual pace is not known yet."""
+STUCK_UNKNOWN = 600.0
+"""Seconds without a sign of life before a unit reads as stuck where no time is known to compare with (a study's very
+first step, loading or evaluation, the base model's evaluation): a generous bound, said as such, so that loading a
+model, evaluating the base model or a first gang step on a busy machine is not called stuck."""
+
+PHASE_WORDS = {"baseline": "evaluating the base model with no adapter (the study's baseline)",
+               "loading": "loading (swapping the trial in)"}
+"""What a unit in flight is doing, in words, for the phases that are not counted in steps."""
 
 
 @dataclass(frozen=True)
 class Silence:
     """How long a unit in flight has not moved (no optimizer step ended, no phase began), against how long its phase
     usually takes: "slow" and "stuck" told apart. Past `stuck_at` the unit reads as stuck (a hung reward function, a
-    dead process): its ETAs stop counting down and the page, ``rfopt status`` and the progress bar say so."""
+    dead process): its ETAs stop counting down and the page, ``rfopt status`` and the progress bar say so.
+
+    The usual time is the unit's own median step time (one stall does not inflate it), else its earlier units', else
+    a prior: the median of the study's other trials (`prior`), else none: then `STUCK_UNKNOWN`, a generous bound named
+    as such. A gang's members share one silence (`now_training`)."""
 
     since: float
     """When it last moved (seconds since the epoch)."""
     usual: float | None
     """How long its phase's next sign of life usually takes: a step, the evaluation, the loading; None if unknown."""
     what: str
-    """``step``, ``evaluation`` or ``loading``."""
+    """``step``, ``evaluation``, ``loading`` or ``baseline``."""
+    prior: bool = False
+    """Whether `usual` is the study's other trials' (its own not measured yet): a prior, named as such."""
 
     @property
     def limit(self) -> float:
@@ -108,143 +120,178 @@ class Silence:
         return (time.time() if now is None else now) >= self.stuck_at
 
     def usual_text(self) -> str:
-        """``a step takes ~8.1 s``."""
+        """``a step takes ~8.1 s``; ``a step of this study's other trials takes ~8.1 s (its own: not measured yet)``;
+        ``no step time to compare with yet: stuck only after 10m00s, a generous bound``."""
+        noun = {"baseline": "base-model evaluation"}.get(self.what, self.what)
         if self.usual is None:
-            return f"its usual {self.what} time is not known yet"
-        article = "an" if self.what == "evaluation" else "a" if self.what == "step" else ""
-        return f"{article} {self.what} takes ~{_seconds(self.usual)}".strip()
+            return f"no {noun} time to compare with yet: stuck only after {duration(self.limit)}, a generous bound"
+        article = "an" if noun[0] in "aeiou" else "a"
+        if self.prior:
+            return (f"{article} {noun} of this study's other trials takes ~{_seconds(self.usual)} (its own: not "
+                    "measured yet)")
+        return f"{article} {noun} takes ~{_seconds(self.usual)}"
 
     def text(self, now: float | None = None) -> str:
         """``no step for 1m40s (a step takes ~8.1 s)``."""
         quiet = (time.time() if now is None else now) - self.since
-        noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading"}[self.what]
+        noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading",
+                "baseline": "evaluating the base model"}[self.what]
         return f"{noun} for {duration(quiet)} ({self.usual_text()})"
 
     @classmethod
-    def of(cls, record: TrialRecord) -> Silence | None:
-        """The silence of `record`'s unit in flight; None when none is in flight."""
+    def of(cls, record: TrialRecord, peers: Sequence[TrialRecord] = ()) -> Silence | None:
+        """The silence of `record`'s unit in flight; None when none is in flight. `peers`: the study's other trials,
+        whose times are the prior while its own are not measured yet."""
         progress = record.in_flight
         if progress is None:
             return None
-        units = record.unit_metrics()
-        if progress.phase == "evaluating":
-            evals = [m.train["eval_seconds"] for m in units if "eval_seconds" in m.train]
-            return cls(progress.moved, statistics.fmean(evals) if evals else None, "evaluation")
-        if progress.phase == "loading":
-            swaps = [m.train["swap_seconds"] for m in units if "swap_seconds" in m.train]
-            return cls(progress.moved, statistics.fmean(swaps) if swaps else None, "loading")
-        usual = progress.step_seconds
-        if usual is None and progress.steps:  # its earlier units' pace
-            paces = [(m.train["seconds"] - m.train.get("swap_seconds", 0.0)) / progress.steps
-                     for m in units if "seconds" in m.train]
-            usual = statistics.fmean(paces) if paces else None
-        return cls(progress.moved, usual, "step")
+        others = [p for p in peers if p.number != record.number]
+        if progress.phase == "baseline":
+            return cls(progress.moved, None, "baseline")
+        if progress.phase in ("evaluating", "loading"):
+            key, what = ("eval_seconds", "evaluation") if progress.phase == "evaluating" else ("swap_seconds", "loading")
+            own = [m.train[key] for m in record.unit_metrics() if key in m.train]
+            if own:
+                return cls(progress.moved, statistics.median(own), what)
+            prior = [m.train[key] for p in others for m in p.unit_metrics() if key in m.train]
+            return cls(progress.moved, statistics.median(prior) if prior else None, what, prior=bool(prior))
+        if progress.step_seconds is not None:
+            return cls(progress.moved, progress.step_seconds, "step")
+        own = _step_paces(record)
+        if own:  # its earlier units' pace
+            return cls(progress.moved, statistics.median(own), "step")
+        prior = [pace for p in others for pace in _step_paces(p)]
+        prior += [f.step_seconds for p in others if (f := p.in_flight) is not None and f.step_seconds is not None]
+        return cls(progress.moved, statistics.median(prior) if prior else None, "step", prior=bool(prior))
+
+
+def _step_paces(record: TrialRecord) -> list[float]:
+    """Seconds per optimizer step of each of `record`'s committed units (their training, less the swap-in)."""
+    schedule = record.schedule
+    if schedule is None or not schedule.steps_per_chunk:
+        return []
+    return [(m.train["seconds"] - m.train.get("swap_seconds", 0.0)) / schedule.steps_per_chunk
+            for m in record.unit_metrics() if "seconds" in m.train]
 
 
 @dataclass(frozen=True)
 class NowTraining:
-    """The unit a trial trains now, from its ``rfopt:progress`` record, with ETAs from the measured step times."""
+    """The unit a trial (or a gang: its members, in lockstep) trains now, from the ``rfopt:progress`` records, with the
+    chunk's ETA from the measured step times. A gang is one: one step counter (the steps every member has done), one
+    pace (the members' median) and one stuck verdict (it moved when any member moved)."""
 
     trial: int
+    """The trial, or the gang's first member."""
     progress: ProgressRecord
+    """Its unit's progress (a gang's: the members' records merged as said above)."""
     chunk_end_at: float | None
     """When this chunk should be trained and evaluated, at its pace so far (seconds since the epoch; counted from the
-    record's write, so it stays put between writes)."""
-    trial_end_at: float | None
-    """When the trial should have trained its last chunk, at the study's measured pace, its later chunks taking turns
-    with the other live trials' (round-robin, least progress first), if nothing is pruned (`trial_etas`)."""
+    record's write, so it stays put between writes). The study's end is `rfopt.reports.forecast`'s alone."""
     silence: Silence | None = None
     """How long the unit has not moved, against its usual pace: whether it reads as stuck."""
+    members: tuple[int, ...] = ()
+    """A gang's trials in flight (its first, `trial`, included); empty for a trial training alone."""
+
+    @property
+    def trials(self) -> tuple[int, ...]:
+        return self.members or (self.trial,)
 
     def chunk_left(self, now: float | None = None) -> float | None:
         return None if self.chunk_end_at is None else max(0.0, self.chunk_end_at - (time.time() if now is None else now))
 
-    def trial_left(self, now: float | None = None) -> float | None:
-        return None if self.trial_end_at is None else max(0.0, self.trial_end_at - (time.time() if now is None else now))
-
     @classmethod
-    def of(cls, record: TrialRecord, trial_eta: float | None = None) -> NowTraining | None:
-        """`record`'s unit in flight, or None. `trial_eta`: seconds until the trial's last chunk is done, counted from
-        the record's write (`trial_etas`)."""
+    def of(cls, record: TrialRecord, peers: Sequence[TrialRecord] = ()) -> NowTraining | None:
+        """`record`'s unit in flight, or None. `peers`: the study's trials (the prior of `Silence.of`)."""
         progress = record.in_flight
         if progress is None:
             return None
         evals = [m.train["eval_seconds"] for m in record.unit_metrics() if "eval_seconds" in m.train]
-        eval_left = statistics.fmean(evals) if evals else 0.0
-        chunk_end = None
-        if progress.phase == "evaluating":
-            chunk_end = progress.updated + eval_left
-        elif progress.step_seconds is not None:
-            chunk_end = progress.updated + (progress.steps - progress.step) * progress.step_seconds + eval_left
-        trial_end = None if trial_eta is None else progress.updated + trial_eta
-        return cls(record.number, progress, chunk_end, trial_end, Silence.of(record))
+        return cls(record.number, progress, _chunk_end(progress, statistics.median(evals) if evals else 0.0),
+                   Silence.of(record, peers))
 
     def stuck(self, now: float | None = None) -> bool:
         return self.silence is not None and self.silence.stuck(now)
+
+    def what(self) -> str:
+        """Its phase in words: ``5 of 8 steps done``, ``evaluating after its 8 steps``, ``loading (...)``."""
+        p = self.progress
+        if p.phase == "evaluating":
+            return f"evaluating after its {p.steps} steps"
+        return PHASE_WORDS.get(p.phase) or f"{p.step} of {p.steps} steps done"
+
+    def who(self) -> str:
+        """``trial 3``, or ``trials 3, 4, 5 (one gang)``."""
+        if self.members:
+            return f"trials {', '.join(map(str, self.members))} (one gang)"
+        return f"trial {self.trial}"
 
     def line(self, now: float | None = None) -> str:
         """One line for a person: ``trial 3 · chunk 2 of 4 · 5 of 8 steps done · for 1m12s · 14.1 s/step · ...``."""
         p = self.progress
         now = time.time() if now is None else now
-        parts = [f"trial {self.trial}", f"chunk {p.unit + 1} of {p.num_units}"]
-        if p.phase == "loading":
-            parts.append("loading (swapping the trial in)")
-        elif p.phase == "evaluating":
-            parts.append(f"evaluating after its {p.steps} steps")
-        else:
-            parts.append(f"{p.step} of {p.steps} steps done")
-        parts.append(f"for {duration(now - p.started)}")
+        parts = [self.who(), f"chunk {p.unit + 1} of {p.num_units}", self.what(), f"for {duration(now - p.started)}"]
         if p.step_seconds is not None and p.phase == "training":
             parts.append(f"{p.step_seconds:.3g} s/step")
         if self.stuck(now):
             assert self.silence is not None
             parts.append(f"STUCK? {self.silence.text(now)}: its ETAs are on hold until it moves")
-        else:
-            if self.chunk_end_at is not None:
-                parts.append(f"chunk ends in ~{duration(self.chunk_left(now))}")
-            if self.trial_end_at is not None and p.unit + 1 < p.num_units:
-                parts.append(f"its last chunk done in ~{duration(self.trial_left(now))}")
-        if len(p.gang) > 1:
-            parts.append(f"trained together with trials {', '.join(str(n) for n in p.gang if n != self.trial)}")
+        elif self.chunk_end_at is not None:
+            parts.append(f"chunk ends in ~{duration(self.chunk_left(now))}")
         return " · ".join(parts)
 
 
+def _chunk_end(progress: ProgressRecord, eval_seconds: float) -> float | None:
+    if progress.phase == "evaluating":
+        return progress.updated + eval_seconds
+    if progress.phase == "training" and progress.step_seconds is not None:
+        return progress.updated + (progress.steps - progress.step) * progress.step_seconds + eval_seconds
+    return None
+
+
+_PHASE_ORDER = {"baseline": 0, "loading": 1, "training": 2, "evaluating": 3}
+
+
 def now_training(records: Iterable[TrialRecord], processes: int = 1) -> list[NowTraining]:
-    """Every trial with a unit in flight, by trial number, with its ETAs (whether its process lives is
-    `rfopt.reports.status.liveness`)."""
+    """Every trial alone with a unit in flight, and every gang in flight as one (`NowTraining`), by (first) trial
+    number (whether its process lives is `rfopt.reports.status.liveness`). `processes` is kept for callers; the
+    study's end is `rfopt.reports.forecast`'s."""
     records = list(records)
-    etas = trial_etas(records, processes)
-    found = [NowTraining.of(r, etas.get(r.number)) for r in records]
-    return sorted((n for n in found if n is not None), key=lambda n: n.trial)
+    singles = [n for r in records if (n := NowTraining.of(r, records)) is not None]
+    gangs: dict[tuple, list[NowTraining]] = {}
+    out = []
+    for n in singles:
+        p = n.progress
+        if len(p.gang) > 1:
+            gangs.setdefault((p.holder, p.unit, p.gang), []).append(n)
+        else:
+            out.append(n)
+    for members in gangs.values():
+        out.append(members[0] if len(members) == 1 else _gang(sorted(members, key=lambda n: n.trial)))
+    return sorted(out, key=lambda n: n.trial)
 
 
-def trial_etas(records: Sequence[TrialRecord], processes: int = 1) -> dict[int, float]:
-    """Seconds until each live trial has trained its last chunk, at the study's measured pace (`mean_unit_seconds`),
-    if nothing is pruned. Under round-robin (least progress first) the units in flight finish first, then a trial
-    with L units not started finishes once every live trial has trained min(L, its own units not started): so
-    (what is left of the units in flight + the sum of those minimums) units, spread over `processes`."""
-    per_unit = mean_unit_seconds(records)
-    flights = [r.in_flight for r in records if r.state == TrialState.RUNNING and r.in_flight is not None]
-    if per_unit is None:
-        paced = [f for f in flights if f.step_seconds is not None]
-        if not paced:
-            return {}
-        per_unit = statistics.fmean(f.steps * f.step_seconds for f in paced)
-    in_flight = sum(1 - f.step / f.steps for f in flights if f.steps)
-    later: dict[int, int] = {}
-    for record in records:
-        if record.state != TrialState.RUNNING or record.num_units is None or record.paused:
-            continue
-        started = 1 if record.in_flight is not None else 0
-        later[record.number] = max(0, record.num_units - record.committed - started)
-    return {n: (in_flight + sum(min(other, mine) for other in later.values())) * per_unit / max(1, processes)
-            for n, mine in later.items()}
-
-
-def mean_unit_seconds(records: Iterable[TrialRecord]) -> float | None:
-    """The mean duration of the study's committed units (training and evaluation), None before any is measured."""
-    times = [s for r in records for m in r.unit_metrics() if (s := unit_seconds(m)) is not None]
-    return statistics.fmean(times) if times else None
+def _gang(members: list[NowTraining]) -> NowTraining:
+    """A gang's members in flight as one: the steps every member has done, the least advanced member's phase, the
+    members' median pace, and one silence (since the last move of any member, against the members' median usual)."""
+    progresses = [n.progress for n in members]
+    behind = min(progresses, key=lambda p: (_PHASE_ORDER.get(p.phase, 2), p.step))
+    paces = [p.step_seconds for p in progresses if p.step_seconds is not None]
+    merged = ProgressRecord(
+        unit=behind.unit, num_units=behind.num_units, phase=behind.phase, step=behind.step, steps=behind.steps,
+        global_step=behind.global_step, started=min(p.started for p in progresses),
+        updated=max(p.updated for p in progresses), step_seconds=statistics.median(paces) if paces else None,
+        logs={}, holder=behind.holder, gang=behind.gang, stepped=max(p.moved for p in progresses))
+    silences = [n.silence for n in members if n.silence is not None]
+    silence = None
+    if silences:
+        last = max(silences, key=lambda s: s.since)
+        alike = [s for s in silences if s.what == last.what and s.usual is not None]
+        own = [s.usual for s in alike if not s.prior]
+        usual = statistics.median(own) if own else statistics.median([s.usual for s in alike]) if alike else None
+        silence = Silence(last.since, usual, last.what, prior=not own and usual is not None)
+    ends = [n.chunk_end_at for n in members if n.chunk_end_at is not None]
+    return NowTraining(members[0].trial, merged, max(ends) if ends else None, silence,
+                       tuple(n.trial for n in members))
 
 
 @dataclass(frozen=True)

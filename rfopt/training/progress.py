@@ -5,7 +5,8 @@ A chunk can take many minutes (tens, on a real model), and a person watching the
 progress bar must be able to tell "slow" from "stuck". So the process training a unit publishes it:
 
 - to storage, as the trial's ``rfopt:progress`` record (`rfopt.storage.schema.ProgressRecord`), which any process reads:
-  written when the unit starts (phase ``loading``: the trial is being swapped in), when its first optimizer step
+  written when a base model is evaluated for the study's baseline before the trial's first unit (phase ``baseline``),
+  when the unit starts (phase ``loading``: the trial is being swapped in), when its first optimizer step
   starts (``training``, 0 steps done: a step generates first, which can take long) and ends, then at most every `interval`
   seconds (a few seconds; never once per token or per step), and once more when training ends (phase
   ``evaluating``, with every step's logs). One key per trial, replaced at each write: a row, not a growing history.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,10 +50,14 @@ class UnitProgress:
     unit: int
     num_units: int
     phase: str
-    """``loading``, ``training`` or ``evaluating``."""
+    """``baseline`` (the base model evaluated with no adapter, before the trial's first unit), ``loading``,
+    ``training`` or ``evaluating``."""
     step: int
     steps: int
     step_seconds: float | None
+    """The median seconds per optimizer step of the unit so far."""
+    gang: tuple[int, ...] = ()
+    """The trials trained together with it (itself included; empty: alone): one group, one pace, one verdict."""
 
 
 class ProgressPublisher:
@@ -75,10 +81,19 @@ class ProgressPublisher:
         self.writes = 0
         self._written_at: float | None = None
         self._moved = self.started
+        self._step_times: list[float] = []
+        """Each optimizer step's seconds so far (from `StepDone.seconds`, cumulative)."""
 
     @property
     def step_seconds(self) -> float | None:
-        return self.done.seconds / self.done.step if self.done.step else None
+        """The median seconds per optimizer step of the unit so far (None before its first step ends): a median, so
+        that one stall (a hung reward call, a busy machine) neither inflates the pace nor hides a second one."""
+        return statistics.median(self._step_times) if self._step_times else None
+
+    def baseline(self) -> None:
+        """The base model is evaluated with no adapter (the study's baseline) before this trial trains: said as what
+        the study is doing, not as a silent unit."""
+        self._publish("baseline", force=True)
 
     def loading(self) -> None:
         """The unit starts: the trial is being swapped in (its checkpoint, adapter, trainer)."""
@@ -87,6 +102,8 @@ class ProgressPublisher:
     def step(self, done: StepDone) -> None:
         """The chunk's first step started (``done.step == 0``: the trial is swapped in) or an optimizer step ended (the
         runner's hook): tell listeners; write if the last write is old enough (always for the first two)."""
+        if done.step > self.done.step:
+            self._step_times.append(max(0.0, done.seconds - self.done.seconds) / (done.step - self.done.step))
         self.done = done
         if done.logs:
             self.logs.append(dict(done.logs))
@@ -99,7 +116,7 @@ class ProgressPublisher:
     def _publish(self, phase: str, force: bool) -> None:
         self._moved = self.clock()
         event = UnitProgress(self.ref.number, self.unit, self.num_units, phase, self.done.step, self.steps,
-                             self.step_seconds)
+                             self.step_seconds, self.gang)
         for listener in self.listeners:
             try:
                 listener(event)

@@ -65,9 +65,9 @@ def test_run_trains_a_study_file_then_status_shows_it(tiny_model, tmp_path):
     committed = [line for line in lines if " committed: " in line]
     assert len(committed) == 3 and committed[0].startswith("cli-demo: trial 0 chunk 1 committed: ")  # 2 + 1 pruned
     assert re.search(r"\d+/\d+ steps, \d+/\d+ chunks", committed[0]), committed[0]
-    assert lines[0].startswith("cli-demo: trial 0 chunk 1/2 step 0/4")  # its first step started (beside its gang's
-    # other members: "trial 1 chunk 1/2 loading"); then at most
-    # one line every 30 s while chunks train
+    # What the study is doing, one line per trial or gang and phase change: the baseline first, then the gang's phases.
+    assert lines[0] == "cli-demo: trial 0 chunk 1/2: evaluating the base model with no adapter (the study's baseline)"
+    assert "cli-demo: trials 0, 1 chunk 1/2: training" in run.stderr.splitlines()
     # The closing samples give each reward function's score, not only the total.
     assert re.search(r"reward: +[-\d.e]+ \(longer [-\d.e]+\)", run.stdout), run.stdout
     assert "eval means per reward function, recommended vs base: longer " in run.stdout
@@ -108,7 +108,7 @@ def test_run_in_this_process_reports_every_chunk_and_ends_with_the_leaderboard_s
     committed = [line for line in lines if " committed: " in line]
     assert len(committed) == 3 and committed[0].startswith("cli-demo: trial 0 chunk 1 committed: ")  # 2 + 1 pruned
     assert re.search(r"\d+/\d+ steps, \d+/\d+ chunks", committed[0]), committed[0]
-    assert lines[0].startswith("cli-demo: trial 0 chunk 1/2 step 0/4")
+    assert lines[0] == "cli-demo: trial 0 chunk 1/2: evaluating the base model with no adapter (the study's baseline)"
     assert re.search(r"reward: +[-\d.e]+ \(longer [-\d.e]+\)", out), out
     assert "eval means per reward function, recommended vs base: longer " in out
     assert f"optuna-dashboard {storage}" in out

@@ -26,7 +26,7 @@ from rfopt.training.progress import ProgressPublisher, UnitProgress
 from rfopt.training.runner import StepDone
 from rfopt.storage.schema import ProgressRecord, StepColumns, TrialRecord
 from rfopt.storage.database import open_storage
-from rfopt.reports.timeline import NowTraining, clock_time, now_training, study_cost, trial_etas
+from rfopt.reports.timeline import STUCK_UNKNOWN, NowTraining, clock_time, now_training, study_cost
 
 TRAIN, EVAL = prompts_dataset(16), prompts_dataset(2, "E")
 
@@ -149,7 +149,7 @@ def test_a_record_is_in_flight_until_its_unit_commits_and_its_steps_continue_the
 
 
 # ---------------------------------------------------------------------- what it tells
-def test_now_training_gives_the_chunk_and_trials_ends_from_measured_times(study):
+def test_now_training_gives_the_chunks_end_from_measured_times_and_leaves_the_studys_end_to_the_forecast(study):
     updated = time.time()
     record = ProgressRecord(unit=1, num_units=2, phase="training", step=2, steps=8, global_step=10,
                             started=updated - 10, updated=updated, step_seconds=5.0, logs={})
@@ -159,11 +159,9 @@ def test_now_training_gives_the_chunk_and_trials_ends_from_measured_times(study)
     assert now.trial == 1
     # 6 steps left at 5 s, then its evaluation (2 s as measured).
     assert now.chunk_end_at == pytest.approx(updated + 6 * 5.0 + 2.0)
-    # Round-robin: trial 1's last unit, in flight, has 0.75 left; trial 2's last unit starts after it: 0.75 and 1.75
-    # units of 20 s (the mean measured).
-    assert trial_etas(records) == pytest.approx({1: 0.75 * 20.0, 2: 1.75 * 20.0})
     line = now.line(now=updated)
-    assert line.startswith("trial 1 · chunk 2 of 2 · 2 of 8 steps done · for 10s · 5 s/step · chunk ends in ~32s")
+    # One ETA: no per-trial "last chunk done in" beside the study's forecast (it ignored gangs and contradicted it).
+    assert line == "trial 1 · chunk 2 of 2 · 2 of 8 steps done · for 10s · 5 s/step · chunk ends in ~32s"
     assert NowTraining.of(records[2]) is None  # nothing published for it
 
 
@@ -236,8 +234,9 @@ def test_status_says_what_trains_now_the_pending_requests_and_the_waiting_clones
     assert f"(as its records of {clock_time(record.updated, millis=True)} say)" in text, text
     assert re.search(r"as its records of \d\d:\d\d:\d\d\.\d\d\d say", text)
     assert "pending: pause trial 1, asked by me@host" in text
-    assert ("WAITING: trial 3 (clone of trial 1, warm from chunk 2 with {'learning_rate': 0.01}); starts when a slot "
-            "frees") in text
+    # Named as the clone form names the checkpoint: after the parent's chunk 1.
+    assert ("WAITING: trial 3 (clone of trial 1, warm-started from its checkpoint after chunk 1 with {'learning_rate': "
+            "0.01}); starts when a slot frees") in text
 
 
 # ---------------------------------------------------------------------- the progress bar
@@ -269,7 +268,7 @@ def test_not_in_a_terminal_the_progress_is_plain_lines_one_per_chunk_and_at_most
         bar(_Run(1, 4, 8, 32, {0: 1, 1: 0}, last=(0, 0, 0.25)))
     lines = stream.getvalue().splitlines()
     assert "\r" not in stream.getvalue()
-    assert lines == ["demo: trial 0 chunk 1/2 step 1/8 (1 s/step) · 1/32 steps, 0/4 chunks · 2 live · best 0.5",
+    assert lines == ["demo: trial 0 chunk 1/2: training",  # a line per phase change, then none within the interval
                      "demo: trial 0 chunk 1 committed: 0.25 · 8/32 steps, 1/4 chunks · 2 live · best 0.5"]
 
 
@@ -279,7 +278,7 @@ def test_the_bar_fits_100_columns_with_a_gang_in_flight():
         bar(_Run(6, 26, 48, 208, {n: 1 for n in range(6)}))
         for trial in (3, 4, 5):
             bar.step(UnitProgress(trial=trial, unit=1, num_units=4, phase="training", step=5, steps=8,
-                                  step_seconds=12.5))
+                                  step_seconds=12.5, gang=(3, 4, 5)))
         lines = [line for line in stream.getvalue().split("\r") if line.strip()]
     assert "a-study-with-a-… t3,t4,t5 c2/4 s5/8 12s/st" in lines[-1]  # one group for the gang at the same step
     assert max(len(line.rstrip("\n")) for line in lines) <= 100
@@ -341,3 +340,185 @@ def test_halt_stops_every_process_running_the_study_at_the_next_chunk_boundary_a
     assert schema.study_record(study.optuna).halt.by == "me@host"
     study.optimize(configs, TRAIN, EVAL, show_progress_bar=False)  # a run started after it is not stopped
     assert [t.state for t in study.optuna.get_trials()] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+# ---------------------------------------------------------------------- truthful from the first step
+def _flight(study, number, **fields):
+    now = time.time()
+    record = ProgressRecord(**({"unit": 1, "num_units": 2, "phase": "training", "step": 0, "steps": 8,
+                                "global_step": 8, "started": now - 30, "updated": now - 30, "step_seconds": None,
+                                "logs": {}, "stepped": now - 30} | fields))
+    schema.write_progress(_ref(study, study.trials[number]), record)
+    return record
+
+
+def test_one_stalled_step_does_not_inflate_the_published_pace_so_a_second_stall_is_flagged(study, monkeypatch):
+    clock = _Clock()
+    publisher = ProgressPublisher(_ref(study, study.trials[1]), unit=1, num_units=2, steps=8, interval=0.0,
+                                  clock=clock)
+    seconds = 0.0
+    for step, took in enumerate([2.0, 2.0, 100.0, 2.0, 2.0], start=1):  # a reward call hung 100 s at step 3
+        seconds += took
+        clock.now += took
+        publisher.step(StepDone(step=step, steps=8, global_step=8 + step, seconds=seconds, logs={}))
+    # The mean would be 21.6 s/step (a stall of 108 s would pass); the median stays at the usual 2 s.
+    assert publisher.step_seconds == 2.0
+    [flight] = now_training([TrialRecord(t) for t in study.trials])
+    assert flight.silence.usual == 2.0
+    assert flight.stuck(clock.now + 30) and "STUCK? no step for 30s (a step takes ~2 s)" in flight.line(clock.now + 30)
+
+
+def test_a_first_step_is_judged_against_the_studys_other_trials_named_as_a_prior(study):
+    # A fresh trial (no unit of its own committed, its first step not ended) is judged against the study's other
+    # trials: their units trained 18 s - 2 s of swap-in over 8 steps, 2 s a step.
+    fresh = optuna.create_study(study_name="fresh", storage=study._storage, direction="maximize")
+    records = [TrialRecord(t) for t in study.trials]
+    trial = fresh.ask()
+    ref = _ref(fresh, trial)
+    schema.write_schedule(ref, TrialSchedule(prompts_per_chunk=8, steps_per_chunk=8, num_epochs=1, num_chunks=2))
+    now = time.time()
+    schema.write_progress(ref, ProgressRecord(unit=0, num_units=2, phase="training", step=0, steps=8, global_step=0,
+                                              started=now - 100, updated=now - 100, step_seconds=None, logs={},
+                                              stepped=now - 100))
+    record = TrialRecord(fresh.trials[0])
+    [flight] = now_training([record, *records])
+    assert flight.silence.usual == 2.0 and flight.silence.prior
+    # 100 s into its first step, where each step of the others takes 2 s: stuck, and the prior is said as one.
+    assert ("STUCK? no step for 1m40s (a step of this study's other trials takes ~2 s (its own: not measured yet))"
+            in flight.line(now))
+    # Alone in its study, no time to compare with: a generous bound, named, so a slow first step is not called stuck.
+    [alone] = now_training([record])
+    assert alone.silence.usual is None and not alone.stuck(now) and alone.stuck(now - 100 + STUCK_UNKNOWN)
+    assert (f"no step time to compare with yet: stuck only after {STUCK_UNKNOWN / 60:.0f}m00s, a generous bound"
+            in alone.silence.text(now))
+
+
+def test_a_gangs_members_share_one_step_counter_one_pace_and_one_stuck_verdict(study, storage):
+    from rfopt.reports.status import summaries
+
+    now = time.time()
+    study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, system_attrs=study.trials[1].system_attrs))
+    # Trials 1, 2, 3 of one gang; 3 stepped last (member 3's reward call hangs now), 1 and 2 wait on it.
+    for number, (step, stepped, pace) in {1: (5, now - 40, 2.0), 2: (5, now - 39, 2.5), 3: (4, now - 38, 3.0)}.items():
+        _flight(study, number, step=step, stepped=stepped, step_seconds=pace, gang=(1, 2, 3), holder="h:1",
+                started=now - 60)
+    records = [TrialRecord(t) for t in study.trials]
+    [gang] = now_training(records)
+    assert gang.members == (1, 2, 3) and gang.progress.step == 4 and gang.progress.step_seconds == 2.5
+    assert gang.silence.since == pytest.approx(now - 38) and gang.silence.usual == 2.5
+    line = gang.line(now)
+    assert line.startswith("trials 1, 2, 3 (one gang) · chunk 2 of 2 · 4 of 8 steps done · ")
+    assert line.count("STUCK?") == 1 and "no step for 38s (a step takes ~2.5 s)" in line
+    # `rfopt status` and the index say it once, for the gang.
+    with Presence(study, "run"):
+        text = _status_text(study)
+        [summary] = summaries(open_storage(storage))
+    assert text.count("now training: ") == 1 and "now training: trials 1, 2, 3 (one gang)" in text
+    assert "its end is on hold while trials 1, 2, 3 (one gang) makes no progress" in text
+    assert summary.stuck == (summary.stuck[0],) and summary.stuck[0].startswith("trials 1, 2, 3 (one gang): no step")
+
+
+def test_a_baseline_being_evaluated_is_what_the_study_is_doing_with_its_forecast_on_hold(study):
+    heard: list[UnitProgress] = []
+    ProgressPublisher(_ref(study, study.trials[2]), unit=1, num_units=2, steps=8, listeners=[heard.append]).baseline()
+    assert heard[0].phase == "baseline"
+    with Presence(study, "run"):
+        text = _status_text(study)
+    assert ("now training: trial 2 · chunk 2 of 2 · evaluating the base model with no adapter (the study's baseline)"
+            in text), text
+    assert "study: its end is on hold while the base model is evaluated with no adapter" in text
+    # Not called stuck at two minutes: no time to compare with, a generous bound.
+    [flight] = now_training([TrialRecord(t) for t in study.trials])
+    assert not flight.stuck(time.time() + 180)
+
+
+def test_before_the_first_commit_the_studys_end_is_said_to_come_after_the_first_chunk(storage):
+    from rfopt.reports.forecast import forecast
+
+    study = optuna.create_study(study_name="first", storage=open_storage(storage), direction="maximize")
+    trial = study.ask()
+    ref = _ref(study, trial)
+    schema.write_schedule(ref, TrialSchedule(prompts_per_chunk=8, steps_per_chunk=8, num_epochs=1, num_chunks=2))
+    now = time.time()
+    schema.write_progress(ref, ProgressRecord(unit=0, num_units=2, phase="training", step=3, steps=8, global_step=3,
+                                              started=now - 10, updated=now, step_seconds=3.0, logs={}, stepped=now))
+    ahead = forecast([TrialRecord(t) for t in study.trials], None)
+    assert not ahead.firm and ahead.seconds_left is not None  # a guess from the steps in flight, not shown as an end
+    assert ahead.text().endswith("its end is estimated after the first chunk commits")
+
+
+def test_the_bar_reads_the_estimator_between_commits_and_says_a_prune_when_it_is_decided(study, monkeypatch):
+    import rfopt.reports.display as display
+
+    reads = []
+    real = display._StudyView.read
+    monkeypatch.setattr(display._StudyView, "read", classmethod(lambda cls, s: reads.append(1) or real(s)))
+    stream = io.StringIO()
+    with ProgressBar("p", stream=stream, plain=True, study=study, watch_seconds=0.05) as bar:
+        bar(_Run(4, 6, 32, 48, {1: 1, 2: 1}))
+        time.sleep(0.3)
+        assert len(reads) >= 3  # not only at commits
+        # Trial 2 is pruned at its rung; no commit follows: the line comes when it is decided.
+        study.tell(study.trials[2].number, state=TrialState.PRUNED)
+        time.sleep(0.3)
+    assert [line for line in stream.getvalue().splitlines() if line.startswith("p: trial 2 pruned: told PRUNED")]
+
+
+def test_in_a_wide_terminal_the_line_keeps_what_matters_first_and_cuts_from_the_right(monkeypatch):
+    import rfopt.reports.display as display
+
+    monkeypatch.setattr(display, "_columns", lambda stream: 160)
+    stream = io.StringIO()
+    with ProgressBar("demo", stream=stream, plain=False, watch_seconds=0) as bar:
+        bar(_Run(6, 26, 48, 208, {n: 1 for n in range(6)}))
+        for trial in (3, 4, 5):
+            bar.step(UnitProgress(trial=trial, unit=1, num_units=4, phase="training", step=5, steps=8,
+                                  step_seconds=12.5, gang=(3, 4, 5)))
+        bar._heard = {n: time.monotonic() - 200 for n in (3, 4, 5)}  # no step for 200 s (a step takes 12.5 s)
+        bar._draw()
+        desc = bar._bar.desc
+        monkeypatch.setattr(display, "_columns", lambda stream: 80)
+        bar._draw()
+        narrow = bar._bar.desc
+    assert desc.startswith("demo STUCK? t3,t4,t5 no step 3m2") and desc.endswith("live 2 · best 0.5")
+    assert narrow.startswith("demo STUCK? t3,t4,t5 no step") and narrow.endswith("…")
+    lines = [line for line in stream.getvalue().split("\r") if line.strip()]
+    assert max(len(line.rstrip("\n")) for line in lines) <= 160
+
+
+def test_a_log_gets_one_line_per_gang_and_phase_change_and_one_overdue_line_per_gang(monkeypatch):
+    import rfopt.reports.display as display
+
+    monkeypatch.setattr(display, "STUCK_FLOOR", 0.2)
+    stream = io.StringIO()
+    with ProgressBar("demo", stream=stream, plain=True, plain_seconds=3600, watch_seconds=0.05) as bar:
+        bar(_Run(0, 4, 0, 32, {n: 0 for n in (3, 4, 5)}))
+        for phase, step in (("loading", 0), ("training", 0), ("training", 1)):
+            for trial in (3, 4, 5):
+                bar.step(UnitProgress(trial=trial, unit=0, num_units=2, phase=phase, step=step, steps=8,
+                                      step_seconds=0.01 if step else None, gang=(3, 4, 5)))
+        time.sleep(0.6)  # no step comes
+    lines = stream.getvalue().splitlines()
+    assert lines[:2] == ["demo: trials 3, 4, 5 chunk 1/2: loading", "demo: trials 3, 4, 5 chunk 1/2: training"]
+    overdue = [line for line in lines if "stuck or very slow" in line]
+    assert len(overdue) == 1 and overdue[0].startswith("demo: trials 3, 4, 5 chunk 1/2: no step for ")
+
+
+def test_while_the_bar_is_drawn_log_records_are_written_above_it_not_over_it(monkeypatch):
+    import logging
+    import sys
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with ProgressBar("demo", stream=stream, plain=False, watch_seconds=0) as bar:
+            bar(_Run(1, 4, 8, 32, {0: 1, 1: 0}))
+            logging.getLogger("rfopt").warning("trial 3: something to read")
+            bar(_Run(1, 4, 9, 32, {0: 1, 1: 0}))
+    finally:
+        root.removeHandler(handler)
+    assert "WARNING rfopt: trial 3: something to read" in stream.getvalue().replace("\r", "\n").splitlines()

@@ -218,7 +218,8 @@ class ProgressRecord:
     """The unit in flight (unit ``u`` is the trial's ``u+1``-th chunk; Optuna's step ``u`` once committed)."""
     num_units: int
     phase: str
-    """``loading`` (swapping the trial in: its checkpoint, adapter, trainer), ``training``, or ``evaluating``."""
+    """``baseline`` (the base model evaluated with no adapter, for the study's reference, before the trial's first
+    unit), ``loading`` (swapping the trial in: its checkpoint, adapter, trainer), ``training``, or ``evaluating``."""
     step: int
     """Optimizer steps of this unit done so far, 0 to `steps`."""
     steps: int
@@ -230,7 +231,8 @@ class ProgressRecord:
     updated: float
     """When this record was written."""
     step_seconds: float | None
-    """Mean seconds per optimizer step of this unit so far (None before its first step ends)."""
+    """Median seconds per optimizer step of this unit so far (None before its first step ends; records of an earlier
+    rfopt hold the mean)."""
     logs: dict[str, list[float | None]] = field(default_factory=dict)
     """TRL's logs of the unit's steps so far, by column (`StepColumns`): the charts draw them before the commit."""
     holder: str = ""
