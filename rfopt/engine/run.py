@@ -37,6 +37,7 @@ from rfopt.config.spaces import ListSpace, as_space
 from rfopt.errors import RfoptError
 from rfopt.pruning import describe as pruning_outlook
 from rfopt.reports.display import ProgressBar
+from rfopt.reports.outcome import outcome
 from rfopt.reports.status import state_counts
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointError, CheckpointStore, location_exists
@@ -84,6 +85,7 @@ def run(study: optuna.Study, request: RunRequest, checkpoint_dir: str | None = N
     checked = check_run(study, request)
     pool.check_room(checked.configs)
     say_placement(pool.placement, checked)
+    _say_missing_best(study)
     data_parallel = worker.data_parallel if worker is not None else None
     if data_parallel is not None and not data_parallel.lead:  # follows its group's lead, chunk by chunk
         workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
@@ -103,6 +105,18 @@ def run(study: optuna.Study, request: RunRequest, checkpoint_dir: str | None = N
             lead_done(data_parallel)
     if not trained and not checked.timed_out():
         logger.warning("%s", _nothing_done(study, checked.space))
+
+
+def _say_missing_best(study: optuna.Study) -> None:
+    """Warn when a kept best checkpoint better than the recommendation was deleted (`StudyOutcome.missing`)."""
+    found = outcome(study)
+    if not found.missing:
+        return
+    now = found.recommendation
+    logger.warning("study %r: %s; the recommendation is now %s", study.study_name,
+                   "; ".join(m.line(found.objective) for m in found.missing),
+                   "none (no kept best checkpoint exists)" if now is None else
+                   f"trial {now.trial} after chunk {now.unit + 1} ({now.location})")
 
 
 def _run_alone(study: optuna.Study, checked: CheckedRun, pool: ModelPool, checkpoint_dir: str | None) -> int:

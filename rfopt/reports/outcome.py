@@ -24,11 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from rfopt.storage.files import is_url
 from rfopt.storage.schema import Baseline, BestCheckpoint, TrialRecord, study_record
 from rfopt.training.diversity import collapse_reason
 
@@ -90,6 +92,21 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class MissingBest:
+    """A kept best checkpoint, better than the recommendation, whose adapter folder is gone (deleted by hand)."""
+
+    trial: int
+    unit: int
+    value: float
+    location: str
+
+    def line(self, objective: str) -> str:
+        """``missing: trial 1's best checkpoint (after chunk 2, reward 2.2500) is gone from <path>``."""
+        return (f"missing: trial {self.trial}'s best checkpoint (after chunk {self.unit + 1}, {objective} "
+                f"{self.value:.4f}) is gone from {self.location}")
+
+
+@dataclass(frozen=True)
 class StudyOutcome:
     """A study's answer: its baselines, every trial's `TrialOutcome`, the `Recommendation`, and Optuna's best trial."""
 
@@ -100,12 +117,23 @@ class StudyOutcome:
     recommendation: Recommendation | None
     optuna_best: tuple[int, float] | None
     """(number, value) of Optuna's ``best_trial`` (the best last value among COMPLETE trials); None before one."""
+    missing: tuple[MissingBest, ...] = ()
+    """Better kept checkpoints than `recommendation` whose folder is gone, best first: the recommendation is the best
+    one that exists (looked at where the study's checkpoint store is a folder on this machine; a store elsewhere, or
+    in an object store, is taken to hold them all)."""
 
     def lines(self) -> list[str]:
         """What the leaderboard says under its rows: the recommendation, and Optuna's best trial beside it."""
-        out = []
+        out = [m.line(self.objective) for m in self.missing]
+        if self.missing:
+            out.append("its folder was deleted; " + ("the best checkpoint that exists is recommended instead"
+                                                     if self.recommendation is not None else
+                                                     "no kept best checkpoint exists any more"))
         if self.recommendation is not None:
             out.append(self.recommendation.line(self.objective, self.maximize))
+        elif self.missing:
+            out.append("no adapter to take: export_best(path, best_trial=True) exports Optuna's best trial's final "
+                       "adapter")
         elif any(t.final is not None for t in self.trials.values()):
             out.append("no adapter to take: no trial kept a best checkpoint (every chunk committed so far collapsed, "
                        "or the study ran before rfopt kept them); export_best(path, best_trial=True) exports Optuna's "
@@ -131,8 +159,13 @@ def outcome(study: Any, trials: Sequence[FrozenTrial] | None = None) -> StudyOut
     objective = record.objective
     records = [TrialRecord(t) for t in trials if t.state != TrialState.WAITING]
     outcomes = {r.number: _trial_outcome(r, record.baselines, records, objective, maximize) for r in records}
+    # A kept checkpoint's folder is looked at only where the study's store is on this machine (a dashboard on another
+    # host, or a recorded study, has none of them: they are not missing).
+    store = record.checkpoint_dir
+    here = store is not None and not is_url(store) and Path(store).is_dir()
+    recommendation, missing = _recommend(records, record.baselines, maximize, look=here)
     return StudyOutcome(objective=objective, maximize=maximize, baselines=record.baselines, trials=outcomes,
-                        recommendation=_recommend(records, record.baselines, maximize),
+                        recommendation=recommendation, missing=missing,
                         optuna_best=_optuna_best(trials, maximize) if single else None)
 
 
@@ -219,16 +252,24 @@ def _beyond_noise(better: float, worse: float, better_eval: Mapping[str, float] 
     return f", beyond the noise ±{margin:.2g}" if drop > margin else None
 
 
-def _recommend(records: list[TrialRecord], baselines: Mapping[str, Baseline], maximize: bool) -> Recommendation | None:
+def _recommend(records: list[TrialRecord], baselines: Mapping[str, Baseline], maximize: bool,
+               look: bool) -> tuple[Recommendation | None, tuple[MissingBest, ...]]:
+    """The best kept checkpoint whose folder exists, and the better ones whose folder is gone (`look`: the store is on
+    this machine; else every kept checkpoint is taken to exist)."""
     sign = 1.0 if maximize else -1.0
     kept = [(r, r.best) for r in records if r.best is not None and math.isfinite(r.best.value)]
-    if not kept:
-        return None
-    record, best = max(kept, key=lambda rb: (sign * rb[1].value, -rb[0].number))
-    metrics = next((m.eval for m in record.unit_metrics() if m.unit == best.unit), {})
-    key = record.baseline_key
-    return Recommendation(trial=record.number, unit=best.unit, value=best.value, location=best.location,
-                          metrics=metrics, baseline=baselines.get(key) if key is not None else None)
+    kept.sort(key=lambda rb: (-sign * rb[1].value, rb[0].number))
+    missing = []
+    for record, best in kept:
+        if look and not is_url(best.location) and not Path(best.location).exists():
+            missing.append(MissingBest(record.number, best.unit, best.value, str(best.location)))
+            continue
+        metrics = next((m.eval for m in record.unit_metrics() if m.unit == best.unit), {})
+        key = record.baseline_key
+        return (Recommendation(trial=record.number, unit=best.unit, value=best.value, location=best.location,
+                               metrics=metrics, baseline=baselines.get(key) if key is not None else None),
+                tuple(missing))
+    return None, tuple(missing)
 
 
 def _optuna_best(trials: Sequence[FrozenTrial], maximize: bool) -> tuple[int, float] | None:

@@ -215,3 +215,37 @@ def test_the_study_page_shows_the_baseline_row_the_recommendation_and_each_trial
     assert "2.25 <span class='hint'>after chunk 2</span>" in board and ">-0.875<" in board
     objective = next(f for f in page.figures if f["key"] == "objective")
     assert [t["y"] for t in objective["data"] if t["meta"].get("role") == "baseline"] == [[1.0, 1.0]]
+
+
+# ---------------------------------------------------------------------- a recommended best/ deleted by hand
+def test_a_deleted_recommended_best_is_marked_missing_and_the_next_that_exists_is_named(tiny_model, tmp_path,
+                                                                                         caplog):
+    """Issue 41 item 15: a deleted recommended ``best/`` was still recommended everywhere (leaderboard, outcome,
+    status), and export_best then failed."""
+    import shutil
+
+    from rfopt.compat import storage_of
+    from rfopt.reports.status import summaries
+    from stored_study import stored_study
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    configs = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=1e-3)]
+    train, test = prompts_dataset(8), prompts_dataset(2, "E")
+    study = stored_study(storage, "s", configs, train, test, values={0: [0.9, 0.4], 1: [0.5, 0.7]})
+    gone = study.recommendation()
+    assert (gone.trial, gone.unit) == (0, 0)
+    shutil.rmtree(gone.location)
+
+    found = study.outcome()
+    assert (found.recommendation.trial, found.recommendation.unit) == (1, 1)
+    missing = f"missing: trial 0's best checkpoint (after chunk 1, reward 0.9000) is gone from {gone.location}"
+    assert found.lines()[:3] == [missing, "its folder was deleted; the best checkpoint that exists is recommended "
+                                          "instead", found.recommendation.line("reward")]
+    assert missing in study.leaderboard_text()  # the page shows the same lines under its leaderboard
+    (summary,) = summaries(storage_of(study.optuna))
+    assert summary.recommended == (1, 2, 0.7)
+    assert Path(study.export_best(tmp_path / "take")).is_dir()
+    with caplog.at_level("WARNING", logger="rfopt"):
+        study.optimize(configs, train, test, num_chunks=2, show_progress_bar=False)
+    assert any(r.getMessage().startswith(f"study 's': {missing}; the recommendation is now trial 1 after chunk 2")
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
