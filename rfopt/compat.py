@@ -55,6 +55,15 @@ Kept for exactness or correctness (none of them is a speed trick):
     ``rollout_func`` (TRL's public rollout hook hands over untokenized prompts): the chat template with the trainer's
     tools, template and kwargs, as TRL tokenizes prompts for its own ``generate``. Buys: a gang's rollouts start from
     exactly the prompt tokens plain TRL would generate from.
+``gang_backbone_calls``  `intercept_backbone` sets an instance ``forward`` on the backbone of a gang's shared model
+    (``PreTrainedModel.base_model``): TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) computes a trainer's
+    log-probabilities by calling ``getattr(self, "base_model")(...)`` and then its own head, so routing that call lets
+    the members' forwards run as one batch (`rfopt.training.batched_step`) while each keeps its own head and
+    temperature. Buys: one batched forward for a gang's training (``gang_training="batched"``).
+``gang_backward``  `route_backward` replaces a gang member's ``Accelerator.backward`` on its trainer's accelerator,
+    which ``Trainer.training_step`` calls with the step's loss: the member's loss, divided by the accumulation steps as
+    accelerate divides it, goes to the gang, which differentiates every member's loss in one backward. Buys: one
+    backward for a gang's training.
 ``optimize_loop``  `optimize_loop` marks an Optuna study as inside an optimize loop
     (``Study._thread_local.in_optimize_loop``, ``Study._stop_flag``), as ``optuna.Study.optimize``
     does, so that ``study.stop()`` (which GridSampler calls when its grid is done) works under rfopt.
@@ -339,6 +348,54 @@ def tokenized_prompts(trainer: Any, prompts: list[Any]) -> list[list[int]]:
     if images is not None:
         raise CompatError("trl_prompt_tokenization: prompts with images cannot be decoded by rfopt's rollout engine")
     return [list(ids) for ids in prompt_ids]
+
+
+@contextmanager
+def intercept_backbone(model: Any, call: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+                       ) -> Iterator[Any]:
+    """Route every call of a (shared) model's backbone through ``call(original, args, kwargs)`` (entry
+    ``gang_backbone_calls``); yields the backbone. The instance ``forward`` is removed again on exit."""
+    check_version("trl")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = base.base_model
+    if backbone is base:
+        raise CompatError("gang_backbone_calls: the model has no backbone apart from its LM head")
+    had = vars(backbone).get("forward")
+    original = backbone.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return call(original, args, kwargs)
+
+    backbone.forward = forward
+    try:
+        yield backbone
+    finally:
+        if had is None:
+            vars(backbone).pop("forward", None)
+        else:
+            backbone.forward = had
+
+
+def route_backward(trainer: Any, backward: Callable[[Any], None]) -> bool:
+    """Make `trainer`'s ``accelerator.backward(loss)`` call ``backward(loss / gradient_accumulation_steps)`` (the
+    loss as accelerate would differentiate it) instead (entry ``gang_backward``); False, and nothing changed, where
+    accelerate would do more than ``loss.backward()`` (DeepSpeed, Megatron, a gradient scaler, LOMO)."""
+    from accelerate.utils import DistributedType
+
+    check_version("accelerate")
+    accelerator = trainer.accelerator
+    _require(accelerator, "has_lomo_optimizer", "gang_backward")
+    if (accelerator.distributed_type != DistributedType.NO or accelerator.scaler is not None
+            or accelerator.has_lomo_optimizer):
+        return False
+
+    def routed(loss: Any, **kwargs: Any) -> None:
+        if kwargs:
+            raise CompatError(f"gang_backward: accelerate's backward got {sorted(kwargs)}, which the gang does not pass")
+        backward(loss / accelerator.gradient_accumulation_steps)
+
+    accelerator.backward = routed
+    return True
 
 
 # ---------------------------------------------------------------------- instances stored as pickle stores them

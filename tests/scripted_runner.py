@@ -213,7 +213,8 @@ class ScriptedRunner:
 
     def train_chunk(self, should_stop: Callable[[], bool] | None = None,
                     rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
-                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False) -> ChunkMetrics:
+                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False,
+                    on_trainer: Callable[[Any], None] | None = None) -> ChunkMetrics:
         if self.units_done == _NO_STATE:
             raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
         if self.finished:

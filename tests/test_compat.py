@@ -411,3 +411,49 @@ def test_the_loss_types_rfopt_accepts_are_the_ones_trls_grpo_trainer_computes():
     named = set(re.findall(r'loss_type (?:==|in) \[?"([a-z_]+)"', source)) | set(
         re.findall(r'"([a-z_]+)"', " ".join(re.findall(r"loss_type in \[([^\]]+)\]", source))))
     assert named == set(compat.GRPO_LOSS_TYPES), named ^ set(compat.GRPO_LOSS_TYPES)
+
+
+# ---------------------------------------------------------------------- gang_backbone_calls, gang_backward
+def test_trls_fused_lm_head_computes_log_probs_through_the_backbone_call_a_gang_routes(tiny_model):
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, Trainer
+    from trl import GRPOTrainer
+    from trl.trainer import utils
+
+    from rfopt_testkit import lora_config
+
+    head = inspect.getsource(utils.add_fused_lm_head)
+    assert 'backbone_attr = "base_model"' in head and "getattr(self, backbone_attr)(*args, **kwargs)" in head
+    assert "backbone_outputs.last_hidden_state" in head
+    scoring = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert 'model_inputs = {"input_ids": input_ids_batch, "attention_mask": attention_mask_batch}' in scoring
+    assert "self.accelerator.backward(loss" in inspect.getsource(Trainer.training_step)
+    # and it does: with the head added, a fused call goes through the routed backbone, which is put back after
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), lora_config())
+    utils.add_fused_lm_head(model.get_base_model(), outputs=("log_probs",))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    calls = []
+    try:
+        with compat.intercept_backbone(model, lambda original, args, kwargs: calls.append(kwargs) or original(
+                *args, **kwargs)) as backbone:
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids, fused_lm_head=True)
+    finally:
+        vars(model.get_base_model()).pop("forward", None)
+    assert out.log_probs.shape == (1, 3) and len(calls) == 1 and set(calls[0]) >= {"input_ids", "attention_mask"}
+    assert "forward" not in vars(backbone)
+
+
+def test_accelerate_divides_the_loss_by_the_accumulation_steps_and_calls_backward_where_rfopt_routes_it():
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import Accelerator
+
+    source = inspect.getsource(Accelerator.backward)
+    assert "loss = loss / self.gradient_accumulation_steps" in source and "loss.backward(**kwargs)" in source
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    routed = []
+    assert compat.route_backward(SimpleNamespace(accelerator=accelerator), routed.append)
+    accelerator.backward(torch.tensor(3.0))
+    assert [float(x) for x in routed] == [1.5]

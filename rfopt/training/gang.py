@@ -24,11 +24,29 @@ member (`gang_key`), and the model is put back once, when the gang is done.
 A member that raises (a reward function, a sampling error of its own) leaves the gang alone; the others go on.
 `Gang.abort` (Ctrl-C, a lost lease) stops every member at its next optimizer step or decoded token.
 `Gang.decode_seconds` is the time its members waited for the backend.
+
+How the members' training steps run is the gang's ``training`` mode (`GANG_TRAINING`):
+
+- ``"sequential"``: each member runs its own forwards and backward, one member after another, exactly as it would
+  alone (bit for bit: the default).
+- ``"batched"``: two more sync points, like the rollout one. A member's backbone calls (the loss forward with grad; the
+  old-policy and the adapter-disabled reference forwards without) wait for the others' calls of the same kind, and the
+  gang runs them as one forward of the shared base, each row through its own member's adapter
+  (`rfopt.training.batched_step`); each member's own fused LM head (its temperature), loss and metrics follow on its
+  rows. Its ``accelerator.backward(loss)`` waits too, and the gang differentiates the sum of the waiting members' losses
+  once: their adapters are disjoint, so each gets exactly its own gradient. Clipping, the optimizer and the schedule
+  stay each member's own: while a member runs only its own adapter holds gradients (the others' are kept aside), so
+  ``max_grad_norm`` clips over its own parameters. Results differ from the sequential mode only by floating-point
+  rounding (the matrix shapes change), and a gang in this mode is deterministic for the same members. A member the
+  batched forward cannot serve (`batched_step.member_refusal`: DoRA, ``modules_to_save``, ...) runs its own forwards
+  inside the gang, said once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -38,14 +56,31 @@ from typing import Any
 from rfopt import compat
 from rfopt.storage.state import RngState
 
+from .batched_step import BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, servable_call
 from .models import adapter_name
 from .rollouts import Aborted, GenerationRequest, RolloutBackend, Sampling, seed_from_stream
+from .rollouts.bank import lora_layers
 from .runner import ChunkMetrics, StepDone, TrialRunner
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_GANG_SIZE = 4
 """``gang_size`` when a run gives none (`Study.optimize`, ``rfopt run``, a study file): chosen from the benchmarks
 (BENCHMARKS.md, "Gangs"). Memory planning trains fewer at once where the device is short (`rfopt.training.memory.gang_memory`);
 ``gang_size=1`` trains one trial at a time, bit for bit as plain TRL."""
+
+GANG_TRAINING = ("sequential", "batched")
+"""How a gang's members run their training steps (see the module docstring): each its own, or one batched forward and
+backward for all."""
+
+DEFAULT_GANG_TRAINING = "sequential"
+"""``gang_training`` when a run gives none: the exact mode, until the batched one is measured faster where it counts."""
+
+_ORDER = ("rollout", "forward", "forward+grad", "backward")
+"""What the gang serves first when members wait on different things: a step's earlier phase, so that a member behind
+the others catches up and joins their batch."""
+
+_SAID: set[str] = set()
 
 
 @dataclass
@@ -97,13 +132,17 @@ class Gang:
     >>> gang.train()                          # each member's `result` (ChunkMetrics) or `error` is set
     """
 
-    def __init__(self, backend: RolloutBackend, members: list[GangMember]) -> None:
+    def __init__(self, backend: RolloutBackend, members: list[GangMember],
+                 training: str = DEFAULT_GANG_TRAINING) -> None:
         if not members:
             raise ValueError("a gang needs at least one member")
+        if training not in GANG_TRAINING:
+            raise ValueError(f"gang training {training!r}: choose one of {', '.join(GANG_TRAINING)}")
         self.backend = backend
         self.members = members
+        self.training = training
         self.model = members[0].runner.model  # the shared model (a trial alone: its own)
-        self._pending: dict[int, GenerationRequest] = {}
+        self._pending: dict[int, tuple[str, Any]] = {}
         self._responses: dict[int, Any] = {}
         self._done: set[int] = set()
         self._globals: dict[int, _MemberGlobals] = {}
@@ -113,6 +152,17 @@ class Gang:
         self.decodes = 0
         """Batched decodes this gang ran (one per generation cycle of its members)."""
         self.decode_seconds = 0.0
+        self.forwards = 0
+        """Batched training forwards this gang ran (``training="batched"``)."""
+        self.backwards = 0
+        self._current: int | None = None
+        self._batched: set[int] = set()
+        self._servable: set[int] = set()
+        self._params: dict[int, list[Any]] = {}
+        self._grads: dict[int, list[Any]] = {}
+        self._raised: dict[Any, bool] = {}
+        self._step: BatchedBackbone | None = None
+        self._lora: Any = None
 
     # ------------------------------------------------------------------ the run
     def train(self) -> None:
@@ -131,7 +181,8 @@ class Gang:
         self._caller = greenlet.getcurrent()
         self._greenlets = {i: greenlet.greenlet(functools.partial(self._body, i)) for i in range(len(members))}
         self._done, self._pending, self._responses = set(), {}, {}
-        with compat.restore_shared_model(model, args):
+        batched = self.training == "batched" and len(members) > 1 and self.backend.shares_batches
+        with compat.restore_shared_model(model, args), self._batching(batched):
             try:
                 self._drive()
             except BaseException:  # Ctrl-C: every member stops at its next step (a waiting one hears `Aborted`)
@@ -141,26 +192,69 @@ class Gang:
             finally:
                 outside.restore()
 
+    @contextlib.contextmanager
+    def _batching(self, on: bool) -> Any:
+        """The batched mode's set-up: the backbone routed through the gang, the members it can serve, their
+        parameters (whose gradients are kept aside while another member runs); all undone on exit."""
+        self._batched, self._servable, self._params, self._grads, self._raised = set(), set(), {}, {}, {}
+        if not on:
+            yield
+            return
+        model = self.model
+        for i, member in enumerate(self.members):
+            adapter = adapter_name(member.number)
+            refusal = member_refusal(model, adapter, member.runner.config.peft_config)
+            if refusal is None:
+                self._servable.add(i)
+            elif refusal not in _SAID:
+                _SAID.add(refusal)
+                logger.warning("trial %d trains its own steps beside its gang's batched step: %s", member.number,
+                               refusal)
+            if member.runner.config.peft_config is not None:
+                self._params[i] = adapter_parameters(model, adapter)
+                self._grads[i] = [p.grad for p in self._params[i]]
+                for p in self._params[i]:
+                    p.grad = None
+        self._lora = next((layer for _, layer in lora_layers(model)), None)
+        try:
+            with compat.intercept_backbone(model, self._backbone_call) as backbone:
+                self._step = BatchedBackbone(backbone)
+                yield
+        finally:
+            for i, params in self._params.items():
+                for p, grad in zip(params, self._grads[i]):
+                    p.grad = grad
+            self._lower_grads()
+            self._step = None
+
     def abort(self) -> None:
         """Stop every member at its next optimizer step (or the backend at its next token)."""
         self._aborted.set()
 
     def _drive(self) -> None:
-        """Rounds until every member is done: each member able to run runs, in order, until its trainer asks for
-        rollouts or its chunk ends; then one batched decode answers every request."""
+        """Rounds until every member is done: each member able to run runs, in order, until it waits on the gang (for
+        rollouts; in the batched mode also for a forward or its backward) or its chunk ends; then the gang serves every
+        member waiting on the first thing in `_ORDER` that any waits on, in one batch."""
         while len(self._done) < len(self.members):
             for i in range(len(self.members)):
                 if i not in self._done and i not in self._pending:  # to start, or answered: it goes on
                     self._run(i)
             if not self._pending:  # every member ran until it was done
                 continue
-            batch = sorted(self._pending)
-            requests = [self._pending.pop(j) for j in batch]
+            kind = min((k for k, _ in self._pending.values()), key=_ORDER.index)
+            batch = sorted(j for j in self._pending if self._pending[j][0] == kind)
+            requests = [self._pending.pop(j)[1] for j in batch]
             started = time.perf_counter()
             try:
                 if self._aborted.is_set():
                     raise Aborted("the gang was stopped")
-                outs: list[Any] = self.backend.generate(requests, should_stop=self._aborted.is_set)
+                if kind == "rollout":
+                    outs: list[Any] = self.backend.generate(requests, should_stop=self._aborted.is_set)
+                    self.decodes += 1
+                elif kind == "backward":
+                    outs = self._backward(batch, requests)
+                else:
+                    outs = self._forward(batch, requests)
             except BaseException as exc:  # noqa: BLE001 - stopped, or the engine failed: every waiting member hears
                 heard = exc if isinstance(exc, Exception) else Aborted("interrupted")
                 self._responses.update(zip(batch, [heard] * len(batch)))
@@ -168,8 +262,8 @@ class Gang:
                     raise
                 continue
             finally:
-                self.decode_seconds += time.perf_counter() - started
-            self.decodes += 1
+                if kind == "rollout":
+                    self.decode_seconds += time.perf_counter() - started
             self._responses.update(zip(batch, outs))
 
     def _run(self, i: int) -> None:
@@ -177,7 +271,13 @@ class Gang:
         member = self.members[i]
         self._globals[i].restore()
         member.runner.pool.activate(member.number, member.runner.config)
-        self._greenlets[i].switch()
+        self._swap_grads(i, True)
+        self._current = i
+        try:
+            self._greenlets[i].switch()
+        finally:
+            self._current = None
+            self._swap_grads(i, False)
         if self._greenlets[i].dead:
             self._done.add(i)
             if isinstance(member.error, KeyboardInterrupt):  # Ctrl-C while this member ran: it stopped, not failed
@@ -195,6 +295,7 @@ class Gang:
                 rollout_func=rollouts,
                 on_step=functools.partial(self._stepped, member),
                 in_gang=True,
+                **({"on_trainer": functools.partial(self._route, i)} if self._step is not None else {}),
             )
         except BaseException as exc:  # noqa: BLE001 - the member's own failure; the gang goes on
             member.error = exc
@@ -217,13 +318,97 @@ class Gang:
             sampling=Sampling.of(trainer.generation_config),
             seed=seed_from_stream(),  # from this member's own stream: its draws do not depend on the others
         )
-        self._pending[i] = request
+        out = self._wait(i, "rollout", request)
+        return {"prompt_ids": request.prompt_ids, "completion_ids": out.token_ids, "logprobs": out.logprobs}
+
+    def _wait(self, i: int, kind: str, request: Any) -> Any:
+        """Member `i` waits on the gang for `kind` (`_ORDER`): back to `_drive`, which resumes it with the answer."""
+        if self._aborted.is_set():
+            raise Aborted("the gang was stopped")
+        self._pending[i] = (kind, request)
         self._globals[i] = _MemberGlobals.capture(self.model)
-        self._caller.switch()  # back to `_drive`; it resumes this member once the batch is decoded
+        self._caller.switch()
         out = self._responses.pop(i)
         if isinstance(out, BaseException):
             raise out
-        return {"prompt_ids": request.prompt_ids, "completion_ids": out.token_ids, "logprobs": out.logprobs}
+        return out
+
+    # ------------------------------------------------------------------ the batched step (training="batched")
+    def _route(self, i: int, trainer: Any) -> None:
+        """Member `i`'s trainer is built: in the batched mode its backward goes through the gang, and then its
+        forwards join the batch (a member whose backward cannot be routed keeps both its own)."""
+        if i in self._servable and compat.route_backward(trainer, lambda loss: self._wait(i, "backward", loss)):
+            self._batched.add(i)
+
+    def _backbone_call(self, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call of the shared backbone (`compat.intercept_backbone`): a batched member's waits for the batch."""
+        import torch
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        i = self._current
+        if i is None or i not in self._batched or not servable_call(args, kwargs):
+            return original(*args, **kwargs)
+        disabled = self._lora is not None and self._lora.disable_adapters  # the reference forward: base model only
+        request = ForwardRequest(None if disabled else adapter_name(self.members[i].number), kwargs["input_ids"],
+                                 kwargs.get("attention_mask"), torch.is_grad_enabled())
+        hidden = self._wait(i, "forward+grad" if request.grad else "forward", request)
+        return BaseModelOutputWithPast(last_hidden_state=hidden)
+
+    def _forward(self, batch: list[int], requests: list[ForwardRequest]) -> list[Any]:
+        import torch
+
+        assert self._step is not None
+        grad = requests[0].grad
+        if grad:
+            self._raise_grads(batch)
+        with torch.set_grad_enabled(grad):
+            outs = self._step.forward(requests)
+        self.forwards += 1
+        return outs
+
+    def _backward(self, batch: list[int], losses: list[Any]) -> list[None]:
+        """One backward of the waiting members' losses, into each member's kept-aside gradients."""
+        import torch
+
+        self._raise_grads(batch)  # a member's `pool.activate` made only its own adapter trainable meanwhile
+        for i in self._params:
+            self._swap_grads(i, True)
+        try:
+            live = [loss for loss in losses if loss.requires_grad]
+            if live:
+                torch.autograd.backward(live)
+        finally:
+            for i in self._params:
+                self._swap_grads(i, False)
+            self._lower_grads()
+        self.backwards += 1
+        return [None] * len(batch)
+
+    def _swap_grads(self, i: int, install: bool) -> None:
+        """Put member `i`'s kept-aside gradients on its parameters (`install`), or take them off again."""
+        params = self._params.get(i)
+        if params is None:
+            return
+        if install:
+            for p, grad in zip(params, self._grads[i]):
+                p.grad = grad
+        else:
+            self._grads[i] = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+
+    def _raise_grads(self, members: list[int]) -> None:
+        """Make `members`' adapters trainable for a batched forward and its backward (PEFT makes only the active one
+        so); `_lower_grads` puts back what they were."""
+        for i in members:
+            for p in self._params.get(i, ()):
+                self._raised.setdefault(p, p.requires_grad)
+                p.requires_grad_(True)
+
+    def _lower_grads(self) -> None:
+        for p, flag in self._raised.items():
+            p.requires_grad_(flag)
+        self._raised = {}
 
 
 @dataclass(frozen=True)

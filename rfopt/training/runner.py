@@ -225,7 +225,8 @@ class TrialRunner:
 
     def train_chunk(self, should_stop: Callable[[], bool] | None = None,
                     rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
-                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False) -> ChunkMetrics:
+                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False,
+                    on_trainer: Callable[[Any], None] | None = None) -> ChunkMetrics:
         """Train the trial's next chunk unit; raises on a reward function error or a diverged loss.
 
         `should_stop` is asked after every optimizer step: when it says True, the chunk stops there and
@@ -235,7 +236,8 @@ class TrialRunner:
         `rfopt.training.progress`).
         `rollout_func`: a gang member's on the batched backend (`rfopt.training.gang`): its trainer generates through the
         gang's rollout backend (TRL's ``rollout_func`` hook). `in_gang`: the gang, not the chunk, puts the shared model
-        back when every member is done.
+        back when every member is done. `on_trainer`: told of the chunk's trainer before it trains (a gang that batches
+        its members' steps routes the trainer's backward through itself).
         """
         if self.units_done == _NO_STATE:
             raise RuntimeError(f"trial {self.number}: a chunk was stopped midway; load a checkpoint before training")
@@ -271,6 +273,8 @@ class TrialRunner:
                 **({} if rollout_func is None else {"rollout_func": rollout_func}),
             )
             _quiet(trainer)
+            if on_trainer is not None:
+                on_trainer(trainer)
             trainer.train()
         if boundary.aborted:
             self.units_done = _NO_STATE

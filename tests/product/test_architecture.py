@@ -47,7 +47,7 @@ LAYERS = {
     "pruning": [{"_decision", "_halving", "_view", "_pbt"}, {"_decide", "_outlook"}, {"_policy"}, {"__init__"}],
     "config": [{"usercode", "params", "rewardfuncs", "settings"}, {"codec"}, {"overrides", "studyfile"}, {"arguments"},
                {"trial"}, {"spaces", "form"}, {"__init__"}],
-    "training": [{"diversity", "rollouts", "trackers", "loading"}, {"evaluation", "memory"}, {"models"},
+    "training": [{"diversity", "rollouts", "trackers", "loading"}, {"evaluation", "memory", "batched_step"}, {"models"},
                  {"runner", "baseline"}, {"parallel", "gang", "progress"}, {"__init__"}],
     "reports": [{"outcome"}, {"timeline", "status", "trial_svg", "lead"}, {"charts", "forecast"},
                 {"parallel", "display"}, {"__init__"}],

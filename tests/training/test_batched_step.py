@@ -1,0 +1,203 @@
+"""The batched training step of a gang (``gang_training="batched"``): one forward of the shared base for every member's
+rows, each row through its own adapter, and one backward of the members' losses.
+
+What must hold: each member gets the gradient it gets alone (float32, relative difference <= 1e-5 per parameter
+tensor), whatever its rank, alpha, learning rate, temperature, beta or completion length; while a member clips and
+steps it sees only its own gradients; a member that fails (a raising reward, a NaN loss) fails alone; and a member the
+batched forward cannot serve trains its own steps inside the gang, exactly as in the sequential mode."""
+
+import math
+
+import pytest
+import torch
+from peft import get_peft_model
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+from rfopt.chunks import ChunkPlan, trial_schedule
+from rfopt.training import gang as gang_module
+from rfopt.training.batched_step import BatchedBackbone, ForwardRequest, adapter_parameters
+from rfopt.training.gang import Gang, GangMember
+from rfopt.training.models import ModelPool, adapter_name
+from rfopt.training.runner import TrialRunner
+from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, trial_config
+
+TOLERANCE = 1e-5
+
+
+def _relative(a, b):
+    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+# ---------------------------------------------------------------------- the batched backbone itself
+def _rows(rows, length, pads, seed):
+    """Token ids and a mask: `pads` left pads on the first row, one right pad on the last, as TRL's batches have."""
+    ids = torch.randint(3, 50, (rows, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :pads] = 0
+    mask[-1, -1] = 0
+    return ids, mask
+
+
+def test_the_batched_backbone_gives_each_row_group_the_hidden_states_and_gradient_it_gets_alone(tiny_model):
+    from peft import LoraConfig
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+                           adapter_name="t1")
+    model.add_adapter("t2", LoraConfig(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj", "up_proj"],
+                                       init_lora_weights=False))
+    model.train()
+    backbone = model.get_base_model().base_model
+    # Different row counts and lengths; None is a reference forward (adapters disabled).
+    batches = {"t1": _rows(2, 9, 2, 1), "t2": _rows(3, 13, 4, 2), None: _rows(2, 6, 1, 3)}
+    weights = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(5))
+
+    def loss_of(hidden):
+        return (hidden @ weights).pow(2).mean()
+
+    def trainable(*adapters):
+        for adapter in adapters:
+            for p in adapter_parameters(model, adapter):
+                p.requires_grad_(True)
+
+    alone = {}
+    for adapter, (ids, mask) in batches.items():
+        model.zero_grad(set_to_none=True)
+        if adapter is None:
+            with model.disable_adapter(), torch.no_grad():
+                hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            alone[adapter] = (hidden, {})
+            continue
+        model.set_adapter(adapter)
+        trainable(adapter)
+        hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        loss_of(hidden).backward()
+        alone[adapter] = (hidden.detach(), {id(p): p.grad.clone() for p in adapter_parameters(model, adapter)})
+    model.zero_grad(set_to_none=True)
+    trainable("t1", "t2")
+
+    batched = BatchedBackbone(backbone)
+    hidden = batched.forward([ForwardRequest(adapter, ids, mask, grad=True) for adapter, (ids, mask) in batches.items()])
+    torch.autograd.backward([loss_of(h) for h, adapter in zip(hidden, batches) if adapter is not None])
+
+    for h, (adapter, (_, mask)) in zip(hidden, batches.items()):
+        real = mask.bool()
+        assert h.shape == alone[adapter][0].shape
+        assert _relative(h.detach()[real], alone[adapter][0][real]) <= TOLERANCE
+        for p in adapter_parameters(model, adapter) if adapter else ():
+            assert _relative(p.grad, alone[adapter][1][id(p)]) <= TOLERANCE
+    assert "forward" not in vars(backbone)  # the shared model is untouched: the view is a copy of its own
+
+
+# ---------------------------------------------------------------------- a gang's steps through TRL
+class _Gradients(TrainerCallback):
+    """The gradients a member's optimizer is about to step with (after its clipping), by parameter name."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+def _gang(tiny_model, members, training, spoil=None):
+    """One chunk of `members` ((trial number, learning rate, peft config, GRPO settings, rewards)) trained as a gang in
+    `training` mode: each member's gradients per step, weights and error, and the gang."""
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    runners, seen = [], {}
+    for number, lr, peft, grpo, rewards in members:
+        config = trial_config(tiny_model, rewards=rewards, learning_rate=lr, peft=peft, **grpo)
+        seen[number] = _Gradients()
+        config.callbacks = [seen[number]]
+        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                   "/tmp/rfopt-test-batched-step"))
+    for runner in runners:
+        runner.setup()
+    if spoil is not None:
+        spoil(runners)
+    gang = Gang(runners[0].rollout_backend(batched=True), [GangMember(r) for r in runners], training=training)
+    gang.train()
+    out = {m.number: (seen[m.number].steps, m.runner.trainable_weights(), m.error) for m in gang.members}
+    return out, gang
+
+
+# Ranks, alphas, target modules, learning rates, temperatures, completion lengths, beta and accumulation all differ.
+MEMBERS = [
+    (0, 5e-3, lora_config(), {}, (reward_len,)),
+    (1, 1e-2, lora_config(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj"]),
+     {"max_completion_length": 5, "temperature": 0.7}, (reward_len,)),
+    (2, 2e-3, lora_config(r=2, lora_alpha=16), {"beta": 0.1, "gradient_accumulation_steps": 2,
+                                               "per_device_train_batch_size": 2}, (reward_len,)),
+]
+
+
+def _own(number, grads):
+    return {n for n in grads if adapter_name(number) in n.split(".")}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_batched_gang_step_gives_each_member_the_gradient_it_gets_in_its_own_step(tiny_model):
+    batched, gang = _gang(tiny_model, MEMBERS, "batched")
+    sequential, _ = _gang(tiny_model, MEMBERS, "sequential")
+    again, _ = _gang(tiny_model, MEMBERS, "batched")
+    assert gang.forwards > 0 and gang.backwards > 0  # the steps did run batched
+    for number, (steps, weights, error) in batched.items():
+        alone_steps, alone_weights, _ = sequential[number]
+        assert error is None and len(steps) == len(alone_steps) == 4
+        for grads, alone in zip(steps, alone_steps):
+            # while a member clips and steps, its optimizer sees its own gradients and no other member's
+            assert grads.keys() == alone.keys() == _own(number, grads)
+            assert max(_relative(grads[n], alone[n]) for n in grads) <= TOLERANCE
+        assert all(_relative(weights[k], alone_weights[k]) <= TOLERANCE for k in weights)
+        # deterministic within the mode
+        assert all(torch.equal(weights[k], again[number][1][k]) for k in weights)
+
+
+def _spoil_in_training(runners):
+    """The last member's adapter turns NaN once its first rollouts are scored: its loss is NaN from then on. (The last:
+    the batched rollout decoder then fails the next request in a NaN adapter's rows too, a decoder matter.)"""
+    runner = runners[-1]
+    first = runner.config.reward_funcs[0]
+
+    def reward_then_nan(completions, **kwargs):
+        with torch.no_grad():
+            for p in adapter_parameters(runner.model, adapter_name(runner.number)):
+                p.fill_(math.nan)
+        return first(completions, **kwargs)
+
+    runner.config.reward_funcs = [reward_then_nan]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize("failure", ["raising reward", "nan loss"])
+def test_a_member_that_fails_in_a_batched_step_fails_alone(tiny_model, failure):
+    failing = 1 if failure == "raising reward" else 2
+    members = [m if m[0] != failing or failure != "raising reward" else (*m[:4], (reward_raises,)) for m in MEMBERS]
+    spoil = _spoil_in_training if failure == "nan loss" else None
+    batched, _ = _gang(tiny_model, members, "batched", spoil)
+    sequential, _ = _gang(tiny_model, members, "sequential", spoil)
+    assert batched[failing][2] is not None and type(batched[failing][2]) is type(sequential[failing][2])
+    for number in {0, 1, 2} - {failing}:
+        steps, weights, error = batched[number]
+        assert error is None
+        for grads, alone in zip(steps, sequential[number][0], strict=True):
+            assert max(_relative(grads[n], alone[n]) for n in grads) <= TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_member_the_batched_forward_cannot_serve_trains_its_own_steps_in_the_gang(tiny_model, monkeypatch, caplog):
+    refused = adapter_name(1)
+    monkeypatch.setattr(gang_module, "member_refusal",
+                        lambda model, adapter, peft: "a test refusal" if adapter == refused else None)
+    batched, gang = _gang(tiny_model, MEMBERS, "batched")
+    sequential, _ = _gang(tiny_model, MEMBERS, "sequential")
+    assert gang.forwards > 0
+    steps, weights, error = batched[1]
+    assert error is None  # trained as in the sequential mode, bit for bit
+    assert all(torch.equal(weights[k], sequential[1][1][k]) for k in weights)
+    assert "a test refusal" in caplog.text
