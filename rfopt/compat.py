@@ -88,6 +88,11 @@ Kept for exactness or correctness (none of them is a speed trick):
 ``attention_implementation``  `attention_implementation` reads a transformers config's ``_attn_implementation``
     (the attention the model was loaded with; transformers has no public getter): the batched decoder builds the
     attention mask that implementation takes (a boolean mask for ``sdpa``, an additive one for ``eager``).
+``generation_defaults``  `generation_defaults` reads transformers' global generation defaults
+    (``GenerationConfig._get_default_generation_params``: ``top_k=50``, ``num_beams=1``, ...), the values
+    ``model.generate`` fills (in ``_prepare_generation_config``) where neither its caller nor the model's own
+    ``generation_config`` set a field. Buys: the batched rollout backend samples with the settings ``generate`` would
+    (`rfopt.training.rollouts.sampler.generation_settings`), and knows a setting it lacks from a default.
 ``pruner_settings``  `pruner_settings`, `patience_gate`, `percentile_helpers`, `StudyView`: rfopt's
     rung decisions (``rfopt.pruning``) run Optuna's pruners on a view of the study at one step, and
     need their constructor arguments (kept in private attributes), Optuna's percentile helpers (for
@@ -216,6 +221,16 @@ def attention_implementation(config: Any) -> str:
     ``"eager"``, ``"flash_attention_2"``, ..."""
     check_version("transformers")
     return getattr(config, "_attn_implementation", None) or "eager"
+
+
+def generation_defaults() -> dict[str, Any]:
+    """The values ``model.generate`` gives the generation fields that neither its caller nor the model's
+    ``generation_config`` set (entry ``generation_defaults``)."""
+    from transformers import GenerationConfig
+
+    check_version("transformers")
+    _require(GenerationConfig, "_get_default_generation_params", "generation_defaults")
+    return dict(GenerationConfig._get_default_generation_params())
 
 
 # ---------------------------------------------------------------------- TRL / transformers: the chunk trainer

@@ -127,6 +127,19 @@ def trial_config(model_path, rewards=(reward_len, reward_vowels), peft=None, **g
     )
 
 
+def tiny_model_with_generation_config(tiny_model, path, **settings):
+    """A copy of the tiny model at `path` whose own ``generation_config`` sets `settings` (``min_p``,
+    ``no_repeat_ngram_size``, ...): transformers' ``generate`` fills the fields its caller leaves unset from them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    for key, value in settings.items():
+        setattr(model.generation_config, key, value)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(path)
+    return path
+
+
 def tiny_model_factory():
     """A user function returning (model, tokenizer), as TrialConfig.model accepts; the path comes from the test."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -100,7 +100,11 @@ class _Model:
     """The finished trial's "adapter" is saved through it (`CheckpointStore.save_adapter`), as PEFT saves one."""
 
     def __init__(self, runner: ScriptedRunner) -> None:
+        from transformers import GenerationConfig
+
         self.runner = runner
+        self.generation_config = GenerationConfig()
+        """The model's own generation config (a gang's rollouts merge it as ``generate`` does): it sets nothing."""
 
     def save_pretrained(self, path: str, selected_adapters: list[str] | None = None) -> None:
         from safetensors.torch import save_file

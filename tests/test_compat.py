@@ -378,6 +378,32 @@ def test_a_models_config_says_which_attention_it_was_loaded_with(tiny_model):
     assert compat.attention_implementation(eager.config) == "eager"
 
 
+# ---------------------------------------------------------------------- generation_defaults
+def test_generation_settings_are_what_generate_decodes_with_the_models_own_config_filling_what_trl_leaves_unset(
+        tiny_model, tmp_path):
+    """Canary of ``generation_defaults``: `generation_settings` merges a caller's config (or keyword arguments) with the
+    model's ``generation_config`` and transformers' defaults exactly as ``generate`` does before it decodes."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from rfopt.training.rollouts import generation_settings
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    model.generation_config.min_p = 0.05
+    model.generation_config.no_repeat_ngram_size = 3
+    model.generation_config.top_k = 20
+    # What GRPOTrainer hands generate: top_k=0 set, min_p left None, no_repeat_ngram_size not named.
+    trl = GenerationConfig(max_new_tokens=8, do_sample=True, pad_token_id=0, bos_token_id=2, eos_token_id=[3],
+                           temperature=0.9, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
+                           cache_implementation=None, disable_compile=True)
+    merged = generation_settings(model.generation_config, trl)
+    assert merged.to_dict() == model._prepare_generation_config(trl)[0].to_dict()
+    assert (merged.min_p, merged.no_repeat_ngram_size, merged.top_k, merged.num_beams) == (0.05, 3, 0, 1)
+    kwargs = dict(max_new_tokens=4, do_sample=False, temperature=None, top_k=None, pad_token_id=0, eos_token_id=[3])
+    assert (generation_settings(model.generation_config, **kwargs).to_dict()
+            == model._prepare_generation_config(None, **kwargs)[0].to_dict())
+    assert {"top_k", "num_beams", "no_repeat_ngram_size", "do_sample"} <= compat.generation_defaults().keys()
+
+
 # ---------------------------------------------------------------------- trackio_run_per_trial, trackio_flush
 def test_trackio_runs_opened_one_after_another_all_stay_open_and_a_flush_writes_what_they_logged():
     """trackio.init finishes the current run (a ContextVar); opened in a context of their own, two runs both log."""

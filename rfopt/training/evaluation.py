@@ -16,7 +16,7 @@ from rfopt.config.rewardfuncs import checked_reward, is_async, reward_name
 from rfopt.config.settings import EvalSettings
 
 from .diversity import diversity
-from .rollouts import ExactBackend, GenerationRequest, RolloutBackend, Sampling, Ungangable
+from .rollouts import ExactBackend, GenerationRequest, RolloutBackend, request_sampling
 
 
 @dataclass
@@ -111,7 +111,9 @@ def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, member
         prompts, ids = rendered[key]
         prompts_of.append(prompts)
         kwargs = _generate_kwargs(tokenizer, settings, settings.max_new_tokens or member.max_new_tokens, eos)
-        requests.append(GenerationRequest(member.adapter, ids, _sampling(model, kwargs), seed=settings.seed,
+        # merged over the model's generation config as generate merges them; None: decoded through generate
+        sampling = request_sampling(model.generation_config, **kwargs)
+        requests.append(GenerationRequest(member.adapter, ids, sampling, seed=settings.seed,
                                           batch_rows=settings.batch_size, generate_kwargs=kwargs))
     outcomes = backend.generate(requests)
     results: list[EvalResult | Exception] = []
@@ -155,19 +157,6 @@ def _generate_kwargs(tokenizer: Any, settings: EvalSettings, max_new_tokens: int
     return dict(max_new_tokens=max_new_tokens, do_sample=sampling,
                 temperature=settings.temperature if sampling else None, top_p=settings.top_p if sampling else None,
                 top_k=None, pad_token_id=tokenizer.pad_token_id, eos_token_id=list(eos))
-
-
-def _sampling(model: Any, kwargs: dict[str, Any]) -> Sampling | None:
-    """The same settings merged over the model's generation config, as the batched backend samples them; None when
-    that config asks for what only ``model.generate`` does."""
-    import copy
-
-    config = copy.deepcopy(model.generation_config)
-    config.update(**kwargs)
-    try:
-        return Sampling.of(config)
-    except Ungangable:
-        return None
 
 
 def scored(

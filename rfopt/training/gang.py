@@ -58,7 +58,7 @@ from rfopt.storage.state import RngState
 
 from .batched_step import BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, servable_call
 from .models import adapter_name
-from .rollouts import Aborted, GenerationRequest, RolloutBackend, Sampling, seed_from_stream
+from .rollouts import Aborted, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
 from .rollouts.bank import lora_layers
 from .runner import ChunkMetrics, StepDone, TrialRunner
 
@@ -312,11 +312,13 @@ class Gang:
         """TRL's ``rollout_func`` for member `i`: queue its request, let the others run, and take the completions."""
         if self._aborted.is_set():
             raise Aborted("the gang was stopped")
+        config = trainer.generation_config  # merged with the model's own, as TRL's generate call merges it
         request = GenerationRequest(
             adapter=adapter_name(self.members[i].number),
             prompt_ids=compat.tokenized_prompts(trainer, prompts),
-            sampling=Sampling.of(trainer.generation_config),
+            sampling=request_sampling(self.model.generation_config, config),
             seed=seed_from_stream(),  # from this member's own stream: its draws do not depend on the others
+            generate_kwargs={"generation_config": config},
         )
         out = self._wait(i, "rollout", request)
         return {"prompt_ids": request.prompt_ids, "completion_ids": out.token_ids, "logprobs": out.logprobs}

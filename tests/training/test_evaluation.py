@@ -91,3 +91,32 @@ def test_a_baseline_is_evaluated_on_the_prompts_its_trials_are_and_keyed_by_them
     baseline.evaluate_baseline(ModelPool("cpu"), thinking, prompts_dataset(2, conversational=True),
                                EvalSettings(max_new_tokens=2))
     assert [m.chat_template_kwargs for m in seen] == [{"enable_thinking": False}]
+
+
+def test_a_gangs_evaluation_completes_on_a_model_whose_generation_config_the_sampler_lacks(tiny_model, tmp_path):
+    """The model's ``no_repeat_ngram_size`` (merged into evaluation's settings as ``generate`` merges them): each
+    member is evaluated through ``generate`` with it, as alone, instead of failing."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from rfopt.training.rollouts import BatchedBackend
+    from rfopt_testkit import tiny_model_with_generation_config
+
+    path = tiny_model_with_generation_config(tiny_model, tmp_path / "ngram", no_repeat_ngram_size=1)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path),
+                           LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False), adapter_name="m")
+    model.add_adapter("n", LoraConfig(r=4, target_modules=["v_proj"], init_lora_weights=False))
+    members = [EvalMember(name, [reward_len], None, 12) for name in "mn"]
+    dataset = prompts_dataset(3, conversational=True)
+    together = evaluate_members(BatchedBackend(model, mode="eager"), model, tokenizer, members, dataset,
+                                EvalSettings(num_samples=3))
+    for name, result in zip("mn", together):
+        assert not isinstance(result, Exception), result
+        model.set_adapter(name)
+        alone = evaluate_members(ExactBackend(model), model, tokenizer, [EvalMember(name, [reward_len], None, 12)],
+                                 dataset, EvalSettings(num_samples=3))[0]
+        assert result.metrics == alone.metrics and result.samples == alone.samples
+        for sample in result.samples:  # no character twice in a completion (the tokenizer is character level)
+            assert len(set(sample["completion"])) == len(sample["completion"]) > 1

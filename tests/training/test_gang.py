@@ -114,6 +114,42 @@ def test_a_gangs_evaluation_scores_each_member_as_its_own_evaluation_does(tiny_m
                 assert result.metrics.keys() == alone.metrics.keys()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_gang_samples_with_the_models_own_generation_config_and_its_evaluation_completes(tiny_model, tmp_path):
+    """The model's ``generation_config`` fills what TRL's leaves unset, as plain TRL's ``generate`` fills it: here
+    ``no_repeat_ngram_size=1``, which the batched sampler lacks, so the members' rollouts are decoded through
+    ``generate`` (never dropped), and the gang's evaluation completes for every member."""
+    from rfopt.config.settings import EvalSettings
+    from rfopt_testkit import tiny_model_with_generation_config
+
+    path = tiny_model_with_generation_config(tiny_model, tmp_path / "ngram", no_repeat_ngram_size=1)
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    runners = []
+    for number, lr in enumerate((5e-3, 2e-2)):
+        config = trial_config(path, learning_rate=lr)
+        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                   "/tmp/rfopt-test-gang"))
+        runners[-1].setup()
+    backend = runners[0].rollout_backend("batched")
+    rollouts = []
+    generate = backend.generate
+    backend.generate = lambda requests, **kw: rollouts.append((requests, generate(requests, **kw))) or rollouts[-1][1]
+    gang = Gang(backend, [GangMember(r) for r in runners])
+    gang.train()
+    assert [m.error for m in gang.members] == [None, None]
+    assert len(rollouts) == 4 and all(r.sampling is None for requests, _ in rollouts for r in requests)
+    for requests, outs in rollouts:
+        for request, out in zip(requests, outs):
+            for prompt, completion in zip(request.prompt_ids, out.token_ids):  # no token twice
+                assert len(set(prompt + completion)) == len(set(prompt)) + len(completion)
+    backend.generate = generate
+    results = runners[0].evaluate_gang(backend, runners, prompts_dataset(3, "E"), EvalSettings())
+    assert not any(isinstance(r, Exception) for r in results), results
+
+
 @pytest.mark.e2e
 def test_the_rollout_hook_gets_the_generation_batch_and_the_model_is_put_back(tiny_model):
     dataset = prompts_dataset(8)

@@ -288,3 +288,43 @@ def test_under_mixed_precision_the_decoder_reads_a_bf16_copy_and_the_trained_wei
     assert {p.dtype for p in backend._view.parameters()} == {torch.bfloat16}
     assert backend._view.lm_head.weight is backend._view.model.embed_tokens.weight  # still tied
     assert next(iter(backend._bank.entries.values())).a.dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------------- settings only generate implements
+def test_a_request_whose_settings_only_generate_implements_is_decoded_through_it_beside_the_batch(adapters):
+    """A setting the batched sampler lacks (here the model's own ``no_repeat_ngram_size``, which TRL's config leaves
+    unset and ``generate`` fills) is never dropped and never fails the request: it is decoded through ``generate``,
+    with its adapter, while its partners decode in the batch."""
+    from transformers import GenerationConfig
+
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    config = GenerationConfig(max_new_tokens=16, do_sample=True, temperature=0.9, top_k=0,
+                              pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.eos_token_id],
+                              no_repeat_ngram_size=1)
+    apart = GenerationRequest("a", rows, None, seed=4, generate_kwargs={"generation_config": config})
+    greedy = GenerationRequest("b", rows, _sampling(tokenizer, do_sample=False))
+    backend = BatchedBackend(model, mode="eager")
+    out = backend.generate([apart, greedy])
+    assert _tokens(out) == [_tokens(ExactBackend(model).generate([apart]))[0],
+                            _generate_alone(model, tokenizer, "b", rows)]
+    for prompt, completion in zip(rows, out[0].token_ids):  # no token twice in prompt and completion
+        assert len(completion) > 1 and len(set(prompt + completion)) == len(set(prompt)) + len(completion)
+    assert backend.stats.routed == 1
+
+
+def test_a_requests_sampling_is_the_trainers_config_filled_from_the_models_own_as_generate_fills_it(tiny_model):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from rfopt.training.rollouts import request_sampling
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    trl = GenerationConfig(max_new_tokens=8, do_sample=True, pad_token_id=0, eos_token_id=[3], temperature=0.9,
+                           top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, disable_compile=True)
+    assert request_sampling(model.generation_config, trl) == Sampling.of(trl)  # the tiny model's adds nothing
+    model.generation_config.min_p = 0.05
+    assert request_sampling(model.generation_config, trl).min_p == 0.05  # was dropped: min_p=None
+    model.generation_config.no_repeat_ngram_size = 2
+    assert request_sampling(model.generation_config, trl) is None  # decoded through generate
+    with pytest.raises(Ungangable, match="no_repeat_ngram_size"):
+        Sampling.of(rfopt.training.rollouts.generation_settings(model.generation_config, trl))

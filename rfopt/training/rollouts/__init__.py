@@ -7,7 +7,7 @@ sampler (`sampler`).
 | `backend.py` | the protocol, `GenerationRequest`/`Completions`, `refusal`/`model_refusal`, `ExactBackend` |
 | `batched.py` | `BatchedBackend`: prefill, static-cache buffers, the graph-safe step, the host loop |
 | `bank.py` | the LoRA bank (every adapter of a batch in fixed buffers) and the model's view that reads it |
-| `sampler.py` | `Sampling` (one request's settings), the vectorized sampler and its counter-based noise |
+| `sampler.py` | `Sampling` (one request's settings, from `generation_settings`: merged as ``generate`` merges them), the vectorized sampler and its counter-based noise |
 """
 
 from .backend import (
@@ -26,8 +26,9 @@ from .backend import (
     until_eos,
 )
 from .batched import BatchedBackend, DecodeStats
-from .sampler import Sampling, Ungangable
+from .sampler import Sampling, Ungangable, generation_settings, request_sampling
 
-__all__ = ["BATCHED", "EXACT", "KINDS", "Aborted", "BatchedBackend", "Completions", "DecodeStats", "ExactBackend", "GenerationRequest", "Outcome",
-           "RolloutBackend", "Sampling", "Ungangable", "model_refusal", "refusal", "seed_from_stream", "until_eos"]
+__all__ = ["BATCHED", "EXACT", "KINDS", "Aborted", "BatchedBackend", "Completions", "DecodeStats", "ExactBackend",
+           "GenerationRequest", "Outcome", "RolloutBackend", "Sampling", "Ungangable", "generation_settings",
+           "model_refusal", "refusal", "request_sampling", "seed_from_stream", "until_eos"]
 

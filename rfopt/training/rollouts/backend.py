@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from rfopt import compat
 from rfopt.errors import RfoptError
 
-from .sampler import Sampling, Ungangable
+from .sampler import Sampling, Ungangable, generation_settings
 
 
 EXACT = "exact"
@@ -58,14 +58,16 @@ class GenerationRequest:
     """The trial's adapter on the shared model; None for a model of its own (full fine-tuning, exact backend)."""
     prompt_ids: list[list[int]]
     sampling: Sampling | None
-    """None: settings only ``model.generate`` implements (the exact backend's `generate_kwargs`)."""
+    """None: settings only ``model.generate`` implements (`generate_kwargs`; the batched backend decodes such a request
+    through ``generate``, apart from its batch)."""
     seed: int = 0
     batch_rows: int | None = None
     """Decode at most this many of its rows at once (evaluation's ``batch_size``); None: all."""
     logprobs: bool = False
     """Also return each sampled token's log-probability under the distribution it was drawn from."""
     generate_kwargs: dict[str, Any] | None = None
-    """What the exact backend calls ``model.generate`` with (default: `sampling` as its keyword arguments)."""
+    """What ``model.generate`` is called with for this request (default: `sampling` as its keyword arguments); a
+    ``generation_config`` among them is merged with the model's own as ``generate`` merges it."""
 
 
 @dataclass
@@ -155,7 +157,9 @@ def _embedding_target(target_modules: Any) -> str | None:
 def model_refusal(model: Any) -> str | None:
     """Why the batched backend cannot serve `model` (a PeftModel, or the base model before any adapter is on it) at
     all, or None: an attention it does not mask (only ``sdpa`` and ``eager``), sliding-window layers (a static cache of
-    full layers)."""
+    full layers). Settings of the model's own ``generation_config`` that the sampler lacks (``no_repeat_ngram_size``,
+    ...) are no reason: the requests that would sample with them are decoded through ``model.generate``
+    (`GenerationRequest.sampling` None)."""
     config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
     attention = compat.attention_implementation(config)
     if attention not in ("sdpa", "eager"):
@@ -226,9 +230,11 @@ class ExactBackend:
             model.set_adapter(request.adapter)
         kwargs = dict(request.generate_kwargs if request.generate_kwargs is not None
                       else request.sampling.generate_kwargs())
-        eos = kwargs.get("eos_token_id")
+        merged = generation_settings(model.generation_config, kwargs.get("generation_config"),
+                                     **{k: v for k, v in kwargs.items() if k != "generation_config"})
+        eos = merged.eos_token_id
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        pad = kwargs.get("pad_token_id")
+        pad = merged.pad_token_id
         stop = _Stop(should_stop) if should_stop is not None else None
         device = next(model.parameters()).device
         rows = request.prompt_ids

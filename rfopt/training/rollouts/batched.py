@@ -25,6 +25,8 @@ depend on which other requests share the batch, or on how its rows were split in
 effects of batching on the logits).
 
 The model decodes in eval mode (no dropout), as a vLLM engine samples; plain TRL samples with LoRA dropout active.
+A request without a `Sampling` (settings only ``model.generate`` implements, such as the model's own
+``no_repeat_ngram_size``) is decoded through ``generate`` with its adapter, apart from the batch (`DecodeStats.routed`).
 """
 
 from __future__ import annotations

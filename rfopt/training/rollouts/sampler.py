@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rfopt import compat
 from rfopt.errors import RfoptError
 
 
@@ -37,8 +38,34 @@ class Ungangable(RfoptError, ValueError):
 _IGNORED = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
             "pad_token_id", "bos_token_id", "eos_token_id", "cache_implementation", "disable_compile",
             "use_cache", "return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
-            "output_hidden_states"}
-"""`GenerationConfig` fields the sampler implements (the first seven), or that change nothing it decodes."""
+            "output_hidden_states", "max_length"}
+"""`GenerationConfig` fields the sampler implements (the first seven), or that change nothing it decodes
+(``max_length``: ``max_new_tokens``, which `Sampling` needs, takes precedence over it)."""
+
+
+def generation_settings(model_config: Any, config: Any = None, **kwargs: Any) -> Any:
+    """What ``model.generate(generation_config=config, **kwargs)`` decodes with, for a model whose own
+    ``generation_config`` is `model_config`: merged as ``generate`` merges them (transformers 5's
+    ``_prepare_generation_config``): `config`'s fields (a blank `GenerationConfig` when None), the model's where those
+    are None, transformers' defaults where both are (`rfopt.compat.generation_defaults`), then `kwargs` over all.
+
+    TRL hands ``generate`` a config whose unset fields (``min_p``, ``no_repeat_ngram_size``, ...) the model's own
+    then fills: plain TRL samples with those, and so must a decoder of rfopt's.
+
+    >>> generation_settings(model.generation_config, trainer.generation_config).no_repeat_ngram_size  # doctest: +SKIP
+    3
+    """
+    import copy
+
+    from transformers import GenerationConfig
+
+    merged = copy.deepcopy(config) if config is not None else GenerationConfig()
+    merged.update(**model_config.to_dict(), defaults_only=True, allow_custom_entries=True)
+    merged.update(**compat.generation_defaults(), defaults_only=True)
+    merged.update(**kwargs)
+    if merged.cache_implementation == "hybrid":  # as generate does: a default of the Hub's, unset there
+        merged.cache_implementation = None
+    return merged
 
 
 @dataclass(frozen=True)
@@ -57,14 +84,16 @@ class Sampling:
 
     @classmethod
     def of(cls, config: Any) -> Sampling:
-        """The sampling a `transformers.GenerationConfig` asks for; raises `Ungangable` naming a setting the sampler
-        does not implement (beam search, n-gram blocking, ...)."""
+        """The sampling a `transformers.GenerationConfig` asks for (give `generation_settings`' merged config: what
+        ``generate`` would decode with); raises `Ungangable` naming a setting the sampler does not implement (beam
+        search, n-gram blocking, ...). A field that is None, or at transformers' default, asks for nothing."""
         from transformers import GenerationConfig
 
-        defaults = GenerationConfig()
+        blank = GenerationConfig()
+        defaults = compat.generation_defaults()
         changed = [key for key, value in config.to_diff_dict().items()
                    if key not in _IGNORED and not key.startswith("_") and key != "transformers_version"
-                   and getattr(defaults, key, None) != value]
+                   and value is not None and value != defaults.get(key, getattr(blank, key, None))]
         if changed:
             raise Ungangable(f"generation setting(s) {', '.join(sorted(changed))} are not implemented by rfopt's "
                              "batched rollout backend")
@@ -89,6 +118,16 @@ class Sampling:
                 **(sampled if self.do_sample else {"temperature": None, "top_k": None, "top_p": None}),
                 "repetition_penalty": self.repetition_penalty, "pad_token_id": self.pad_token_id,
                 "eos_token_id": list(self.eos_token_ids)}
+
+
+def request_sampling(model_config: Any, config: Any = None, **kwargs: Any) -> Sampling | None:
+    """The `Sampling` of what ``model.generate(generation_config=config, **kwargs)`` decodes with
+    (`generation_settings`), or None where that asks for what only ``generate`` does (a `GenerationRequest` without
+    sampling: the batched backend decodes it through ``generate``, apart from the batch)."""
+    try:
+        return Sampling.of(generation_settings(model_config, config, **kwargs))
+    except Ungangable:
+        return None
 
 
 @dataclass(frozen=True)
@@ -226,4 +265,5 @@ def _logprob(scores: Any, tokens: Any) -> Any:
     return scores.log_softmax(dim=-1).gather(1, tokens[:, None])[:, 0]
 
 
-__all__ = ["Features", "RowSettings", "Sampling", "Ungangable", "mix32", "row_key", "sample", "uniform_noise"]
+__all__ = ["Features", "RowSettings", "Sampling", "Ungangable", "generation_settings", "mix32",
+           "request_sampling", "row_key", "sample", "uniform_noise"]
