@@ -369,7 +369,7 @@ class Study:
         trials = self.optuna.get_trials(deepcopy=False)
         found = outcome(self.optuna, trials)
         return format_leaderboard(self._leaderboard(trials, found), found.objective, list(found.baselines.values()),
-                                  found.lines())
+                                  found.lines(), found.baseline_purposes())
 
     def outcome(self) -> StudyOutcome:
         """What the study produced (`rfopt.reports.outcome.StudyOutcome`): its baselines, each trial's best

@@ -78,9 +78,11 @@ def _render_leaderboard(views: list[TrialView], best: int | None, label: str, di
         tds = "".join(f"<td data-sort='{_e('' if key is None else key)}'>{text}</td>" for key, text in cells)
         rows.append(f"<tr data-trial='{v.number}'>{tds}</tr>")
     # The baselines are reference rows under the trials (the page sorts the trials' rows only).
+    purposes = found.baseline_purposes() if found is not None else {}
     references = "".join(
         f"<tr class='baseline' data-baseline='{_e(b.key)}'><td><b>base model</b></td><td>no adapter</td>"
-        f"<td>{_num(b.value)}</td><td colspan='{len(heads) - 3}' class='hint'>{_e(b.model)} evaluated before any trial "
+        f"<td>{_num(b.value)}</td><td colspan='{len(heads) - 3}' class='hint'>{_e(b.model)}"
+        + (f" ({_e(purposes[b.key])})" if b.key in purposes else "") + " evaluated before any trial "
         "trained, on the same eval set and settings: the reference every value here compares with</td></tr>"
         for b in baselines)
     said = "".join(f"<p class='recommendation'>{_e(line)}</p>" for line in (found.lines() if found else []))

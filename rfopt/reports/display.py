@@ -10,7 +10,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -435,12 +435,13 @@ def _is_terminal(stream: Any) -> bool:
 
 
 def format_leaderboard(rows: list[Any], objective: str = "reward", baselines: Sequence[Any] = (),
-                       lines: Sequence[str] = ()) -> str:
+                       lines: Sequence[str] = (), purposes: Mapping[str, str] | None = None) -> str:
     """The leaderboard as a text table: rank, trial, what it is doing, value (± its standard error over the eval
     prompts), its difference from the baseline, the best checkpoint (value and chunk), chunks, params, note (collapse,
     degradation, why it ended, its adapter); a reference row per `baselines` (`rfopt.storage.schema.Baseline`: the base
-    model with no adapter) first, and `lines` (the recommendation: `rfopt.reports.outcome.StudyOutcome.lines`) under
-    it."""
+    model with no adapter) first, each with what it is for where two share a model (`purposes`, by key:
+    `rfopt.reports.outcome.StudyOutcome.baseline_purposes`), and `lines` (the recommendation:
+    `rfopt.reports.outcome.StudyOutcome.lines`) under it."""
     if not rows:
         return "(no trials yet)"
     compared = bool(baselines) or any(getattr(row, "vs_base", None) is not None for row in rows)
@@ -450,7 +451,8 @@ def format_leaderboard(rows: list[Any], objective: str = "reward", baselines: Se
     table = []
     for baseline in baselines:
         table.append(["-", "base", "-", f"{baseline.value:.4f}"] + ([""] if compared else []) + ([""] if kept else [])
-                     + ["-", "", f"{baseline.model} with no adapter: the baseline"])
+                     + ["-", "", f"{baseline.model} with no adapter: the baseline"
+                        + (f" ({purposes[baseline.key]})" if purposes and baseline.key in purposes else "")])
     for rank, row in enumerate(rows, 1):
         value = "-" if row.value is None else f"{row.value:.4f}"
         if row.value is not None and getattr(row, "value_error", None) is not None:

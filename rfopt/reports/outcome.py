@@ -122,6 +122,24 @@ class StudyOutcome:
     one that exists (looked at where the study's checkpoint store is a folder on this machine; a store elsewhere, or
     in an object store, is taken to hold them all)."""
 
+    def baseline_purposes(self) -> dict[str, str]:
+        """What each baseline is for, where two share a base model (so the model alone does not tell them apart):
+        ``for trials 0, 2; rewards: correctness, format`` by key (its reward functions, read from its metrics, where
+        they differ from the other's). Baselines of a model of their own get none."""
+        out = {}
+        for key, baseline in self.baselines.items():
+            twins = [b for b in self.baselines.values() if b.model == baseline.model and b.key != key]
+            if not twins:
+                continue
+            served = sorted(n for n, t in self.trials.items() if t.baseline is not None and t.baseline.key == key)
+            said = [f"for trial{'s' if len(served) > 1 else ''} {', '.join(map(str, served))}" if served
+                    else "for no trial yet"]
+            rewards = _reward_names(baseline.metrics)
+            if rewards and any(_reward_names(b.metrics) != rewards for b in twins):
+                said.append(f"rewards: {', '.join(rewards)}")
+            out[key] = "; ".join(said)
+        return out
+
     def lines(self) -> list[str]:
         """What the leaderboard says under its rows: the recommendation, and Optuna's best trial beside it."""
         out = [m.line(self.objective) for m in self.missing]
@@ -148,6 +166,11 @@ class StudyOutcome:
                        f"{self.objective} {value:.4f}" + ("" if same else
                                                           "; its final adapter: export_best(path, best_trial=True)"))
         return out
+
+
+def _reward_names(metrics: Mapping[str, float]) -> list[str]:
+    """The reward functions an evaluation scored with (its ``rewards/<name>/mean`` metrics)."""
+    return sorted(k[len("rewards/"):-len("/mean")] for k in metrics if k.startswith("rewards/") and k.endswith("/mean"))
 
 
 def outcome(study: Any, trials: Sequence[FrozenTrial] | None = None) -> StudyOutcome:

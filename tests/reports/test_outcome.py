@@ -179,6 +179,30 @@ def test_the_leaderboard_shows_the_baseline_row_each_difference_and_best_checkpo
                         "/ck/trial/1"
 
 
+def test_two_baselines_of_one_model_say_what_each_is_for(recorded):
+    """Issue 41 item 13: two baselines of one model (different reward lists) looked identical on the leaderboard."""
+    from rfopt.reports.display import format_leaderboard
+
+    both = {"rewards/correctness/mean": 0.5, "rewards/format/mean": 0.5}
+    schema.write_baseline(recorded, Baseline("k2", "smollm2", "reward", 0.5, {**_eval(0.5), **both}))
+    schema.write_baseline(recorded, Baseline("k", "smollm2", "reward", 1.0,
+                                             {**_eval(1.0), "rewards/correctness/mean": 1.0}))
+    _add(recorded, {0: 1.8}, best=0)
+    _add(recorded, {0: 1.2}, best=0, key="k2")
+    _add(recorded, {0: 1.1}, best=0, key="k2")
+    found = outcome(recorded)
+    assert found.baseline_purposes() == {"k": "for trial 0; rewards: correctness",
+                                         "k2": "for trials 1, 2; rewards: correctness, format"}
+    rows = [rfopt.LeaderboardRow(n, "COMPLETE", v, 1, {"lr": 0.1}) for n, v in ((0, 1.8), (1, 1.2), (2, 1.1))]
+    text = format_leaderboard(rows, "reward", list(found.baselines.values()), found.lines(), found.baseline_purposes())
+    assert "smollm2 with no adapter: the baseline (for trial 0; rewards: correctness)" in text
+    assert "smollm2 with no adapter: the baseline (for trials 1, 2; rewards: correctness, format)" in text
+    # One baseline per model needs no more words.
+    alone = optuna.create_study(direction="maximize")
+    schema.write_baseline(alone, Baseline("k", "smollm2", "reward", 1.0, _eval(1.0)))
+    assert outcome(alone).baseline_purposes() == {}
+
+
 def test_the_closing_summary_compares_with_the_baseline_and_prints_multi_line_completions_readably(recorded):
     _add(recorded, {0: 1.8, 1: 2.25}, best=1)
     found = outcome(recorded)
