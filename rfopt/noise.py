@@ -7,6 +7,10 @@ study is evaluated on the same prompts, so two trials are compared prompt by pro
 standard error is small when the two trials score alike on each prompt, and zero when their completions score the
 same everywhere (then the gap is zero too, and they tie).
 
+Where the two evaluations scored different prompts (a different count), the gap falls back to two independent means,
+whose standard errors add (`Gap.paired` False, and its text says "unpaired"): usually much larger, since the prompts
+that are hard for one trial are hard for the other too, and pairing takes that shared part out.
+
 A gap is *within noise* when it is no larger than `Z` standard errors of the gap (about a 95% interval): such a
 gap could come from which prompts the eval set happens to hold, not from the configs.
 
@@ -59,10 +63,18 @@ class Gap:
             return False
         return abs(self.difference) <= Z * self.stderr + 1e-12
 
+    @property
+    def margin(self) -> float | None:
+        """How large a gap noise could make: `Z` standard errors of the gap (None without one)."""
+        return None if self.stderr is None else Z * self.stderr
+
     def text(self) -> str:
-        """``gap 0.005 ± 0.031 over 8 eval prompts``."""
+        """``paired gap 0.005 ± 0.031 over 8 eval prompts`` (prompt by prompt), or ``unpaired gap 0.05 ± 0.12 (the two
+        evaluations scored different prompts)``."""
         error = "" if self.stderr is None else f" ± {self.stderr:.2g}"
-        return f"gap {abs(self.difference):.3g}{error} over {self.n} eval prompts"
+        if self.paired:
+            return f"paired gap {abs(self.difference):.3g}{error} over {self.n} eval prompts"
+        return f"unpaired gap {abs(self.difference):.3g}{error} (the two evaluations scored different prompts)"
 
 
 def estimate(scores: Sequence[float]) -> Estimate | None:

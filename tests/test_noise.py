@@ -91,7 +91,7 @@ def test_a_pruning_decision_on_a_gap_within_noise_names_the_kept_trial_it_could_
                                                                                      reduction_factor=2), n_steps=4)
     by_trial = {d.trial_number: d for d in decisions}
     assert by_trial[2].prune and by_trial[2].reason.startswith("rank 3 of 4")
-    assert "(within noise of trial 1, the weakest kept: gap 0.005 ± 0.005 over 8 eval prompts)" in by_trial[2].reason
+    assert "(within noise of trial 1, the weakest kept: paired gap 0.005 ± 0.005 over 8 eval prompts)" in by_trial[2].reason
     assert by_trial[3].prune and "within noise" not in by_trial[3].reason
 
 
@@ -101,7 +101,7 @@ def test_a_leader_within_noise_of_the_runner_up_is_a_tie(storage):
     trials = study.get_trials()
     found = lead(trials, study.direction, "reward")
     assert (found.best, found.runner_up, found.tie) == (0, 1, True)
-    assert found.text() == "tie: within noise of trial 1 (gap 0 ± 0 over 8 eval prompts)"
+    assert found.text() == "tie: within noise of trial 1 (paired gap 0 ± 0 over 8 eval prompts)"
     clear = lead(_study(storage.replace("study.db", "b.db"), [[s + 0.5 for s in base], base]).get_trials(),
                  study.direction, "reward")
     assert not clear.tie and clear.text().startswith("ahead of trial 1 by more than noise")
@@ -118,3 +118,77 @@ def test_the_page_and_the_leaderboard_text_show_each_value_with_its_standard_err
     html = _render_leaderboard(views, 0, "leading", study.direction, lead(study.get_trials(), study.direction))
     assert "± 0.12 (n=8)" in html and "<span class='tie'" in html and "tie with trial 1" in html
     assert TrialRecord(study.get_trials()[0]).unit_metrics()[0].scores_of("reward") == base
+
+
+# ---------------------------------------------------------------------- paired comparisons
+def test_a_paired_gap_is_the_mean_and_standard_error_of_the_per_prompt_differences():
+    import numpy as np
+
+    a = [0.9, 0.1, 0.7, 0.4, 0.0, 1.0, 0.55, 0.3, 0.8, 0.2]
+    b = [0.7, 0.2, 0.5, 0.5, 0.1, 0.8, 0.35, 0.3, 0.6, 0.1]
+    found = noise.gap(a, b)
+    diffs = np.array(a) - np.array(b)
+    assert found.paired and found.n == 10
+    assert found.difference == pytest.approx(diffs.mean())
+    assert found.stderr == pytest.approx(diffs.std(ddof=1) / np.sqrt(len(diffs)))
+    assert found.margin == pytest.approx(noise.Z * found.stderr)
+    assert found.text() == f"paired gap {diffs.mean():.3g} ± {found.stderr:.2g} over 10 eval prompts"
+    # A prompt either trial left unscored (NaN) is left out of the pairs.
+    with_gap = noise.gap(a + [float("nan")], b + [0.5])
+    assert with_gap.n == 10 and with_gap.difference == pytest.approx(found.difference)
+
+
+def test_prompts_hard_for_both_trials_make_an_unpaired_tie_that_the_paired_gap_tells_apart():
+    # Prompts differ a lot in difficulty, and trial A scores 0.05 above trial B on every one of them.
+    b = [0.0, 0.9, 0.1, 0.8, 0.2, 0.7, 0.05, 0.95, 0.3, 0.6, 0.15, 0.85]
+    a = [x + 0.05 for x in b]
+    ea, eb = noise.estimate(a), noise.estimate(b)
+    unpaired_stderr = math.hypot(ea.stderr, eb.stderr)
+    assert abs(ea.mean - eb.mean) <= noise.Z * unpaired_stderr  # two independent means: "within noise", a tie
+    found = noise.gap(a, b)
+    assert found.paired and not found.within_noise and found.difference == pytest.approx(0.05)
+
+
+def test_evaluations_of_different_prompts_fall_back_to_an_unpaired_gap_and_say_so():
+    found = noise.gap([1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0])
+    ea, eb = noise.estimate([1.0, 0.0, 1.0, 1.0]), noise.estimate([0.0, 1.0, 0.0])
+    assert not found.paired and found.stderr == pytest.approx(math.hypot(ea.stderr, eb.stderr))
+    assert found.text().startswith("unpaired gap") and "different prompts" in found.text()
+
+
+def test_degradation_is_judged_on_the_paired_gap_of_the_two_evaluations(storage):
+    from rfopt.reports.outcome import outcome
+
+    base = [0.0, 0.9, 0.1, 0.8, 0.2, 0.7, 0.05, 0.95, 0.3, 0.6, 0.15, 0.85]
+    study = optuna.create_study(study_name="d", storage=open_storage(storage), direction="maximize")
+    schema.write_settings(study, {"objective": "reward"})
+    trial = study.ask()
+    ref = schema.TrialRef.of(study, trial)
+    for unit, scores in enumerate([[x + 0.05 for x in base], base]):  # 0.05 lower on every prompt at chunk 2
+        mean = sum(scores) / len(scores)
+        std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
+        schema.write_unit(ref, unit, {"chunk": unit, "eval": {"reward": mean, "reward_std": std,
+                                                               "completions/count": len(scores)},
+                                      "scores": {"reward": scores}}, [])
+        trial.report(mean, step=unit)
+    degraded = outcome(study).trials[0].degraded
+    ea, eb = noise.estimate([x + 0.05 for x in base]), noise.estimate(base)
+    assert 0.05 <= noise.Z * math.hypot(ea.stderr, eb.stderr)  # unpaired, this drop would be noise
+    assert degraded is not None and "beyond the paired noise ±" in degraded and "over 12 eval prompts" in degraded
+
+
+def test_the_recommendation_says_whether_it_leads_the_next_best_checkpoint_beyond_paired_noise(storage):
+    from rfopt.reports.outcome import outcome
+
+    base = [0.3, 0.0, 1.0, 0.2, 0.0, 0.3, 0.6, 0.0]
+    study = _study(storage, [base, base[:7] + [0.04], [s - 0.3 for s in base]])
+    for trial in study.get_trials():
+        scores = TrialRecord(trial).unit_metrics()[0].scores_of("reward")
+        schema.TrialRef.of(study, trial).set("rfopt:best", schema.BestCheckpoint(0, 0, sum(scores) / 8,
+                                                                                 f"/ck/{trial.number}").to_attr())
+    found = outcome(study)
+    assert (found.recommendation.trial, found.recommendation.rival.trial) == (1, 0)
+    expected = noise.gap(base[:7] + [0.04], base)
+    assert found.recommendation.rival.gap == expected and expected.within_noise
+    assert found.lines()[1] == ("the adapter to take is within noise of trial 0's best checkpoint (chunk 1, reward "
+                                f"0.3): {expected.text()}; either could lead on other eval prompts")

@@ -10,8 +10,9 @@ had collapsed is never kept, so never recommended.
 - **collapsed**: the trial's latest evaluation answers at least half the eval prompts with one text
   (`rfopt.training.diversity.collapse_reason`).
 - **degraded**: its last value is below its own best, or below the last value of a trial it outlived (one pruned or
-  stopped with fewer chunks), by more than the evaluations' noise: twice the standard error of the difference, each
-  value's standard error being its spread over the eval prompts, ``std / sqrt(n)``. The pruner saw the trial at its
+  stopped with fewer chunks), by more than the evaluations' noise: twice the standard error of the difference,
+  *paired*: prompt by prompt over the eval prompts both units scored (`rfopt.noise.gap`); for units an earlier rfopt
+  stored without per-prompt scores, unpaired (each value's spread over the eval prompts, ``std / sqrt(n)``), and said. The pruner saw the trial at its
   rungs only; what came after is said here.
 
     >>> found = outcome(study.optuna)                                                # doctest: +SKIP
@@ -31,7 +32,8 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.storage.files import is_url
-from rfopt.storage.schema import Baseline, BestCheckpoint, TrialRecord, study_record
+from rfopt import noise as noise_of
+from rfopt.storage.schema import Baseline, BestCheckpoint, TrialRecord, UnitMetrics, study_record
 from rfopt.training.diversity import collapse_reason
 
 
@@ -48,7 +50,7 @@ class TrialOutcome:
     collapsed: str | None = None
     """``collapsed at chunk 4: one completion answers 16 of 16 eval prompts``, or None."""
     degraded: str | None = None
-    """``degraded after chunk 3: reward 2.25 at chunk 3, 0.125 at chunk 4 (-2.125, beyond the noise ±0.41)``, or None."""
+    """``degraded after chunk 3: reward 2.25 at chunk 3, 0.125 at chunk 4 (-2.125, beyond the paired noise ±0.41 over 16 eval prompts)``, or None."""
 
     @property
     def vs_baseline(self) -> float | None:
@@ -60,6 +62,25 @@ class TrialOutcome:
     @property
     def flags(self) -> list[str]:
         return [text for text in (self.collapsed, self.degraded) if text]
+
+
+@dataclass(frozen=True)
+class Rival:
+    """The runner-up to a recommended checkpoint: another trial's best checkpoint, and the paired gap between the two
+    evaluations (`rfopt.noise.gap`, the recommended one first)."""
+
+    trial: int
+    unit: int
+    value: float
+    gap: noise_of.Gap
+
+    def line(self, objective: str) -> str:
+        """``ahead of trial 2's best checkpoint (chunk 3, reward 1.8) by more than noise: paired gap ...`` or
+        ``within noise of trial 2's best checkpoint (...): ...; either could lead on other eval prompts``."""
+        other = f"trial {self.trial}'s best checkpoint (chunk {self.unit + 1}, {objective} {self.value:.4g})"
+        if self.gap.within_noise:
+            return f"within noise of {other}: {self.gap.text()}; either could lead on other eval prompts"
+        return f"ahead of {other} by more than noise: {self.gap.text()}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,9 @@ class Recommendation:
     metrics: dict[str, float] = field(default_factory=dict)
     """The eval metrics of that unit (reward means, spreads, diversity)."""
     baseline: Baseline | None = None
+    rival: Rival | None = None
+    """The best checkpoint of another trial, the next best, compared with this one prompt by prompt; None without one
+    (or without per-prompt scores)."""
 
     @property
     def vs_baseline(self) -> float | None:
@@ -149,6 +173,8 @@ class StudyOutcome:
                                                      "no kept best checkpoint exists any more"))
         if self.recommendation is not None:
             out.append(self.recommendation.line(self.objective, self.maximize))
+            if self.recommendation.rival is not None:
+                out.append(f"the adapter to take is {self.recommendation.rival.line(self.objective)}")
         elif self.missing:
             out.append("no adapter to take: export_best(path, best_trial=True) exports Optuna's best trial's final "
                        "adapter")
@@ -186,7 +212,7 @@ def outcome(study: Any, trials: Sequence[FrozenTrial] | None = None) -> StudyOut
     # host, or a recorded study, has none of them: they are not missing).
     store = record.checkpoint_dir
     here = store is not None and not is_url(store) and Path(store).is_dir()
-    recommendation, missing = _recommend(records, record.baselines, maximize, look=here)
+    recommendation, missing = _recommend(records, record.baselines, maximize, objective, look=here)
     return StudyOutcome(objective=objective, maximize=maximize, baselines=record.baselines, trials=outcomes,
                         recommendation=recommendation, missing=missing,
                         optuna_best=_optuna_best(trials, maximize) if single else None)
@@ -207,7 +233,6 @@ def _trial_outcome(record: TrialRecord, baselines: Mapping[str, Baseline], recor
     values = record.trial.intermediate_values
     final = (max(values), values[max(values)]) if values else None
     units = record.unit_metrics()
-    evals = {m.unit: m.eval for m in units}
     key = record.baseline_key
     baseline = baselines.get(key) if key is not None else None
     collapsed = None
@@ -216,19 +241,20 @@ def _trial_outcome(record: TrialRecord, baselines: Mapping[str, Baseline], recor
         collapsed = f"collapsed at chunk {units[-1].unit + 1}: {reason}"
     return TrialOutcome(number=record.number, state=record.shown_state, final=final, best=record.best,
                         baseline=baseline, collapsed=collapsed,
-                        degraded=_degraded(record, values, evals, records, baselines, objective, maximize))
+                        degraded=_degraded(record, values, records, baselines, objective, maximize))
 
 
-def _degraded(record: TrialRecord, values: Mapping[int, float], evals: Mapping[int, Mapping[str, float]],
-              records: list[TrialRecord], baselines: Mapping[str, Baseline], objective: str,
+def _degraded(record: TrialRecord, values: Mapping[int, float], records: list[TrialRecord],
+              baselines: Mapping[str, Baseline], objective: str,
               maximize: bool) -> str | None:
     if len(values) < 2:
         return None
     sign = 1.0 if maximize else -1.0
     last = max(values)
     peak = max(values, key=lambda u: (sign * values[u], -u))
+    units = {m.unit: m for m in record.unit_metrics()}
     said = []
-    gap = _beyond_noise(values[peak], values[last], evals.get(peak), evals.get(last), objective, sign)
+    gap = _beyond_noise(values[peak], values[last], units.get(peak), units.get(last), objective, sign)
     if peak != last and gap is not None:
         said.append(f"{objective} {values[peak]:.4g} at chunk {peak + 1}, {values[last]:.4g} at chunk {last + 1} "
                     f"({values[last] - values[peak]:+.4g}{gap})")
@@ -239,10 +265,10 @@ def _degraded(record: TrialRecord, values: Mapping[int, float], evals: Mapping[i
                 or max(other_values) >= last:
             continue
         unit = max(other_values)
-        other_evals = {m.unit: m.eval for m in other.unit_metrics()}
-        if _collapsed(other, other_evals.get(unit), baselines):  # a collapsed value is no bar to fall below
+        theirs = next((m for m in other.unit_metrics() if m.unit == unit), None)
+        if _collapsed(other, None if theirs is None else theirs.eval, baselines):  # a collapsed value is no bar
             continue
-        gap = _beyond_noise(other_values[unit], values[last], other_evals.get(unit), evals.get(last), objective, sign)
+        gap = _beyond_noise(other_values[unit], values[last], theirs, units.get(last), objective, sign)
         if gap is not None:
             outlived.append((sign * other_values[unit], other.number, unit, other_values[unit], gap))
     if outlived:
@@ -261,24 +287,36 @@ def _collapsed(record: TrialRecord, metrics: Mapping[str, float] | None, baselin
     return collapse_reason(metrics, None if baseline is None else baseline.metrics) is not None
 
 
-def _beyond_noise(better: float, worse: float, better_eval: Mapping[str, float] | None,
-                  worse_eval: Mapping[str, float] | None, objective: str, sign: float) -> str | None:
-    """How `worse` falls short of `better` beyond the noise: ``, beyond the noise ±0.41`` (empty where the noise is
-    unknown); None when it does not."""
+def _beyond_noise(better: float, worse: float, better_unit: UnitMetrics | None, worse_unit: UnitMetrics | None,
+                  objective: str, sign: float) -> str | None:
+    """How `worse` falls short of `better` beyond the noise: ``, beyond the paired noise ±0.05 over 16 eval prompts``
+    when both units stored their per-prompt scores (`rfopt.noise.gap`: prompt by prompt, as both scored the study's
+    eval prompts), else ``, beyond the noise ±0.41 (unpaired: ...)`` from each value's spread over the prompts (empty
+    where that is unknown too); None when it does not."""
     drop = sign * (better - worse)
     if drop <= 0:
         return None
-    errors = [noise(e, objective) if e is not None else None for e in (better_eval, worse_eval)]
+    scores = [u.scores_of(objective) if u is not None else [] for u in (better_unit, worse_unit)]
+    if all(scores):
+        found = noise_of.gap(*scores)
+        if found is not None and found.margin is not None:
+            if not drop > found.margin:
+                return None
+            if found.paired:
+                return f", beyond the paired noise ±{found.margin:.2g} over {found.n} eval prompts"
+            return f", beyond the noise ±{found.margin:.2g} (unpaired: the two evaluations scored different prompts)"
+    errors = [noise(u.eval, objective) if u is not None else None for u in (better_unit, worse_unit)]
     if any(e is None for e in errors):
         return ""
-    margin = 2 * math.sqrt(sum(e * e for e in errors))  # type: ignore[operator]
-    return f", beyond the noise ±{margin:.2g}" if drop > margin else None
+    margin = noise_of.Z * math.sqrt(sum(e * e for e in errors))  # type: ignore[operator]
+    return (f", beyond the noise ±{margin:.2g} (unpaired: no per-prompt scores stored)" if drop > margin else None)
 
 
-def _recommend(records: list[TrialRecord], baselines: Mapping[str, Baseline], maximize: bool,
+def _recommend(records: list[TrialRecord], baselines: Mapping[str, Baseline], maximize: bool, objective: str,
                look: bool) -> tuple[Recommendation | None, tuple[MissingBest, ...]]:
     """The best kept checkpoint whose folder exists, and the better ones whose folder is gone (`look`: the store is on
-    this machine; else every kept checkpoint is taken to exist)."""
+    this machine; else every kept checkpoint is taken to exist). The next best kept checkpoint of another trial is its
+    `Rival`, compared prompt by prompt."""
     sign = 1.0 if maximize else -1.0
     kept = [(r, r.best) for r in records if r.best is not None and math.isfinite(r.best.value)]
     kept.sort(key=lambda rb: (-sign * rb[1].value, rb[0].number))
@@ -287,12 +325,24 @@ def _recommend(records: list[TrialRecord], baselines: Mapping[str, Baseline], ma
         if look and not is_url(best.location) and not Path(best.location).exists():
             missing.append(MissingBest(record.number, best.unit, best.value, str(best.location)))
             continue
-        metrics = next((m.eval for m in record.unit_metrics() if m.unit == best.unit), {})
+        unit = next((m for m in record.unit_metrics() if m.unit == best.unit), None)
         key = record.baseline_key
         return (Recommendation(trial=record.number, unit=best.unit, value=best.value, location=best.location,
-                               metrics=metrics, baseline=baselines.get(key) if key is not None else None),
+                               metrics={} if unit is None else unit.eval,
+                               baseline=baselines.get(key) if key is not None else None,
+                               rival=_rival(unit, [(r, b) for r, b in kept if r.number != record.number], objective)),
                 tuple(missing))
     return None, tuple(missing)
+
+
+def _rival(unit: UnitMetrics | None, others: list[tuple[TrialRecord, BestCheckpoint]], objective: str) -> Rival | None:
+    """The next best of `others` (best first) against the recommended checkpoint's `unit`, prompt by prompt."""
+    if unit is None or not others:
+        return None
+    other, theirs = others[0]
+    other_unit = next((m for m in other.unit_metrics() if m.unit == theirs.unit), None)
+    found = None if other_unit is None else noise_of.gap(unit.scores_of(objective), other_unit.scores_of(objective))
+    return None if found is None else Rival(other.number, theirs.unit, theirs.value, found)
 
 
 def _optuna_best(trials: Sequence[FrozenTrial], maximize: bool) -> tuple[int, float] | None:

@@ -113,7 +113,7 @@ def test_a_trial_that_falls_below_its_own_best_beyond_the_noise_says_so_with_the
     _add(recorded, {0: 1.8, 1: 2.0, 2: 1.95, 3: 1.97}, best=1)  # within noise (±0.07): not degraded
     found = outcome(recorded)
     assert found.trials[0].degraded == ("degraded after chunk 3: reward 2.25 at chunk 3, 0.125 at chunk 4 (-2.125, "
-                                        "beyond the noise ±0.071)")
+                                        "beyond the noise ±0.071 (unpaired: no per-prompt scores stored))")
     assert found.trials[1].degraded is None
     assert found.trials[0].vs_baseline == pytest.approx(-0.875)
     assert (found.recommendation.trial, found.recommendation.unit, found.recommendation.value) == (0, 2, 2.25)
@@ -126,7 +126,7 @@ def test_a_survivor_that_ends_below_a_trial_it_outlived_says_so(recorded):
     _add(recorded, {0: 0.5}, state=TrialState.PRUNED, best=0)
     degraded = outcome(recorded).trials[0].degraded
     assert degraded.startswith("degraded after chunk 1: reward 1.8 at chunk 1, 0.8 at chunk 4")
-    assert degraded.endswith("; ends below trial 1 (1.89 after chunk 2), which it outlived, beyond the noise ±0.071")
+    assert degraded.endswith("; ends below trial 1 (1.89 after chunk 2), which it outlived, beyond the noise ±0.071 (unpaired: no per-prompt scores stored)")
 
 
 def test_a_survivor_is_not_flagged_degraded_against_a_collapsed_trials_value(recorded):
