@@ -142,8 +142,9 @@ def test_a_survivor_is_not_flagged_degraded_against_a_collapsed_trials_value(rec
                                     system_attrs={**collapsed.system_attrs, **attrs}))
     found = outcome(recorded)
     assert found.trials[2].collapsed == "collapsed at chunk 2: one completion answers 16 of 16 eval prompts"
+    # trial 1 scored 2.6 without collapsing
     assert found.trials[0].degraded == ("degraded after chunk 3: ends below trial 1 (2.6 after chunk 2), which it "
-                                        "outlived, beyond the noise ±0.071")  # trial 1 scored 2.6 without collapsing
+                                        "outlived, beyond the noise ±0.071 (unpaired: no per-prompt scores stored)")
     # The same study without trial 1: only the collapsed 2.6 is above trial 0.
     study = optuna.create_study(direction="maximize")
     schema.write_settings(study, {"objective": "reward"})
