@@ -33,7 +33,8 @@ class EvalSettings:
     batch_size: int = 16
     seed: int = 0
     num_samples: int = 4
-    """Completions kept per evaluation (stored on the trial for inspection)."""
+    """Completions kept per evaluation (stored on the trial for inspection): the first prompts', the last swapped for
+    the best-scoring prompt's where none of them scores best (a right answer beside typical ones)."""
 
     def __post_init__(self) -> None:
         problems = []

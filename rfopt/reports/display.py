@@ -484,14 +484,24 @@ def format_leaderboard(rows: list[Any], objective: str = "reward", baselines: Se
 
 def format_recommendation(found: Any, samples: Sequence[dict[str, Any]] = (), shown: int = 3) -> list[str]:
     """What a run's closing summary says of its answer (`found`: a `rfopt.reports.outcome.StudyOutcome`): the
-    recommended adapter against the baseline, on the objective and on each reward function, and up to `shown` of
-    `samples` (that checkpoint's eval completions), each line of a completion under the one before."""
+    recommended adapter against the baseline, on the objective, in plain words for a correctness reward ("it answers 9
+    of 32 eval questions right (the base model: 0)"), and on each reward function; then its sample completions
+    (`samples`: that checkpoint's eval completions): with a correctness reward a right answer and a typical one, each
+    marked right or wrong, else up to `shown`, each line of a completion under the one before."""
     recommended = found.recommendation
     if recommended is None:
         return [line for line in found.lines() if line.startswith("no adapter")] or ["no adapter to take yet"]
     lines = [f"recommended adapter (PEFT format; trial {recommended.trial} after chunk {recommended.unit + 1}): "
              f"{recommended.location}"]
     baseline = recommended.baseline
+    right = _correctness(recommended.metrics)
+    if right is not None:
+        name, top, hits, count = right
+        base = ""
+        said = _correctness(baseline.metrics, name) if baseline is not None else None
+        if said is not None:
+            base = f" (the base model: {said[2]})"
+        lines.append(f"it answers {hits} of {count} eval questions right{base}, as the {name} reward judges them")
     if baseline is not None:
         sign = 1 if found.maximize else -1
         gain = recommended.value - baseline.value
@@ -505,16 +515,63 @@ def format_recommendation(found: Any, samples: Sequence[dict[str, Any]] = (), sh
             lines.append("eval means per reward function, recommended vs base: "
                          + ", ".join(f"{name} {ours:.3g} vs {theirs:.3g}" for name, ours, theirs in means))
     if samples:
-        lines.append("sample completions of the recommended adapter on the eval set (reward: the weighted total, then "
-                     "each reward function's score):")
-        for sample in list(samples)[:shown]:
+        marked: list[tuple[dict[str, Any], str]] = [(sample, "") for sample in list(samples)[:shown]]
+        if right is not None:
+            name, top, hits, count = right
+            correct = [x for x in samples if _number(x.get(name)) and x[name] >= top - 1e-6]
+            wrong = [x for x in samples if x not in correct]
+            typical = (correct[1:] if 2 * hits > count else wrong)[:1] or wrong[:1]
+            marked = [(x, "right") for x in correct[:1]] + [(x, "right" if x in correct else "wrong") for x in typical]
+            said = ("a right answer and a typical one" if correct else
+                    "none of the kept samples is a right answer; a typical one")
+            lines.append(f"sample completions of the recommended adapter on the eval set ({said}; reward: the "
+                         "weighted total, then each reward function's score):")
+        else:
+            lines.append("sample completions of the recommended adapter on the eval set (reward: the weighted total, "
+                         "then each reward function's score):")
+        for sample, verdict in marked:
             lines.append(f"  prompt:     {textwrap.shorten(str(sample.get('prompt', '')), 100)}")
             text = str(sample.get("completion", "")).strip() or "(empty)"
             first, *rest = text.splitlines() or [""]
             lines.append(f"  completion: {first}")
             lines += [f"              {line}" for line in rest]
-            lines.append(f"  reward:     {_scores(sample)}")
+            lines.append(f"  reward:     {_scores(sample)}" + (f"  [{verdict.upper()}]" if verdict else ""))
     return lines
+
+
+CORRECTNESS_NAMES = ("correct", "accuracy", "accurate", "exact_match")
+"""A reward function whose name holds one of these, and whose eval scores are 0 or its full score, counts right
+answers (`format_recommendation`)."""
+
+
+def _correctness(metrics: Mapping[str, float], name: str | None = None) -> tuple[str, float, int, int] | None:
+    """(name, full score, prompts right, prompts scored) of the first correctness reward (`CORRECTNESS_NAMES`, or
+    `name`) in an evaluation's `metrics`, or None. A reward that gives each prompt 0 or its full score ``f`` has mean
+    ``p f`` and population std ``f sqrt(p (1 - p))``, so ``f = (std^2 + mean^2) / mean``; it counts right answers only
+    where that makes a whole number of prompts."""
+    count = metrics.get("completions/count")
+    if not count:
+        return None
+    for key in sorted(metrics):
+        if not (key.startswith("rewards/") and key.endswith("/mean")):
+            continue
+        found = key[len("rewards/"):-len("/mean")]
+        if found != name and (name is not None or not any(word in found.lower() for word in CORRECTNESS_NAMES)):
+            continue
+        mean, std = metrics[key], metrics.get(f"rewards/{found}/std")
+        if not _number(mean) or not _number(std) or mean < 0:
+            continue
+        if mean == 0:
+            return found, math.inf, 0, int(count)
+        top = (std * std + mean * mean) / mean
+        hits = mean / top * count
+        if abs(hits - round(hits)) < 0.05:
+            return found, top, round(hits), int(count)
+    return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _scores(sample: dict[str, Any]) -> str:

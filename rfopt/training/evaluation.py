@@ -196,7 +196,7 @@ def scored(
     samples = [
         {"prompt": _prompt_text(prompts.prompts[i]), "completion": completions_text[i], "reward": totals[i]}
         | {reward_name(f): s[i] for f, s in zip(reward_funcs, scores)}
-        for i in range(min(settings.num_samples, n))
+        for i in _sample_indices(totals, settings.num_samples)
     ]
     per_prompt = {"reward": totals} | {reward_name(f): values for f, values in zip(reward_funcs, scores)}
     return EvalResult(metrics=metrics, samples=samples,
@@ -246,3 +246,17 @@ def _prompt_text(prompt: Any) -> str:
     if is_conversational(prompt):
         return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
     return str(prompt)
+
+
+def _sample_indices(totals: list[float], count: int) -> list[int]:
+    """The prompts whose completions are kept as samples: the first `count`, the last of them swapped for the
+    best-scoring prompt where none of them scores best (so that the samples show what a right answer looks like
+    beside typical ones)."""
+    kept = list(range(min(count, len(totals))))
+    scored = [i for i, total in enumerate(totals) if not math.isnan(total)]
+    if not kept or not scored:
+        return kept
+    best = max(scored, key=lambda i: (totals[i], -i))
+    if all(math.isnan(totals[i]) or totals[i] < totals[best] for i in kept):
+        kept[-1] = best
+    return kept

@@ -63,8 +63,11 @@ def test_the_demo_recommends_an_adapter_that_did_not_collapse_and_beats_the_base
     samples = TrialRecord(study.trials[recommended.trial]).samples()[recommended.unit]
     said = "\n".join(format_recommendation(found, samples))
     assert f"it beats the base model with no adapter on reward: {recommended.value:.4f} vs {baseline.value:.4f}" in said
+    # Said at a glance for the correctness reward: 4 of the 32 eval questions right, the base model none.
+    assert said.splitlines()[1] == ("it answers 4 of 32 eval questions right (the base model: 0), as the correctness "
+                                    "reward judges them")
     # What the run printed said the same.
-    assert said.splitlines()[1] in data["run"]["output"]
+    assert said.splitlines()[2] in data["run"]["output"]
     assert found.lines()[0].startswith(f"take this adapter: trial {recommended.trial} after chunk "
                                        f"{recommended.unit + 1}, reward {recommended.value:.4f} (+")
     assert "smollm2 with no adapter: the baseline" in data["run"]["output"]

@@ -216,6 +216,37 @@ def test_the_closing_summary_compares_with_the_baseline_and_prints_multi_line_co
     assert text.count("completion:") == 1
 
 
+def test_the_closing_summary_counts_right_answers_beside_the_base_model_and_marks_a_right_and_a_typical_sample():
+    import math
+
+    from rfopt.reports.outcome import Recommendation, StudyOutcome
+
+    def correctness(right, count=32, full=2.0):
+        p = right / count
+        return {"rewards/correctness/mean": p * full, "rewards/correctness/std": full * math.sqrt(p * (1 - p)),
+                "rewards/soft_format/mean": 0.4, "rewards/soft_format/std": 0.2, "completions/count": float(count)}
+
+    base = Baseline("k", "smollm2", "reward", 0.7, correctness(0))
+    found = StudyOutcome("reward", True, {"k": base}, {}, Recommendation(3, 3, 2.2, "/ck/best", correctness(9), base),
+                         None)
+    wrong = [{"prompt": f"Q{i}", "completion": f"<answer>{i}</answer>", "reward": 0.5, "correctness": 0.0,
+              "soft_format": 0.5} for i in range(3)]
+    right = {"prompt": "Q9", "completion": "<answer>12</answer>", "reward": 2.5, "correctness": 2.0, "soft_format": 0.5}
+    lines = format_recommendation(found, [*wrong, right])
+    assert lines[1] == "it answers 9 of 32 eval questions right (the base model: 0), as the correctness reward judges them"
+    text = "\n".join(lines)
+    assert "(a right answer and a typical one; reward:" in text
+    # The right answer first, then a typical one (most answers are wrong): each marked.
+    assert [line for line in lines if line.startswith("  prompt:")] == ["  prompt:     Q9", "  prompt:     Q0"]
+    assert "  reward:     2.5 (correctness 2, soft_format 0.5)  [RIGHT]" in lines
+    assert "  reward:     0.5 (correctness 0, soft_format 0.5)  [WRONG]" in lines
+    # No correctness reward (or one that is not 0-or-full): the plain samples, no count.
+    plain = StudyOutcome("reward", True, {}, {}, Recommendation(3, 3, 2.2, "/ck/best", {"completions/count": 32.0,
+                         "rewards/correctness/mean": 0.3, "rewards/correctness/std": 0.1}), None)
+    said = format_recommendation(plain, wrong)
+    assert not any("questions right" in line for line in said) and "[WRONG]" not in "\n".join(said)
+
+
 def test_rfopt_status_and_the_dashboard_index_show_the_baseline_and_the_adapter_to_take(recorded):
     from rfopt.dashboard.pages import render_index
     from rfopt.reports.status import summaries

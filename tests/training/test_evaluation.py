@@ -120,3 +120,13 @@ def test_a_gangs_evaluation_completes_on_a_model_whose_generation_config_the_sam
         assert result.metrics == alone.metrics and result.samples == alone.samples
         for sample in result.samples:  # no character twice in a completion (the tokenizer is character level)
             assert len(set(sample["completion"])) == len(sample["completion"]) > 1
+
+
+def test_the_kept_samples_include_the_best_scoring_prompt_beside_the_first_ones():
+    from rfopt.training.evaluation import _sample_indices
+
+    nan = float("nan")
+    # The first four score 0 and 0.5; prompt 6 scores best: it replaces the fourth, so a right answer is shown.
+    assert _sample_indices([0.0, 0.5, 0.0, 0.5, 0.0, 0.5, 2.5, 0.0], 4) == [0, 1, 2, 6]
+    assert _sample_indices([0.0, 2.5, 0.0, 0.5, 2.5], 4) == [0, 1, 2, 3]  # one of the first scores best already
+    assert _sample_indices([nan, nan], 4) == [0, 1] and _sample_indices([1.0, 2.0], 0) == []
