@@ -167,12 +167,21 @@ def check_training_values(grpo: Any) -> None:
                       num_training_steps=10, scheduler_specific_kwargs=grpo.lr_scheduler_kwargs or {})
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"grpo: the trainer's optimizer or LR scheduler refuses these settings: {exc}") from exc
+    # What generation samples with: the args' settings with `generation_kwargs` over them, as GRPOTrainer merges them
+    # (the same check for a trial alone and in a gang: a setting given in either place is refused alike).
+    extra = dict(grpo.generation_kwargs or {})
+    merged = {"do_sample": True, "temperature": grpo.temperature, "top_p": grpo.top_p, "top_k": grpo.top_k,
+              "min_p": grpo.min_p} | extra
+    where = "" if not extra.keys() & merged.keys() else " (args with generation_kwargs over them)"
     try:
-        TemperatureLogitsWarper(grpo.temperature)
-        TopPLogitsWarper(grpo.top_p)
-        if grpo.top_k:
-            TopKLogitsWarper(grpo.top_k)
-        if grpo.min_p is not None:
-            MinPLogitsWarper(grpo.min_p)
+        if merged["do_sample"]:
+            if merged["temperature"] is not None:
+                TemperatureLogitsWarper(merged["temperature"])
+            if merged["top_p"] is not None:
+                TopPLogitsWarper(merged["top_p"])
+            if merged["top_k"]:
+                TopKLogitsWarper(merged["top_k"])
+            if merged["min_p"] is not None:
+                MinPLogitsWarper(merged["min_p"])
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"grpo: generation refuses these sampling settings: {exc}") from exc
+        raise ConfigError(f"grpo: generation refuses these sampling settings{where}: {exc}") from exc

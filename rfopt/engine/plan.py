@@ -117,7 +117,10 @@ class Planner:
         if self.size <= 1:
             return None
         if trial.number not in self._alone:
-            why = self._gate(trial)
+            try:
+                why = self._gate(trial)
+            except Exception as exc:  # noqa: BLE001 - its model cannot be loaded, say: its unit fails alone, with it
+                return f"{type(exc).__name__}: {exc}"
             self._alone[trial.number] = why
             if why is not None:
                 logger.warning("trial %d trains alone, on the exact backend (its rollouts cannot share a batch): %s",
@@ -134,11 +137,9 @@ class Planner:
         """The next unit's plan among the `free` live trials, or None when none can run. `resident`: the base models
         on the device (preferred among equals); `stored`: gangs stored before a crash, by first member; `fit`: the
         first of a gang's members that fit in the device's memory."""
-        candidates = []
-        for trial in free:
-            candidate = trial.candidate()
-            shares = self.size > 1 and self.alone_because(trial) is None
-            candidates.append(replace(candidate, gang_key=gang_key(trial.config) if shares else None))
+        why = {trial.number: self.alone_because(trial) for trial in free}
+        candidates = [replace(trial.candidate(), gang_key=gang_key(trial.config) if self.size > 1 and
+                              why[trial.number] is None else None) for trial in free]
         picks = next_gang(candidates, self.size, resident, stored)
         if not picks:
             return None
@@ -146,7 +147,7 @@ class Planner:
         if self.size <= 1:
             return alone(numbers[0])
         if picks[0].gang_key is None:
-            return UnitPlan(members=(numbers[0],), alone_because=self._alone.get(numbers[0]))
+            return UnitPlan(members=(numbers[0],), alone_because=why[numbers[0]])
         if fit is not None:
             numbers = fit(numbers)
         return UnitPlan(members=tuple(numbers), backend=BATCHED, gang_id=uuid.uuid4().hex[:12])

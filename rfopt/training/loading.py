@@ -95,6 +95,20 @@ def meta_model(config: TrialConfig) -> tuple[Any, Any, int] | None:
     return model, model_config, _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
 
 
+BASE_REWRITING_INITS = ("pissa", "olora", "corda", "loftq")
+"""PEFT's ``init_lora_weights`` that rewrite the base layer's weights when the adapter is added (PiSSA's
+``"pissa_niter_16"`` and the like included)."""
+
+
+def rewrites_base(peft_config: Any) -> str | None:
+    """The ``init_lora_weights`` of `peft_config` that rewrites its base model's weights when the adapter is added (on a
+    shared base it would change every co-resident trial: such a trial gets a base model of its own), or None."""
+    init = getattr(peft_config, "init_lora_weights", None)
+    if isinstance(init, str) and init.lower().startswith(BASE_REWRITING_INITS):
+        return init
+    return None
+
+
 def check_adapter(config: TrialConfig) -> str | None:
     """Build `config`'s PEFT adapter on its base model on the meta device (no weights loaded), as its first chunk
     builds it: `ConfigError` with PEFT's own message where PEFT refuses it (``r=0``, target modules the model does not

@@ -3,7 +3,8 @@ they train (`Placement`). Loading one is `rfopt.training.loading`'s; what it nee
 
 Trials whose configs name the same base model (same id, loading kwargs and tokenizer: `TrialConfig.model_key`)
 share one resident copy; each such trial is one PEFT adapter on it, named ``trial-<number>``. A full fine-tuning
-trial (``peft_config=None``) gets its own copy of the base model as it was loaded: never one with another trial's
+trial (``peft_config=None``), and an adapter whose initialization rewrites the base weights (PiSSA, OLoRA, CorDA,
+LoftQ: `owns_base`), gets its own copy of the base model as it was loaded: never one with another trial's
 adapter layers or its trained ``modules_to_save`` copies in it (`pristine`).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 from rfopt.config.trial import TrialConfig
 from rfopt.errors import Refusal
 
-from .loading import load_model
+from .loading import load_model, rewrites_base
 from .memory import GIB, free_bytes, gang_memory, model_bytes
 from .rollouts import BATCHED, EXACT, KINDS, BatchedBackend, ExactBackend, RolloutBackend
 
@@ -143,6 +144,13 @@ def pristine(model: Any, trainable: set[str]) -> Any:
     return base
 
 
+def owns_base(config: TrialConfig) -> bool:
+    """Whether `config`'s trial trains on a copy of its base model of its own instead of the shared one: full
+    fine-tuning, and an adapter whose initialization rewrites the base weights (PiSSA, OLoRA, CorDA, LoftQ:
+    `rfopt.training.loading.rewrites_base`), which on the shared base would change every co-resident trial."""
+    return config.peft_config is None or rewrites_base(config.peft_config) is not None
+
+
 @dataclass
 class _Resident:
     base: Any
@@ -233,14 +241,19 @@ class ModelPool:
         from transformers import set_seed
 
         resident = self._load(config)
-        if config.peft_config is None:
+        name = adapter_name(trial_number)
+        if owns_base(config):
             if trial_number not in self._full:
                 model = copy.deepcopy(resident.base)
                 if resident.peft_model is not None:  # it carries other trials' adapters (and modules_to_save copies)
                     model = pristine(model, resident.trainable)
+                if config.peft_config is not None:  # an adapter whose initialization rewrites the base it is added to
+                    from peft import get_peft_model
+
+                    set_seed(config.args.seed)
+                    model = get_peft_model(model, copy.deepcopy(config.peft_config), adapter_name=name)
                 self._full[trial_number] = model
             return self._full[trial_number]
-        name = adapter_name(trial_number)
         if name not in resident.adapters:
             from peft import get_peft_model
 
@@ -255,7 +268,7 @@ class ModelPool:
 
     def activate(self, trial_number: int, config: TrialConfig) -> Any:
         """Make trial `trial_number`'s adapter the active and only trainable one (after `acquire`); returns the model."""
-        if config.peft_config is None:
+        if owns_base(config):
             return self._full[trial_number]
         model = self._resident[config.model_key].peft_model
         name = adapter_name(trial_number)
@@ -269,7 +282,7 @@ class ModelPool:
         model (one per base model and device, shared by every gang that trains on it; built on the base model until
         an adapter is on it). Ask its `refusal(config)` before a trial trains on it."""
         if kind == EXACT:
-            model = self.acquire(trial_number, config) if config.peft_config is None else self._resident_model(config)
+            model = self.acquire(trial_number, config) if owns_base(config) else self._resident_model(config)
             return ExactBackend(model)
         if kind != BATCHED:
             raise ValueError(f"trial {trial_number}: rollout backend {kind!r}: give one of {', '.join(KINDS)}")
@@ -299,7 +312,7 @@ class ModelPool:
 
     def release(self, trial_number: int, config: TrialConfig) -> None:
         """Free what trial `trial_number` holds (its adapter or its model copy)."""
-        if config.peft_config is None:
+        if owns_base(config):
             self._full.pop(trial_number, None)
             return
         resident = self._resident.get(config.model_key)

@@ -52,6 +52,16 @@ def test_a_trial_the_backend_refuses_trains_alone_with_its_reason_said_once(tiny
                     "beams"]
 
 
+def test_a_trial_whose_backend_cannot_be_built_is_planned_alone_so_that_its_own_unit_fails(tiny_model, caplog):
+    def gate(trial):
+        raise OSError("no such model")
+
+    with caplog.at_level(logging.WARNING, logger="rfopt"):
+        plan = Planner(4, gate=gate).plan([_Trial(0, trial_config(tiny_model))])
+    assert plan.members == (0,) and plan.backend == EXACT and "no such model" in plan.alone_because
+    assert "trains alone" not in caplog.text  # not a routing: its unit fails, with the model's own error
+
+
 def test_one_at_a_time_asks_no_backend_and_plans_no_gang(tiny_model):
     asked = []
     planner = Planner(1, gate=lambda trial: asked.append(trial.number))

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from rfopt import compat
 from rfopt.errors import RfoptError
+from ..loading import rewrites_base
 
 from .sampler import Sampling, Ungangable, generation_settings
 
@@ -115,6 +116,18 @@ def refusal(config: Any) -> str | None:
         return f"{type(peft).__name__} is not a LoRA adapter"
     if getattr(peft, "use_dora", False):
         return "DoRA adapters are not decoded by the batched rollout backend"
+    variant = lora_variant(peft)
+    if variant is not None:
+        return f"{variant} makes a LoRA variant (the batched backend's bank serves plain LoRA)"
+    init = rewrites_base(peft)
+    if init is not None:
+        return (f"init_lora_weights={init!r} rewrites its base model's weights when its adapter is added: it trains on "
+                "a base model of its own")
+    if getattr(peft, "trainable_token_indices", None):
+        return "trainable_token_indices trains token embeddings (the batched decoder reads the base model's)"
+    for name, why in _UNSERVED.items():
+        if getattr(peft, name, None):
+            return f"LoRA {name} {why}"
     if getattr(peft, "bias", "none") != "none":
         return f"LoRA bias={peft.bias!r} trains the base model's biases"
     if getattr(peft, "modules_to_save", None):
@@ -140,6 +153,29 @@ def refusal(config: Any) -> str | None:
     return None
 
 
+_UNSERVED = {"layer_replication": "repeats layers the batched decoder does not repeat",
+             "use_qalora": "adapts a quantized layer the batched decoder does not serve",
+             "megatron_config": "adapts Megatron's parallel layers"}
+"""`LoraConfig` fields that make an adapter the batched backend does not decode, and why."""
+
+
+def lora_variant(peft: Any) -> str | None:
+    """The `LoraConfig` field (or ``init_lora_weights`` value) that makes `peft` one of PEFT's LoRA variants (DoRA,
+    aLoRA, Arrow, BD-LoRA, VeLoRA, MonteCLoRA, KaSA, MiCA, ...), as PEFT itself tells them (its fields' metadata), or
+    None for plain LoRA."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(peft):
+        return None
+    for field in dataclasses.fields(peft):
+        value = getattr(peft, field.name, None)
+        if field.metadata.get("is_lora_variant") and value:
+            return field.name
+        if value in field.metadata.get("lora_variants", ()):
+            return f"{field.name}={value!r}"
+    return None
+
+
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
 
 
@@ -154,13 +190,18 @@ def _embedding_target(target_modules: Any) -> str | None:
                 None)
 
 
-def model_refusal(model: Any) -> str | None:
-    """Why the batched backend cannot serve `model` (a PeftModel, or the base model before any adapter is on it) at
-    all, or None: an attention it does not mask (only ``sdpa`` and ``eager``), sliding-window layers (a static cache of
-    full layers). Settings of the model's own ``generation_config`` that the sampler lacks (``no_repeat_ngram_size``,
-    ...) are no reason: the requests that would sample with them are decoded through ``model.generate``
-    (`GenerationRequest.sampling` None)."""
+def model_refusal(model: Any, mode: str = "eager") -> str | None:
+    """Why the batched backend decoding in `mode` cannot serve `model` (a PeftModel, or the base model before any
+    adapter is on it) at all, or None: an attention it does not mask (only ``sdpa`` and ``eager``), sliding-window
+    layers (a static cache of full layers), and for a captured step (``graph``, ``compiled``) a rotary embedding that
+    branches on the data (`data_dependent_rope`). Settings of the model's own ``generation_config`` that the sampler
+    lacks (``no_repeat_ngram_size``, ...) are no reason: the requests that would sample with them are decoded through
+    ``model.generate`` (`GenerationRequest.sampling` None)."""
     config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
+    rope = data_dependent_rope(config)
+    if rope is not None and mode != "eager":
+        return (f"rope_type {rope!r} branches on the sequence length at every step, which a captured decode step "
+                f"({mode}) cannot; RFOPT_DECODE=eager decodes it batched")
     attention = compat.attention_implementation(config)
     if attention not in ("sdpa", "eager"):
         return f"attention {attention!r} (the batched decoder masks sdpa and eager attention)"
@@ -169,6 +210,25 @@ def model_refusal(model: Any) -> str | None:
         return f"layer types {sorted(set(layer_types))} (the batched decoder keeps a static cache of full layers)"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention"
+    return None
+
+
+_DATA_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def data_dependent_rope(config: Any) -> str | None:
+    """The rope type of a transformers model config whose rotary embedding recomputes its frequencies from the
+    sequence length inside the forward (``dynamic``, ``longrope``), or None."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    for name in ("rope_parameters", "rope_scaling"):
+        value = getattr(text, name, None)
+        if not isinstance(value, dict):
+            continue
+        kinds = [value] if "rope_type" in value or "type" in value else [v for v in value.values() if isinstance(v, dict)]
+        for kind in kinds:
+            rope = kind.get("rope_type", kind.get("type"))
+            if rope in _DATA_DEPENDENT_ROPE:
+                return rope
     return None
 
 

@@ -159,6 +159,11 @@ class BatchedBackend:
         self.dtype = dtype
         self.device = next(model.parameters()).device
         self.mode = mode or default_mode(self.device)
+        if mode is None and not os.environ.get("RFOPT_DECODE") and self.mode != "eager" and \
+                model_refusal(model, self.mode) is not None and model_refusal(model) is None:
+            logger.warning("%s: decoding eagerly (no captured step): %s", type(model).__name__,
+                           model_refusal(model, self.mode))
+            self.mode = "eager"  # a model whose step branches on the data is decoded eagerly, not refused
         if self.mode not in MODES:
             raise Refusal(f"decode mode {self.mode!r}: give one of {', '.join(MODES)}")
         if self.mode != "eager" and self.device.type != "cuda":
@@ -177,7 +182,7 @@ class BatchedBackend:
         """Why `config`'s trial cannot generate through this backend (it then trains alone, on the exact backend), or
         None: the config gate (`rfopt.training.rollouts.refusal`), then this backend's own check of the model it
         serves (`model_refusal`)."""
-        return refusal(config) or model_refusal(self.model)
+        return refusal(config) or model_refusal(self.model, self.mode)
 
     def adapters_changed(self, names: Iterable[str]) -> None:
         """Nothing to do: every decode copies its adapters' current weights into the bank."""

@@ -82,6 +82,11 @@ class Sampling:
     min_p: float | None = None
     repetition_penalty: float = 1.0
 
+    def __post_init__(self) -> None:
+        if self.do_sample and not self.temperature > 0:  # never sampled at another temperature than the one given
+            raise ValueError(f"temperature={self.temperature!r} with do_sample=True: give a temperature > 0, or "
+                             "do_sample=False for greedy decoding (model.generate refuses it too)")
+
     @classmethod
     def of(cls, config: Any) -> Sampling:
         """The sampling a `transformers.GenerationConfig` asks for (give `generation_settings`' merged config: what
@@ -208,7 +213,7 @@ class RowSettings:
 
         return cls(
             do_sample=torch.tensor([s.do_sample for s in each], dtype=torch.bool, device=device),
-            temperature=column([s.temperature if s.do_sample and s.temperature > 0 else 1.0 for s in each],
+            temperature=column([s.temperature if s.do_sample else 1.0 for s in each],
                                torch.float32),
             top_k=column([min(s.top_k, vocab) if s.do_sample and s.top_k else vocab for s in each], torch.int64),
             top_p=column([s.top_p if s.do_sample else 1.0 for s in each], torch.float32),
