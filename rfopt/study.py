@@ -363,13 +363,17 @@ class Study:
         return rows
 
     def leaderboard_text(self) -> str:
-        """The leaderboard as text (`leaderboard`), the baselines first, and the recommendation under it."""
+        """The leaderboard as text (`leaderboard`), the baselines first, a tie marked where the best trial's lead over
+        the runner-up is within noise, and the recommendation under it."""
         from rfopt.reports.display import format_leaderboard
+
+        from rfopt.reports.lead import lead
 
         trials = self.optuna.get_trials(deepcopy=False)
         found = outcome(self.optuna, trials)
+        ahead = lead(trials, self.optuna.directions[0], found.objective) if len(self.optuna.directions) == 1 else None
         return format_leaderboard(self._leaderboard(trials, found), found.objective, list(found.baselines.values()),
-                                  found.lines(), found.baseline_purposes())
+                                  found.lines(), found.baseline_purposes(), ahead)
 
     def outcome(self) -> StudyOutcome:
         """What the study produced (`rfopt.reports.outcome.StudyOutcome`): its baselines, each trial's best

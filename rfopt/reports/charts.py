@@ -125,18 +125,23 @@ class Comparison:
     """Each trial's series name (`trial_labels`)."""
 
 
-def _importance_figure(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> Figure | None:
-    found = param_importance(trials, direction)
+def _importance_figure(trials: Sequence[FrozenTrial], direction: StudyDirection | None,
+                       objective: str = "reward") -> Figure | None:
+    found = param_importance(trials, direction, objective)
     if found is None:
         return None
     names = list(found.importances)[::-1]  # the most important on top
     title = (f"param importance (Optuna's get_param_importances) over {found.trials} trials' values after chunk "
              f"{found.step + 1}")
+    if (caution := found.caution()) is not None:
+        title += f"<br>caution: {caution}"
     data = [{"type": "bar", "orientation": "h", "x": [found.importances[n] for n in names], "y": [_e(n) for n in names],
              "marker": {"color": "#5b7fa6"}, "hovertemplate": "%{y}: %{x:.2f}<extra></extra>",
-             "meta": {"role": "importance", "step": found.step, "trials": found.trials}}]
-    layout = {"title": {"text": _e(title), "font": {"size": 13}, "x": 0.01}, "height": 120 + 28 * len(names),
-              "margin": {"l": 140, "r": 10, "t": 40, "b": 35}, "showlegend": False, "uirevision": "importance",
+             "meta": {"role": "importance", "step": found.step, "trials": found.trials,
+                      "within_noise": found.within_noise}}]
+    layout = {"title": {"text": _e(title).replace("&lt;br&gt;", "<br>"), "font": {"size": 13}, "x": 0.01},
+              "height": 120 + 28 * len(names) + (20 if found.within_noise else 0),
+              "margin": {"l": 140, "r": 10, "t": 60 if found.within_noise else 40, "b": 35}, "showlegend": False, "uirevision": "importance",
               "xaxis": {"title": {"text": "share of the value's variance"}, "range": [0, 1]},
               "paper_bgcolor": "white", "plot_bgcolor": "white"}
     return Figure("importance", title, data, layout, section="why")
@@ -149,7 +154,7 @@ def comparison(trials: Sequence[FrozenTrial], direction: StudyDirection | None, 
     best, label = best_trial(trials, direction)
     labels = trial_labels(trials)
     lines = [_Trial.of(t, labels[t.number]) for t in trials]
-    figures = [f for f in (_params_figure(lines, trials, best, objective), _importance_figure(trials, direction))
+    figures = [f for f in (_params_figure(lines, trials, best, objective), _importance_figure(trials, direction, objective))
                if f is not None]
     figures.append(_objective_figure(lines, best, label, objective, baselines))
     for key, title in _EVAL_METRICS:

@@ -435,13 +435,14 @@ def _is_terminal(stream: Any) -> bool:
 
 
 def format_leaderboard(rows: list[Any], objective: str = "reward", baselines: Sequence[Any] = (),
-                       lines: Sequence[str] = (), purposes: Mapping[str, str] | None = None) -> str:
+                       lines: Sequence[str] = (), purposes: Mapping[str, str] | None = None, ahead: Any = None) -> str:
     """The leaderboard as a text table: rank, trial, what it is doing, value (± its standard error over the eval
     prompts), its difference from the baseline, the best checkpoint (value and chunk), chunks, params, note (collapse,
     degradation, why it ended, its adapter); a reference row per `baselines` (`rfopt.storage.schema.Baseline`: the base
     model with no adapter) first, each with what it is for where two share a model (`purposes`, by key:
     `rfopt.reports.outcome.StudyOutcome.baseline_purposes`), and `lines` (the recommendation:
-    `rfopt.reports.outcome.StudyOutcome.lines`) under it."""
+    `rfopt.reports.outcome.StudyOutcome.lines`) under it. `ahead`: the best trial against the runner-up
+    (`rfopt.reports.lead.Lead`): where its lead is within noise, both rows say it is a tie, as the dashboard's does."""
     if not rows:
         return "(no trials yet)"
     compared = bool(baselines) or any(getattr(row, "vs_base", None) is not None for row in rows)
@@ -459,6 +460,9 @@ def format_leaderboard(rows: list[Any], objective: str = "reward", baselines: Se
             value += f" ± {row.value_error:.2g}"
         params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(row.params.items()))
         said = list(getattr(row, "flags", ()))
+        if ahead is not None and ahead.tie and row.number in (ahead.best, ahead.runner_up):
+            other = ahead.runner_up if row.number == ahead.best else ahead.best
+            said.insert(0, f"= tie with trial {other} (within noise: {ahead.gap.text()})")
         said.append(row.reason or (row.adapter or ""))
         held = row.held_as
         if held:  # said on the row itself: the Optuna param a reader would look for does not hold the trial's value

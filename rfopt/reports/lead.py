@@ -86,10 +86,28 @@ class Importance:
     importances: dict[str, float]
     trials: int
     step: int
+    noise: noise.Gap | None = None
+    """The gap between the best and the worst of those trials' values, prompt by prompt (`rfopt.noise.gap`): when it
+    is within noise, every value could be noise, and so could the importances; None without per-prompt scores."""
+
+    @property
+    def within_noise(self) -> bool:
+        return self.noise is not None and self.noise.within_noise
+
+    def caution(self) -> str | None:
+        """``its 4 trials' values are all within noise of each other (...): the importances may reflect noise, not
+        the params``, or None."""
+        if not self.within_noise:
+            return None
+        assert self.noise is not None
+        return (f"its {self.trials} trials' values are all within noise of each other (best against worst: "
+                f"{self.noise.text()}): the importances may reflect noise, not the params")
 
 
-def param_importance(trials: Sequence[FrozenTrial], direction: StudyDirection | None) -> Importance | None:
-    """The study's param importances (`Importance`); None with fewer than three trials with values, no param that
+def param_importance(trials: Sequence[FrozenTrial], direction: StudyDirection | None,
+                     objective: str = "reward") -> Importance | None:
+    """The study's param importances (`Importance`), with whether its trials' values are all within noise of each
+    other (their per-prompt scores of `objective`); None with fewer than three trials with values, no param that
     varies, or a search space Optuna cannot evaluate."""
     import optuna
 
@@ -115,4 +133,13 @@ def param_importance(trials: Sequence[FrozenTrial], direction: StudyDirection | 
         return None
     finally:
         optuna.logging.set_verbosity(verbosity)
-    return Importance(dict(found), len(at), step) if found else None
+    if not found:
+        return None
+    ranked = sorted(at, key=lambda t: t.intermediate_values[step])
+    spread = noise.gap(_unit_scores(TrialRecord(ranked[-1]), step, objective),
+                       _unit_scores(TrialRecord(ranked[0]), step, objective))
+    return Importance(dict(found), len(at), step, spread)
+
+
+def _unit_scores(record: TrialRecord, unit: int, objective: str) -> list[float]:
+    return next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == unit), [])

@@ -19,6 +19,7 @@ from rfopt.storage import schema
 from rfopt.storage.leases import seen_on
 from rfopt.storage.schema import TrialRecord
 
+from .lead import lead
 from .outcome import outcome
 from .timeline import now_training
 
@@ -134,6 +135,9 @@ class StudySummary:
     """The base model's value with no adapter (the first baseline, `rfopt.storage.schema.Baseline`); None before."""
     recommended: tuple[int, int, float] | None = None
     """(trial, chunk counted from 1, value) of the adapter the study recommends (`rfopt.reports.outcome`)."""
+    tie: int | None = None
+    """The runner-up the best trial is within noise of (`rfopt.reports.lead.Lead.tie`); None when it leads by more
+    than noise, or it cannot be told."""
 
     @property
     def finished(self) -> bool:
@@ -147,8 +151,10 @@ class StudySummary:
 
     def line(self) -> str:
         """``demo: 2 training, 5 pruned, 1 complete; best 0.8123 (trial 4); base 0.41; take trial 2 after chunk 3
-        (0.9001); running: host:12 (run)``."""
-        best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]})"
+        (0.9001); running: host:12 (run)``; ``best 0.8123 (trial 4; a tie: within noise of trial 2)`` where its lead
+        over the runner-up is within noise."""
+        best = "-" if self.best is None else f"{self.best[1]:.4f} (trial {self.best[0]}" + (
+            ")" if self.tie is None else f"; a tie: within noise of trial {self.tie})")
         status = self.live.message if self.live.running else self.status
         parts = [f"{self.name}: {tally(self.counts)}", f"best {best}"]
         if self.baseline is not None:
@@ -200,12 +206,14 @@ def summaries(storage: optuna.storages.BaseStorage) -> list[StudySummary]:
                     assert flight.silence is not None
                     stuck.append(f"{flight.who()}: {flight.silence.text(now)}")
         found = outcome(study, trials)
+        ahead = lead(trials, study.directions[0], found.objective) if best is not None else None
+        tie = ahead.runner_up if ahead is not None and ahead.best == best[0] and ahead.tie else None
         baseline = next(iter(found.baselines.values()), None)
         recommended = found.recommendation
         out.append(StudySummary(frozen.study_name, study_id_of(frozen), schema.study_record(frozen).planned, counts,
                                 best, live, tuple(stuck), baseline=None if baseline is None else baseline.value,
                                 recommended=None if recommended is None else
-                                (recommended.trial, recommended.unit + 1, recommended.value)))
+                                (recommended.trial, recommended.unit + 1, recommended.value), tie=tie))
     return out
 
 

@@ -329,7 +329,7 @@ class StudyCost:
         total = self.units_without_pruning
         text = f"pruning saved {self.units_saved} of {total} chunk units ({100 * self.units_saved / total:.0f}%)"
         if self.units_stopped:
-            text += f", stops {self.units_stopped} more"
+            text += f", and stopping trials by hand {self.units_stopped} more"
         text += (f" · {self.units_trained} trained so far · {duration(self.seconds)} of training and evaluation "
                  "summed over trials")
         if self.wall_seconds is not None:

@@ -97,3 +97,48 @@ def test_a_log_scale_param_gets_a_log_axis_whatever_its_span():
     assert log_scale([1e-3, 2e-3], FloatDistribution(1e-4, 1e-2, log=True))
     assert not log_scale([1e-3, 2e-3], FloatDistribution(0.0, 1.0))
     assert not log_scale([0.0, 0.05], FloatDistribution(0.0, 1.0))  # zero: no log axis
+
+
+# ---------------------------------------------------------------------- noise, said for the answer too
+@pytest.fixture
+def close(storage):
+    """Three COMPLETE trials scored on the same 8 eval prompts: trial 0 answers one prompt more than trials 1 and 2
+    (0.5 against 0.375): a lead within noise (paired gap 0.125 ± 0.125)."""
+    study = optuna.create_study(study_name="close", storage=open_storage(storage), direction="maximize")
+    schema.write_settings(study, {"objective": "reward"})
+    scores = ([1, 0, 1, 0, 1, 0, 1, 0], [1, 0, 1, 0, 1, 0, 0, 0], [1, 0, 1, 0, 0, 0, 1, 0])
+    for rate, row in zip((1e-4, 1e-3, 1e-2), scores):
+        trial = study.ask()
+        trial.suggest_float("learning_rate", 1e-5, 1e-1, log=True)
+        ref = schema.TrialRef.of(study, trial)
+        schema.write_config(ref, trial_config("tiny-model-not-loaded-here", learning_rate=rate).to_json())
+        value = sum(row) / len(row)
+        schema.write_unit(ref, 0, {"chunk": 0, "eval": {"reward": value}, "scores": {"reward": [float(x) for x in row]}},
+                          [], [])
+        trial.report(value, step=0)
+        study.tell(trial, value)
+    return study
+
+
+def test_the_importance_chart_says_when_its_trials_are_all_within_noise(close, study):
+    found = param_importance(close.get_trials(), close.direction, "reward")
+    assert found.within_noise and found.caution().startswith(
+        "its 3 trials' values are all within noise of each other (best against worst: paired gap 0.125 ± 0.12")
+    figure = next(f for f in comparison(close.get_trials(), close.direction, "reward").figures if f.key == "importance")
+    assert "caution: its 3 trials' values are all within noise" in figure.layout["title"]["text"]
+    assert figure.data[0]["meta"]["within_noise"] is True
+    # Trials far apart (the other study: values rise with the learning rate, beyond noise): no caution.
+    apart = param_importance(study.get_trials(), study.direction, "reward")
+    assert not apart.within_noise and apart.caution() is None
+
+
+def test_rfopt_status_and_the_terminal_leaderboard_mark_a_tie_within_noise(close, storage):
+    import rfopt
+    from rfopt.reports.status import summaries
+
+    [summary] = summaries(open_storage(storage))
+    assert "; best 0.5000 (trial 0; a tie: within noise of trial 1);" in summary.line()
+    text = rfopt.load_study(study_name="close", storage=storage).leaderboard_text()
+    rows = {line.split()[1]: line for line in text.splitlines() if line[:1].isdigit()}
+    assert "= tie with trial 1 (within noise: paired gap 0.125 ± 0.12 over 8 eval prompts)" in rows["0"]
+    assert "= tie with trial 0 (within noise" in rows["1"] and "tie" not in rows["2"]

@@ -211,6 +211,13 @@ def test_compute_spent_is_counted_against_a_run_without_pruning(study):
                            "evaluation summed over trials · 1m00s wall time since the first chunk started")
 
 
+def test_units_a_person_stopped_are_said_as_such_not_as_a_cryptic_count(study):
+    schema.write_stop(_ref(study, study.trials[2]), schema.Stop(by="me@host", at="t", after_chunk=1))
+    study.tell(study.trials[2].number, state=TrialState.PRUNED)
+    line = study_cost([TrialRecord(t) for t in study.trials]).line()
+    assert line.startswith("pruning saved 0 of 6 chunk units (0%), and stopping trials by hand 1 more · ")
+
+
 # ---------------------------------------------------------------------- rfopt status
 def test_status_says_what_trains_now_the_pending_requests_and_the_waiting_clones(study):
     record = ProgressRecord(unit=1, num_units=2, phase="training", step=3, steps=8, global_step=11,
