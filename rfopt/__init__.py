@@ -30,6 +30,10 @@ from rfopt.pruning import PopulationBasedTraining
 from . import errors
 from .errors import Refusal, RfoptError
 from .study import LeaderboardRow, Study, create_study, load_study
+from .compat import quiet_bitsandbytes
+
+# Before anything imports PEFT, which imports bitsandbytes where it is installed (and bitsandbytes warns as it loads).
+quiet_bitsandbytes()
 
 __all__ = [
     "EvalSettings",

@@ -100,6 +100,15 @@ def tiny_model(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def wide_model(tmp_path_factory):
+    """The tiny model's kind at hidden size 128: wide enough for bitsandbytes' 4-bit blocks (64 weights), which the
+    tiny model (32) is not. Built offline."""
+    from rfopt.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "wide-llama", hidden_size=128)
+
+
 @pytest.fixture
 def scripted(monkeypatch):
     """Every study this test runs in this process trains on scripted runners (tests/scripted_runner.py: no model, no

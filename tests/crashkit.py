@@ -209,10 +209,11 @@ class DyingRuns:
 
 
 def crash_and_rerun_here(study_file: Path, points: list[str], where: Path, dying: DyingRuns, *flags: str,
-                         checkpoints: tuple[Path | str, Path | str] | None = None):
+                         checkpoints: tuple[Path | str, Path | str] | None = None, name: str = "tiny"):
     """Run `study_file` in this process uninterrupted, then again dying once at each of `points` (``point:n``) and
     once more to its end, each run as a new process would; check that both studies ended alike
-    (`assert_same_study`). `checkpoints`: the two runs' checkpoint locations (default: under `where`).
+    (`assert_same_study`). `checkpoints`: the two runs' checkpoint locations (default: under `where`); `name`: the
+    study's.
     Returns (the points it died at, the event log of the crashed study, its storage)."""
     reference_ck, ck = checkpoints or (where / "ref-ck", where / "ck")
     reference = f"sqlite:///{where / 'ref.db'}"
@@ -229,6 +230,6 @@ def crash_and_rerun_here(study_file: Path, points: list[str], where: Path, dying
             died_at.append(point)
     dying.at(None)
     assert run_here(study_file, storage, ck, *flags) == 0
-    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage))
-    assert_same_study(reference, reference_ck, storage, ck)
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials(storage, name))
+    assert_same_study(reference, reference_ck, storage, ck, name)
     return died_at, events(log), storage

@@ -115,7 +115,9 @@ class TrialConfig:
     config (by another worker, after a restart, from a list of configs)."""
     quantization_config: Any = None
     """A ``transformers.BitsAndBytesConfig`` (e.g. 4-bit QLoRA; also taken from
-    ``args.model_init_kwargs["quantization_config"]``, as TRL takes it); needs a PEFT adapter and a CUDA device."""
+    ``args.model_init_kwargs["quantization_config"]``, as TRL takes it); needs a PEFT adapter and bitsandbytes
+    (``pip install 'rfopt[qlora]'``), on any device bitsandbytes serves (the CPU included). Part of `model_key`: a
+    quantized base and a full-precision one of the same model are two resident copies."""
     peft_config: Any = None
     """A ``peft.LoraConfig`` (one adapter per trial on a shared base model), or None for full fine-tuning."""
 

@@ -6,7 +6,8 @@ runner produces both, the checkpoint store writes and reads them, the engine com
 They live here, below all three, so that none of them imports another for its types.
 
 `to_tensors` lays a `TrialSnapshot` out as a checkpoint stores it (its tensors for ``tensors.safetensors``, the rest
-for ``state.json``); `from_tensors` reads it back.
+for ``state.json``); `from_tensors` reads it back, bit for bit (a bitsandbytes 8-bit optimizer's quantized state,
+nested in its state dict, included).
 """
 
 from __future__ import annotations
@@ -90,15 +91,23 @@ def to_tensors(state: TrialSnapshot) -> tuple[dict[str, Any], dict[str, Any]]:
         "rng": None,
     }
     if state.optimizer is not None:
-        plain_state: dict[str, dict[str, Any]] = {}
-        for index, entry in state.optimizer["state"].items():
-            plain_state[str(index)] = {}
-            for key, value in entry.items():
-                if torch.is_tensor(value):
-                    tensors[f"optimizer.{index}.{key}"] = value.detach().contiguous().cpu()
-                    plain_state[str(index)][key] = {"tensor": f"optimizer.{index}.{key}"}
-                else:
-                    plain_state[str(index)][key] = value
+        named: dict[int, str] = {}
+
+        def laid_out(value: Any, name: str) -> Any:
+            # A tensor by name (one tensor held by several entries once: bitsandbytes' quantization maps, qmap1 and
+            # qmap2, are one tensor for every parameter); a dict of them (bitsandbytes nests its quantized state:
+            # state1, absmax1, ...) entry by entry; anything else as it is.
+            if torch.is_tensor(value):
+                if id(value) not in named:
+                    named[id(value)] = name
+                    tensors[name] = value.detach().contiguous().cpu()
+                return {"tensor": named[id(value)]}
+            if isinstance(value, dict):
+                return {"nested": {key: laid_out(inner, f"{name}.{key}") for key, inner in value.items()}}
+            return value
+
+        plain_state = {str(index): {key: laid_out(value, f"optimizer.{index}.{key}") for key, value in entry.items()}
+                       for index, entry in state.optimizer["state"].items()}
         meta["optimizer"] = {"state": plain_state, "param_groups": state.optimizer["param_groups"]}
     if state.rng is not None:
         tensors["rng.torch"] = state.rng.torch
@@ -121,12 +130,15 @@ def from_tensors(tensors: dict[str, Any], meta: dict[str, Any]) -> TrialSnapshot
     weights = {k[len("weights.") :]: v for k, v in tensors.items() if k.startswith("weights.")}
     optimizer = None
     if meta["optimizer"] is not None:
-        opt_state = {}
-        for index, entry in meta["optimizer"]["state"].items():
-            opt_state[int(index)] = {
-                key: tensors[value["tensor"]] if isinstance(value, dict) and "tensor" in value else value
-                for key, value in entry.items()
-            }
+        def read(value: Any) -> Any:
+            if isinstance(value, dict) and "tensor" in value:
+                return tensors[value["tensor"]]
+            if isinstance(value, dict) and "nested" in value:
+                return {key: read(inner) for key, inner in value["nested"].items()}
+            return value
+
+        opt_state = {int(index): {key: read(value) for key, value in entry.items()}
+                     for index, entry in meta["optimizer"]["state"].items()}
         optimizer = {"state": opt_state, "param_groups": meta["optimizer"]["param_groups"]}
     rng = None
     if meta["rng"] is not None:

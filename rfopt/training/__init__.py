@@ -4,6 +4,7 @@
 |---|---|
 | `loading` | a base model and its tokenizer loaded as TRL loads them; its adapter checked on the meta device |
 | `memory` | what a base model and a gang need in memory (estimated without loading weights), what a device has free |
+| `quantization` | bitsandbytes in a trial (QLoRA, 8-bit and paged optimizers): what it needs, what it holds in memory |
 | `models` | resident base models per device, adapters on them, placement and precision |
 | `runner` | `TrialRunner`: one trial's `GRPOTrainer`, trained one chunk at a time, bit-identical to training straight through |
 | `evaluation` | each chunk's evaluation: fixed decoding, the trial's own reward functions |

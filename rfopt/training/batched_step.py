@@ -17,7 +17,8 @@ keeps its activations (the gang mode's measured choice: faster, more memory; the
 setting). The results differ from a member alone only by floating-point rounding (matrix shapes change with the
 batch); tests/training/test_batched_step.py checks each member's gradient against the one it gets alone.
 
-Served: PEFT LoRA on ``Linear`` layers (any rank, alpha, dropout, ``lora_bias``). Not served (`member_refusal`): LoRA
+Served: PEFT LoRA on ``Linear`` layers, plain or bitsandbytes-quantized (QLoRA; any rank, alpha, dropout,
+``lora_bias``). Not served (`member_refusal`): LoRA
 variants (DoRA, ...), embedding or convolution adapters, ``modules_to_save`` and trainable tokens: such a member trains
 its own steps inside the gang, as in the sequential mode.
 """
@@ -30,7 +31,7 @@ from typing import Any
 
 from rfopt import compat
 
-from .rollouts.bank import adapter_refusal
+from .rollouts.bank import adapter_refusal, served_layer_types
 
 
 @dataclass
@@ -104,14 +105,14 @@ class BatchedBackbone:
     """
 
     def __init__(self, backbone: Any) -> None:
-        from peft.tuners.lora import Linear
-
         self.backbone = backbone
         self.rows = _Rows()
         gang_linear = _gang_linear_class()
 
+        served = served_layer_types()  # a 4-bit or 8-bit base layer computes once for every row, as a plain one
+
         def replace(module: Any, view_of: Any) -> Any:
-            return gang_linear(module, self.rows) if isinstance(module, Linear) else None
+            return gang_linear(module, self.rows) if isinstance(module, served) else None
 
         self.view = compat.module_view(backbone, replace)
         for module in self.view.modules():

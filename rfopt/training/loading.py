@@ -13,6 +13,8 @@ from rfopt.config.trial import TrialConfig
 from rfopt.errors import ConfigError
 from rfopt.smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
 
+from .quantization import bitsandbytes_refusal
+
 
 def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` for `config` on `device`, as ``GRPOTrainer`` loads a string ``model`` and its
@@ -20,15 +22,15 @@ def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
 
     A string model is loaded with TRL's own loader and ``args.model_init_kwargs`` (`compat.create_model`), placed on
     `device` (``device_map``: the device is the study's, not the config's). With no `processing_class` the tokenizer
-    is loaded from the model as TRL loads it (``AutoProcessor``, padding and truncation on the left).
+    is loaded from the model as TRL loads it (``AutoProcessor``, padding and truncation on the left). A
+    ``quantization_config`` loads it quantized by bitsandbytes on any device bitsandbytes serves (its CPU backend
+    included; `rfopt.training.quantization`), as TRL loads it: `ConfigError` saying what is missing otherwise.
     """
     import torch
 
-    if config.quantization_config is not None and not str(device).startswith("cuda"):
-        raise ConfigError(
-            "quantization_config: bitsandbytes 4/8-bit models need a CUDA device, and this trial runs on "
-            f"{device}; drop quantization_config to train on the CPU"
-        )
+    refused = bitsandbytes_refusal(config, device)
+    if refused is not None:
+        raise ConfigError(refused)
     if callable(config.model):
         model, tokenizer = config.model()
         if config.processing_class is not None:
@@ -57,6 +59,8 @@ def load_model(config: TrialConfig, device: str = "cpu") -> tuple[Any, Any]:
             ) from exc
     if config.quantization_config is None:
         model = model.to(torch.device(device))
+    else:
+        compat.keep_4bit_trainable(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -72,15 +76,14 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 def meta_model(config: TrialConfig) -> tuple[Any, Any, int] | None:
     """``(model on the meta device, its config, bytes per weight as loaded)`` of `config`'s base model, or None where
-    it cannot be told without loading it (a model factory, a config that cannot be read, quantization)."""
-    if not isinstance(config.model, str) or config.quantization_config is not None:
+    it cannot be told without loading it (a model factory, a config that cannot be read). Quantization is not applied:
+    the layers are the full-precision model's (`rfopt.training.quantization.base_bytes` counts a quantized one)."""
+    if not isinstance(config.model, str):
         return None
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs = config.model_init_kwargs()
-    if kwargs.get("quantization_config") is not None:
-        return None
     source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
     try:
         model_config = AutoConfig.from_pretrained(source, trust_remote_code=kwargs.get("trust_remote_code", False))

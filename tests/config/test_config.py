@@ -54,14 +54,6 @@ def test_quantization_without_an_adapter_is_refused():
         _config(peft_config=None, quantization_config=BitsAndBytesConfig(load_in_4bit=True)).validate()
 
 
-def test_quantization_on_the_cpu_is_refused_with_the_reason(tmp_path):
-    from rfopt.training.loading import load_model
-
-    config = _config(quantization_config=BitsAndBytesConfig(load_in_4bit=True))
-    with pytest.raises(ConfigError, match="need a CUDA device.*cpu"):
-        load_model(config, "cpu")
-
-
 def test_validation_names_every_problem_at_once():
     config = _config(reward_funcs=[], args=grpo_config(reward_weights=[1.0]))
     config.args.use_vllm = True

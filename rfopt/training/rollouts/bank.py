@@ -19,12 +19,18 @@ as ``GRPOConfig(bf16=True)`` trains), the view holds a bf16 copy of the base wei
 under LoRA, so the copy stays valid): decoding reads half the bytes and runs on tensor cores, as a vLLM engine
 beside a trainer does.
 
-Served: PEFT's ``lora.Linear`` (any rank, ``lora_bias``, `fan_in_fan_out` bases, scaling per layer). Not served
+A quantized base (QLoRA: bitsandbytes' 4-bit or 8-bit Linear under PEFT's ``lora.bnb`` layers) is served the same
+way: the view's base layer is the quantized module itself (dequantized on the fly, as bitsandbytes computes it in
+training), the deltas are the bank's, in the model's float dtype.
+
+Served: PEFT's ``lora.Linear`` and its bitsandbytes 4-bit and 8-bit layers (any rank, ``lora_bias``, `fan_in_fan_out`
+bases, scaling per layer). Not served
 (`adapter_refusal`): LoRA variants (DoRA, ...), embedding and convolution adapters, merged adapters.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,11 +43,23 @@ def lora_layers(model: Any) -> list[tuple[str, Any]]:
             if isinstance(m, LoraLayer) and (len(getattr(m, "lora_A", {})) or len(getattr(m, "lora_embedding_A", {})))]
 
 
+def served_layer_types() -> tuple[type, ...]:
+    """The LoRA layer classes the bank serves: PEFT's ``lora.Linear``, and its LoRA layers on bitsandbytes' 4-bit and
+    8-bit Linear (``lora.bnb.Linear4bit``, ``Linear8bitLt``: QLoRA) where bitsandbytes is installed."""
+    from peft.tuners.lora import Linear
+
+    served: list[type] = [Linear]
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        from peft.tuners.lora import bnb
+
+        served += [getattr(bnb, name) for name in ("Linear4bit", "Linear8bitLt") if hasattr(bnb, name)]
+    return tuple(served)
+
+
 def adapter_refusal(model: Any, adapter: str) -> str | None:
     """Why the bank cannot serve `adapter` of `model` (a LoRA variant, an embedding or convolution adapter, an adapter
     merged into the base weights), or None."""
-    from peft.tuners.lora import Linear
-
+    served = served_layer_types()
     config = getattr(model, "peft_config", {}).get(adapter)
     if config is None:
         return f"no adapter {adapter!r} on the shared model"
@@ -53,8 +71,9 @@ def adapter_refusal(model: Any, adapter: str) -> str | None:
         holds = adapter in getattr(layer, "lora_A", {}) or adapter in getattr(layer, "lora_embedding_A", {})
         if not holds:
             continue
-        if not isinstance(layer, Linear):
-            return f"adapter {adapter!r} adapts {name}, a {type(layer).__name__} layer (only Linear layers are served)"
+        if not isinstance(layer, served):
+            return (f"adapter {adapter!r} adapts {name}, a {type(layer).__name__} layer (only Linear layers, plain or "
+                    "bitsandbytes-quantized, are served)")
         if adapter in getattr(layer, "lora_variant", {}):
             return f"adapter {adapter!r} is a LoRA variant (DoRA, ...) on {name}"
     return None
@@ -87,7 +106,9 @@ class LoraBank:
         self.entries: dict[int, BankEntry] = {}
         for _, layer in banked_layers(model):
             weight = layer.base_layer.weight  # the bank computes in the view's dtype, as a vLLM engine does
-            dtype, device = dtype or weight.dtype, weight.device
+            # A quantized base layer's weight is packed integers: its output comes in the model's own float dtype.
+            own = weight.dtype if weight.is_floating_point() else model.get_base_model().dtype
+            dtype, device = self.dtype or own, weight.device
             in_features, out_features = layer.in_features, layer.out_features
             with_bias = any(getattr(layer, "lora_bias", {}).get(a, False) for a in layer.lora_A)
             self.entries[id(layer)] = BankEntry(
@@ -150,11 +171,11 @@ def _new_bias(bank: LoraBank) -> bool:
 
 
 def banked_layers(model: Any) -> list[tuple[str, Any]]:
-    """The LoRA layers the bank serves: PEFT's ``lora.Linear`` (another adapter's embedding or convolution layer, on
-    the shared model beside the gang's, is decoded as its base layer: no adapter the bank serves adapts it)."""
-    from peft.tuners.lora import Linear
-
-    return [(name, layer) for name, layer in lora_layers(model) if isinstance(layer, Linear)]
+    """The LoRA layers the bank serves: PEFT's ``lora.Linear`` and its bitsandbytes layers (`served_layer_types`;
+    another adapter's embedding or convolution layer, on the shared model beside the gang's, is decoded as its base
+    layer: no adapter the bank serves adapts it)."""
+    served = served_layer_types()
+    return [(name, layer) for name, layer in lora_layers(model) if isinstance(layer, served)]
 
 
 def signature(model: Any) -> tuple[int, ...]:
@@ -222,4 +243,4 @@ def decode_view(model: Any, bank: LoraBank) -> Any:
 
 
 __all__ = ["BankEntry", "banked_layers", "banked_linear", "LoraBank", "adapter_refusal", "decode_view", "lora_layers", "max_rank",
-           "signature"]
+           "served_layer_types", "signature"]

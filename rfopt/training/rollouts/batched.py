@@ -59,9 +59,11 @@ MAX_BUCKETS = 8
 MODES = ("eager", "graph", "compiled")
 
 
-def default_mode(device: Any) -> str:
-    """``RFOPT_DECODE`` if set (`decode_env`); else ``graph`` on a CUDA device and ``eager`` elsewhere."""
-    return decode_env(device) or ("graph" if _device_kind(device) == "cuda" else "eager")
+def default_mode(device: Any, quantized: bool = False) -> str:
+    """``RFOPT_DECODE`` if set (`decode_env`); else ``graph`` on a CUDA device and ``eager`` elsewhere, and for a
+    `quantized` base (bitsandbytes 4/8-bit: its kernels are not checked under CUDA graph capture here, and LLM.int8
+    finds its outliers on the host)."""
+    return decode_env(device) or ("graph" if _device_kind(device) == "cuda" and not quantized else "eager")
 
 
 def decode_env(device: Any = None) -> str | None:
@@ -158,7 +160,8 @@ class BatchedBackend:
         self.model = model
         self.dtype = dtype
         self.device = next(model.parameters()).device
-        self.mode = mode or default_mode(self.device)
+        quantized = bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+        self.mode = mode or default_mode(self.device, quantized)
         if mode is None and not os.environ.get("RFOPT_DECODE") and self.mode != "eager" and \
                 model_refusal(model, self.mode) is not None and model_refusal(model) is None:
             logger.warning("%s: decoding eagerly (no captured step): %s", type(model).__name__,
