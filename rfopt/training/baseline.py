@@ -53,4 +53,5 @@ def evaluate_baseline(pool: ModelPool, config: TrialConfig, eval_dataset: Any, s
         return evaluate(model, pool.tokenizer(config), eval_dataset, list(config.reward_funcs),
                         config.args.reward_weights, settings, max_new_tokens=config.args.max_completion_length,
                         trainer_state=TrainerState(global_step=0, max_steps=0, epoch=0.0),
-                        chat_template_kwargs=config.args.chat_template_kwargs)
+                        chat_template_kwargs=config.args.chat_template_kwargs,
+                        dtype=pool.placement.compute_dtype())  # in the precision its trials are evaluated in

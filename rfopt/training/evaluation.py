@@ -139,13 +139,15 @@ def evaluate(
     max_new_tokens: int,
     trainer_state: Any = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    dtype: Any = None,
 ) -> EvalResult:
     """One model's evaluation (its active adapter) through ``model.generate``: `evaluate_members` on the exact
     backend. `trainer_state` is the trial's `transformers.TrainerState` at the evaluated step;
-    `chat_template_kwargs` its ``args.chat_template_kwargs``."""
+    `chat_template_kwargs` its ``args.chat_template_kwargs``; `dtype` what mixed precision computes in (None: the
+    model's own)."""
     member = EvalMember(None, reward_funcs, reward_weights, max_new_tokens, trainer_state,
                         dict(chat_template_kwargs or {}))
-    (result,) = evaluate_members(ExactBackend(model), model, tokenizer, [member], dataset, settings)
+    (result,) = evaluate_members(ExactBackend(model, dtype), model, tokenizer, [member], dataset, settings)
     if isinstance(result, Exception):
         raise result
     return result

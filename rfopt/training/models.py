@@ -283,7 +283,7 @@ class ModelPool:
         an adapter is on it). Ask its `refusal(config)` before a trial trains on it."""
         if kind == EXACT:
             model = self.acquire(trial_number, config) if owns_base(config) else self._resident_model(config)
-            return ExactBackend(model)
+            return ExactBackend(model, dtype=self.placement.compute_dtype())  # evaluated as a gang's trials are
         if kind != BATCHED:
             raise ValueError(f"trial {trial_number}: rollout backend {kind!r}: give one of {', '.join(KINDS)}")
         resident = self._load(config)

@@ -328,3 +328,34 @@ def test_a_requests_sampling_is_the_trainers_config_filled_from_the_models_own_a
     assert request_sampling(model.generation_config, trl) is None  # decoded through generate
     with pytest.raises(Ungangable, match="no_repeat_ngram_size"):
         Sampling.of(rfopt.training.rollouts.generation_settings(model.generation_config, trl))
+
+
+def test_under_mixed_precision_trials_alone_and_routed_requests_are_evaluated_in_the_gangs_precision(adapters,
+                                                                                                     tiny_model):
+    """In a bf16 study the gang's trials decode from a bf16 copy; a trial alone (the exact backend) and a request the
+    batched backend routes to the exact path compute in bf16 too (autocast), not in the float32 master weights."""
+    from rfopt.training.models import ModelPool
+    from rfopt.training.rollouts import BATCHED, EXACT
+
+    model, tokenizer = adapters
+    seen = []
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
+    handle = layer.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    greedy = _sampling(tokenizer, do_sample=False)
+    try:
+        ExactBackend(model, dtype=torch.bfloat16).generate([GenerationRequest("a", _ids(tokenizer)[:2], greedy)])
+        assert set(seen) == {torch.bfloat16}
+        seen.clear()
+        ExactBackend(model).generate([GenerationRequest("a", _ids(tokenizer)[:2], greedy)])
+        assert set(seen) == {torch.float32}
+        seen.clear()
+        routed = GenerationRequest("a", _ids(tokenizer)[:2], None, generate_kwargs=greedy.generate_kwargs())
+        BatchedBackend(model, dtype=torch.bfloat16).generate([routed])
+        assert set(seen) == {torch.bfloat16}
+    finally:
+        handle.remove()
+    pool = ModelPool("cpu", precision="bf16")
+    config = trial_config(tiny_model)
+    pool.acquire(0, config)
+    assert pool.backend(EXACT, 0, config).dtype == pool.backend(BATCHED, 0, config).dtype == torch.bfloat16
+    pool.release(0, config)

@@ -27,6 +27,7 @@ weights at every call, so it is a no-op for them).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -256,12 +257,15 @@ class _Stop:
 class ExactBackend:
     """Generation as plain TRL does it (see the module docstring): each request through ``model.generate`` with its
     adapter active, its rows in batches of `GenerationRequest.batch_rows`, from torch's generator seeded with its
-    seed (the caller's random state untouched)."""
+    seed (the caller's random state untouched). `dtype`: what it computes in under mixed precision (autocast, as the
+    trainer computes; the batched backend decodes a copy in that dtype), so that a study's trials alone and in gangs
+    are evaluated alike; None: the model's own."""
 
     shares_batches = False
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, dtype: Any = None) -> None:
         self.model = model
+        self.dtype = dtype
 
     def refusal(self, config: Any) -> str | None:
         return None
@@ -303,7 +307,9 @@ class ExactBackend:
         was_training = model.training
         model.eval()
         try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            precision = (torch.autocast(device.type, dtype=self.dtype) if self.dtype is not None
+                         else contextlib.nullcontext())
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad(), precision:
                 torch.manual_seed(request.seed)
                 for start in range(0, len(rows), step):
                     batch = rows[start:start + step]

@@ -231,7 +231,7 @@ class BatchedBackend:
             self.stats.routed += len(routed)
             active = self.model.active_adapter
             try:
-                outs = ExactBackend(self.model).generate([requests[i] for i in routed], should_stop)
+                outs = ExactBackend(self.model, self.dtype).generate([requests[i] for i in routed], should_stop)
             finally:
                 if self.model.active_adapter != active:
                     self.model.set_adapter(active)
