@@ -117,7 +117,7 @@ def _gang(tiny_model, members, training, spoil=None):
         runner.setup()
     if spoil is not None:
         spoil(runners)
-    gang = Gang(runners[0].rollout_backend(batched=True), [GangMember(r) for r in runners], training=training)
+    gang = Gang(runners[0].rollout_backend("batched"), [GangMember(r) for r in runners], training=training)
     gang.train()
     out = {m.number: (seen[m.number].steps, m.runner.trainable_weights(), m.error) for m in gang.members}
     return out, gang
