@@ -127,10 +127,6 @@ class Planner:
                                trial.number, why)
         return self._alone[trial.number]
 
-    def forget(self, number: int) -> None:
-        """Drop what was decided of an ended trial."""
-        self._alone.pop(number, None)
-
     def plan(self, free: Sequence[Plannable], resident: set[str] = frozenset(),
              stored: Mapping[int, Sequence[int]] | None = None,
              fit: Callable[[list[int]], list[int]] | None = None) -> UnitPlan | None:
