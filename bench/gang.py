@@ -17,7 +17,10 @@ Measured in one process:
 3. **Generation throughput**: completion tokens per second of one `BatchedBackend.generate` call decoding G trials'
    rows together, of G calls decoding one trial's rows each, and of ``model.generate`` on one adapter G times.
 4. **Peak memory** of each gang run (the process's peak resident set, reset before the run; on a GPU
-   ``torch.cuda.max_memory_allocated``) against `rfopt.training.memory.gang_memory`'s estimate.
+   ``torch.cuda.max_memory_allocated``) and what the run *held* above the process before it (the peak less the
+   resident set, or the memory allocated, when it started: the base model, adapters, optimizer states, activations
+   and the decoder's buffers, what the estimate counts), against `rfopt.training.memory.gang_memory`'s estimate
+   (with the evaluation's rows and the decoder's dtype).
 
     python bench/gang.py --model smollm2 --configs 4 --chunks 4 --gangs 1,2,4 --repeats 3
     python bench/gang.py --model smollm2 --configs 8 --chunks 4 --gangs 8 --repeats 2
@@ -51,6 +54,18 @@ def _reset_peak_rss() -> None:
     """Start the process's peak resident set (VmHWM) from its current size (Linux: ``clear_refs`` 5)."""
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+def _rss() -> int | None:
+    """The process's resident set now (VmRSS)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def _peak_rss() -> int | None:
@@ -116,9 +131,12 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out_dir.mkdir(parents=True, exist_ok=True)
     cuda = setup.device.startswith("cuda")
+    gc.collect()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    gc.collect()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = _rss()
     _reset_peak_rss()
     parts = Parts()
     with contextlib.ExitStack() as stack:
@@ -159,7 +177,11 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     breakdown["storage_rungs_adapters"] = wall - training - breakdown["evaluation"] - breakdown["checkpoints"]
     lengths = [m.train.get("completions/mean_length") for t in study.optuna.trials
                for m in schema.TrialRecord(t).unit_metrics()]
-    estimate = rfopt.training.memory.gang_memory(setup.configs[:gang_size], prompt_tokens)
+    dtype = rfopt.training.models.Placement.of(setup.device, setup.precision).compute_dtype()
+    estimate = rfopt.training.memory.gang_memory(
+        setup.configs[:gang_size], prompt_tokens, eval_rows=min(setup.settings.batch_size, len(setup.test)),
+        compute_width=None if dtype is None else dtype.itemsize)
+    peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
     return {
         "gang_size": gang_size,
         "wall_s": wall,
@@ -167,11 +189,12 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
         "load_s": load,
         "parts_s": breakdown,
         "mean_completion_length": _mean(lengths),
-        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else _peak_rss(),
+        "peak_bytes": peak,
+        "held_bytes": None if peak is None or before is None else peak - before,
         "estimate_bytes": None if estimate is None else estimate.total,
         "estimate_parts": None if estimate is None else {
             "base": estimate.base, "members": sum(estimate.members), "step": estimate.step,
-            "decode": sum(estimate.decode)},
+            "decoder": estimate.decoder, "decode": sum(estimate.decode)},
     }
 
 
@@ -324,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"G{g}": statistics.median(r[f"G{g}"]["ratio_wall"] for r in record["repeats"]) for g in args.gangs}
         print()
         print(f"{'side':>6} {'wall s (median)':>16} {'ratio per repeat':>28} {'median ratio':>13} "
-              f"{'peak GiB':>9} {'estimate GiB':>13} {'completion len':>15}")
+              f"{'peak GiB':>9} {'held GiB':>9} {'estimate GiB':>13} {'completion len':>15}")
         plain_wall = statistics.median(r["plain"]["wall_s"] for r in record["repeats"])
         print(f"{'plain':>6} {plain_wall:16.1f} {'':>28} {'':>13} "
               f"{_gib(record['repeats'][-1]['plain']['peak_bytes']):>9}")
@@ -335,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             length = runs[-1]["mean_completion_length"]
             print(f"{key:>6} {statistics.median(r['wall_s'] for r in runs):16.1f} {ratios:>28} "
                   f"{record['median_ratio_wall'][key]:13.3f} {_gib(runs[-1]['peak_bytes']):>9} "
-                  f"{_gib(runs[-1]['estimate_bytes']):>13} {length if length is None else round(length, 1)!s:>15}")
+                  f"{_gib(runs[-1]['held_bytes']):>9} {_gib(runs[-1]['estimate_bytes']):>13} {length if length is None else round(length, 1)!s:>15}")
         print()
         print("where a gang run's time goes (last repeat, seconds):")
         for g in args.gangs:

@@ -452,7 +452,8 @@ class Roster:
             tokenizer = self.ctx.pool.tokenizer(configs[0])
             sample = self.ctx.train_dataset.select(range(min(256, len(self.ctx.train_dataset))))
             self._prompt_tokens = max(map(len, EvalPrompts.of(sample, tokenizer).token_ids(tokenizer)), default=0)
-        n, why = self.ctx.pool.gang_room(configs, self._prompt_tokens)
+        eval_rows = min(self.ctx.settings.batch_size, len(self.ctx.eval_dataset or ()))  # one evaluation decode's
+        n, why = self.ctx.pool.gang_room(configs, self._prompt_tokens, eval_rows=eval_rows)
         if why is not None and why not in self._said:
             self._said.add(why)
             logger.warning("%s", why)

@@ -10,6 +10,7 @@ from rfopt.config.trial import TrialConfig
 
 from .loading import meta_model
 from .quantization import adapter_bytes, base_bytes
+from .rollouts.batched import LENGTH_STEP
 
 GIB = 1024**3
 
@@ -31,31 +32,59 @@ class GangMemory:
     """What training a gang of trials on one base model holds in memory, by part (bytes), as `gang_memory` estimates
     it: the base model's weights once (4 or 8 bits a weight where quantized); each member's adapter with its gradients
     and optimizer moments (fp32, bf16 on a quantized base, 8-bit moments with bitsandbytes' 8-bit optimizers); the
-    activations of one member's optimizer step (members train one at a time, so one step's at once); and the
-    KV cache of the gang's batched generation (every member's rows at once)."""
+    activations of one member's optimizer step (members train one at a time, so one step's at once); the batched
+    decoder's own copies (its LoRA bank and, under mixed precision, its bf16 copy of the base model); and each member's
+    share of the batched decoder's buffers (the key/value caches of its rollout and evaluation buckets, and its rows'
+    sampling scratch)."""
 
     base: int
     members: tuple[int, ...]
     """Each member's adapter with its gradients and optimizer moments."""
     step: int
     decode: tuple[int, ...]
-    """Each member's share of the batched generation's KV cache."""
+    """Each member's share of the batched decoder's buffers: its rows in the rollout and evaluation buckets' key/value
+    caches and token buffers, and the sampler's scratch for them."""
+    decoder: int = 0
+    """The batched decoder's own copies, whatever the gang's size: its LoRA bank (every adapter of the model at the
+    largest rank) and, when it computes in another dtype than the model's (bf16 under mixed precision), its copy of
+    the base model's weights."""
 
     @property
     def total(self) -> int:
-        return self.base + sum(self.members) + self.step + sum(self.decode)
+        return self.need(len(self.members))
+
+    def need(self, n: int, with_base: bool = True) -> int:
+        """Bytes for the first `n` members (a smaller gang), with the base model's weights or without them (a base
+        model that is resident already)."""
+        return ((self.base if with_base else 0) + sum(self.members[:n]) + self.step + self.decoder
+                + sum(self.decode[:n]))
 
 
-def gang_memory(configs: list[TrialConfig], prompt_tokens: int) -> GangMemory | None:
+SAMPLER_SCRATCH = 40
+"""Bytes per row and vocabulary entry that one decode step holds at once beyond the model's own outputs: the float32
+logits, their sorted copy with int64 indices and a float64 cumulative sum (top-p), and a mask."""
+
+
+def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: int = 0,
+                eval_new_tokens: int | None = None, compute_width: int | None = None) -> GangMemory | None:
     """Estimate what a gang of `configs` (one base model) needs, with prompts of `prompt_tokens` tokens; None where
-    the base model's shape cannot be told without loading it.
+    the base model's shape cannot be told without loading it. `eval_rows`: prompts each member evaluates in one batched
+    decode (`EvalSettings.batch_size`), `eval_new_tokens` their completions' length (default: each member's
+    ``max_completion_length``); `compute_width`: bytes per value the batched decoder computes in when it is not the
+    model's own (2 under bf16 mixed precision: the decoder reads a bf16 copy of the base model).
 
     The base model: `model_bytes`. Per member: its LoRA weights (``r x in`` and ``out x r`` per adapted Linear) with
     their gradients and optimizer moments (`rfopt.training.quantization.adapter_bytes`: 16 bytes a weight in fp32 with
     AdamW; 8 in bf16 on a quantized base; 2 bytes of moments with an 8-bit optimizer). One optimizer step's
-    activations, for the largest member: ``batch x tokens x layers x (34 x hidden + 5 x heads x tokens)`` bytes at 16 bits (Korthikanti et al.'s count for a transformer layer without
-    recomputation), scaled to the model's width. Decoding: a KV cache of ``2 x layers x kv_heads x head_dim`` values per token of every
-    member's rows (``per_device_train_batch_size`` each)."""
+    activations, for the largest member: ``batch x tokens x layers x (34 x hidden + 5 x heads x tokens)`` bytes at 16
+    bits (Korthikanti et al.'s count for a transformer layer without recomputation), scaled to the model's width, and
+    the LM head's logits with their gradient (``batch x tokens x vocab`` twice). The decoder: a bank of ``capacity x
+    max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
+    of an unquantized base. Per member in the decoder: a key/value cache of ``2 x layers x kv_heads x head_dim`` values
+    per token for its rollout rows (``per_device_train_batch_size``) and its evaluation rows, each rounded up to a
+    power of two (a bucket's rows per group), over the prompt and completion rounded up to `LENGTH_STEP`; the buckets'
+    token buffers (13 bytes per row and position); the sampler's scratch (`SAMPLER_SCRATCH` bytes per row and
+    vocabulary entry)."""
     meta = meta_model(configs[0])
     if meta is None:
         return None
@@ -65,6 +94,8 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int) -> GangMemory | 
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
+    vocab = text.vocab_size
+    decode_width = compute_width or width
     base = base_bytes(model, configs[0].quantization_config, width)
     members, step, decode = [], 0, []
     for config in configs:
@@ -72,9 +103,26 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int) -> GangMemory | 
         rows = config.args.per_device_train_batch_size
         members.append(adapter_bytes(_lora_tensors(model, config.peft_config), config))
         # Korthikanti et al. count bytes at 16 bits: scaled to the model's width.
-        step = max(step, rows * tokens * layers * (34 * hidden + 5 * heads * tokens) * width // 2)
-        decode.append(rows * tokens * 2 * layers * kv_heads * head_dim * width)
-    return GangMemory(base=base, members=tuple(members), step=step, decode=tuple(decode))
+        step = max(step, rows * tokens * layers * (34 * hidden + 5 * heads * tokens) * width // 2
+                   + 2 * rows * tokens * vocab * 4)
+        share = 0
+        for rows_of, new in ((rows, config.args.max_completion_length),
+                             (eval_rows, eval_new_tokens or config.args.max_completion_length)):
+            if rows_of <= 0:
+                continue
+            bucket_rows = 1 << max(0, (rows_of - 1).bit_length())
+            length = -(-(prompt_tokens + new) // LENGTH_STEP) * LENGTH_STEP
+            share += bucket_rows * length * (2 * layers * kv_heads * head_dim * decode_width + 13)
+            share += bucket_rows * vocab * SAMPLER_SCRATCH
+        decode.append(share)
+    peft_configs = [c.peft_config for c in configs if c.peft_config is not None]
+    decoder = 0
+    if peft_configs:
+        capacity = 1 << max(0, (len(peft_configs) - 1).bit_length())
+        decoder = capacity * max(sum(_lora_tensors(model, c)) for c in peft_configs) * decode_width
+        if decode_width != width and configs[0].quantization_config is None:
+            decoder += sum(p.numel() for p in model.parameters()) * decode_width
+    return GangMemory(base=base, members=tuple(members), step=step, decode=tuple(decode), decoder=decoder)
 
 
 def _lora_tensors(model: Any, peft_config: Any) -> list[int]:

@@ -204,18 +204,20 @@ class ModelPool:
                 "model"
             )
 
-    def gang_room(self, configs: list[TrialConfig], prompt_tokens: int) -> tuple[int, str | None]:
+    def gang_room(self, configs: list[TrialConfig], prompt_tokens: int, eval_rows: int = 0) -> tuple[int, str | None]:
         """How many of `configs` (a gang, in order, on one base model) fit in the device's free memory (with a margin
-        of `ROOM_MARGIN`) by `gang_memory`'s estimate, and if not all, the message that says so. A resident base model
-        is in use already, so it is not counted again."""
-        estimate = gang_memory(configs, prompt_tokens)
+        of `ROOM_MARGIN`) by `gang_memory`'s estimate (`eval_rows`: prompts per member in one evaluation decode), and
+        if not all, the message that says so. A resident base model is in use already, so it is not counted again."""
+        dtype = self.placement.compute_dtype()
+        estimate = gang_memory(configs, prompt_tokens, eval_rows=eval_rows,
+                               compute_width=None if dtype is None else dtype.itemsize)
         free = free_bytes(self.device)
         if estimate is None or free is None:
             return len(configs), None
-        base = 0 if self.has_base(configs[0]) else estimate.base
+        with_base = not self.has_base(configs[0])
 
         def need(n: int) -> float:
-            return (base + sum(estimate.members[:n]) + estimate.step + sum(estimate.decode[:n])) * ROOM_MARGIN
+            return estimate.need(n, with_base) * ROOM_MARGIN
 
         n = len(configs)
         while n > 1 and need(n) > free:
@@ -224,7 +226,8 @@ class ModelPool:
             return n, None
         return n, (f"a gang of {len(configs)} trials would need about {need(len(configs)) / GIB:.2f} GiB on "
                    f"{self.device} (base model, adapters with their optimizer states, one step's activations, the "
-                   f"batched generation's cache), and {free / GIB:.2f} GiB are free: training {n} at once instead")
+                   f"batched decoder's bank, copies and caches), and {free / GIB:.2f} GiB are free: training {n} at "
+                   "once instead")
 
     def tokenizer(self, config: TrialConfig) -> Any:
         return self._load(config).tokenizer

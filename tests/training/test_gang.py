@@ -274,9 +274,9 @@ def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny
     train = prompts_dataset(8)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     longest = max(map(len, EvalPrompts.of(train, tokenizer).token_ids(tokenizer)))
-    estimate = memory.gang_memory(configs, longest)
+    estimate = memory.gang_memory(configs, longest, eval_rows=2)
     # Room for two members beside the (resident) base model, not three.
-    room = (sum(estimate.members[:2]) + estimate.step + sum(estimate.decode[:2])) * 1.21
+    room = estimate.need(2, with_base=False) * 1.21
     monkeypatch.setattr(models, "free_bytes", lambda device: int(room))
     study = _study(tmp_path)
     with caplog.at_level("WARNING", logger="rfopt"):

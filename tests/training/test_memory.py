@@ -1,0 +1,99 @@
+"""Memory planned for what a gang really holds (`rfopt.training.memory.gang_memory`): each part of the estimate against
+the tensors the batched decoder keeps after a gang's rollout and evaluation decodes (its LoRA bank, its bf16 copy,
+its buckets' caches and buffers), on the tiny model."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from peft import get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rfopt.training.memory import gang_memory
+from rfopt.training.rollouts import BatchedBackend, GenerationRequest, Sampling
+from rfopt_testkit import lora_config, trial_config
+
+EVAL_ROWS = 5
+
+
+def _tensors(obj, seen):
+    """Every tensor reachable from `obj` (dataclass fields, lists, dicts, a cache's layers), each storage once."""
+    if isinstance(obj, torch.Tensor):
+        key = obj.untyped_storage().data_ptr()
+        if key not in seen:
+            seen[key] = obj.untyped_storage().nbytes()
+        return
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _tensors(getattr(obj, f.name), seen)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _tensors(item, seen)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _tensors(item, seen)
+    elif hasattr(obj, "layers"):  # a transformers cache
+        for layer in obj.layers:
+            _tensors([getattr(layer, "keys", None), getattr(layer, "values", None)], seen)
+
+
+def _held(backend, model):
+    """Bytes the backend holds of its own: the bank, the buckets, and its view's weights that are not the model's."""
+    seen: dict[int, int] = {}
+    theirs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    own = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in backend._view.parameters()
+           if p.untyped_storage().data_ptr() not in theirs}
+    bank = {}
+    _tensors([vars(e) for e in backend._bank.entries.values()], bank)
+    buckets: dict[int, int] = {}
+    _tensors(list(backend._buckets.values()), buckets)
+    seen.update(bank)
+    return sum(own.values()), sum(bank.values()), sum(v for k, v in buckets.items() if k not in bank)
+
+
+@pytest.fixture(scope="module")
+def gang(tiny_model):
+    configs = [trial_config(tiny_model, peft=lora_config(r=8, target_modules="all-linear"), max_completion_length=12),
+               trial_config(tiny_model, peft=lora_config(r=4, target_modules="all-linear"), max_completion_length=12)]
+    # Copies, as the model pool adds them: PEFT rewrites a config's target modules.
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), copy.deepcopy(configs[0].peft_config),
+                           adapter_name="t0")
+    model.add_adapter("t1", copy.deepcopy(configs[1].peft_config))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt = tokenizer("add 2 and 3, then 7")["input_ids"]
+    return configs, model, tokenizer, prompt
+
+
+def _decode_like_a_gang(backend, configs, tokenizer, prompt):
+    """A rollout decode (each member's batch of completions) and an evaluation decode (`EVAL_ROWS` prompts each)."""
+    for rows in (configs[0].args.per_device_train_batch_size, EVAL_ROWS):
+        sampling = Sampling(max_new_tokens=configs[0].args.max_completion_length, eos_token_ids=(-1,),
+                            pad_token_id=tokenizer.pad_token_id)
+        backend.generate([GenerationRequest(f"t{i}", [prompt] * rows, sampling, seed=i) for i in range(len(configs))])
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["model-dtype", "bf16-copy"])
+def test_the_estimate_counts_the_batched_decoders_bank_copy_and_buckets(gang, dtype):
+    configs, model, tokenizer, prompt = gang
+    backend = BatchedBackend(model, mode="eager", dtype=dtype)
+    _decode_like_a_gang(backend, configs, tokenizer, prompt)
+    copy, bank, buckets = _held(backend, model)
+    estimate = gang_memory(configs, len(prompt), eval_rows=EVAL_ROWS,
+                           compute_width=None if dtype is None else dtype.itemsize)
+    held = copy + bank + buckets
+    assert (copy > 0) == (dtype is not None)
+    # What the decoder keeps whatever the gang's size (bank, copy) is planned, and not far above what it holds.
+    assert copy + bank <= estimate.decoder <= 1.5 * (copy + bank)
+    # With each member's share (its rows' caches and buffers, and the sampler's scratch of one step): all it holds.
+    assert buckets <= sum(estimate.decode)
+    assert held <= estimate.decoder + sum(estimate.decode) <= 1.5 * held
+
+def test_a_smaller_gang_needs_less_and_a_resident_base_model_is_not_counted_again(gang):
+    configs, *_ = gang
+    estimate = gang_memory(configs, 20, eval_rows=EVAL_ROWS)
+    assert estimate.total == estimate.need(2) > estimate.need(1) > estimate.need(1, with_base=False)
+    assert estimate.need(2) - estimate.need(2, with_base=False) == estimate.base
+    without_eval = gang_memory(configs, 20)
+    assert sum(without_eval.decode) < sum(estimate.decode)  # the evaluation's bucket is planned too
+    assert without_eval.decoder == estimate.decoder
