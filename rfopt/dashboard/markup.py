@@ -18,8 +18,12 @@ def plotly_version() -> str:
     return plotly.__version__
 
 
-def _page(title: str, body: str, scripts: bool = False) -> str:
+def _page(title: str, body: str, scripts: bool = False, refresh: int | None = None) -> str:
+    """A whole page; `refresh`: seconds after which the browser loads it again (a page with no script of its own that
+    shows something running)."""
     head = "<meta name='viewport' content='width=device-width'><link rel='stylesheet' href='/rfopt/static/rfopt.css'>"
+    if refresh:
+        head += f"<meta http-equiv='refresh' content='{int(refresh)}'>"
     if scripts:
         head += (f"<script src='/rfopt/static/plotly-{plotly_version()}.min.js' defer></script>"
                  "<script src='/rfopt/static/rfopt.js' defer></script>")

@@ -69,6 +69,10 @@ class StudyPage:
                 "figures": self.figures}
 
 
+IDLE_HALT = "nobody is running this study: there is nothing to stop"
+"""Why the study's stop button is disabled while no process runs it."""
+
+
 def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live: Liveness,
                version: str) -> StudyPage:
     """The study page's parts (see the module's docstring)."""
@@ -81,14 +85,17 @@ def study_page(study: optuna.Study, trials: list[optuna.trial.FrozenTrial], live
     views = trial_views(trials, study, live, found)
     ahead = lead(trials, direction, objective)
     records = [TrialRecord(t) for t in trials]
+    label = compared.best_label
+    if label == "leading" and live.known and not live.running:  # a live trial leads, but nothing trains it now
+        label = "leading, interrupted"
     steerable = record.plan is not None
     parts = {
         "facts": _render_facts(study, record, views, objective, direction),
         "liveness": _render_liveness(live, sid, steerable),
         "now": _render_now(records, live, record.run_shape),
         "warnings": _render_warnings(records, objective),
-        "leaderboard": _render_leaderboard(views, compared.best, compared.best_label, direction, ahead, found),
-        "why": parallel_svg(trials, direction, objective),
+        "leaderboard": _render_leaderboard(views, compared.best, label, direction, ahead, found),
+        "why": parallel_svg(trials, direction, objective, states={v.number: v.situation for v in views}),
         "versus": _render_versus(trials, ahead, objective),
     }
     cards = [(v.number, _render_trial(sid, v, steerable)) for v in views]
@@ -102,8 +109,9 @@ def render_study(page: StudyPage) -> str:
     figures = json.dumps(page.figures).replace("</", "<\\/")
     boot = json.dumps({"version": page.version, "running": page.running,
                        "refresh": REFRESH_SECONDS if page.running else None}).replace("</", "<\\/")
+    idle = "" if page.running else f" disabled title='{IDLE_HALT}'"
     stop = ("<button type='button' id='halt' class='op stop' data-op='halt' "
-            f"data-url='/rfopt/api/studies/{sid}/halt'>Stop the study…</button>" if page.steerable else "")
+            f"data-url='/rfopt/api/studies/{sid}/halt'{idle}>Stop the study…</button>" if page.steerable else "")
     header = (
         f"<h1>{_e(page.title)}</h1><div id='facts'>{page.parts['facts']}</div>"
         "<p class='bar'><label><input type='checkbox' id='autorefresh' checked> refresh while a process runs it</label>"
@@ -355,8 +363,11 @@ def render_index(studies: list[StudySummary]) -> str:
     table = ("<table class='index'><tr><th>study</th><th>kind</th><th>trials</th><th>best value</th>"
              "<th>adapter to take</th><th>base model</th><th>now</th><th></th>"
              "</tr>" + "".join(rows) + "</table>") if rows else "<p>No studies in this storage yet.</p>"
-    return _page("rfopt studies", f"<h1>rfopt studies</h1>{table}<p><a href='/dashboard'>optuna-dashboard</a> "
-                 "(every study, Optuna's own views)</p>")
+    running = any(s.status == "running" for s in studies)
+    note = (f"<p class='hint' id='index-refresh'>refreshes every {REFRESH_SECONDS} s while a study runs</p>"
+            if running else "")
+    return _page("rfopt studies", f"<h1>rfopt studies</h1>{table}{note}<p><a href='/dashboard'>optuna-dashboard</a> "
+                 "(every study, Optuna's own views)</p>", refresh=REFRESH_SECONDS if running else None)
 
 
 def render_missing(study_id: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import CategoricalDistribution
@@ -19,12 +19,14 @@ from .lead import best_trial
 
 
 def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None, objective: str = "objective",
-                 width: int = 640, height: int = 300) -> str:
+                 width: int = 640, height: int = 300, states: Mapping[int, str] | None = None) -> str:
     """Parallel coordinates as an SVG: one line per trial that has a value, through each param, the chunks it trained
     and its value, in the trial's colour (the same as in every chart and the leaderboard); a pruned, stopped or failed
     trial's line is dashed, the best drawn thicker and last. Params searched on a log scale (or spanning two orders of
     magnitude) get a log axis. Hovering a line names the trial, its params and its value (``<title>``). Drawn here,
-    not by plotly.js, whose parallel coordinates need WebGL (and a Content-Security-Policy that allows ``eval``)."""
+    not by plotly.js, whose parallel coordinates need WebGL (and a Content-Security-Policy that allows ``eval``).
+    `states`: what each trial is doing, by number, in the words every view uses (`rfopt.reports.status.situation`:
+    ``interrupted`` rather than Optuna's RUNNING once no process runs the study); else its stored state."""
     shown = [t for t in trials if t.intermediate_values]
     if not shown:
         return ""
@@ -56,10 +58,11 @@ def parallel_svg(trials: Sequence[FrozenTrial], direction: StudyDirection | None
         coords = " ".join(p for p in points if p is not None)
         ended = trial.state in (TrialState.PRUNED, TrialState.FAIL) or TrialRecord(trial).stop is not None
         state = TrialRecord(trial).shown_state
+        said = (states or {}).get(trial.number) or state.lower()
         dash = ' stroke-dasharray="5 3"' if ended else ""
         parts.append(f'<polyline data-trial="{trial.number}" data-state="{state}" points="{coords}" fill="none" '
                      f'stroke="{colour(trial.number)}" stroke-width="{3 if trial.number == best else 1.6}" '
-                     f'stroke-opacity="0.9"{dash}><title>{_attr(labels[trial.number])} · {state.lower()} · '
+                     f'stroke-opacity="0.9"{dash}><title>{_attr(labels[trial.number])} · {_attr(said)} · '
                      f'{_attr(objective)} {_short(values[i])}</title></polyline>')
     for a, (name, _, ticks) in enumerate(axes):
         x = left + a * span

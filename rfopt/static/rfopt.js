@@ -11,6 +11,8 @@
 "use strict";
 
 const feedback = new Map(); // trial number -> {text, error, op}: shown on its card across refreshes; a request's until it applies
+let said = null; // {op, trial, at}: what the line by the study's buttons says, cleared once it applied (applyFeedback)
+const IDLE_HALT = "nobody is running this study: there is nothing to stop";
 let sortState = null; // {index, dir}: the leaderboard's sort, kept across refreshes
 let refreshing = false;
 let timer = null;
@@ -198,7 +200,27 @@ function apply(data) {
   page.version = data.version;
   page.running = data.running;
   page.refresh = data.refresh;
+  applyFeedback(data);
   tick();
+}
+
+// Feedback that clears: the study's stop button acts only while a process runs the study; the line by the buttons
+// says a request until it applied (a halt: once nobody runs the study; a trial's pause, resume or stop: once its card
+// no longer lists it as pending), and an answer that applied at once (cancel, withdraw, clone) for 15 s.
+function applyFeedback(data) {
+  const halt = document.getElementById("halt");
+  if (halt) {
+    halt.disabled = !data.running;
+    halt.title = data.running ? "" : IDLE_HALT;
+  }
+  if (!said) return;
+  const done = said.op === "halt" ? !data.running
+    : said.op ? !feedback.has(String(said.trial)) : Date.now() - said.at > 15000;
+  if (done) {
+    const status = document.getElementById("status");
+    if (!status.classList.contains("error")) status.textContent = "";
+    said = null;
+  }
 }
 
 function stamp(text, paused) {
@@ -445,11 +467,12 @@ document.addEventListener("click", async (event) => {
   } catch (error) {
     note = {text: `${trial === null ? "" : `trial ${trial}: `}${error}`, error: true};
   } finally {
-    button.disabled = false;
+    button.disabled = op === "halt" ? !page.running : false;
   }
   const status = document.getElementById("status");
   status.textContent = note.text;
   status.className = note.error ? "error" : "";
+  said = note.error ? null : {op: op === "halt" ? "halt" : note.op, trial, at: Date.now()};
   if (card) {
     feedback.set(trial, note);
     showFeedback(card);

@@ -728,6 +728,41 @@ def test_page_says_nobody_runs_a_study_that_never_ran_here(study):
     assert "id='liveness' class='notice idle' data-running='false'>nobody is running this study" in page
 
 
+def test_feedback_that_clears_the_stop_button_the_leader_and_the_lines_honour_an_interrupted_study(study):
+    from rfopt.storage.leases import Presence
+
+    # A study of two RUNNING trials after their first chunk (none COMPLETE: trial 1 leads).
+    opt = optuna.create_study(study_name="leading", storage=study.optuna._storage, direction="maximize")
+    schema.write_plan(opt, ChunkPlan.build(16, 2, 0))
+    schema.write_settings(opt, {"objective": "reward"})
+    for number in range(2):
+        trial = opt.ask()
+        trial.suggest_float("learning_rate", 1e-4, 1e-1, log=True)
+        schema.write_config(_ref(trial), trial_config("tiny-model-not-loaded-here").to_json())
+        schema.write_schedule(_ref(trial), TrialSchedule(prompts_per_chunk=8, steps_per_chunk=8, num_epochs=1,
+                                                         num_chunks=2))
+        _commit_chunk(trial, 0, reward=0.2 * (number + 1))
+    sid = opt._study_id
+    with serving(study.optuna._storage) as server:
+        with Presence(opt, "run"):
+            running = call(server, "GET", f"/rfopt/studies/{sid}")[1]
+            index = call(server, "GET", "/rfopt")[1]
+        idle = call(server, "GET", f"/rfopt/studies/{sid}")[1]
+        idle_index = call(server, "GET", "/rfopt")[1]
+    # The study's stop button acts only while a process runs the study.
+    assert re.search(r"<button[^>]*id='halt'[^>]*>", running).group(0).count("disabled") == 0
+    assert ("data-url='/rfopt/api/studies/%d/halt' disabled title='nobody is running this study: there is nothing to "
+            "stop'>" % sid) in idle
+    # Nothing trains the leading trial once nobody runs the study: said, on the leaderboard and in "why it wins".
+    assert "<span class='best'>★ leading</span>" in running
+    assert "<span class='best'>★ leading, interrupted</span>" in idle
+    assert re.search(r'data-trial="1"[^>]*><title>[^<]*· training ·', running)
+    assert re.search(r'data-trial="1"[^>]*><title>[^<]*· interrupted ·', idle)
+    # The index refreshes itself while a study runs, and says so; not once nothing runs.
+    assert "<meta http-equiv='refresh' content='5'>" in index and "refreshes every 5 s while a study runs" in index
+    assert "http-equiv='refresh'" not in idle_index
+
+
 # ---------------------------------------------------------------------- the page in a browser
 @pytest.fixture
 def browser(tmp_path):
@@ -852,6 +887,35 @@ def test_page_draws_overlaid_charts_and_answers_each_op_next_to_its_trial(study,
     assert rfopt.TrialConfig.from_json(trial_attrs(clone)["rfopt:config"]).peft_config.lora_alpha == 16
     assert TrialRecord(trials[2]).pending == []
     assert [w.request.op for w in TrialRecord(trials[2]).withdrawn] == ["stop"]
+
+
+@pytest.mark.slow
+def test_the_study_stop_is_said_until_it_applied_and_its_button_acts_only_while_a_process_runs_the_study(
+        study, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from rfopt.storage.leases import Presence
+
+    wait = WebDriverWait(browser, 15)
+    status = lambda: browser.find_element(By.ID, "status").text  # noqa: E731
+    halt = lambda: browser.find_element(By.ID, "halt")  # noqa: E731
+    presence = Presence(study.optuna, "run")
+    with serving(study.optuna._storage) as server:
+        presence.__enter__()
+        try:
+            browser.get(server.url(f"/rfopt/studies/{study.optuna._study_id}"))
+            assert halt().is_enabled()
+            halt().click()
+            wait.until(lambda d: _alert(d)).accept()
+            wait.until(lambda d: "stop requested" in status())
+            browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+            assert "stop requested" in status() and halt().is_enabled()  # not applied yet: still said
+        finally:
+            presence.__exit__(None, None, None)  # the process stops: the halt applied
+        browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
+        wait.until(lambda d: status() == "")
+        assert not halt().is_enabled() and "nothing to stop" in halt().get_attribute("title")
 
 
 def _alert(driver):
