@@ -39,6 +39,7 @@ from rfopt.engine.request import RunRequest, Worker
 from rfopt.engine.run import StudyDeletedError, follow_moved_checkpoints, run
 from rfopt.engine.unit import UnitCommitted
 from rfopt.reports.outcome import Recommendation, StudyOutcome, outcome
+from rfopt.reports.replicates import ReplicateGroup
 from rfopt.reports.status import Liveness, liveness
 from rfopt.pruning import PopulationBasedTraining, optuna_pruner
 from rfopt.storage import schema
@@ -313,6 +314,33 @@ class Study:
         for note in made.notes:
             logger.warning("clone of trial %d: %s", trial_number, note)
         return made.number
+
+    def confirm(self, top: int = 3, seeds: int = 2, *, prune: bool = False) -> list[int]:
+        """Enqueue replicates of the `top` best configs: each trained again with `seeds` new seeds, as new Optuna
+        trials linked to their original (`rfopt.engine.replicates`); returns the new trials' numbers.
+
+        A replicate's Optuna params are its original's (to Optuna, the same config); its seed is its config's
+        ``args.seed``, and ``study.replicates()`` says whose replicate it is. A running `optimize` / `work` picks
+        them up when a slot frees; otherwise the next call does (``rfopt run`` again, for a study file). They run to
+        their end, never pruned, unless `prune` (then the run's pruner judges them at rungs as any trial). Asked
+        again, it makes only the replicates missing (after a crash, or to add seeds: ``seeds=4`` tops each config up
+        to four). The answer then reads across seeds (`replicates`, `outcome`).
+
+            >>> study.confirm(top=2, seeds=2)                                          # doctest: +SKIP
+            [8, 9, 10, 11]
+            >>> study.optimize(configs, train, test)  # trains them                    # doctest: +SKIP
+        """
+        from rfopt.engine.replicates import confirm
+
+        return [made.number for made in confirm(self.optuna, top, seeds, prune=prune)]
+
+    def replicates(self) -> list[ReplicateGroup]:
+        """The configs run with several seeds (`confirm`), best mean first: each with its runs (its original trial
+        first), their best values, the mean and its between-seed standard error (`rfopt.reports.replicates`)."""
+        from rfopt.reports.replicates import groups
+
+        return groups(self.optuna.get_trials(deepcopy=False),
+                      self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE)
 
     # ------------------------------------------------------------------ results
     def leaderboard(self) -> list[LeaderboardRow]:

@@ -12,6 +12,7 @@ registers its own arguments and runs.
 | `status` | ``rfopt status``: the studies in a storage, or one study's leaderboard and what trains now |
 | `ops` | ``rfopt pause``, ``resume``, ``stop``, ``halt``, ``cancel``, ``withdraw`` |
 | `clone` | ``rfopt clone`` |
+| `confirm` | ``rfopt confirm``: replicates of the best configs with new seeds |
 | `dashboard` | ``rfopt dashboard`` |
 
 ``python -m rfopt.cli`` is the ``rfopt`` command (`__main__`).

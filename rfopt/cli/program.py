@@ -6,6 +6,7 @@ error as one line with exit code 1 (2 for a bad argument).
     rfopt halt --study NAME                         stop every process running a study (trials stay resumable)
     rfopt pause|resume|stop TRIAL --study NAME      steer a running trial (applied at its next chunk boundary)
     rfopt clone TRIAL --study NAME --set k=v ...    enqueue a copy of a trial with changed settings
+    rfopt confirm --study NAME --top K --seeds N    train the K best configs again with N new seeds each
     rfopt cancel TRIAL --study NAME                 cancel a WAITING clone before it starts
     rfopt withdraw pause|resume|stop TRIAL --study NAME   take back a pending request before it applies
     rfopt dashboard [--port 8080]                   optuna-dashboard plus rfopt's trial comparison and controls
@@ -30,7 +31,7 @@ import os
 import sys
 from typing import Any
 
-from . import clone, dashboard, ops, run, status, worker
+from . import clone, confirm, dashboard, ops, run, status, worker
 from .arguments import DEFAULT_STORAGE, VERBOSE_HELP
 from .launcher import end_with_starter
 
@@ -94,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = (run, worker, status, ops, clone, dashboard)
+COMMANDS = (run, worker, status, ops, clone, confirm, dashboard)
 """The modules of rfopt's commands, in the order ``rfopt --help`` lists them; each registers its own."""
 
 

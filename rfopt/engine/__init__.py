@@ -17,6 +17,7 @@
 | `population` | population-based training's rung policy: its stored step carried out (clones made, members stopped) |
 | `ops` | requests on trials (pause, resume, stop, withdraw, cancel) and a study-level stop |
 | `clones` | clones of trials, optionally warm-started, with their lineage and Optuna params |
+| `replicates` | `confirm`: the best configs enqueued again with new seeds, as replicates of their original |
 | `ray_worker` | one worker on a Ray actor: the job every actor is given, the actor, its storage reachability check |
 | `cluster` | a study on a Ray cluster: one worker per device, the caller's view from storage |
 

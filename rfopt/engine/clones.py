@@ -79,6 +79,7 @@ def clone(
     token: str | None = None,
     params: Mapping[str, Any] | None = None,
     check_only: bool = False,
+    replicate: schema.Replicate | None = None,
 ) -> Clone:
     """Enqueue a clone of trial `parent_number`. Nothing is written if anything is invalid.
 
@@ -91,7 +92,8 @@ def clone(
     `token` names the clone's lineage (default: a new one), so that a caller can find it again (`clone_with_token`);
     `params` gives the clone's Optuna params where the caller knows them (population-based training explores params
     and derives the overrides from them). `check_only`: check everything, write nothing (the returned clone has no
-    number: -1).
+    number: -1). `replicate`: the clone is a replicate of its parent (`rfopt.engine.replicates`): its overrides change
+    the seed alone, and its Optuna params stay the parent's (to Optuna, the same config).
     """
     parent = TrialRecord(find_trial(study, parent_number))
     if parent.config_json is None:
@@ -127,7 +129,10 @@ def clone(
     lineage = Lineage(parent=parent_number, overrides=dict(overrides), warm_start=warm_start, start_unit=start_unit,
                       by=by or schema.who(), at=schema.now(), **({"token": token} if token else {}))
     explored = dict(params or {})
-    params, distributions = _clone_params(study, parent.trial, overrides, notes)
+    if replicate is not None:
+        params, distributions = dict(parent.trial.params), dict(parent.trial.distributions)
+    else:
+        params, distributions = _clone_params(study, parent.trial, overrides, notes)
     params.update({name: value for name, value in explored.items()
                    if name in distributions and admits(distributions[name], value)})
     if state is not None:  # before the clone exists: whoever starts it, the moment it is enqueued, finds them
@@ -139,7 +144,7 @@ def clone(
                 state=TrialState.WAITING,
                 params=params,
                 distributions=distributions,
-                system_attrs={**schema.new_trial_attrs(config_json, lineage=lineage),
+                system_attrs={**schema.new_trial_attrs(config_json, lineage=lineage, replicate=replicate),
                               **(schema.inherited_steps(parent.trial, start_unit) if warm_start else {})},
             )
         )

@@ -87,6 +87,11 @@ def decide(
     for number in trial_numbers:
         if number in decided or number in verdicts:  # stored earlier, or listed twice
             continue
+        replicate = TrialRecord(trials[number]).replicate
+        if replicate is not None and not replicate.prune:  # a config's runs across seeds go to their end
+            verdicts[number] = _Verdict(False, f"kept: a replicate of trial {replicate.of} (seed {replicate.seed}) "
+                                               "runs to its end, never pruned (study.confirm)")
+            continue
         try:
             verdicts[number] = _judge(pruner, at, trials[number])
         except PrunerFailed as exc:  # the trials judged before it keep their decisions

@@ -3,6 +3,7 @@
 | module | owns |
 |---|---|
 | `outcome` | what a study produced: baselines, each trial's best checkpoint, collapse and degradation, the adapter to take |
+| `replicates` | a config's runs across seeds (its original and replicates): their mean and between-seed standard error, which config wins across seeds |
 | `status` | whether a process runs a study now (its presence heartbeats), and each study of a storage at a glance |
 | `timeline` | when each trial trained, what trains now, ETAs, compute spent |
 | `lead` | which trial leads and whether its lead is more than noise; param importances |

@@ -31,8 +31,10 @@ from typing import Any
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt.storage.files import is_url
 from rfopt import noise as noise_of
+from rfopt.reports.replicates import ReplicateGroup, SeedVerdict, across_seeds
+from rfopt.reports.replicates import groups as replicate_groups
+from rfopt.storage.files import is_url
 from rfopt.storage.schema import Baseline, BestCheckpoint, TrialRecord, UnitMetrics, study_record
 from rfopt.training.diversity import collapse_reason
 
@@ -145,6 +147,11 @@ class StudyOutcome:
     """Better kept checkpoints than `recommendation` whose folder is gone, best first: the recommendation is the best
     one that exists (looked at where the study's checkpoint store is a folder on this machine; a store elsewhere, or
     in an object store, is taken to hold them all)."""
+    replicates: tuple[ReplicateGroup, ...] = ()
+    """The configs run again with other seeds (`rfopt.reports.replicates.groups`), best mean first."""
+    seeds: SeedVerdict | None = None
+    """The best config across seeds against the next (with two configs replicated or more): then `recommendation` is
+    the best checkpoint of the winning config's runs."""
 
     def baseline_purposes(self) -> dict[str, str]:
         """What each baseline is for, where two share a base model (so the model alone does not tell them apart):
@@ -165,8 +172,12 @@ class StudyOutcome:
         return out
 
     def lines(self) -> list[str]:
-        """What the leaderboard says under its rows: the recommendation, and Optuna's best trial beside it."""
-        out = [m.line(self.objective) for m in self.missing]
+        """What the leaderboard says under its rows: each replicated config across its seeds and which wins, the
+        recommendation, and Optuna's best trial beside it."""
+        out = [f"{group.text(self.objective)}" for group in self.replicates]
+        if self.seeds is not None:
+            out.append(self.seeds.text(self.objective))
+        out += [m.line(self.objective) for m in self.missing]
         if self.missing:
             out.append("its folder was deleted; " + ("the best checkpoint that exists is recommended instead"
                                                      if self.recommendation is not None else
@@ -212,9 +223,12 @@ def outcome(study: Any, trials: Sequence[FrozenTrial] | None = None) -> StudyOut
     # host, or a recorded study, has none of them: they are not missing).
     store = record.checkpoint_dir
     here = store is not None and not is_url(store) and Path(store).is_dir()
-    recommendation, missing = _recommend(records, record.baselines, maximize, objective, look=here)
+    found = replicate_groups(trials, maximize) if single else []
+    verdict = across_seeds(found, maximize)
+    among = None if verdict is None else {run.trial for run in verdict.winner.runs}
+    recommendation, missing = _recommend(records, record.baselines, maximize, objective, look=here, among=among)
     return StudyOutcome(objective=objective, maximize=maximize, baselines=record.baselines, trials=outcomes,
-                        recommendation=recommendation, missing=missing,
+                        recommendation=recommendation, missing=missing, replicates=tuple(found), seeds=verdict,
                         optuna_best=_optuna_best(trials, maximize) if single else None)
 
 
@@ -313,15 +327,18 @@ def _beyond_noise(better: float, worse: float, better_unit: UnitMetrics | None, 
 
 
 def _recommend(records: list[TrialRecord], baselines: Mapping[str, Baseline], maximize: bool, objective: str,
-               look: bool) -> tuple[Recommendation | None, tuple[MissingBest, ...]]:
+               look: bool, among: set[int] | None = None) -> tuple[Recommendation | None, tuple[MissingBest, ...]]:
     """The best kept checkpoint whose folder exists, and the better ones whose folder is gone (`look`: the store is on
     this machine; else every kept checkpoint is taken to exist). The next best kept checkpoint of another trial is its
-    `Rival`, compared prompt by prompt."""
+    `Rival`, compared prompt by prompt. `among`: the trials to choose from (the winning config's runs across seeds);
+    None: every trial."""
     sign = 1.0 if maximize else -1.0
     kept = [(r, r.best) for r in records if r.best is not None and math.isfinite(r.best.value)]
     kept.sort(key=lambda rb: (-sign * rb[1].value, rb[0].number))
     missing = []
     for record, best in kept:
+        if among is not None and record.number not in among:
+            continue
         if look and not is_url(best.location) and not Path(best.location).exists():
             missing.append(MissingBest(record.number, best.unit, best.value, str(best.location)))
             continue

@@ -50,15 +50,15 @@ LAYERS = {
     "training": [{"diversity", "rollouts", "trackers", "loading", "quantization"},
                  {"evaluation", "memory", "batched_step"}, {"models"},
                  {"runner", "baseline"}, {"parallel", "gang", "progress"}, {"__init__"}],
-    "reports": [{"outcome"}, {"timeline", "status", "trial_svg", "lead"}, {"charts", "forecast"},
+    "reports": [{"outcome", "replicates"}, {"timeline", "status", "trial_svg", "lead"}, {"charts", "forecast"},
                 {"parallel", "display"}, {"__init__"}],
     "engine": [{"plan", "scheduler", "ops", "clones", "artifacts", "request", "best", "baselines"}, {"unit", "population"},
-               {"coordinator", "roster"},
+               {"coordinator", "roster", "replicates"},
                {"checks", "driver"},
                {"run"}, {"ray_worker"}, {"cluster"}, {"__init__"}],
     "dashboard": [{"access", "actions", "views", "markup"}, {"leaderboard", "samples"}, {"pages"}, {"routes"},
                   {"server"}, {"__init__"}],
-    "cli": [{"arguments", "launcher"}, {"training", "status", "ops", "clone", "dashboard"}, {"run", "worker"},
+    "cli": [{"arguments", "launcher"}, {"training", "status", "ops", "clone", "confirm", "dashboard"}, {"run", "worker"},
             {"program"}, {"__init__"}, {"__main__"}],
 }
 

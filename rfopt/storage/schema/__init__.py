@@ -11,7 +11,7 @@ and write through the functions it offers. Its private modules, lowest first (ea
     Values as the JSON attrs hold them: `json_safe`, and TRL's per-step logs by column (`StepColumns`).
 ``_records``
     A trial's small records: `Lineage`, `TrialRequest`, `Withdrawal`, `Cancel`, `AppliedOp`, `Stop`, `PruneDecision`,
-    `UnitMetrics`, `BestCheckpoint`, `ProgressRecord`.
+    `UnitMetrics`, `BestCheckpoint`, `ProgressRecord`, `Replicate`.
 ``_study``
     The study's records, read and written: `StudyRecord`, `Halt`, `Baseline`, population-based training's `PbtStep`.
 ``_trial``
@@ -39,7 +39,8 @@ On the study:  ``rfopt:id`` (its identity, which its checkpoint location carries
 `Baseline`).
 
 On a trial:    ``rfopt:config`` (the resolved `TrialConfig` as JSON), ``rfopt:list_index`` (its place in a
-list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:metrics:<unit>`` and
+list of configs), ``rfopt:schedule``, ``rfopt:clone`` (lineage), ``rfopt:replicate_of``
+(a replicate: its original and seed, `Replicate`), ``rfopt:metrics:<unit>`` and
 ``rfopt:samples:<unit>`` (per chunk unit), ``rfopt:steps:<unit>`` (TRL's logs of each optimizer step of the unit, by
 column: see `StepColumns`), ``rfopt:pruning:<step>`` (rung decisions),
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
@@ -79,6 +80,7 @@ from ._records import (
     Lineage,
     ProgressRecord,
     PruneDecision,
+    Replicate,
     Stop,
     TrialRequest,
     UnitMetrics,
@@ -146,6 +148,7 @@ __all__ = [
     "ProgressRecord",
     "PruneDecision",
     "Replacement",
+    "Replicate",
     "RunShape",
     "StepColumns",
     "Stop",

@@ -55,6 +55,31 @@ class Lineage:
 
 
 @dataclass(frozen=True)
+class Replicate:
+    """A replicate (``rfopt:replicate_of``): a config's run again with a new seed (`rfopt.engine.replicates.confirm`).
+    Its config is its original's with ``args.seed`` = `seed`, and its Optuna params are its original's (the same
+    config, to Optuna); it is also a clone of it (`Lineage`), which is how a run of the study starts it."""
+
+    of: int
+    """The original trial: the one the sweep ran, whose config this one repeats."""
+    seed: int
+    prune: bool = False
+    """Judged at rung boundaries like any trial; False (the default): it runs to its end, never pruned."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"of": self.of, "seed": self.seed, "prune": self.prune}
+
+    @classmethod
+    def from_attr(cls, value: Any) -> Replicate | None:
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            return cls(of=int(value["of"]), seed=int(value["seed"]), prune=bool(value.get("prune", False)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class TrialRequest:
     """An op asked for on a running trial (pause, resume, stop), not necessarily applied yet."""
 

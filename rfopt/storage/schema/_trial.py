@@ -21,6 +21,7 @@ from ._keys import (
     _BEST,
     _CANCELLED,
     _CLONE,
+    _REPLICATE,
     _CONFIG,
     _DECISION,
     _FAIL_REASON,
@@ -50,6 +51,7 @@ from ._records import (
     Cancel,
     Lineage,
     ProgressRecord,
+    Replicate,
     PruneDecision,
     Stop,
     TrialRequest,
@@ -106,6 +108,11 @@ class TrialRecord:
     def lineage(self) -> Lineage | None:
         data = self.attrs.get(_CLONE)
         return None if not data else Lineage.from_attr(data)
+
+    @cached_property
+    def replicate(self) -> Replicate | None:
+        """Set on a replicate: the trial whose config it runs again, and its seed."""
+        return Replicate.from_attr(self.attrs.get(_REPLICATE))
 
     @property
     def start_unit(self) -> int:
@@ -391,14 +398,16 @@ class TrialRef:
         return TrialRecord(self.storage.get_trial(self.trial_id))
 
 
-def new_trial_attrs(config_json: str, *, list_index: int | None = None, lineage: Lineage | None = None
-                    ) -> dict[str, Any]:
-    """The system attrs of an enqueued trial: a listed config, or a clone."""
+def new_trial_attrs(config_json: str, *, list_index: int | None = None, lineage: Lineage | None = None,
+                    replicate: Replicate | None = None) -> dict[str, Any]:
+    """The system attrs of an enqueued trial: a listed config, or a clone (a replicate too)."""
     attrs: dict[str, Any] = {_CONFIG: config_json}
     if list_index is not None:
         attrs[_LIST_INDEX] = list_index
     if lineage is not None:
         attrs[_CLONE] = lineage.to_attr()
+    if replicate is not None:
+        attrs[_REPLICATE] = replicate.to_attr()
     return attrs
 
 
