@@ -26,10 +26,11 @@ from rfopt.config.settings import StudySettings
 from rfopt.config.spaces import ListSpace, as_space
 from rfopt.config.trial import TrialConfig
 from rfopt.config.usercode import importing_user_file, study_on_import
-from rfopt.errors import MissingPackage, Refusal, TypeRefusal
+from rfopt.errors import ConfigError, MissingPackage, Refusal, TypeRefusal
 from rfopt.pruning import PopulationBasedTraining
 from rfopt.storage import schema
 from rfopt.storage.schema import study_record
+from rfopt.training.quantization import bitsandbytes_refusal
 from rfopt.training.rollouts.batched import decode_env
 from rfopt.training.trackers import check as check_trackers
 from rfopt.training.trackers import normalize as trackers_of
@@ -127,6 +128,10 @@ def check_run(study: optuna.Study, request: RunRequest) -> CheckedRun:
             _check_objective(settings.objective, config)
             _check_columns(config, train_dataset, "train_dataset")
             _check_columns(config, eval_dataset, "eval_dataset")
+            if request.executor is None:  # a cluster's workers have their own devices and packages
+                refused = bitsandbytes_refusal(config, request.device)
+                if refused is not None:
+                    raise ConfigError(refused)
         except ValueError as exc:  # a Refusal (ConfigError, PlanError, ...): the note says which config it refuses
             exc.add_note(f"in {label}")
             raise

@@ -57,15 +57,13 @@ def bitsandbytes_refusal(config: TrialConfig, device: str) -> str | None:
     what = " and ".join(uses)
     if importlib.util.find_spec("bitsandbytes") is None:
         return f"{what} {'needs' if len(uses) == 1 else 'need'} bitsandbytes, which is not installed here: {INSTALL}"
-    import torch
-
     from rfopt import compat
 
     compat.quiet_bitsandbytes()
     import bitsandbytes
 
     served = sorted(getattr(bitsandbytes, "supported_torch_devices", {"cpu", "cuda"}))
-    kind = torch.device(device).type
+    kind = str(device).split(":")[0].strip()
     if kind not in served:
         return (f"{what}: bitsandbytes {bitsandbytes.__version__} serves {', '.join(served)} devices, not {device!r}; "
                 "train this trial on one of those, or drop it")

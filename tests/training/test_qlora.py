@@ -61,6 +61,21 @@ def test_without_bitsandbytes_a_trial_that_needs_it_is_refused_with_the_install_
         load_model(trial_config(wide_model, optim="paged_adamw_8bit"), "cpu")
 
 
+def test_a_study_refuses_a_qlora_config_up_front_where_bitsandbytes_is_missing(scripted, wide_model, tmp_path,
+                                                                                 monkeypatch):
+    """Before anything is stored or trained, with the config named (the run's up-front checks)."""
+    import optuna
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    study = rfopt.create_study(study_name="q", storage=f"sqlite:///{tmp_path / 'q.db'}", checkpoint_dir=tmp_path / "ck")
+    with pytest.raises(ConfigError, match=r"quantization_config needs bitsandbytes.*rfopt\[qlora\]") as refused:
+        study.optimize([trial_config(wide_model), qlora_config(wide_model)], prompts_dataset(8),
+                       prompts_dataset(2, "E"), num_chunks=2, show_progress_bar=False)
+    assert "in configs[1]" in refused.value.__notes__
+    assert optuna.load_study(study_name="q", storage=f"sqlite:///{tmp_path / 'q.db'}").trials == []
+
+
 def test_a_device_bitsandbytes_does_not_serve_is_refused_by_name(wide_model):
     from rfopt.training.quantization import bitsandbytes_refusal
 
