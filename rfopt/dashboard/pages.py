@@ -201,7 +201,7 @@ def _now_line(now: NowTraining) -> str:
     stuck = ""
     if silence is not None:
         noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading",
-                "baseline": "evaluating the base model"}[silence.what]
+                "baseline": "evaluating the base model", "saving": "saving"}[silence.what]
         quiet = (f" data-moved='{silence.since:.1f}' data-stuck-at='{silence.stuck_at:.1f}' data-quiet='{noun}' "
                  f"data-usual='{_e(silence.usual_text())}'")
         if now.stuck():

@@ -364,6 +364,8 @@ def _evaluate(ctx: Context, backend: RolloutBackend, trained: list[_Trained], ou
     runners = [t.live.runner for t in trained]
     results = runners[0].evaluate_gang(backend, runners, ctx.eval_dataset, ctx.settings)
     eval_seconds = time.perf_counter() - started
+    for t in trained:
+        t.publisher.saving()
     reports: list[tuple[Live, Claim, UnitReport]] = []
     for t, result in zip(trained, results):
         live = t.live

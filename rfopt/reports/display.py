@@ -319,10 +319,11 @@ class ProgressBar:
                     self._draw()
 
 
-_ORDER = {"baseline": 0, "loading": 1, "training": 2, "evaluating": 3}
+_ORDER = {"baseline": 0, "loading": 1, "training": 2, "evaluating": 3, "saving": 4}
 _PHASES = {"baseline": "evaluating the base model with no adapter (the study's baseline)",
-           "loading": "loading", "training": "training", "evaluating": "evaluating"}
-_SHORT_PHASES = {"baseline": "base model eval", "loading": "loading", "evaluating": "eval"}
+           "loading": "loading", "training": "training", "evaluating": "evaluating",
+           "saving": "saving its checkpoint"}
+_SHORT_PHASES = {"baseline": "base model eval", "loading": "loading", "evaluating": "eval", "saving": "saving"}
 
 
 def _members(event: Any) -> tuple[int, ...]:

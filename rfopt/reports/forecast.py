@@ -152,7 +152,8 @@ def _live_trials(records: Sequence[TrialRecord], outlook: Outlook, longest: int,
             flight = r.in_flight
             done = 0.0
             if flight is not None and flight.steps:
-                done = train_share if flight.phase == "evaluating" else train_share * flight.step / flight.steps
+                done = (1.0 if flight.phase == "saving" else train_share if flight.phase == "evaluating"
+                        else train_share * flight.step / flight.steps)
             progress, gang = r.committed, flight.gang if flight is not None else ()
         elif r.state == TrialState.WAITING:
             progress, done, gang = r.start_unit, 0.0, ()

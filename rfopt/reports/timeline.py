@@ -84,7 +84,7 @@ first step, loading or evaluation, the base model's evaluation): a generous boun
 model, evaluating the base model or a first gang step on a busy machine is not called stuck."""
 
 PHASE_WORDS = {"baseline": "evaluating the base model with no adapter (the study's baseline)",
-               "loading": "loading (swapping the trial in)"}
+               "loading": "loading (swapping the trial in)", "saving": "saving its checkpoint and committing"}
 """What a unit in flight is doing, in words, for the phases that are not counted in steps."""
 
 
@@ -103,7 +103,7 @@ class Silence:
     usual: float | None
     """How long its phase's next sign of life usually takes: a step, the evaluation, the loading; None if unknown."""
     what: str
-    """``step``, ``evaluation``, ``loading`` or ``baseline``."""
+    """``step``, ``evaluation``, ``loading``, ``baseline`` or ``saving``."""
     prior: bool = False
     """Whether `usual` is the study's other trials' (its own not measured yet): a prior, named as such."""
 
@@ -122,7 +122,7 @@ class Silence:
     def usual_text(self) -> str:
         """``a step takes ~8.1 s``; ``a step of this study's other trials takes ~8.1 s (its own: not measured yet)``;
         ``no step time to compare with yet: stuck only after 10m00s, a generous bound``."""
-        noun = {"baseline": "base-model evaluation"}.get(self.what, self.what)
+        noun = {"baseline": "base-model evaluation", "saving": "saving"}.get(self.what, self.what)
         if self.usual is None:
             return f"no {noun} time to compare with yet: stuck only after {duration(self.limit)}, a generous bound"
         article = "an" if noun[0] in "aeiou" else "a"
@@ -135,7 +135,7 @@ class Silence:
         """``no step for 1m40s (a step takes ~8.1 s)``."""
         quiet = (time.time() if now is None else now) - self.since
         noun = {"step": "no step", "evaluation": "evaluating", "loading": "loading",
-                "baseline": "evaluating the base model"}[self.what]
+                "baseline": "evaluating the base model", "saving": "saving"}[self.what]
         return f"{noun} for {duration(quiet)} ({self.usual_text()})"
 
     @classmethod
@@ -146,8 +146,8 @@ class Silence:
         if progress is None:
             return None
         others = [p for p in peers if p.number != record.number]
-        if progress.phase == "baseline":
-            return cls(progress.moved, None, "baseline")
+        if progress.phase in ("baseline", "saving"):  # no time of theirs is stored: the generous bound
+            return cls(progress.moved, None, progress.phase)
         if progress.phase in ("evaluating", "loading"):
             key, what = ("eval_seconds", "evaluation") if progress.phase == "evaluating" else ("swap_seconds", "loading")
             own = [m.train[key] for m in record.unit_metrics() if key in m.train]
@@ -248,7 +248,7 @@ def _chunk_end(progress: ProgressRecord, eval_seconds: float) -> float | None:
     return None
 
 
-_PHASE_ORDER = {"baseline": 0, "loading": 1, "training": 2, "evaluating": 3}
+_PHASE_ORDER = {"baseline": 0, "loading": 1, "training": 2, "evaluating": 3, "saving": 4}
 
 
 def now_training(records: Iterable[TrialRecord], processes: int = 1) -> list[NowTraining]:

@@ -9,7 +9,8 @@ progress bar must be able to tell "slow" from "stuck". So the process training a
   when the unit starts (phase ``loading``: the trial is being swapped in), when its first optimizer step
   starts (``training``, 0 steps done: a step generates first, which can take long) and ends, then at most every `interval`
   seconds (a few seconds; never once per token or per step), and once more when training ends (phase
-  ``evaluating``, with every step's logs). One key per trial, replaced at each write: a row, not a growing history.
+  ``evaluating``, with every step's logs), and when its evaluation ends (``saving``: its checkpoint and report are
+  written next). One key per trial, replaced at each write: a row, not a growing history.
   A write that fails is skipped (and logged at debug level): progress is for people, the unit goes on;
 - to in-process listeners (the progress bar), at every optimizer step: a call, no write.
 
@@ -51,7 +52,7 @@ class UnitProgress:
     num_units: int
     phase: str
     """``baseline`` (the base model evaluated with no adapter, before the trial's first unit), ``loading``,
-    ``training`` or ``evaluating``."""
+    ``training``, ``evaluating`` or ``saving``."""
     step: int
     steps: int
     step_seconds: float | None
@@ -108,6 +109,10 @@ class ProgressPublisher:
         if done.logs:
             self.logs.append(dict(done.logs))
         self._publish("training", force=self._written_at is None or done.step <= 1)
+
+    def saving(self) -> None:
+        """The unit is evaluated; its checkpoint is saved and its report committed next."""
+        self._publish("saving", force=True)
 
     def evaluating(self) -> None:
         """Training ended (every step's logs are written with it); the unit's evaluation runs next."""

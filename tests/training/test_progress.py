@@ -439,6 +439,16 @@ def test_a_baseline_being_evaluated_is_what_the_study_is_doing_with_its_forecast
     assert not flight.stuck(time.time() + 180)
 
 
+def test_a_unit_saving_its_checkpoint_says_so_and_is_judged_against_the_generous_bound(study):
+    heard: list[UnitProgress] = []
+    publisher = ProgressPublisher(_ref(study, study.trials[2]), unit=1, num_units=2, steps=8, listeners=[heard.append])
+    publisher.saving()
+    assert heard[-1].phase == "saving" and TrialRecord(study.trials[2]).progress.phase == "saving"
+    [flight] = now_training([TrialRecord(t) for t in study.trials])
+    assert flight.line().startswith("trial 2 · chunk 2 of 2 · saving its checkpoint and committing · for ")
+    assert not flight.stuck(time.time() + 120) and flight.stuck(time.time() + STUCK_UNKNOWN + 1)
+
+
 def test_before_the_first_commit_the_studys_end_is_said_to_come_after_the_first_chunk(storage):
     from rfopt.reports.forecast import forecast
 

@@ -244,7 +244,8 @@ class ProgressRecord:
     num_units: int
     phase: str
     """``baseline`` (the base model evaluated with no adapter, for the study's reference, before the trial's first
-    unit), ``loading`` (swapping the trial in: its checkpoint, adapter, trainer), ``training``, or ``evaluating``."""
+    unit), ``loading`` (swapping the trial in: its checkpoint, adapter, trainer), ``training``, ``evaluating``, or
+    ``saving`` (its checkpoint and report written)."""
     step: int
     """Optimizer steps of this unit done so far, 0 to `steps`."""
     steps: int
