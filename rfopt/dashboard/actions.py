@@ -33,6 +33,21 @@ def halt(study: optuna.Study, by: str) -> dict[str, Any]:
             "at its trials' next chunk boundary, and the trials stay resumable (run the study again to continue)"}
 
 
+def confirm(study: optuna.Study, body: dict[str, Any], by: str) -> dict[str, Any]:
+    """Replicates of the study's best configs with new seeds (`rfopt.engine.replicates.confirm`): the body's ``top``
+    and ``seeds`` (whole numbers, at least 1), and ``prune`` (optional, a boolean)."""
+    from rfopt.engine.replicates import confirm as enqueue
+
+    if not {"top", "seeds"} <= set(body) <= {"top", "seeds", "prune"} or not isinstance(body.get("prune", False), bool):
+        raise Refusal("send {\"top\": 3, \"seeds\": 2} (and \"prune\": true to let the run's pruner judge them): "
+                      "how many of the best configs to train again, and with how many new seeds each")
+    made = enqueue(study, body["top"], body["seeds"], prune=body.get("prune", False), by=by)
+    said = "; ".join(m.describe() for m in made) or "nothing to enqueue: each finalist has its replicates already"
+    return {"op": "confirm", "trials": [m.number for m in made],
+            "message": f"{said}. A process running the study trains them when a slot frees; otherwise run the study "
+            "again"}
+
+
 def control(study: optuna.Study, number: int, op: str, by: str) -> dict[str, Any]:
     """A pause, resume or stop request on trial `number` (`rfopt.engine.ops.request`)."""
     ops.request(study, number, op, by=by)

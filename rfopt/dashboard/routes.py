@@ -49,6 +49,7 @@ def add_routes(app: Any, storage: optuna.storages.BaseStorage) -> None:
         ("GET", f"{_API}/trials", r.trials_api),
         ("GET", f"{_TRIAL_API}/config", r.config_api),
         ("POST", f"{_API}/halt", r.halt),
+        ("POST", f"{_API}/confirm", r.confirm),
         ("POST", f"{_TRIAL_API}/<op:re:pause|resume|stop>", r.control),
         ("POST", f"{_TRIAL_API}/cancel", r.cancel),
         ("POST", f"{_TRIAL_API}/withdraw", r.withdraw),
@@ -138,6 +139,9 @@ class _Routes:
     def halt(self, study_id: int) -> Any:
         json_body()
         return _act(actions.halt, self._study(study_id), by=actor())
+
+    def confirm(self, study_id: int) -> Any:
+        return _act(actions.confirm, self._study(study_id), json_body(), by=actor())
 
     def control(self, study_id: int, number: int, op: str) -> Any:
         json_body()

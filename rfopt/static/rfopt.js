@@ -456,6 +456,11 @@ document.addEventListener("click", async (event) => {
   if (op === "clone" || op === "check") { await cloneClicked(button, card, trial); return; }
   let body = {};
   if (op === "withdraw") body = {op: button.dataset.what};
+  else if (op === "confirm") { // replicates of the best configs with new seeds
+    body = {top: Number(button.dataset.top), seeds: Number(button.dataset.seeds)};
+    if (!confirm(`Train the ${body.top} best configs again, each with ${body.seeds} new seeds, as new trials? A ` +
+      "process running the study trains them when a slot frees; otherwise run the study again.")) return;
+  }
   else if (CONFIRM[op] && !confirm(CONFIRM[op](trial))) return;
   button.disabled = true;
   let note;

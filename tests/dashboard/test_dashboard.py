@@ -715,6 +715,25 @@ def test_trials_whose_objectives_weigh_rewards_differently_are_flagged(study):
     assert "trials 0, 2: reward_len × 1, reward_vowels × 1" in warning and "trials 1: reward_len × 2" in warning
 
 
+def test_the_confirm_button_enqueues_replicates_of_the_best_configs_and_a_bad_count_changes_nothing(study):
+    sid = study.optuna._study_id
+    with serving(study.optuna._storage) as server:
+        page = call(server, "GET", f"/rfopt/studies/{sid}")[1]
+        before = _snapshot(study)
+        for body in ({"top": 0, "seeds": 2}, {"top": 1}, {"top": 1, "seeds": 2, "prune": "yes"}):
+            status, said, _ = call(server, "POST", f"/rfopt/api/studies/{sid}/confirm", body)
+            assert status == 400 and said["error"], body
+        assert _snapshot(study) == before
+        status, said, _ = call(server, "POST", f"/rfopt/api/studies/{sid}/confirm", {"top": 1, "seeds": 2})
+    assert re.search(r"<button[^>]*id='confirm'[^>]*data-op='confirm'[^>]*>Confirm the best configs…</button>", page)
+    assert status == 200 and said["trials"] == [3, 4], said
+    assert said["message"].startswith("trial 3: replicate of trial 0 with seed 8 enqueued; trial 4: replicate of "
+                                      "trial 0 with seed 9 enqueued")
+    trials = _trials(study)
+    assert [TrialRecord(t).replicate.of for t in trials[3:]] == [0, 0]
+    assert all(t.state == optuna.trial.TrialState.WAITING and t.params == trials[0].params for t in trials[3:])
+
+
 def test_stopping_the_study_is_refused_when_nobody_runs_it(study):
     with serving(study.optuna._storage) as server:
         status, body, _ = call(server, "POST", f"/rfopt/api/studies/{study.optuna._study_id}/halt", {})
