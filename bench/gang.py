@@ -115,8 +115,10 @@ class Parts:
             setattr(owner, name, original)
 
 
-def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, prompt_tokens: int) -> dict[str, Any]:
-    """(b): ``optimize(configs, ..., gang_size=G)`` with evaluation, checkpoints and SQLite, timed by part."""
+def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, prompt_tokens: int,
+                   training: str = "sequential") -> dict[str, Any]:
+    """(b): ``optimize(configs, ..., gang_size=G, gang_training=training)`` with evaluation, checkpoints and SQLite,
+    timed by part."""
     import optuna
     import torch
 
@@ -156,7 +158,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
                                        pruner=optuna.pruners.NopPruner(), checkpoint_dir=out_dir / "checkpoints")
             study.optimize(setup.configs, setup.train, setup.test, num_chunks=setup.plan.num_chunks,
                            eval_settings=setup.settings, show_progress_bar=False, device=setup.device,
-                           precision=setup.precision, gang_size=gang_size)
+                           precision=setup.precision, gang_size=gang_size, gang_training=training)
     states = {t.number: t.state.name for t in study.optuna.trials}
     if any(state != "COMPLETE" for state in states.values()):
         raise RuntimeError(f"gang study trials did not all complete: {states}")
@@ -285,6 +287,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-prompts", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, help="default 16 (tiny), 64 (smollm2)")
     parser.add_argument("--gangs", default="1,2,4", help="gang sizes of rfopt's side, comma-separated")
+    parser.add_argument("--gang-training", default="sequential",
+                        help="gang training modes of rfopt's side, comma-separated (sequential, batched): each G runs "
+                        "in each; a batched side is named G<g>-batched")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of every side, the order alternating")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--skip-study", action="store_true", help="only the generation throughput")
@@ -292,6 +297,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="JSON result; default /tmp/rfopt-bench/<model>-gang.json")
     args = parser.parse_args(argv)
     args.gangs = [int(g) for g in args.gangs.split(",")]
+    # Each gang side's key: G<g> (sequential), G<g>-batched; gang size 1 trains alone whatever the mode.
+    args.sides = [f"G{g}" + ("" if mode == "sequential" else f"-{mode}")
+                  for g in args.gangs for mode in args.gang_training.split(",") if g > 1 or mode == "sequential"]
     args.out = args.out or Path(tempfile.gettempdir()) / "rfopt-bench" / f"{args.model}-gang.json"
     return args
 
@@ -326,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "loadavg_start": args.loadavg_start, "repeats": []}
     if not args.skip_study:
         throughput.warm_up(setup, work / "warm")
-        sides = ["plain"] + [f"G{g}" for g in args.gangs]
+        sides = ["plain"] + args.sides
         for repeat in range(args.repeats):
             order = sides if repeat % 2 == 0 else list(reversed(sides))
             runs: dict[str, Any] = {}
@@ -337,33 +345,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if side == "plain":
                     runs[side] = run_plain_side(setup, out)
                 else:
-                    runs[side] = run_gang_study(setup, out, int(side[1:]), prompt_tokens)
+                    size, _, mode = side[1:].partition("-")
+                    runs[side] = run_gang_study(setup, out, int(size), prompt_tokens, mode or "sequential")
                 runs[side]["loadavg_1min_before"] = load
                 print(f"  repeat {repeat} {side:>5}: {runs[side]['wall_s']:8.1f} s wall (load {load:.2f})", flush=True)
-            for g in args.gangs:
-                runs[f"G{g}"]["ratio_wall"] = runs[f"G{g}"]["wall_s"] / runs["plain"]["wall_s"]
+            for key in args.sides:
+                runs[key]["ratio_wall"] = runs[key]["wall_s"] / runs["plain"]["wall_s"]
             record["repeats"].append(runs)
         record["median_ratio_wall"] = {
-            f"G{g}": statistics.median(r[f"G{g}"]["ratio_wall"] for r in record["repeats"]) for g in args.gangs}
+            key: statistics.median(r[key]["ratio_wall"] for r in record["repeats"]) for key in args.sides}
         print()
-        print(f"{'side':>6} {'wall s (median)':>16} {'ratio per repeat':>28} {'median ratio':>13} "
+        print(f"{'side':>10} {'wall s (median)':>16} {'ratio per repeat':>28} {'median ratio':>13} "
               f"{'peak GiB':>9} {'held GiB':>9} {'estimate GiB':>13} {'completion len':>15}")
         plain_wall = statistics.median(r["plain"]["wall_s"] for r in record["repeats"])
-        print(f"{'plain':>6} {plain_wall:16.1f} {'':>28} {'':>13} "
+        print(f"{'plain':>10} {plain_wall:16.1f} {'':>28} {'':>13} "
               f"{_gib(record['repeats'][-1]['plain']['peak_bytes']):>9}")
-        for g in args.gangs:
-            key = f"G{g}"
+        for key in args.sides:
             runs = [r[key] for r in record["repeats"]]
             ratios = ", ".join(f"{r['ratio_wall']:.3f}" for r in runs)
             length = runs[-1]["mean_completion_length"]
-            print(f"{key:>6} {statistics.median(r['wall_s'] for r in runs):16.1f} {ratios:>28} "
+            print(f"{key:>10} {statistics.median(r['wall_s'] for r in runs):16.1f} {ratios:>28} "
                   f"{record['median_ratio_wall'][key]:13.3f} {_gib(runs[-1]['peak_bytes']):>9} "
                   f"{_gib(runs[-1]['held_bytes']):>9} {_gib(runs[-1]['estimate_bytes']):>13} {length if length is None else round(length, 1)!s:>15}")
         print()
         print("where a gang run's time goes (last repeat, seconds):")
-        for g in args.gangs:
-            parts = record["repeats"][-1][f"G{g}"]["parts_s"]
-            print(f"  G{g}: " + ", ".join(f"{name} {value:.1f}" for name, value in parts.items()))
+        for key in args.sides:
+            parts = record["repeats"][-1][key]["parts_s"]
+            print(f"  {key}: " + ", ".join(f"{name} {value:.1f}" for name, value in parts.items()))
     if not args.skip_generation:
         print()
         print("generation throughput (completion tokens per second):")

@@ -163,6 +163,7 @@ class Study:
         report_to: str | Sequence[str] | None = None,
         executor: RayCluster | None = None,
         gang_size: int | None = None,
+        gang_training: str | None = None,
         prune_collapsed: bool = False,
     ) -> None:
         """Train the space's trials round-robin, chunk by chunk, reporting each chunk's evaluation to Optuna.
@@ -211,6 +212,11 @@ class Study:
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
                 batch (`rfopt.training.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
                 None: `rfopt.training.gang.DEFAULT_GANG_SIZE`.
+            gang_training: how a gang's members take their training steps (README, "Gangs"): ``"sequential"`` (the
+                default: each member its own forwards and backward, one after another, exactly as alone) or
+                ``"batched"`` (one forward of the shared base for every member's rows, each through its own adapter,
+                and one backward; each member keeps its own loss, clipping, optimizer and schedule; equal to the
+                sequential mode up to floating-point rounding).
             prune_collapsed: prune a trial as soon as an evaluation finds its completions collapsed (one text answering
                 at least half the eval prompts: `rfopt.training.diversity`), with that reason. Off by default: a
                 collapsed checkpoint is never kept as a trial's best nor recommended either way, and the leaderboard
@@ -221,7 +227,7 @@ class Study:
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            pruner=self._pruner, show_progress_bar=show_progress_bar, executor=executor,
+            gang_training=gang_training, pruner=self._pruner, show_progress_bar=show_progress_bar, executor=executor,
             prune_collapsed=prune_collapsed), self._requested)
 
     def work(
@@ -248,6 +254,7 @@ class Study:
         report_to: str | Sequence[str] | None = None,
         data_parallel: DataParallel | None = None,
         gang_size: int | None = None,
+        gang_training: str | None = None,
         prune_collapsed: bool = False,
     ) -> None:
         """Join the study as one worker beside others (processes, devices or hosts sharing its storage).
@@ -270,7 +277,7 @@ class Study:
             callbacks=callbacks, catch=catch, max_concurrent=max_concurrent,
             settings=StudySettings(num_chunks, chunk_seed, objective, eval_settings), device=device,
             precision=precision, on_unit=on_unit, report_to=report_to, gang_size=gang_size,
-            pruner=self._pruner, worker=Worker(lease_seconds, poll_seconds, data_parallel),
+            gang_training=gang_training, pruner=self._pruner, worker=Worker(lease_seconds, poll_seconds, data_parallel),
             prune_collapsed=prune_collapsed), self._requested)
 
     # ------------------------------------------------------------------ trial ops (`rfopt pause|resume|stop|clone`)

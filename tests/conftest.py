@@ -196,12 +196,22 @@ def tiny_study_reference(tiny_model, tmp_path_factory):
 def tiny_gang_study_reference(tiny_model, tmp_path_factory):
     """``(storage, checkpoint_dir)`` of tests/tiny_study.py run to the end in gangs of 3 (``--gang-size 3``) by one
     uninterrupted `rfopt run`."""
+    return _gang_study_reference(tiny_model, tmp_path_factory, "sequential")
+
+
+@pytest.fixture(scope="session")
+def tiny_batched_gang_study_reference(tiny_model, tmp_path_factory):
+    """`tiny_gang_study_reference` with ``--gang-training batched``: one forward and backward for a gang's members."""
+    return _gang_study_reference(tiny_model, tmp_path_factory, "batched")
+
+
+def _gang_study_reference(tiny_model, tmp_path_factory, training):
     from crashkit import env, run, run_command
 
-    where = tmp_path_factory.mktemp("gang-reference")
+    where = tmp_path_factory.mktemp(f"gang-reference-{training}")
     storage = f"sqlite:///{where / 'ref.db'}"
-    code = run(run_command(storage, "--checkpoint-dir", str(where / "ck"), "--gang-size", "3"), where,
-               env(tiny_model), where / "log")
+    code = run(run_command(storage, "--checkpoint-dir", str(where / "ck"), "--gang-size", "3", "--gang-training",
+                           training), where, env(tiny_model), where / "log")
     assert code == 0, (where / "log").read_text()[-3000:]
     return storage, where / "ck"
 

@@ -12,7 +12,7 @@ import textwrap
 from typing import Any
 
 from rfopt.errors import Refusal
-from rfopt.training.gang import DEFAULT_GANG_SIZE
+from rfopt.training.gang import DEFAULT_GANG_SIZE, DEFAULT_GANG_TRAINING, GANG_TRAINING
 
 from .arguments import count, positive_int, positive_seconds, storage_argument, study_argument
 
@@ -52,8 +52,8 @@ def sharing_options(parser: argparse.ArgumentParser, *, worker: bool) -> None:
 
 
 def plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, starter: str = "this command") -> None:
-    """``--n-trials``, ``--n-trials-total``, ``--timeout``, ``--num-chunks``, ``--max-concurrent``, ``--gang-size`` and
-    ``--report-to``, each checked by the parser."""
+    """``--n-trials``, ``--n-trials-total``, ``--timeout``, ``--num-chunks``, ``--max-concurrent``, ``--gang-size``,
+    ``--gang-training`` and ``--report-to``, each checked by the parser."""
     parser.add_argument("--n-trials", type=count, metavar="N", help=f"new trials {starter} starts, 0 or more, as "
                         "optuna's optimize(n_trials=...); trials a stopped run left continue on top (default: the "
                         "study file's n_trials, else as many as --n-trials-total allows)")
@@ -70,6 +70,11 @@ def plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, star
                         help="trials of one base model trained at once, in lockstep, their rollouts generated in one "
                         "batch; 1 trains one trial at a time, bit for bit as plain TRL (default: the study file's, "
                         f"else {DEFAULT_GANG_SIZE}, or 1 with --devices-per-trial; see the README, Gangs)")
+    parser.add_argument("--gang-training", choices=GANG_TRAINING,
+                        help="how a gang's members take their training steps: sequential (each its own forwards and "
+                        "backward, exactly as alone) or batched (one forward and backward for all, each its own "
+                        "loss, clipping and optimizer; equal up to rounding) (default: the study file's, else "
+                        f"{DEFAULT_GANG_TRAINING}; see the README, Gangs)")
     parser.add_argument("--report-to", action="append", metavar="TRACKER",
                         help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "
                         "mlflow, trackio, all, none); repeat for several. One run per trial, <study>-trial-<n>, "
@@ -115,6 +120,7 @@ def run_arguments(args: argparse.Namespace, spec: Any, space: Any) -> dict[str, 
         precision=args.precision,
         report_to=args.report_to,
         gang_size=_gang_size(args, spec),
+        gang_training=args.gang_training if args.gang_training is not None else spec.gang_training,
         prune_collapsed=spec.prune_collapsed,
     )
 

@@ -149,7 +149,7 @@ class RayCluster:
             pruner=checked.pruner,
             n_trials_total=n_trials_total, timeout=request.timeout, catch=request.catch, max_concurrent=concurrent,
             precision=request.precision, report_to=request.report_to, gang_size=request.gang_size,
-            settings=request.settings, prune_collapsed=request.prune_collapsed), lease_seconds=self.lease_seconds,
+            gang_training=request.gang_training, settings=request.settings, prune_collapsed=request.prune_collapsed), lease_seconds=self.lease_seconds,
             poll_seconds=self.poll_seconds)
         self.run_job(study, job, callbacks=request.callbacks, on_unit=request.on_unit,
                      show_progress_bar=request.show_progress_bar)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from rfopt import compat
 from rfopt.storage import schema
 from rfopt.storage.schema import study_record
+from rfopt.training.gang import DEFAULT_GANG_TRAINING
 
 from .plan import Planner
 from .roster import Roster, RunProgress
@@ -72,11 +73,12 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
     on_progress: Callable[[RunProgress], None] | None = None,
     deadline: float | None = None,
     gang_size: int = 1,
+    gang_training: str = DEFAULT_GANG_TRAINING,
 ) -> None:
     """Run the study's units until none is left for this process (see the module docstring)."""
     study = roster.study
     started = time.time()
-    planner = Planner(gang_size, roster.rollout_refusal)  # who trains together, on which backend (`rfopt.engine.plan`)
+    planner = Planner(gang_size, roster.rollout_refusal, gang_training)  # who trains together, on which backend (`rfopt.engine.plan`)
     with compat.optimize_loop(study), _interrupts() as interrupted:  # study.stop() stops asking, as in Study.optimize
         while True:
             if interrupted.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see `_interrupts`)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from rfopt.training.gang import DEFAULT_GANG_SIZE, gang_key
+from rfopt.training.gang import DEFAULT_GANG_SIZE, DEFAULT_GANG_TRAINING, gang_key
 from rfopt.training.rollouts import BATCHED, EXACT
 
 from .scheduler import LiveTrial, next_gang
@@ -53,7 +53,8 @@ class UnitPlan:
     """Set when the members train as a gang (several, or one on a backend that shares batches): the stored
     `rfopt.storage.schema.GangPlan`'s id."""
     training: str = SEQUENTIAL
-    """How the gang's members train: one after another, each its own optimizer steps (`SEQUENTIAL`)."""
+    """How the gang's members train (`rfopt.training.gang.GANG_TRAINING`): one after another, each its own forwards
+    and backward (`SEQUENTIAL`), or ``"batched"``: one forward and backward for all, each its own optimizer step."""
 
     def __post_init__(self) -> None:
         if self.backend not in (EXACT, BATCHED):
@@ -103,11 +104,13 @@ class Planner:
     """Makes each unit's plan for one run (see the module docstring).
 
     `gate(trial)`: why the backend a gang would use refuses the trial (`RolloutBackend.refusal` of its base model's
-    batched backend), or None; asked once per trial, and only when gangs are formed.
+    batched backend), or None; asked once per trial, and only when gangs are formed. `training`: how its gangs take
+    their training steps (`UnitPlan.training`).
     """
 
-    def __init__(self, size: int, gate: Callable[[Any], str | None]) -> None:
+    def __init__(self, size: int, gate: Callable[[Any], str | None], training: str = DEFAULT_GANG_TRAINING) -> None:
         self.size = size
+        self.training = training
         self._gate = gate
         self._alone: dict[int, str | None] = {}
 
@@ -146,7 +149,7 @@ class Planner:
             return UnitPlan(members=(numbers[0],), alone_because=why[numbers[0]])
         if fit is not None:
             numbers = fit(numbers)
-        return UnitPlan(members=tuple(numbers), backend=BATCHED, gang_id=uuid.uuid4().hex[:12])
+        return UnitPlan(members=tuple(numbers), backend=BATCHED, gang_id=uuid.uuid4().hex[:12], training=self.training)
 
 
 __all__ = ["BATCHED", "EXACT", "SEQUENTIAL", "Planner", "UnitPlan", "alone", "planned_gang_size"]

@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial
 
 from rfopt.config.settings import StudySettings
 from rfopt.errors import Refusal, TypeRefusal
+from rfopt.training.gang import GANG_TRAINING
 from rfopt.training.parallel import DataParallel
 from rfopt.values import is_int, is_number
 
@@ -62,6 +63,8 @@ class RunRequest:
     report_to: str | Sequence[str] | None = None
     gang_size: int | None = None
     """As given: None is resolved by `gang` (where the run trains: a Ray worker resolves its own)."""
+    gang_training: str | None = None
+    """How a gang's members take their training steps (`rfopt.training.gang.GANG_TRAINING`); None: the default."""
     pruner: Any = None
     """What judges the study's rungs: an Optuna pruner or `rfopt.PopulationBasedTraining` (`rfopt.Study.pruner`);
     None: the Optuna study's pruner."""
@@ -95,6 +98,9 @@ class RunRequest:
                               "collapsed) or False")
         if self.gang_size is not None and (not is_int(self.gang_size) or self.gang_size < 1):
             raise Refusal(f"gang_size={self.gang_size!r}: give a whole number >= 1 (1 trains one trial at a time)")
+        if self.gang_training is not None and self.gang_training not in GANG_TRAINING:
+            raise Refusal(f"gang_training={self.gang_training!r}: give one of {', '.join(map(repr, GANG_TRAINING))} "
+                          "(batched: one forward and backward for a gang's members; sequential: each its own, exact)")
         data_parallel = self.worker.data_parallel if self.worker is not None else None
         if data_parallel is not None and self.gang > 1:
             raise Refusal(f"gang_size={self.gang_size} with devices per trial ({data_parallel.world_size}): a gang "

@@ -45,6 +45,7 @@ from rfopt.storage.database import describe, sqlalchemy_engine_of
 from rfopt.storage.files import normalize_location
 from rfopt.storage.leases import Leases, Presence
 from rfopt.storage.schema import TrialRecord, study_record
+from rfopt.training.gang import DEFAULT_GANG_TRAINING
 from rfopt.training.models import ModelPool
 from rfopt.training.parallel import DataParallelRunner, follow, lead_done
 from rfopt.training.trackers import Tracking
@@ -174,7 +175,8 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
     more_to_ask = _more_to_ask(study, checked, n_trials)
     try:
         drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),
-              poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline, gang_size=gang_size)
+              poll_seconds=poll_seconds, on_progress=progress, deadline=checked.deadline, gang_size=gang_size,
+              gang_training=request.gang_training or DEFAULT_GANG_TRAINING)
         if checked.timed_out() and roster.live:
             logger.warning("study %r: timeout reached; trials %s continue from their last committed chunk when "
                            "the study runs again", study.study_name, sorted(roster.live))

@@ -266,7 +266,7 @@ def run_units(ctx: Context, members: list[tuple[Live, Claim]], plan: UnitPlan | 
     if plan.in_gang:  # who trained together, so that a rerun forms the same gang
         record = schema.GangPlan(id=plan.gang_id, members=tuple((live.number, live.committed) for live, _ in ready))
         schema.write_gang_plan([live.ref for live, _ in ready], record)
-    trained = _train(ctx, backend, ready, record, outcomes)
+    trained = _train(ctx, backend, ready, record, outcomes, plan.training)
     if not trained:
         return outcomes
     reports = _evaluate(ctx, backend, trained, outcomes)
@@ -329,7 +329,7 @@ class _Trained:
 
 
 def _train(ctx: Context, backend: RolloutBackend, ready: list[tuple[Live, Claim]], plan: schema.GangPlan | None,
-           outcomes: dict[int, BaseException | None]) -> list[_Trained]:
+           outcomes: dict[int, BaseException | None], training: str) -> list[_Trained]:
     """Each member's chunk, in lockstep (`rfopt.training.gang.Gang`); a member that failed gets its outcome."""
     publishers = {}
     for live, _ in ready:
@@ -341,7 +341,7 @@ def _train(ctx: Context, backend: RolloutBackend, ready: list[tuple[Live, Claim]
     started = time.perf_counter()
     gang = [GangMember(live.runner, should_stop=claim.lost, on_step=publishers[live.number].step)
             for live, claim in ready]
-    Gang(backend, gang).train()
+    Gang(backend, gang, training=training).train()
     seconds = time.perf_counter() - started
     trained: list[_Trained] = []
     for (live, claim), member in zip(ready, gang):

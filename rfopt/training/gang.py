@@ -163,6 +163,8 @@ class Gang:
         self._raised: dict[Any, bool] = {}
         self._step: BatchedBackbone | None = None
         self._lora: Any = None
+        self._disabled: dict[int, bool] = {}
+        """Whether the shared model's adapters were disabled where each waiting member waits (batched mode)."""
 
     # ------------------------------------------------------------------ the run
     def train(self) -> None:
@@ -210,11 +212,14 @@ class Gang:
                 _SAID.add(refusal)
                 logger.warning("trial %d trains its own steps beside its gang's batched step: %s", member.number,
                                refusal)
-            if member.runner.config.peft_config is not None:
-                self._params[i] = adapter_parameters(model, adapter)
-                self._grads[i] = [p.grad for p in self._params[i]]
-                for p in self._params[i]:
-                    p.grad = None
+        if not self._servable:
+            yield
+            return
+        for i in self._servable:  # the others take their steps whole while they run, as in the sequential mode
+            self._params[i] = adapter_parameters(model, adapter_name(self.members[i].number))
+            self._grads[i] = [p.grad for p in self._params[i]]
+            for p in self._params[i]:
+                p.grad = None
         self._lora = next((layer for _, layer in lora_layers(model)), None)
         try:
             with compat.intercept_backbone(model, self._backbone_call) as backbone:
@@ -225,7 +230,9 @@ class Gang:
                 for p, grad in zip(params, self._grads[i]):
                     p.grad = grad
             self._lower_grads()
+            self._set_adapters_disabled(False)
             self._step = None
+            self._disabled = {}
 
     def abort(self) -> None:
         """Stop every member at its next optimizer step (or the backend at its next token)."""
@@ -272,6 +279,7 @@ class Gang:
         self._globals[i].restore()
         member.runner.pool.activate(member.number, member.runner.config)
         self._swap_grads(i, True)
+        self._set_adapters_disabled(self._disabled.pop(i, False))
         self._current = i
         try:
             self._greenlets[i].switch()
@@ -329,6 +337,8 @@ class Gang:
             raise Aborted("the gang was stopped")
         self._pending[i] = (kind, request)
         self._globals[i] = _MemberGlobals.capture(self.model)
+        if self._step is not None:  # it may wait inside TRL's `use_adapter(model, None)`: the reference forward
+            self._disabled[i] = self._adapters_disabled()
         self._caller.switch()
         out = self._responses.pop(i)
         if isinstance(out, BaseException):
@@ -350,11 +360,24 @@ class Gang:
         i = self._current
         if i is None or i not in self._batched or not servable_call(args, kwargs):
             return original(*args, **kwargs)
-        disabled = self._lora is not None and self._lora.disable_adapters  # the reference forward: base model only
+        disabled = self._adapters_disabled()  # the reference forward: the base model alone
         request = ForwardRequest(None if disabled else adapter_name(self.members[i].number), kwargs["input_ids"],
                                  kwargs.get("attention_mask"), torch.is_grad_enabled())
         hidden = self._wait(i, "forward+grad" if request.grad else "forward", request)
         return BaseModelOutputWithPast(last_hidden_state=hidden)
+
+    def _adapters_disabled(self) -> bool:
+        return self._lora is not None and bool(self._lora.disable_adapters)
+
+    def _set_adapters_disabled(self, disabled: bool) -> None:
+        """Disable or enable the shared model's adapter layers as the member about to run left them (PEFT's
+        ``disable_adapter`` is a context a batched member can wait inside; the others must not run in it)."""
+        if self._step is None or self._adapters_disabled() == disabled:
+            return
+        if disabled:
+            self.model.base_model.disable_adapter_layers()
+        else:
+            self.model.base_model.enable_adapter_layers()
 
     def _forward(self, batch: list[int], requests: list[ForwardRequest]) -> list[Any]:
         import torch

@@ -89,14 +89,17 @@ GANG_CRASH_POINTS = ["chunk-trained", "checkpoint-renamed", "gang-units-written"
 @pytest.mark.e2e
 @pytest.mark.subprocess
 @pytest.mark.slow
-def test_sigkill_in_a_gang_then_rerun_reproduces_the_uninterrupted_gang_study(
-    tiny_model, tiny_gang_study_reference, tmp_path
-):
-    """Trials trained in a gang (their rollouts decoded together) are killed at each moment of a gang unit, before
-    and after its units became durable together: the rerun forms the same gang again, or commits the durable units,
-    and the study ends as the uninterrupted one, nothing durable trained again."""
+@pytest.mark.parametrize("training", ["sequential", "batched"])
+def test_sigkill_in_a_gang_then_rerun_reproduces_the_uninterrupted_gang_study(tiny_model, tmp_path, request, training):
+    """Trials trained in a gang (their rollouts decoded together; their training steps one after another, or batched)
+    are killed at each moment of a gang unit, before and after its units became durable together: the rerun forms the
+    same gang again, or commits the durable units, and the study ends as the uninterrupted one of the same mode,
+    nothing durable trained again."""
+    reference = request.getfixturevalue("tiny_gang_study_reference" if training == "sequential"
+                                        else "tiny_batched_gang_study_reference")
     storage = f"sqlite:///{tmp_path / 'crash.db'}"
-    command = run_command(storage, "--checkpoint-dir", str(tmp_path / "ck"), "--gang-size", "3")
+    command = run_command(storage, "--checkpoint-dir", str(tmp_path / "ck"), "--gang-size", "3", "--gang-training",
+                          training)
     log, output = tmp_path / "events.log", tmp_path / "crash.log"
     killed_at = []
     for point in GANG_CRASH_POINTS:
@@ -108,7 +111,7 @@ def test_sigkill_in_a_gang_then_rerun_reproduces_the_uninterrupted_gang_study(
     assert run(command, tmp_path, env(tiny_model, RFOPT_EVENT_LOG=log), output) == 0, output.read_text()[-3000:]
 
     assert killed_at == GANG_CRASH_POINTS
-    assert_same_study(*tiny_gang_study_reference, storage, tmp_path / "ck")
+    assert_same_study(*reference, storage, tmp_path / "ck")
     assert retrained_after_durable(events(log)) == []
     assert not list((tmp_path / "ck").glob("gangs/*.json"))  # every gang record was settled
 

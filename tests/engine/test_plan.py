@@ -40,6 +40,14 @@ def test_a_gang_is_one_plan_on_the_batched_backend_with_its_record_id(tiny_model
     assert plan.in_gang and len(plan.gang_id) == 12 and plan.training == "sequential"
 
 
+def test_a_gangs_plan_carries_the_runs_gang_training_and_a_trial_alone_trains_as_plain_trl(tiny_model):
+    trials = [_Trial(n, trial_config(tiny_model)) for n in range(3)]
+    planner = Planner(4, gate=_gate, training="batched")
+    assert planner.plan(trials).training == "batched"
+    assert planner.plan([trials[2]]).training == "sequential"  # refused a batch: alone, its own steps
+    assert Planner(1, gate=_gate, training="batched").plan(trials).training == "sequential"
+
+
 def test_a_trial_the_backend_refuses_trains_alone_with_its_reason_said_once(tiny_model, caplog):
     planner = Planner(4, gate=_gate)
     alone = [_Trial(2, trial_config(tiny_model)), _Trial(3, trial_config(tiny_model), committed=1)]

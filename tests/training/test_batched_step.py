@@ -201,3 +201,62 @@ def test_a_member_the_batched_forward_cannot_serve_trains_its_own_steps_in_the_g
     assert error is None  # trained as in the sequential mode, bit for bit
     assert all(torch.equal(weights[k], sequential[1][1][k]) for k in weights)
     assert "a test refusal" in caplog.text
+
+
+# ---------------------------------------------------------------------- choosing the mode
+def test_gang_training_is_checked_before_anything_trains(tiny_model, tmp_path, capsys):
+    import rfopt
+    from rfopt.cli import main
+
+    study = rfopt.create_study(study_name="mode", storage=f"sqlite:///{tmp_path / 'mode.db'}",
+                               checkpoint_dir=tmp_path / "ck")
+    with pytest.raises(ValueError, match="gang_training='fast': give one of 'sequential', 'batched'"):
+        study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), gang_training="fast")
+    assert study.trials == []
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "study.py", "--gang-training", "fast"])
+    assert exit_.value.code == 2
+    assert "argument --gang-training: invalid choice: 'fast'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("given", "trained"), [(None, "sequential"), ("batched", "batched"),
+                                                ("sequential", "sequential")])
+def test_every_gang_of_a_run_trains_in_the_mode_the_run_gives(scripted, tiny_model, tmp_path, monkeypatch, given,
+                                                               trained):
+    import rfopt
+
+    modes = []
+    init = Gang.__init__
+
+    def recording(self, backend, members, training=gang_module.DEFAULT_GANG_TRAINING):
+        modes.append((len(members), training))
+        init(self, backend, members, training)
+
+    monkeypatch.setattr(Gang, "__init__", recording)
+    study = rfopt.create_study(study_name="mode", storage=f"sqlite:///{tmp_path / 'mode.db'}", num_chunks=2,
+                               checkpoint_dir=tmp_path / "ck")
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), gang_size=3, gang_training=given,
+                   show_progress_bar=False)
+    assert {t.state.name for t in study.trials} == {"COMPLETE"}
+    assert {mode for size, mode in modes if size > 1} == {trained}
+
+
+def test_the_command_line_flag_overrides_the_study_files_gang_training():
+    import argparse
+
+    from rfopt.cli.training import plan_arguments, run_arguments
+    from rfopt.config.studyfile import StudySpec
+
+    parser = argparse.ArgumentParser()
+    plan_arguments(parser, max_concurrent="trials")
+    parser.add_argument("--precision", default="auto")
+    def space(trial):
+        return None
+
+    spec = StudySpec(name="s", datasets=lambda: None, space=space, n_trials=1, gang_training="batched")
+    assert run_arguments(parser.parse_args([]), spec, space)["gang_training"] == "batched"
+    flagged = parser.parse_args(["--gang-training", "sequential"])
+    assert run_arguments(flagged, spec, space)["gang_training"] == "sequential"
+    plain = StudySpec(name="s", datasets=lambda: None, space=space, n_trials=1)
+    assert run_arguments(parser.parse_args([]), plain, space)["gang_training"] is None
