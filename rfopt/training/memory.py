@@ -10,7 +10,7 @@ from rfopt.config.trial import TrialConfig
 
 from .loading import meta_model
 from .quantization import adapter_bytes, base_bytes
-from .rollouts.batched import LENGTH_STEP
+from .rollouts.batched import decode_shape
 
 GIB = 1024**3
 
@@ -56,8 +56,9 @@ class GangMemory:
     def need(self, n: int, with_base: bool = True) -> int:
         """Bytes for the first `n` members (a smaller gang), with the base model's weights or without them (a base
         model that is resident already)."""
+        padding = (1 << max(0, (n - 1).bit_length())) - n  # the decoder pads the groups to a power of two
         return ((self.base if with_base else 0) + sum(self.members[:n]) + self.step + self.decoder
-                + sum(self.decode[:n]))
+                + sum(self.decode[:n]) + padding * max(self.decode[:n], default=0))
 
 
 SAMPLER_SCRATCH = 40
@@ -82,7 +83,9 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
     of an unquantized base. Per member in the decoder: a key/value cache of ``2 x layers x kv_heads x head_dim`` values
     per token for its rollout rows (``per_device_train_batch_size``) and its evaluation rows, each rounded up to a
-    power of two (a bucket's rows per group), over the prompt and completion rounded up to `LENGTH_STEP`; the buckets'
+    power of two (a bucket's rows per group), over the prompt and completion rounded up as the decoder rounds them
+    (`rfopt.training.rollouts.batched.decode_shape`; a gang whose size is no power of two decodes padding groups as
+    large as its largest member's, counted by `GangMemory.need`); the buckets'
     token buffers (13 bytes per row and position); the sampler's scratch (`SAMPLER_SCRATCH` bytes per row and
     vocabulary entry)."""
     meta = meta_model(configs[0])
@@ -110,8 +113,7 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
                              (eval_rows, eval_new_tokens or config.args.max_completion_length)):
             if rows_of <= 0:
                 continue
-            bucket_rows = 1 << max(0, (rows_of - 1).bit_length())
-            length = -(-(prompt_tokens + new) // LENGTH_STEP) * LENGTH_STEP
+            _, bucket_rows, length = decode_shape(1, rows_of, prompt_tokens + new)
             share += bucket_rows * length * (2 * layers * kv_heads * head_dim * decode_width + 13)
             share += bucket_rows * vocab * SAMPLER_SCRATCH
         decode.append(share)

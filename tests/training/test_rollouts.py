@@ -359,3 +359,94 @@ def test_under_mixed_precision_trials_alone_and_routed_requests_are_evaluated_in
     pool.acquire(0, config)
     assert pool.backend(EXACT, 0, config).dtype == pool.backend(BATCHED, 0, config).dtype == torch.bfloat16
     pool.release(0, config)
+
+
+# ---------------------------------------------------------------------- decode shapes: a ladder, least recently used
+def _study_like_decodes(tokenizer):
+    """What a 7-trial study in gangs of 4 (4 and 3) asks the decoder over 4 chunks: per gang and chunk, 4 rollout
+    decodes (one prompt x 4 generations per member, prompts of any width) and an evaluation of 6 prompts in batches of
+    4: 48 decodes. Completions are kept short (the shapes are the point, not the tokens)."""
+    import random
+
+    rng = random.Random(0)
+
+    def ids(text):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"]
+
+    budget = {n: (2, 3, 4)[n % 3] for n in range(7)}
+    evals = [ids(f"E{i}: " + "x" * rng.randint(5, 300)) for i in range(6)]
+    calls = []
+    for chunk in range(4):
+        for gang in ((0, 1, 2, 3), (4, 5, 6)):
+            for step in range(4):
+                calls.append([GenerationRequest(f"t{n}", [ids(f"Q{chunk}{step}{n}: " + "y" * rng.randint(5, 300))] * 4,
+                                                _sampling(tokenizer, max_new_tokens=budget[n], temperature=0.9),
+                                                seed=100 * n + step) for n in gang])
+            calls.append([GenerationRequest(f"t{n}", evals, _sampling(tokenizer, max_new_tokens=budget[n],
+                                                                      do_sample=False), batch_rows=4) for n in gang])
+    return calls
+
+
+@pytest.fixture(scope="module")
+def seven(tiny_model):
+    """The tiny model with seven adapters t0..t6 (a study's trials), and its tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+                           adapter_name="t0")
+    for n in range(1, 7):
+        model.add_adapter(f"t{n}", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    return model, tokenizer
+
+
+def test_a_studys_decodes_fall_into_a_few_shapes_each_made_once(seven):
+    """Gangs of 4 and 3, prompts of any width, evaluation's last short batch: padded to the ladder (`decode_shape`),
+    48 decodes make a handful of shapes (on a GPU: a capture each), none made twice (one per prompt width and gang
+    size, the same study made 30 or more, each captured again after the 8th dropped them all)."""
+    from rfopt.training.rollouts.batched import MAX_BUCKETS
+
+    model, tokenizer = seven
+    backend = BatchedBackend(model, mode="eager")
+    for requests in _study_like_decodes(tokenizer):
+        assert not any(isinstance(o, Exception) for o in backend.generate(requests))
+    assert backend.stats.decodes == 48
+    assert backend.stats.shapes <= 6 <= MAX_BUCKETS and len(backend._buckets) == backend.stats.shapes
+
+
+def test_the_least_recently_used_shape_is_dropped_first(seven, monkeypatch):
+    from rfopt.training.rollouts import batched
+
+    model, tokenizer = seven
+    monkeypatch.setattr(batched, "MAX_BUCKETS", 2)
+    backend = BatchedBackend(model, mode="eager")
+    greedy = _sampling(tokenizer, max_new_tokens=2, do_sample=False)
+    rows = _ids(tokenizer)
+    one, two, four = ([GenerationRequest(f"t{n}", rows, greedy) for n in range(k)] for k in (1, 2, 4))
+    shapes = []
+    for requests in (one, two, one, four, one):  # shapes A, B, A (used again), C (B goes), A (kept: not made again)
+        backend.generate(requests)
+        shapes.append(backend.stats.shapes)
+    assert shapes == [1, 2, 2, 3, 3]
+    assert [key[0] for key in backend._buckets] == [4, 1]  # C, then A (the most recently used last)
+
+
+def test_padding_to_the_ladder_changes_no_rows_completion(seven, monkeypatch):
+    """Three requests of three rows (padded to 4 groups of 4 rows and a longer cache) decode the same tokens, greedy and
+    sampled, as in a bucket of exactly their shape."""
+    from rfopt.training.rollouts import batched
+
+    model, tokenizer = seven
+    rows = _ids(tokenizer)[:3]
+    requests = [GenerationRequest("t0", rows, _sampling(tokenizer, do_sample=False)),
+                GenerationRequest("t1", rows, _sampling(tokenizer, temperature=0.9, top_p=0.9), seed=3),
+                GenerationRequest("t2", rows[:2], _sampling(tokenizer, temperature=1.1, top_k=30), seed=5)]
+    padded_backend = BatchedBackend(model, mode="eager")
+    padded = _tokens(padded_backend.generate(requests))
+    monkeypatch.setattr(batched, "decode_shape", lambda groups, per_group, tokens: (groups, per_group, tokens))
+    exact_backend = BatchedBackend(model, mode="eager")
+    exact = _tokens(exact_backend.generate(requests))
+    assert padded == exact
+    (padded_key,), (exact_key,) = padded_backend._buckets, exact_backend._buckets
+    assert padded_key[:3] == (4, 4, 64) and exact_key[:2] == (3, 3) and exact_key[2] < 64  # it was padded

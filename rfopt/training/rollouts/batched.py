@@ -6,7 +6,8 @@ together, in four parts:
 
 - **prefill**: each request's distinct prompts once (GRPO repeats every prompt ``num_generations`` times), through
   the model's view with the LoRA bank (`rfopt.training.rollouts.bank`), into a dynamic cache;
-- the **buffers** of a bucket (`_Bucket`: groups x rows per group x cache length): transformers' `StaticCache`, into
+- the **buffers** of a bucket (`_Bucket`: groups x rows per group x cache length, each rounded up to a short ladder
+  by `decode_shape`, so a study's decodes share a few shapes): transformers' `StaticCache`, into
   which the prefilled keys and values are copied row by row, the tokens, positions, attention mask, each row's
   sampling settings, seen tokens, noise keys and outputs, all preallocated and written in place;
 - the **step** (`_step`): one token for every row, a pure function of those buffers (the model's forward with a 4D
@@ -14,7 +15,8 @@ together, in four parts:
   and no shape that depends on the data. On a CUDA device it is captured once per bucket as a CUDA graph and replayed
   for every token (``RFOPT_DECODE=graph``, the default there), or compiled by ``torch.compile`` and then captured
   (``compiled``), or run eagerly (``eager``, the default on the CPU). Capturing costs one eager step; a bucket's graph
-  serves every later decode of that shape, across chunks and trials, as long as the bank keeps its buffers;
+  serves every later decode of that shape, across chunks and trials, as long as the bank keeps its buffers (and
+  `MAX_BUCKETS` shapes are kept, the least recently used dropped first);
 - the **host loop**: replays the step and asks `should_stop` between tokens; it reads the device (whether every row
   is done) only every `CHECK_EVERY` tokens.
 
@@ -50,8 +52,8 @@ logger = logging.getLogger("rfopt")
 
 CHECK_EVERY = 8
 """Tokens between two reads of whether every row is done (each read waits for the device)."""
-LENGTH_STEP = 64
-"""Cache lengths are rounded up to a multiple of this (fewer buckets, fewer captures)."""
+MIN_LENGTH = 64
+"""The shortest cache length of a bucket (`decode_shape`)."""
 MAX_ROWS = 256
 """Rows decoded at once, at most; more are decoded in several rounds."""
 MAX_BUCKETS = 8
@@ -98,6 +100,8 @@ class DecodeStats:
     rows: int = 0
     seconds: float = 0.0
     prefill_seconds: float = 0.0
+    shapes: int = 0
+    """Buckets made (one decode shape each; a dropped one that is needed again is made again)."""
     captures: int = 0
     capture_seconds: float = 0.0
     routed: int = 0
@@ -141,6 +145,19 @@ class _Bucket:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def decode_shape(requests: int, rows: int, tokens: int) -> tuple[int, int, int]:
+    """The bucket shape (groups, rows per group, cache length) of a decode of `requests` requests of at most `rows`
+    rows each, whose longest prompt plus completion is `tokens` long: each rounded up to a short fixed ladder (powers
+    of two; lengths from `MIN_LENGTH`), as vLLM pads a batch to one of its captured sizes. A study's decodes then fall
+    into a few shapes, each captured once, instead of one per prompt width and gang size; the padding is rows and
+    cache positions that are done or masked from the start, so no row's completion changes.
+
+    >>> decode_shape(3, 5, 130)
+    (4, 8, 256)
+    """
+    return _pow2(requests), _pow2(rows), max(MIN_LENGTH, _pow2(tokens))
 
 
 class BatchedBackend:
@@ -209,15 +226,19 @@ class BatchedBackend:
             else:
                 results[i] = Completions([], [] if r.logprobs else None)
                 live.append(i)
-        # Rounds: each request's rows in slices of its batch_rows (and of what fits beside the others).
+        # Rounds: each request's rows in slices of its batch_rows (and of what fits beside the others, the groups
+        # padded as `decode_shape` pads them). A round's rows per group are its slices' full size, so a last, shorter
+        # slice decodes in the shape of the others.
         while live:
-            share = max(1, self.max_rows // len(live))
-            parts = []
+            share = max(1, self.max_rows // _pow2(len(live)))
+            share = 1 << (share.bit_length() - 1)  # a power of two: padded, the groups still fit in max_rows
+            parts, per_group = [], 1
             for i in live:
                 r, done = requests[i], len(results[i].token_ids)
                 take = min(r.batch_rows or len(r.prompt_ids), share)
+                per_group = max(per_group, take)
                 parts.append((i, list(range(done, min(done + take, len(r.prompt_ids))))))
-            outs = self._decode([(requests[i], rows) for i, rows in parts], should_stop)
+            outs = self._decode([(requests[i], rows) for i, rows in parts], should_stop, per_group)
             for (i, _), out in zip(parts, outs):
                 if isinstance(out, Exception):
                     results[i] = out
@@ -240,15 +261,23 @@ class BatchedBackend:
         return results
 
     # ------------------------------------------------------------------ one batch
-    def _decode(self, parts: list[tuple[GenerationRequest, list[int]]], should_stop: Callable[[], bool] | None
-                ) -> list[Outcome]:
+    def _decode(self, parts: list[tuple[GenerationRequest, list[int]]], should_stop: Callable[[], bool] | None,
+                rows_per_group: int = 1) -> list[Outcome]:
+        """One batch: `parts` (a request and the indices of its rows to decode), in a bucket of `decode_shape` for
+        at least `rows_per_group` rows per group. Padding groups (the first request's adapter, rows done from the
+        start) fill the ladder's group count."""
         import torch
 
         started = time.perf_counter()
         with torch.no_grad():
-            self._prepare(len(parts))
-            self._bank.load([r.adapter for r, _ in parts])
-            per_group = _pow2(max(len(rows) for _, rows in parts))
+            width = max(len(r.prompt_ids[j]) for r, rows in parts for j in rows)
+            steps = max(r.sampling.max_new_tokens for r, _ in parts)
+            groups, per_group, length = decode_shape(len(parts), max(rows_per_group, *(len(rows) for _, rows in parts)),
+                                                     width + steps)
+            self._prepare(groups)
+            adapters = [r.adapter for r, _ in parts]
+            self._bank.load(adapters + adapters[:1] * (groups - len(parts)))
+            self._bank.groups = len(parts)  # the prefill: the real groups' distinct prompts
             # Each group's distinct prompts, and for every decode row the prefill row it starts from.
             distinct: list[list[list[int]]] = []
             source: list[int] = []
@@ -266,15 +295,14 @@ class BatchedBackend:
                 index = {tuple(p): k for k, p in enumerate(distinct[g])}
                 source += [g * prefill_rows + index[tuple(r.prompt_ids[j])] for j in rows]
                 source += [g * prefill_rows] * (per_group - len(rows))  # padding rows: done from the start
-            width = max(len(p) for d in distinct for p in d)
-            steps = max(r.sampling.max_new_tokens for r, _ in parts)
-            length = -(-(width + steps) // LENGTH_STEP) * LENGTH_STEP
+            source += [0] * (per_group * (groups - len(parts)))  # padding groups: likewise
             samplings = [r.sampling for r, _ in parts]
             features = Features.of(samplings, logprobs=any(r.logprobs for r, _ in parts))
             eos_width = _pow2(max(1, max(len(s.eos_token_ids) for s in samplings)))
             logits, cache, lengths = self._prefill(parts, distinct, prefill_rows)
             prefilled = time.perf_counter()
-            bucket = self._bucket(len(parts), per_group, length, features, eos_width, cache)
+            self._bank.groups = groups  # the decode steps: every group of the bucket, padding included
+            bucket = self._bucket(groups, per_group, length, features, eos_width, cache)
             self._load(bucket, parts, source, cache, width, lengths)
             self._emit(bucket, logits.index_select(0, torch.tensor(source, device=self.device)))
             iterations = 1
@@ -358,8 +386,9 @@ class BatchedBackend:
         if key in self._buckets:
             self._buckets.move_to_end(key)
             return self._buckets[key]
-        if len(self._buckets) >= MAX_BUCKETS:
-            self._buckets.clear()  # (each graph's memory is in one shared pool: dropped all together)
+        while len(self._buckets) >= MAX_BUCKETS:  # the least recently used goes
+            self._buckets.popitem(last=False)
+        if not self._buckets:  # no graph holds the shared pool any more: a new capture needs a new one
             self._pool = None
         rows = groups * per_group
         device = self.device
@@ -387,6 +416,7 @@ class BatchedBackend:
             keys=torch.zeros(rows, **long),
         )
         self._buckets[key] = bucket
+        self.stats.shapes += 1
         if self.mode != "eager":
             self._capture(bucket)
         return bucket
@@ -446,6 +476,13 @@ class BatchedBackend:
                 limit.append(s.max_new_tokens if k < len(rows_of) else 0)
                 pad.append(s.pad_token_id)
                 eos.append(list(s.eos_token_ids)[:eos_width] + [-1] * (eos_width - len(s.eos_token_ids)))
+        padding = rows - len(real)  # the padding groups' rows: done from the start
+        real += [False] * padding
+        samplings += [samplings[0]] * padding
+        keys += [0] * padding
+        limit += [0] * padding
+        pad += [pad[0]] * padding
+        eos += [eos[0]] * padding
         bucket.keep.copy_(keep)
         bucket.positions.copy_(positions)
         bucket.cursor.fill_(width)
@@ -461,7 +498,7 @@ class BatchedBackend:
         if bucket.seen is not None:
             bucket.seen.zero_()
             row_index, token_index = [], []
-            for row in range(len(source)):
+            for row in range(len(parts) * per_group):
                 g, k = divmod(row, per_group)
                 r, rows_of = parts[g]
                 if k < len(rows_of):
@@ -520,4 +557,4 @@ def serves(model: Any) -> str | None:
     return model_refusal(model)
 
 
-__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "decode_env", "default_mode", "serves"]
+__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "decode_env", "decode_shape", "default_mode", "serves"]
