@@ -21,6 +21,7 @@ from rfopt.config.overrides import override_dict
 from rfopt.config.params import admits, field_path, param_holding, param_name, param_value
 from rfopt.config.trial import TrialConfig, check_model
 from rfopt.errors import ConfigError
+from rfopt.values import is_number
 from rfopt.storage import crashpoints, schema
 from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.schema import Lineage, TrialRecord
@@ -218,8 +219,16 @@ def _check_first_chunk(config: TrialConfig, schedule: Any, notes: list[str]) -> 
     """Build what the clone's first chunk builds before it trains, without training: its GRPOConfig as a chunk trains
     it (the plan's ``max_steps``; TRL's own checks) and its adapter on the base model on the meta device (PEFT's own
     checks). What cannot be built here is said in `notes`."""
-    from rfopt.training.loading import check_adapter
+    from rfopt.training.loading import check_adapter, position_limit
 
+    inert = _inert_values(config)
+    if inert:
+        raise ConfigError("; ".join(inert))
+    limit, length = position_limit(config), config.args.max_completion_length
+    if limit is not None and isinstance(length, int) and length >= limit:
+        raise ConfigError(f"args.max_completion_length: {length} tokens, and {config.model!r} has {limit} positions "
+                          f"(its max_position_embeddings) for a prompt and its completion together; give less than "
+                          f"{limit}")
     try:
         replace(config.args, max_steps=schedule.total_steps, use_cpu=True, bf16=False, fp16=False,
                             report_to=[], save_strategy="no", generation_batch_size=None, model_init_kwargs=None)
@@ -229,6 +238,25 @@ def _check_first_chunk(config: TrialConfig, schedule: Any, notes: list[str]) -> 
     note = check_adapter(config)
     if note is not None:
         notes.append(note)
+
+
+def _inert_values(config: TrialConfig) -> list[str]:
+    """What TRL and PEFT accept in a clone that trains nothing or trains wrongly: a learning rate or ``lora_alpha`` of 0
+    or less (the adapter's scale is ``lora_alpha / r``), a negative clipping range. (A study's own configs may keep a
+    learning rate of 0, a control that never moves; a clone is made to train.)"""
+    problems = []
+    lr = config.args.learning_rate
+    if is_number(lr) and lr <= 0:
+        problems.append(f"args.learning_rate: {lr}; give a number > 0 (a clone with a learning rate of {lr} trains "
+                        "nothing)")
+    for name in ("epsilon", "epsilon_high"):
+        value = getattr(config.args, name, None)
+        if is_number(value) and value < 0:
+            problems.append(f"args.{name}: {value}; the clipping range is a number >= 0 (TRL's default epsilon: 0.2)")
+    alpha = getattr(config.peft_config, "lora_alpha", None)
+    if is_number(alpha) and alpha <= 0:
+        problems.append(f"peft_config.lora_alpha: {alpha}; give a number > 0 (the adapter's scale is lora_alpha / r)")
+    return problems
 
 
 def _check_model_if_changed(config: TrialConfig, child_data: dict[str, Any], parent_data: dict[str, Any]) -> None:

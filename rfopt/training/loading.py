@@ -112,6 +112,24 @@ def rewrites_base(peft_config: Any) -> str | None:
     return None
 
 
+def position_limit(config: TrialConfig) -> int | None:
+    """The positions `config`'s base model has for a prompt and its completion together (its config's
+    ``max_position_embeddings``, read alone: no weights), or None where it cannot be read here (a model factory, a
+    model not on this machine, a config without it)."""
+    if not isinstance(config.model, str):
+        return None
+    from transformers import AutoConfig
+
+    source = str(smollm2_path()) if config.model == SMOLLM2 else config.model
+    try:
+        model_config = AutoConfig.from_pretrained(source, trust_remote_code=config.model_init_kwargs().get(
+            "trust_remote_code", False))
+    except (OSError, ValueError, ModelUnavailableError):
+        return None
+    limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
 def check_adapter(config: TrialConfig) -> str | None:
     """Build `config`'s PEFT adapter on its base model on the meta device (no weights loaded), as its first chunk
     builds it: `ConfigError` with PEFT's own message where PEFT refuses it (``r=0``, target modules the model does not

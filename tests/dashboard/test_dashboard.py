@@ -204,6 +204,11 @@ def test_refused_op_answers_400_with_the_reason_and_changes_nothing(study, numbe
     ("loss_type=bogus", "args.loss_type: 'bogus' is not a loss GRPOTrainer computes; use one of 'grpo'"),
     ("lora_r=0", "PEFT refuses this adapter on"),
     ('peft_config.target_modules=["nope"]', "Target modules {'nope'} not found in the base model"),
+    # Issue 41 item 11: accepted, and such a clone trained nothing, backwards, or held the study in a baseline.
+    ("learning_rate=0", "args.learning_rate: 0.0; give a number > 0"),
+    ("lora_alpha=-3", "peft_config.lora_alpha: -3; give a number > 0"),
+    ("epsilon=-1", "args.epsilon: -1.0; the clipping range is a number >= 0"),
+    ("max_completion_length=100000", "args.max_completion_length: 100000 tokens, and"),
 ])
 @pytest.mark.parametrize("check_only", [True, False])
 def test_a_clone_that_its_first_chunk_would_refuse_is_answered_400_by_check_and_clone_alike(

@@ -119,9 +119,10 @@ def test_warm_clone_starts_from_the_parents_weights_and_cold_clone_from_the_base
     def on_unit(number, step, count):
         if (number, step) == (0, 1):
             parent_weights.update(study.checkpoints.load(0).weights)
-            # A learning rate of 0 keeps whatever the clone starts from: its final adapter shows where it started.
-            clones["warm"] = study.clone_trial(0, {"learning_rate": 0.0}, warm_start=True)
-            clones["cold"] = study.clone_trial(0, {"learning_rate": 0.0})
+            # A learning rate of 1e-300 (a clone's must be > 0) keeps, to float64's precision, whatever the clone
+            # starts from: its final adapter shows where it started.
+            clones["warm"] = study.clone_trial(0, {"learning_rate": 1e-300}, warm_start=True)
+            clones["cold"] = study.clone_trial(0, {"learning_rate": 1e-300})
 
     _optimize(study, _configs(tiny_model)[:1], on_unit)
     warm, cold = study.optuna.trials[clones["warm"]], study.optuna.trials[clones["cold"]]
@@ -130,11 +131,11 @@ def test_warm_clone_starts_from_the_parents_weights_and_cold_clone_from_the_base
     assert sorted(warm.intermediate_values) == [2, 3]
     assert sorted(cold.intermediate_values) == [0, 1, 2, 3]
     assert _same(_adapter(study, warm.number), parent_weights)
-    assert _same(_adapter(study, cold.number), {"w": torch.zeros(1, dtype=torch.float64)})  # a fresh start
+    assert _adapter(study, cold.number)["w"].abs().item() < 1e-290  # a fresh start (the parent's is far from 0)
     assert trial_attrs(warm)["rfopt:clone"]["parent"] == 0
-    assert trial_attrs(warm)["rfopt:clone"]["overrides"] == {"learning_rate": 0.0}
+    assert trial_attrs(warm)["rfopt:clone"]["overrides"] == {"learning_rate": 1e-300}
     assert trial_attrs(warm)["rfopt:clone"]["warm_start"] is True
-    assert rfopt.TrialConfig.from_json(trial_attrs(warm)["rfopt:config"]).args.learning_rate == 0.0
+    assert rfopt.TrialConfig.from_json(trial_attrs(warm)["rfopt:config"]).args.learning_rate == 1e-300
 
 
 def test_ops_from_the_command_line_reach_the_running_study(scripted, tiny_model, storage):
@@ -178,6 +179,21 @@ def test_bad_ops_are_refused_and_change_nothing(tiny_model, storage, capsys):
     assert "expected FIELD=VALUE" in capsys.readouterr().err
     assert cli(["resume", "0", "--study", "b", "--storage", storage]) == 1
     assert "only a RUNNING trial can be resumed" in capsys.readouterr().err
+
+
+def test_clone_set_refuses_values_that_train_nothing_or_past_the_models_positions(tiny_model, storage, capsys):
+    """Issue 41 item 11: ``rfopt clone --set`` (the dashboard's Check's validation) took these."""
+    study = stored_study(storage, "v", _configs(tiny_model)[:1], TRAIN, EVAL, num_chunks=2)
+    before = len(study.optuna.trials)
+    for assignment, says in [("learning_rate=0", "args.learning_rate: 0.0; give a number > 0"),
+                             ("lora_alpha=-3", "peft_config.lora_alpha: -3; give a number > 0"),
+                             ("epsilon=-1", "args.epsilon: -1.0; the clipping range is a number >= 0"),
+                             ("max_completion_length=1024", "args.max_completion_length: 1024 tokens, and "
+                              f"'{tiny_model}' has 1024 positions (its max_position_embeddings)")]:
+        assert cli(["clone", "0", "--study", "v", "--storage", storage, "--set", assignment]) == 1, assignment
+        assert says in capsys.readouterr().err, assignment
+    assert cli(["clone", "0", "--study", "v", "--storage", storage, "--set", "max_completion_length=1023"]) == 0
+    assert len(study.optuna.trials) == before + 1
 
 
 def test_resume_of_a_running_trial_that_is_not_paused_is_refused(scripted, tiny_model, storage):
