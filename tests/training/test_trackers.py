@@ -171,3 +171,37 @@ def test_the_trackers_leaderboard_ranks_the_trials_as_the_study_does(tiny_model,
     trials = study.optuna.get_trials(deepcopy=False)
     ranked = [row[0] for row in _leaderboard(study.optuna, trials).rows]
     assert ranked == [r.number for r in study.leaderboard()] == [2, 4, 0, 1, 3]
+
+
+def test_a_trial_whose_tensorboard_folder_moved_is_logged_whole_in_the_new_one_with_a_warning(
+        tiny_model, tmp_path, monkeypatch, caplog):
+    """Issue 41 item 14: a changed TENSORBOARD_LOGGING_DIR (or another working directory, ``runs`` being relative)
+    split each trial's run between two folders without a word."""
+    from stored_study import stored_study
+    from trackerkit import tensorboard_scalars
+
+    from rfopt.training.trackers import Tracking
+
+    study = stored_study(f"sqlite:///{tmp_path / 's.db'}", "s", [trial_config(tiny_model)], prompts_dataset(8),
+                         prompts_dataset(2, "E"), values={0: [0.25]})  # RUNNING after its first unit
+    first, second = tmp_path / "first", tmp_path / "second"
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(first))
+    tracking = Tracking(["tensorboard"], study.optuna)
+    tracking.committed(0, 0, 0.25)
+    tracking.close()
+    assert TrialRecord(study.optuna.trials[0]).tracked_at == {"tensorboard": str(first / "s" / "trial-0")}
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(second))
+    with caplog.at_level("WARNING", logger="rfopt"):
+        tracking = Tracking(["tensorboard"], study.optuna)
+        tracking.committed(0, 0, 0.25)
+        tracking.close()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [f"trial 0: report_to tensorboard logged its run to {first / 's' / 'trial-0'}, and this process "
+                    f"logs it to {second / 's' / 'trial-0'} (its folder moved: TENSORBOARD_LOGGING_DIR or the working "
+                    "directory changed); its 1 committed units are logged there again from storage, so the run there "
+                    "is whole"]
+    for where in (first, second):
+        assert list(tensorboard_scalars(where / "s" / "trial-0", "value").values()) == [0.25]
+    assert TrialRecord(study.optuna.trials[0]).tracked_at == {"tensorboard": str(second / "s" / "trial-0")}

@@ -46,7 +46,7 @@ column: see `StepColumns`), ``rfopt:pruning:<step>`` (rung decisions),
 ``rfopt:request:<time>-<id>`` (op requests, one key each, never rewritten), ``rfopt:withdrawn:<id>`` (a
 request taken back before it applied) and ``rfopt:ops`` (the ops applied, with the id of each request),
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
-``rfopt:adapter``, ``rfopt:tracked`` (the units each tracker holds), ``rfopt:best`` (its best checkpoint so far:
+``rfopt:adapter``, ``rfopt:tracked`` (the units each tracker holds), ``rfopt:tracked_at`` (where each wrote), ``rfopt:best`` (its best checkpoint so far:
 `BestCheckpoint`), ``rfopt:baseline_key`` (which `Baseline` it compares with), ``rfopt:progress`` (where the chunk it
 trains now stands: see `ProgressRecord`) and
 ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
@@ -128,6 +128,7 @@ from ._trial import (
     write_schedule,
     write_stop,
     write_tracked,
+    write_tracked_at,
     write_unit,
     write_withdrawal,
 )
@@ -199,6 +200,7 @@ __all__ = [
     "write_settings",
     "write_stop",
     "write_tracked",
+    "write_tracked_at",
     "write_unit",
     "write_withdrawal",
 ]

@@ -36,6 +36,7 @@ from ._keys import (
     _STEPS,
     _STOPPED,
     _TRACKED,
+    _TRACKED_AT,
     _WITHDRAWN,
     decision_key,
     metrics_key,
@@ -317,6 +318,13 @@ class TrialRecord:
         return {str(k): int(v) for k, v in data.items()} if isinstance(data, Mapping) else {}
 
     @property
+    def tracked_at(self) -> dict[str, str]:
+        """Where each tracker of ``report_to`` wrote the trial's run, by tracker, where that depends on the process (a
+        TensorBoard folder): a process that would write elsewhere says so, and logs the trial there whole."""
+        data = self.attrs.get(_TRACKED_AT)
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, Mapping) else {}
+
+    @property
     def baseline_key(self) -> str | None:
         """The key of its base model's `Baseline` on the study (`StudyRecord.baselines`); None before it started."""
         return self.attrs.get(_BASELINE_KEY)
@@ -485,6 +493,10 @@ def write_adapter(ref: TrialRef, location: str) -> None:
 
 def write_tracked(ref: TrialRef, tracked: Mapping[str, int]) -> None:
     ref.set(_TRACKED, dict(tracked))
+
+
+def write_tracked_at(ref: TrialRef, places: Mapping[str, str]) -> None:
+    ref.set(_TRACKED_AT, dict(places))
 
 
 def write_baseline_key(ref: TrialRef, key: str) -> None:

@@ -130,5 +130,8 @@ class Tracker(Protocol):
     def leaderboard(self, board: Leaderboard) -> None:
         """Show the study's leaderboard where the tracker groups the study."""
 
+    # Optional: ``location(info) -> str``, where the trial's run is written when that depends on the process (its
+    # environment, its working directory), as TensorBoard's folder does; `Tracking` stores it and tells a change.
+
     def close(self) -> None:
         """Nothing more is logged from this process."""

@@ -33,6 +33,10 @@ class TensorboardTracker:
     def directory(self, run: str) -> str:
         return os.path.join(self.base, self.study, run)
 
+    def location(self, info: TrialInfo) -> str:
+        """The trial's folder, absolute: ``runs`` is relative to the working directory."""
+        return os.path.abspath(self.directory(f"trial-{info.number}"))
+
     def open(self, info: TrialInfo) -> TensorboardRun:
         from torch.utils.tensorboard.summary import hparams
 

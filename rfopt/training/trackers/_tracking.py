@@ -186,11 +186,37 @@ class Tracking:
         if not runs:
             return None
         inherited = [row["step"] for row in record.step_metrics() if row["unit"] < record.start_unit]
-        trial = _Trial(info=info, ref=ref, runs=runs, offset=int(max(inherited, default=0)), tracked=record.tracked,
-                       through=record.committed)
+        trial = _Trial(info=info, ref=ref, runs=runs, offset=int(max(inherited, default=0)),
+                       tracked=self._moved(info, record, runs), through=record.committed)
         self._trials[number] = trial
         self._replay(trial, record)
         return trial
+
+    def _moved(self, info: TrialInfo, record: TrialRecord, runs: dict[str, TrialRun]) -> dict[str, int]:
+        """The units each tracker holds of the trial where it writes now: none for a tracker whose place moved since it
+        logged the trial (``TENSORBOARD_LOGGING_DIR`` changed, or another working directory for a relative ``runs``):
+        the replay then logs the trial there whole, and a warning names both places. Stores where each writes."""
+        tracked = dict(record.tracked)
+        places = {}
+        for name in runs:
+            locate = getattr(self._trackers[name], "location", None)
+            where = None if locate is None else self._call(name, f"trial {info.number}'s place", lambda f=locate: f(info))
+            if where is None:
+                continue
+            places[name] = where
+            before = record.tracked_at.get(name)
+            if before is not None and before != where and tracked.get(name, 0) > 0:
+                logger.warning("trial %d: report_to %s logged its run to %s, and this process logs it to %s (its "
+                               "folder moved: TENSORBOARD_LOGGING_DIR or the working directory changed); its %d "
+                               "committed units are logged there again from storage, so the run there is whole",
+                               info.number, name, before, where, record.committed)
+                tracked[name] = 0
+        if places and any(record.tracked_at.get(name) != where for name, where in places.items()):
+            try:
+                schema.write_tracked_at(self._ref(info.number), record.tracked_at | places)
+            except Exception as exc:  # noqa: BLE001 - the trial ended elsewhere: a later move goes untold
+                logger.debug("trial %d: could not store where its trackers log (%s)", info.number, exc)
+        return tracked
 
     def _replay(self, trial: _Trial, record: TrialRecord) -> None:
         """Log the committed units each tracker does not hold (after its ``rfopt:tracked`` mark) from storage."""
