@@ -191,4 +191,6 @@ def test_the_recommendation_says_whether_it_leads_the_next_best_checkpoint_beyon
     expected = noise.gap(base[:7] + [0.04], base)
     assert found.recommendation.rival.gap == expected and expected.within_noise
     assert found.lines()[1] == ("the adapter to take is within noise of trial 0's best checkpoint (chunk 1, reward "
-                                f"0.3): {expected.text()}; either could lead on other eval prompts")
+                                f"0.3): {expected.text()}; either could lead on other eval prompts (what would decide: more eval "
+                                "prompts (4x the prompts halve the noise), or a confirmation run, `rfopt confirm` / "
+                                "study.confirm(), training the finalists again with new seeds)")

@@ -66,6 +66,11 @@ class TrialOutcome:
         return [text for text in (self.collapsed, self.degraded) if text]
 
 
+DECIDE = ("what would decide: more eval prompts (4x the prompts halve the noise), or a confirmation run, "
+          "`rfopt confirm` / study.confirm(), training the finalists again with new seeds")
+"""What a pick within noise of its runner-up is told would decide between them."""
+
+
 @dataclass(frozen=True)
 class Rival:
     """The runner-up to a recommended checkpoint: another trial's best checkpoint, and the paired gap between the two
@@ -78,10 +83,11 @@ class Rival:
 
     def line(self, objective: str) -> str:
         """``ahead of trial 2's best checkpoint (chunk 3, reward 1.8) by more than noise: paired gap ...`` or
-        ``within noise of trial 2's best checkpoint (...): ...; either could lead on other eval prompts``."""
+        ``within noise of trial 2's best checkpoint (...): ...; either could lead on other eval prompts (what would
+        decide: ...)``."""
         other = f"trial {self.trial}'s best checkpoint (chunk {self.unit + 1}, {objective} {self.value:.4g})"
         if self.gap.within_noise:
-            return f"within noise of {other}: {self.gap.text()}; either could lead on other eval prompts"
+            return (f"within noise of {other}: {self.gap.text()}; either could lead on other eval prompts ({DECIDE})")
         return f"ahead of {other} by more than noise: {self.gap.text()}"
 
 
