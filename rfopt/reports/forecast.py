@@ -311,7 +311,17 @@ def _scaling(rounds: list[tuple[int, float]]) -> float:
     return min(1.2, max(0.3, slope))
 
 
+STALL = 2.0
+"""A round that took over this many times the median round (of three or more) stalled (a hung reward call, a busy
+machine): it is left out of the pace, so that one stall does not push the study's end out; once most rounds are that
+slow, the median is, and they count."""
+
+
 def _recent_mean(values: list[float]) -> float:
-    """A mean that weighs the latest values most: each value weighs twice the one before it."""
+    """A mean that weighs the latest values most (each value weighs twice the one before it), stalls left out
+    (`STALL`)."""
+    if len(values) >= 3:
+        middle = statistics.median(values)
+        values = [v for v in values if v <= STALL * middle]
     weights = [2.0 ** i for i in range(len(values))]
     return sum(w * v for w, v in zip(weights, values)) / sum(weights)

@@ -150,3 +150,14 @@ def _trial(number: int, *, committed: int, unit_seconds: float, units: int = 4, 
                        datetime_start=datetime.datetime.fromtimestamp(start), datetime_complete=None, params={},
                        distributions={}, user_attrs={}, system_attrs=attrs,
                        intermediate_values={u: 0.1 * number for u in range(committed)}, trial_id=number)
+
+
+def test_one_stalled_round_does_not_push_the_studys_end_out():
+    from rfopt.reports.forecast import _Pace
+
+    steady = _Pace(rounds=[(3, 30.0)] * 3, scaling=0.7, gap=0.0, train_share=0.85, ends=[])
+    stalled = _Pace(rounds=[(3, 30.0)] * 3 + [(3, 130.0)], scaling=0.7, gap=0.0, train_share=0.85, ends=[])
+    assert stalled.gang_seconds(3) == pytest.approx(steady.gang_seconds(3)) == pytest.approx(30.0)
+    # A study that really slowed down: once most rounds are slow, they are its pace.
+    slowed = _Pace(rounds=[(3, 30.0)] * 2 + [(3, 130.0)] * 3, scaling=0.7, gap=0.0, train_share=0.85, ends=[])
+    assert slowed.gang_seconds(3) > 100.0
