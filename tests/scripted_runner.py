@@ -49,7 +49,7 @@ from rfopt.config.trial import TrialConfig
 from rfopt.storage.state import TrialSnapshot
 from rfopt.training.evaluation import EvalResult, _nanmean, _prompt_text, is_conversational, score_completions
 from rfopt.training.rollouts import BATCHED, Completions, GenerationRequest, refusal
-from rfopt.training.runner import ChunkAborted, ChunkMetrics, StepDone, _aggregate
+from rfopt.training.runner import ChunkAborted, ChunkMetrics, Runner, StepDone, _aggregate
 
 _NO_STATE = -1
 
@@ -164,8 +164,8 @@ class ScriptedBackend:
                 for r in requests]
 
 
-class ScriptedRunner:
-    """A `TrialRunner` without a model (see the module docstring)."""
+class ScriptedRunner(Runner):
+    """A `Runner` without a model (see the module docstring)."""
 
     def __init__(self, number: int, config: TrialConfig, plan: ChunkPlan, schedule: TrialSchedule, train_dataset: Any,
                  pool: Any, workdir: str | Path, start_unit: int = 0, tracking: Any = None, *,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import optuna
 from optuna.study import StudyDirection
@@ -28,9 +27,10 @@ from rfopt.storage.schema import BestCheckpoint, TrialRef, study_record
 from rfopt.storage.state import UnitReport
 from rfopt.training.diversity import collapse_reason
 from rfopt.training.models import adapter_name
+from rfopt.training.runner import Runner
 
 
-def keep_if_best(store: CheckpointStore, ref: TrialRef, runner: Any, config: TrialConfig, report: UnitReport,
+def keep_if_best(store: CheckpointStore, ref: TrialRef, runner: Runner, config: TrialConfig, report: UnitReport,
                  study: optuna.Study) -> BestCheckpoint | None:
     """Keep `runner`'s weights, which scored `report`, as trial ``ref.number``'s best checkpoint of `study` if they are
     (see the module docstring); returns the trial's best checkpoint after it (None while it has none)."""

@@ -47,7 +47,7 @@ from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
 from rfopt.training.rollouts import RolloutBackend
-from rfopt.training.runner import TrialRunner
+from rfopt.training.runner import Runner, TrialRunner
 from rfopt.training.trackers import Tracking
 
 from .best import keep_if_best
@@ -111,8 +111,9 @@ class Context:
     """In-process listeners of each optimizer step of a unit in flight (the progress bar); see `rfopt.training.progress`."""
     progress_seconds: float = INTERVAL_SECONDS
     """At most one write of a trial's in-chunk progress record in this many seconds."""
-    runner_class: Callable[..., TrialRunner] = TrialRunner
-    """What trains a trial: `TrialRunner` on one device, a data-parallel runner over several (`rfopt.training.parallel`)."""
+    runner_class: Callable[..., Runner] = TrialRunner
+    """What trains a trial (a `rfopt.training.runner.Runner`): `TrialRunner` on one device, a data-parallel runner over
+    several (`rfopt.training.parallel`), the tests' scripted runner."""
 
 
 @dataclass
@@ -123,7 +124,7 @@ class Live:
     ref: TrialRef
     config: TrialConfig
     schedule: TrialSchedule
-    runner: TrialRunner
+    runner: Runner
     start_unit: int
     """0, or for a warm-started clone its parent's progress when it was made (it reports from there on)."""
     warm_start: bool
@@ -152,7 +153,7 @@ class Live:
 
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
-                 ) -> TrialRunner:
+                 ) -> Runner:
     return ctx.runner_class(number, config, ctx.plan, schedule, ctx.train_dataset, ctx.pool, ctx.workdir, start_unit,
                             tracking=ctx.tracking)
 

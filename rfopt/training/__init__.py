@@ -6,7 +6,7 @@
 | `memory` | what a base model and a gang need in memory (estimated without loading weights), what a device has free |
 | `quantization` | bitsandbytes in a trial (QLoRA, 8-bit and paged optimizers): what it needs, what it holds in memory |
 | `models` | resident base models per device, adapters on them, placement and precision |
-| `runner` | `TrialRunner`: one trial's `GRPOTrainer`, trained one chunk at a time, bit-identical to training straight through |
+| `runner` | `Runner`, the protocol the engine and a gang use of a trial's runner; `TrialRunner`: one trial's `GRPOTrainer`, trained one chunk at a time, bit-identical to training straight through |
 | `evaluation` | each chunk's evaluation: fixed decoding, the trial's own reward functions |
 | `diversity` | whether an evaluation's completions still depend on the prompt: diversity measures, the collapse verdict |
 | `baseline` | a base model evaluated with no adapter, as its trials are: the study's reference |

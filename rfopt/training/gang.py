@@ -60,7 +60,7 @@ from .batched_step import BatchedBackbone, ForwardRequest, adapter_parameters, m
 from .models import adapter_name
 from .rollouts import Aborted, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
 from .rollouts.bank import lora_layers
-from .runner import ChunkMetrics, StepDone, TrialRunner
+from .runner import ChunkMetrics, Runner, StepDone
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ _SAID: set[str] = set()
 class GangMember:
     """One trial of a gang: its runner, what stops its chunk early, and what its chunk came to."""
 
-    runner: TrialRunner
+    runner: Runner
     should_stop: Callable[[], bool] | None = None
     on_step: Callable[[StepDone], None] | None = None
     """Told of the member's steps (`TrialRunner.train_chunk`'s `on_step`: its progress record)."""

@@ -152,7 +152,8 @@ class DataParallelRunner(TrialRunner):
 
     def train_chunk(self, should_stop: Callable[[], bool] | None = None,
                     rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
-                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False) -> ChunkMetrics:
+                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False,
+                    on_trainer: Callable[[Any], None] | None = None) -> ChunkMetrics:
         """`TrialRunner.train_chunk`, as one data-parallel job; a trial over several devices trains alone (on the exact
         rollout backend: each rank generates its own rows), so it takes no `rollout_func`."""
         if rollout_func is not None:
@@ -167,7 +168,7 @@ class DataParallelRunner(TrialRunner):
             stop = lambda: group.any(should_stop is not None and should_stop())  # noqa: E731
         model = self.model
         with compat.data_parallel_model(model), row_sampled_generation(model, self, group):
-            return super().train_chunk(stop, on_step=on_step, in_gang=in_gang)
+            return super().train_chunk(stop, on_step=on_step, in_gang=in_gang, on_trainer=on_trainer)
 
 
 def follow(group: DataParallel, pool: ModelPool, train_dataset: Any, workdir: str | Path) -> int:

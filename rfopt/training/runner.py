@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rfopt import compat
 from rfopt.chunks import ChunkPlan, TrialSchedule
@@ -157,8 +157,83 @@ def _draw_like_a_new_epoch() -> None:
     torch.empty((), dtype=torch.int64).random_()
 
 
-class TrialRunner:
-    """Trains one trial, one chunk at a time, on a model from a `ModelPool`."""
+@runtime_checkable
+class Runner(Protocol):
+    """What the engine (`rfopt.engine.unit`, `rfopt.engine.roster`, `rfopt.engine.best`) and a gang
+    (`rfopt.training.gang.Gang`) use of a trial's runner: the seam `rfopt.engine.unit.Context.runner_class` fills.
+
+    `TrialRunner` (TRL on one device), `rfopt.training.parallel.DataParallelRunner` (over several) and the tests'
+    ``ScriptedRunner`` (no model: tests/scripted_runner.py) declare it; tests/training/test_runner_protocol.py checks
+    that each defines every member with this signature. Anything the engine or a gang starts to call on a runner is
+    added here first."""
+
+    number: int
+    """The trial's number."""
+    config: TrialConfig
+    """The trial's configuration (its adapter's ``peft_config``, its ``args``)."""
+    pool: Any
+    """The `ModelPool` its model comes from (a gang activates each member's adapter through it)."""
+    units_done: int
+    """Chunk units the runner's state holds (``-1`` after a chunk stopped midway: no unit's)."""
+    global_step: int
+    """Optimizer steps its state holds."""
+
+    model: Any
+    """The trial's model (a gang's shared model with the trial's adapter; a property of `TrialRunner`)."""
+    tokenizer: Any
+    """The tokenizer its model is trained and saved with."""
+
+    def setup(self) -> None:
+        """The trial's model in the pool (its adapter on the shared base, made at the first call)."""
+        ...
+
+    def cleanup(self) -> None:
+        """Release the trial's model and optimizer."""
+        ...
+
+    def chunk_args(self, report: bool = True) -> Any:
+        """The trial's ``GRPOConfig`` as a chunk trains it."""
+        ...
+
+    def train_chunk(self, should_stop: Callable[[], bool] | None = None,
+                    rollout_func: Callable[[list[Any], Any], dict[str, Any]] | None = None,
+                    on_step: Callable[[StepDone], None] | None = None, in_gang: bool = False,
+                    on_trainer: Callable[[Any], None] | None = None) -> ChunkMetrics:
+        """Train the trial's next chunk unit (`TrialRunner.train_chunk`)."""
+        ...
+
+    def rollout_backend(self, kind: str) -> RolloutBackend:
+        """The rollout backend of kind `kind` the trial would generate through."""
+        ...
+
+    def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
+        """The trial's evaluation alone."""
+        ...
+
+    def evaluate_gang(self, backend: RolloutBackend, runners: list[Runner], eval_dataset: Any,
+                      settings: EvalSettings) -> list[EvalResult | Exception]:
+        """The evaluations of a gang's `runners` through `backend`: each one's result, or what failed it alone."""
+        ...
+
+    def trainable_weights(self) -> dict[str, Any]:
+        """The trial's trained weights."""
+        ...
+
+    def state(self) -> TrialSnapshot:
+        """Its state as a checkpoint stores it."""
+        ...
+
+    def load_weights(self, weights: dict[str, Any]) -> None:
+        """Set its trained weights from another trial's `trainable_weights()` (a warm start)."""
+        ...
+
+    def load_state(self, state: TrialSnapshot) -> None:
+        """Continue from a checkpoint's state."""
+        ...
+
+
+class TrialRunner(Runner):
+    """Trains one trial, one chunk at a time, on a model from a `ModelPool` (the `Runner` the engine uses)."""
 
     def __init__(
         self,
