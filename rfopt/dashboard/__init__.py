@@ -6,11 +6,12 @@ The server is optuna-dashboard's own Bottle app (studies, plots, artifacts, its 
 button, which the engine honours at the trial's next chunk boundary) with rfopt's routes added
 under ``/rfopt``:
 
-- ``GET /`` leads to ``/rfopt``: every study with its trials by state, its best value, and whether a process runs it.
+- ``GET /`` leads to ``/rfopt``: every study with its trials by state, its best value, and whether a process runs it
+  (the page reloads itself every 5 s while one does).
   Every optuna-dashboard page gets a link to the rfopt page of the study it shows (bottom right), and rfopt's pages
   link to optuna-dashboard's.
-- ``GET /rfopt/studies/<study_id>``: one study, comparison first: who runs it, what trains now (trial, chunk c of C,
-  step s of S, since when, ETAs) and the compute spent against a run without pruning, the leaderboard (best first,
+- ``GET /rfopt/studies/<study_id>``: one study, comparison first: who runs it, what trains now (a trial alone or a
+  gang as one: its phase, chunk c of C, step s of S, since when, the chunk's ETA, slow or stuck; the study's end) and the compute spent against a run without pruning, the leaderboard (best first,
   sortable, with lineage and times), "why it wins" (parallel coordinates, each param against the value, the same eval
   prompt's completions side by side: ``GET /rfopt/studies/<study_id>/compare``), one chart per metric with every trial
   overlaid (`rfopt.reports.charts`; steps of a chunk still training dashed), then each trial with its controls (pause, resume,

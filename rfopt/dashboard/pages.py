@@ -2,9 +2,11 @@
 the trials they show are `rfopt.dashboard.views`). The leaderboard is `rfopt.dashboard.leaderboard`'s, the samples
 `rfopt.dashboard.samples`', what every page shares `rfopt.dashboard.markup`'s.
 
-- `render_index`: every study of the storage with its trials by state, its best value, and whether a process runs it.
+- `render_index`: every study of the storage with its trials by state, its best value, and whether a process runs it
+  (reloaded every `REFRESH_SECONDS` while one does).
 - `study_page`: one study as the page shows it, in parts the page refreshes one by one (`StudyPage`): who runs it,
-  what trains now (trial, chunk c of C, step s of S, since when, ETAs) and the compute spent against a run without
+  what trains now (a trial alone or a gang as one: its phase, chunk c of C, step s of S, since when, the chunk's ETA)
+  and the compute spent against a run without
   pruning, warnings (trials whose objectives weigh rewards differently), the leaderboard (best first, with lineage and
   times), the "why it wins" views and the charts (`rfopt.reports.charts`), and each trial's card (controls, times, samples), in
   leaderboard order. `StudyPage.version` fingerprints the stored data the page shows
