@@ -17,7 +17,7 @@ running):
 - ``RuntimeError`` kin: `CheckpointError`, `RewardFunctionError`, `ModelUnavailableError`, `StorageUnavailableError`,
   `StorageRefusedError`, `StudyDeletedError`, `TrialDiverged`, `CompatError`, `StudyBusyError`,
   `StorageUnreachableError`, `DatasetUnavailableError`; and the engine's own ``rfopt.storage.leases.LeaseLost``,
-  ``rfopt.training.runner.ChunkAborted``, ``rfopt.training.rollouts.Aborted`` (and
+  ``rfopt.training.runner.ChunkAborted``, ``rfopt.training.rollouts.DecodeAborted`` (and
   ``rfopt.training.rollouts.Ungangable``, a ``ValueError``), which never reach a user and are not offered here.
 - `NothingToAnswer` (a ``LookupError``): what was asked for is not there yet (a study of that name, a best adapter
   before one is kept); `NoSuchTrial` (also an ``IndexError``): no trial of that number.

@@ -10,7 +10,7 @@ or a retried call inside another, waits `retry_seconds` in all, not once per cal
 
 A database that refuses for a reason waiting does not fix is not an outage: a PostgreSQL database or role
 that does not exist, a wrong password, a full disk, a read-only database or server, a role without a
-right it needs. Such a call raises `StorageRefusedError` at once, naming the cause and the fix (`refusal`).
+right it needs. Such a call raises `StorageRefusedError` at once, naming the cause and the fix (`persistent_fault`).
 Other errors (a finished trial, a missing study) pass through at once.
 
     >>> storage = open_storage("postgresql://rfopt@db/rfopt", retry_seconds=300)   # doctest: +SKIP
@@ -69,12 +69,12 @@ class StorageLocationError(Refusal):
 
 
 class StorageRefusedError(RfoptError, RuntimeError):
-    """The database refuses a call for a reason waiting does not fix (`refusal`): raised at once, not retried."""
+    """The database refuses a call for a reason waiting does not fix (`persistent_fault`): raised at once, not retried."""
 
-    def __init__(self, message: str, refused: Refusal | None = None) -> None:
+    def __init__(self, message: str, refused: PersistentFault | None = None) -> None:
         super().__init__(message)
         self.refused = refused
-        """Why (`Refusal`: its ``kind``, e.g. ``read-only``)."""
+        """Why (`PersistentFault`: its ``kind``, e.g. ``read-only``)."""
 
 
 STORAGE_ERRORS = (StorageUnavailableError, StorageRefusedError, StorageLocationError)
@@ -279,7 +279,7 @@ def retry(call: Callable[[], T], budget: float, where: str, what: str,
     """Run `call`, retrying with exponential backoff (0.25 s doubling to 8 s, jittered) while the database is
     unreachable (or `retry_if` says so), until the database has been unreachable for `budget` seconds (`OUTAGES`:
     one budget per outage, shared by every call); then `StorageUnavailableError`. A refusal that waiting does not fix
-    (`refusal`) raises `StorageRefusedError` at once; SQLite failing to open its file, `StorageLocationError`."""
+    (`persistent_fault`) raises `StorageRefusedError` at once; SQLite failing to open its file, `StorageLocationError`."""
     retry_if = retry_if or is_unreachable
 
     def attempt() -> T:
@@ -323,7 +323,7 @@ def retry(call: Callable[[], T], budget: float, where: str, what: str,
                 f"storage {where}: {what} failed, SQLite cannot open or write its file ({_root(exc)}); check that the "
                 "file and its folder exist and are writable by this user"
             ) from exc
-        refused = refusal(exc)
+        refused = persistent_fault(exc)
         if refused is None:
             raise
         raise StorageRefusedError(
@@ -334,8 +334,9 @@ def retry(call: Callable[[], T], budget: float, where: str, what: str,
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """Why a database refuses a call, where waiting does not help, and what to do."""
+class PersistentFault:
+    """Why a database refuses a call, where waiting does not help (unlike an outage: `is_unreachable`), and what to do.
+    Not the exception `rfopt.errors.Refusal` (rfopt refusing an input): the database's answer to a call."""
 
     kind: str
     """``missing database``, ``missing role``, ``authentication``, ``disk full``, ``read-only`` or ``permission``."""
@@ -368,10 +369,10 @@ _REFUSALS = (
 )
 
 
-def refusal(exc: BaseException) -> Refusal | None:
+def persistent_fault(exc: BaseException) -> PersistentFault | None:
     """Why the database refuses, when `exc` (or what caused it) is a refusal that waiting does not fix; else None.
 
-        >>> refusal(error_connecting_to("postgresql://rfopt@db/nosuch")).kind     # doctest: +SKIP
+        >>> persistent_fault(error_connecting_to("postgresql://rfopt@db/nosuch")).kind     # doctest: +SKIP
         'missing database'
     """
     seen: BaseException | None = exc
@@ -380,17 +381,17 @@ def refusal(exc: BaseException) -> Refusal | None:
         text = str(seen)
         for kind, states, pattern, cause, fix in _REFUSALS:
             if state in states or re.search(pattern, text, re.IGNORECASE):
-                return Refusal(kind, cause, fix)
+                return PersistentFault(kind, cause, fix)
         seen = seen.__cause__ or seen.__context__
     return None
 
 
 def is_unreachable(exc: BaseException) -> bool:
     """Whether `exc` (or what caused it) says the database could not be reached or was locked: an outage, worth
-    waiting for. Not a refusal that waiting does not fix (`refusal`), nor SQLite failing to open its file."""
+    waiting for. Not a fault that waiting does not fix (`persistent_fault`), nor SQLite failing to open its file."""
     from sqlalchemy import exc as sa
 
-    if _is_sqlite_open_refusal(exc) or refusal(exc) is not None:
+    if _is_sqlite_open_refusal(exc) or persistent_fault(exc) is not None:
         return False
     seen: BaseException | None = exc
     while seen is not None:

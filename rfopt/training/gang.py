@@ -58,7 +58,7 @@ from rfopt.storage.state import RngState
 
 from .batched_step import BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, servable_call
 from .models import adapter_name
-from .rollouts import Aborted, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
+from .rollouts import DecodeAborted, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
 from .rollouts.bank import lora_layers
 from .runner import ChunkMetrics, Runner, StepDone
 
@@ -187,7 +187,7 @@ class Gang:
         with compat.restore_shared_model(model, args), self._batching(batched), _heap_frozen():
             try:
                 self._drive()
-            except BaseException:  # Ctrl-C: every member stops at its next step (a waiting one hears `Aborted`)
+            except BaseException:  # Ctrl-C: every member stops at its next step (a waiting one hears `DecodeAborted`)
                 self.abort()
                 self._drive()
                 raise
@@ -254,7 +254,7 @@ class Gang:
             started = time.perf_counter()
             try:
                 if self._aborted.is_set():
-                    raise Aborted("the gang was stopped")
+                    raise DecodeAborted("the gang was stopped")
                 if kind == "rollout":
                     outs: list[Any] = self.backend.generate(requests, should_stop=self._aborted.is_set)
                     self.decodes += 1
@@ -263,7 +263,7 @@ class Gang:
                 else:
                     outs = self._forward(batch, requests)
             except BaseException as exc:  # noqa: BLE001 - stopped, or the engine failed: every waiting member hears
-                heard = exc if isinstance(exc, Exception) else Aborted("interrupted")
+                heard = exc if isinstance(exc, Exception) else DecodeAborted("interrupted")
                 self._responses.update(zip(batch, [heard] * len(batch)))
                 if not isinstance(exc, Exception):  # Ctrl-C: the members stop, and it goes on up
                     raise
@@ -289,7 +289,7 @@ class Gang:
         if self._greenlets[i].dead:
             self._done.add(i)
             if isinstance(member.error, KeyboardInterrupt):  # Ctrl-C while this member ran: it stopped, not failed
-                member.error = Aborted("interrupted")
+                member.error = DecodeAborted("interrupted")
                 if not self._aborted.is_set():
                     raise KeyboardInterrupt
 
@@ -319,7 +319,7 @@ class Gang:
     def _rollout(self, i: int, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         """TRL's ``rollout_func`` for member `i`: queue its request, let the others run, and take the completions."""
         if self._aborted.is_set():
-            raise Aborted("the gang was stopped")
+            raise DecodeAborted("the gang was stopped")
         config = trainer.generation_config  # merged with the model's own, as TRL's generate call merges it
         request = GenerationRequest(
             adapter=adapter_name(self.members[i].number),
@@ -334,7 +334,7 @@ class Gang:
     def _wait(self, i: int, kind: str, request: Any) -> Any:
         """Member `i` waits on the gang for `kind` (`_ORDER`): back to `_drive`, which resumes it with the answer."""
         if self._aborted.is_set():
-            raise Aborted("the gang was stopped")
+            raise DecodeAborted("the gang was stopped")
         self._pending[i] = (kind, request)
         self._globals[i] = _MemberGlobals.capture(self.model)
         if self._step is not None:  # it may wait inside TRL's `use_adapter(model, None)`: the reference forward

@@ -74,7 +74,7 @@ EXCEPTIONS = {
 
 # The engine's own signals: caught inside rfopt, never a user's to catch.
 INTERNAL = {"rfopt.storage.leases.LeaseLost", "rfopt.training.runner.ChunkAborted",
-            "rfopt.training.rollouts.backend.Aborted", "rfopt.training.rollouts.sampler.Ungangable",
+            "rfopt.training.rollouts.backend.DecodeAborted", "rfopt.training.rollouts.sampler.Ungangable",
             "rfopt.engine.unit.CallbackFailed"}
 
 

@@ -450,17 +450,17 @@ def test_a_full_disk_under_a_postgresql_database_stops_the_run_at_once_and_the_s
         postgres.drop(storage)
 
 
-def test_a_refusal_is_told_from_an_outage_by_its_sqlstate_or_message():
+def test_a_persistent_fault_is_told_from_an_outage_by_its_sqlstate_or_message():
     import psycopg
     import sqlalchemy
 
-    from rfopt.storage.database import is_unreachable, refusal
+    from rfopt.storage.database import is_unreachable, persistent_fault
 
     def wrapped(orig):
         return sqlalchemy.exc.OperationalError("INSERT ...", {}, orig)
 
     full = wrapped(psycopg.errors.DiskFull("could not extend file: No space left on device"))
-    assert refusal(full).kind == "disk full" and not is_unreachable(full)
+    assert persistent_fault(full).kind == "disk full" and not is_unreachable(full)
     for text, kind in [('FATAL:  database "x" does not exist', "missing database"),
                        ('FATAL:  role "x" does not exist', "missing role"),
                        ('FATAL:  password authentication failed for user "x"', "authentication"),
@@ -468,11 +468,11 @@ def test_a_refusal_is_told_from_an_outage_by_its_sqlstate_or_message():
                        ("attempt to write a readonly database", "read-only"),
                        ("permission denied for schema public", "permission")]:
         error = wrapped(psycopg.OperationalError(f"connection failed: {text}"))
-        assert refusal(error).kind == kind and not is_unreachable(error)
+        assert persistent_fault(error).kind == kind and not is_unreachable(error)
     for outage in ("connection failed: Connection refused", "database is locked",
                    "FATAL:  the database system is starting up", "server closed the connection unexpectedly"):
         error = wrapped(psycopg.OperationalError(outage))
-        assert refusal(error) is None and is_unreachable(error)
+        assert persistent_fault(error) is None and is_unreachable(error)
 
 
 @pytest.mark.parametrize("cut", [0, 5, 40, -3])

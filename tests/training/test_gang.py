@@ -351,8 +351,8 @@ def test_output_flags_in_a_models_generation_config_do_not_make_its_evaluation_l
                                                                                        pytest.mark.slow))])
 def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tiny_model, runner_class):
     """Members run in the caller's thread, so a Ctrl-C lands in whichever member runs: the gang stops every member
-    at its next step (the one waiting for rollouts hears `Aborted`), then lets the KeyboardInterrupt through."""
-    from rfopt.training.rollouts import Aborted
+    at its next step (the one waiting for rollouts hears `DecodeAborted`), then lets the KeyboardInterrupt through."""
+    from rfopt.training.rollouts import DecodeAborted
     from rfopt.training.runner import ChunkAborted
     from rfopt_testkit import reward_interrupted
 
@@ -369,9 +369,9 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
     gang = Gang(runners[0].rollout_backend("batched"), [GangMember(r) for r in runners])
     with pytest.raises(KeyboardInterrupt):
         gang.train()
-    assert isinstance(gang.members[1].error, Aborted)
-    # stopped: at its next step (ChunkAborted), or while waiting for rollouts (Aborted); none failed of its own
-    assert all(isinstance(m.error, (Aborted, ChunkAborted)) for m in gang.members), [m.error for m in gang.members]
+    assert isinstance(gang.members[1].error, DecodeAborted)
+    # stopped: at its next step (ChunkAborted), or while waiting for rollouts (DecodeAborted); none failed of its own
+    assert all(isinstance(m.error, (DecodeAborted, ChunkAborted)) for m in gang.members), [m.error for m in gang.members]
     assert all(g.dead for g in gang._greenlets.values())  # no member is left suspended
 
 

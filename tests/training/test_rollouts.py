@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rfopt
 from rfopt.training.rollouts import (
-    Aborted,
+    DecodeAborted,
     BatchedBackend,
     ExactBackend,
     GenerationRequest,
@@ -169,7 +169,7 @@ def test_should_stop_stops_decoding_between_two_tokens(adapters, backend_of):
         return len(asked) > 3
 
     backend = backend_of(model)
-    with pytest.raises(Aborted):
+    with pytest.raises(DecodeAborted):
         backend.generate([GenerationRequest("a", rows, _sampling(tokenizer, max_new_tokens=64)),
                           GenerationRequest("b", rows, _sampling(tokenizer, max_new_tokens=64))], should_stop)
     assert len(asked) < 16  # it stopped after a few tokens, not at the end

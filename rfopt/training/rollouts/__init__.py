@@ -14,7 +14,7 @@ from .backend import (
     BATCHED,
     EXACT,
     KINDS,
-    Aborted,
+    DecodeAborted,
     Completions,
     ExactBackend,
     GenerationRequest,
@@ -28,7 +28,7 @@ from .backend import (
 from .batched import BatchedBackend, DecodeStats
 from .sampler import Sampling, Ungangable, generation_settings, request_sampling
 
-__all__ = ["BATCHED", "EXACT", "KINDS", "Aborted", "BatchedBackend", "Completions", "DecodeStats", "ExactBackend",
+__all__ = ["BATCHED", "EXACT", "KINDS", "DecodeAborted", "BatchedBackend", "Completions", "DecodeStats", "ExactBackend",
            "GenerationRequest", "Outcome", "RolloutBackend", "Sampling", "Ungangable", "generation_settings",
            "model_refusal", "refusal", "request_sampling", "seed_from_stream", "until_eos"]
 

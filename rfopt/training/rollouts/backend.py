@@ -47,8 +47,9 @@ BATCHED = "batched"
 KINDS = (EXACT, BATCHED)
 
 
-class Aborted(RfoptError, RuntimeError):
-    """Decoding was stopped between two tokens (`RolloutBackend.generate`'s `should_stop`)."""
+class DecodeAborted(RfoptError, RuntimeError):
+    """Decoding was stopped between two tokens (`RolloutBackend.generate`'s `should_stop`); a chunk stopped between two
+    optimizer steps is `rfopt.training.runner.ChunkAborted`."""
 
 
 @dataclass
@@ -95,7 +96,7 @@ class RolloutBackend(Protocol):
 
     def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None
                  ) -> list[Outcome]:
-        """Each request's completions, or the exception that ended that request alone. Raises `Aborted` when
+        """Each request's completions, or the exception that ended that request alone. Raises `DecodeAborted` when
         `should_stop` says so between two tokens."""
 
     def adapters_changed(self, names: Iterable[str]) -> None:
@@ -279,7 +280,7 @@ class ExactBackend:
         for request in requests:
             try:
                 results.append(self._generate(request, should_stop))
-            except Aborted:
+            except DecodeAborted:
                 raise
             except RuntimeError as exc:  # e.g. "probability tensor contains either inf, nan or element < 0"
                 results.append(exc)
@@ -319,7 +320,7 @@ class ExactBackend:
                     out = model.generate(input_ids=ids, attention_mask=mask, **kwargs,
                                          **({"stopping_criteria": StoppingCriteriaList([stop])} if stop else {}))
                     if stop is not None and stop.stopped:
-                        raise Aborted("decoding stopped")
+                        raise DecodeAborted("decoding stopped")
                     completions.extend(until_eos(row, eos_ids, pad) for row in out[:, width:].tolist())
         finally:
             model.train(was_training)
@@ -334,5 +335,5 @@ def until_eos(ids: list[int], eos_ids: Sequence[int], pad_id: int | None) -> lis
     return [t for t in ids if t != pad_id] if pad_id not in eos_ids else ids
 
 
-__all__ = ["BATCHED", "EXACT", "KINDS", "Aborted", "Completions", "ExactBackend", "GenerationRequest", "Outcome", "RolloutBackend",
+__all__ = ["BATCHED", "EXACT", "KINDS", "DecodeAborted", "Completions", "ExactBackend", "GenerationRequest", "Outcome", "RolloutBackend",
            "model_refusal", "refusal", "seed_from_stream", "until_eos"]

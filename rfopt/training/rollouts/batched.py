@@ -44,7 +44,7 @@ from typing import Any
 from rfopt.errors import Refusal
 from rfopt import compat
 
-from .backend import Aborted, Completions, ExactBackend, GenerationRequest, Outcome, model_refusal, refusal
+from .backend import DecodeAborted, Completions, ExactBackend, GenerationRequest, Outcome, model_refusal, refusal
 from .bank import LoraBank, adapter_refusal, decode_view
 from .sampler import Features, RowSettings, Sampling, Ungangable, row_key, sample, uniform_noise
 
@@ -308,7 +308,7 @@ class BatchedBackend:
             iterations = 1
             for t in range(1, steps):
                 if should_stop is not None and should_stop():
-                    raise Aborted("decoding stopped")
+                    raise DecodeAborted("decoding stopped")
                 if t % CHECK_EVERY == 0 and bool(bucket.done.all()):
                     break
                 self._run_step(bucket)
