@@ -25,11 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Refusal
-
-
-class PlanError(Refusal):
-    """A chunk plan that cannot work (more chunks than steps, batch sizes that do not divide), with the fix."""
+from rfopt.errors import PlanError
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ from typing import Any
 
 import optuna
 
-from .errors import RfoptError
+from rfopt.errors import CompatError
 
 TESTED: dict[str, str] = {
     "transformers": "~=5.23.0",
@@ -148,10 +148,6 @@ TESTED: dict[str, str] = {
     "trackio": "~=0.43.0",
 }
 """The versions each patched library was checked against (compatible-release ranges, as pinned in pyproject.toml)."""
-
-class CompatError(RfoptError, RuntimeError):
-    """A library that rfopt patches moved: the symbol or call site a correctness patch relies on is gone."""
-
 
 class CompatWarning(UserWarning):
     """A patched library is outside the versions rfopt was tested with."""

@@ -1,10 +1,10 @@
 """The root of rfopt's exceptions, the two that the engine itself uses as signals, and every exception a user catches.
 
 Every exception class rfopt defines derives from `RfoptError`, so ``except rfopt.RfoptError`` catches any error rfopt
-raised on purpose (as ``optuna.exceptions.OptunaError`` does for Optuna). Each class lives in the module that raises
-it (`ConfigError`, raised by every module that reads configs, overrides or param names, lives here); this module offers
-every one a user may catch (``rfopt.errors.OpError``, ``from rfopt.errors import CheckpointError``), and each keeps the
-builtin base users caught it by before (``ValueError`` for a refused input, ``RuntimeError`` for a failure while
+raised on purpose (as ``optuna.exceptions.OptunaError`` does for Optuna). Every one a user may catch is defined here,
+below every module that raises it (``rfopt.errors.OpError``, ``from rfopt.errors import CheckpointError``): the
+module that raises it imports it from here, so this module reaches up to none and the layering test sees every import
+(tests/product/test_architecture.py). Each keeps the builtin base users caught it by before (``ValueError`` for a refused input, ``RuntimeError`` for a failure while
 running):
 
 - `Refusal` (a ``ValueError``): rfopt refuses an input or a request before writing anything; the message names the
@@ -35,7 +35,7 @@ running):
 
 from __future__ import annotations
 
-import importlib
+from typing import Any
 
 
 class RfoptError(Exception):
@@ -90,45 +90,106 @@ class PrunerFailed(RfoptError, RuntimeError):
         self.step = step
 
 
-# Where each exception this module offers but does not define lives: the module that raises it, most of them above
-# this one (every layer imports this module, so importing theirs here would be a cycle). Each is imported when first
-# asked for.
-_ELSEWHERE = {
-    "CheckpointError": "rfopt.storage.files",
-    "ClusterStorageError": "rfopt.engine.ray_worker",
-    "ClusterTooSmallError": "rfopt.engine.cluster",
-    "CompatError": "rfopt.compat",
-    "DatasetUnavailableError": "rfopt.studies.data",
-    "ModelUnavailableError": "rfopt.smollm2",
-    "OpError": "rfopt.engine.ops",
-    "PlanError": "rfopt.chunks",
-    "PopulationBasedTrainingMisplaced": "rfopt.pruning._pbt",
-    "RewardFunctionError": "rfopt.config.rewardfuncs",
-    "StorageLocationError": "rfopt.storage.database",
-    "StorageRefusedError": "rfopt.storage.database",
-    "StorageUnavailableError": "rfopt.storage.database",
-    "StorageUnreachableError": "rfopt.engine.ray_worker",
-    "StudyBusyError": "rfopt.storage.leases",
-    "StudyDeletedError": "rfopt.engine.run",
-    "StudyNameError": "rfopt.engine.checks",
-    "TrackerRefused": "rfopt.training.trackers",
-    "TrialDiverged": "rfopt.training.runner",
-}
-
-# Those defined here, then the others, spread from the table: ruff's check that each name in `__all__` is defined
-# does not know that `__getattr__` supplies them.
-__all__ = ["ConfigError", "MissingFile", "MissingPackage", "NoSuchTrial", "NothingToAnswer", "PrunerFailed", "Refusal",
-           "RfoptError", "StaleRead", "TypeRefusal", *_ELSEWHERE]
+# ---------------------------------------------------------------------- refused input (the module that refuses it)
+class PlanError(Refusal):
+    """A chunk plan that cannot work (more chunks than steps, batch sizes that do not divide), with the fix
+    (`rfopt.chunks`)."""
 
 
-def __getattr__(name: str) -> type[RfoptError]:
-    home = _ELSEWHERE.get(name)
-    if home is None:
-        raise AttributeError(f"module 'rfopt.errors' has no attribute {name!r}")
-    cls = getattr(importlib.import_module(home), name)
-    globals()[name] = cls  # asked for once
-    return cls
+class OpError(Refusal):
+    """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides (`rfopt.engine.ops`)."""
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+class StorageLocationError(Refusal):
+    """A storage URL that names no usable database: malformed, or a SQLite file that cannot be there (or, where it
+    must exist, is not) (`rfopt.storage.database`)."""
+
+
+class StudyNameError(Refusal):
+    """A study name that cannot be a folder's name as it is (it would choose where files go) (`rfopt.engine.checks`)."""
+
+
+class ClusterStorageError(Refusal):
+    """A study whose storage the cluster's workers cannot share (SQLite across nodes, an in-memory study)
+    (`rfopt.engine.ray_worker`)."""
+
+
+class ClusterTooSmallError(Refusal):
+    """No node of the Ray cluster can hold one worker (its CPUs, or a GPU and a CPU): Ray would wait forever
+    (`rfopt.engine.cluster`)."""
+
+
+class TrackerRefused(Refusal):
+    """A tracker in ``report_to`` that cannot work here (not installed, unreachable, no credentials)
+    (`rfopt.training.trackers`)."""
+
+
+class PopulationBasedTrainingMisplaced(RfoptError, TypeError):
+    """`PopulationBasedTraining` used as an Optuna pruner: only rfopt can carry it out (`rfopt.pruning`)."""
+
+
+# ---------------------------------------------------------------------- failures while running
+class CheckpointError(RfoptError, RuntimeError):
+    """A checkpoint that is missing, unreadable, corrupt or could not be written; names the trial and the file
+    (`rfopt.storage.files`)."""
+
+
+class CompatError(RfoptError, RuntimeError):
+    """A library that rfopt patches moved: the symbol or call site a correctness patch relies on is gone
+    (`rfopt.compat`)."""
+
+
+class DatasetUnavailableError(RfoptError, RuntimeError):
+    """A loader could not get its rows: Hub unreachable, local file missing, or a column missing
+    (`rfopt.studies.data`).
+
+    The message names the dataset, the reason, and how to fix it; the underlying `datasets`
+    error, if any, is chained as ``__cause__``.
+    """
+
+
+class ModelUnavailableError(RfoptError, RuntimeError):
+    """The offline default model cannot be provided; the message says how to fix it (`rfopt.smollm2`)."""
+
+
+class RewardFunctionError(RfoptError, RuntimeError):
+    """A reward function that raised or returned something unusable, named with the fix."""
+
+
+class StorageUnavailableError(RfoptError, RuntimeError):
+    """The study's database stayed unreachable past the retry budget (`rfopt.storage.database`)."""
+
+
+class StorageRefusedError(RfoptError, RuntimeError):
+    """The database refuses a call for a reason waiting does not fix (`rfopt.storage.database.persistent_fault`):
+    raised at once, not retried."""
+
+    def __init__(self, message: str, refused: Any = None) -> None:
+        super().__init__(message)
+        self.refused = refused
+        """Why (`rfopt.storage.database.PersistentFault`: its ``kind``, e.g. ``read-only``), or None."""
+
+
+class StorageUnreachableError(RfoptError, RuntimeError):
+    """The cluster's workers cannot connect to the study's storage (`rfopt.engine.ray_worker`)."""
+
+
+class StudyBusyError(RfoptError, RuntimeError):
+    """Another process runs the study in a way this one cannot join: `rfopt run` takes no leases, so it shares a study
+    with no other process, and workers share one only with workers (`rfopt.storage.leases`)."""
+
+
+class StudyDeletedError(RfoptError, RuntimeError):
+    """The study was deleted from its storage while this process ran it (`rfopt.engine.run`)."""
+
+
+class TrialDiverged(RfoptError, RuntimeError):
+    """Training produced a NaN or infinite loss or gradient (`rfopt.training.runner`)."""
+
+
+__all__ = ["CheckpointError", "ClusterStorageError", "ClusterTooSmallError", "CompatError", "ConfigError",
+           "DatasetUnavailableError", "MissingFile", "MissingPackage", "ModelUnavailableError", "NoSuchTrial",
+           "NothingToAnswer", "OpError", "PlanError", "PopulationBasedTrainingMisplaced", "PrunerFailed", "Refusal",
+           "RewardFunctionError", "RfoptError", "StaleRead", "StorageLocationError", "StorageRefusedError",
+           "StorageUnavailableError", "StorageUnreachableError", "StudyBusyError", "StudyDeletedError",
+           "StudyNameError", "TrackerRefused", "TrialDiverged", "TypeRefusal"]

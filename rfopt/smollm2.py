@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from .errors import RfoptError
+from rfopt.errors import ModelUnavailableError
 
 __all__ = ["SMOLLM2", "ModelUnavailableError", "check_smollm2", "smollm2_path"]
 
@@ -43,10 +43,6 @@ _CHATML_TEMPLATE = (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class ModelUnavailableError(RfoptError, RuntimeError):
-    """The offline default model cannot be provided; the message says how to fix it."""
 
 
 def smollm2_path(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:

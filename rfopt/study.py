@@ -32,11 +32,11 @@ from rfopt.compat import storage_of
 from rfopt.config.settings import EvalSettings, StudySettings
 from rfopt.config.trial import TrialConfig
 from rfopt.engine import clones, ops
-from rfopt.errors import NoSuchTrial, NothingToAnswer, TypeRefusal
-from rfopt.engine.checks import StudyNameError, check_pruner, check_study_name
+from rfopt.errors import NoSuchTrial, NothingToAnswer, StudyDeletedError, StudyNameError, TypeRefusal
+from rfopt.engine.checks import check_pruner, check_study_name
 from rfopt.engine.cluster import RayCluster
 from rfopt.engine.request import RunRequest, Worker
-from rfopt.engine.run import StudyDeletedError, follow_moved_checkpoints, run
+from rfopt.engine.run import follow_moved_checkpoints, run
 from rfopt.engine.unit import UnitCommitted
 from rfopt.reports.outcome import Recommendation, StudyOutcome, outcome
 from rfopt.reports.replicates import ReplicateGroup

@@ -2,7 +2,8 @@
 
 import pytest
 
-from rfopt.chunks import ChunkPlan, PlanError, dataset_fingerprint, trial_schedule
+from rfopt.errors import PlanError
+from rfopt.chunks import ChunkPlan, dataset_fingerprint, trial_schedule
 from rfopt_testkit import grpo_config, prompts_dataset
 
 

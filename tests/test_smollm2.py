@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rfopt import smollm2
-from rfopt.smollm2 import ModelUnavailableError, smollm2_path
+from rfopt.errors import ModelUnavailableError
+from rfopt.smollm2 import smollm2_path
 
 
 @pytest.mark.slow

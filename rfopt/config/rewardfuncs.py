@@ -9,12 +9,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rfopt.errors import RfoptError
+from rfopt.errors import RewardFunctionError
 from rfopt.values import reads_as_number, shown
-
-
-class RewardFunctionError(RfoptError, RuntimeError):
-    """A reward function that raised or returned something unusable, named with the fix."""
 
 
 def checked_reward(func: Any) -> Callable[..., Any]:

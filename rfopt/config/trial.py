@@ -365,7 +365,8 @@ def check_model(config: TrialConfig) -> None:
     if not isinstance(config.model, str):
         return  # a function: resolved by import path (or left as one, where the study's code is not importable)
     if config.model == "smollm2":
-        from rfopt.smollm2 import ModelUnavailableError, check_smollm2
+        from rfopt.errors import ModelUnavailableError
+        from rfopt.smollm2 import check_smollm2
 
         try:
             check_smollm2()

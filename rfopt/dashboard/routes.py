@@ -16,8 +16,7 @@ import optuna
 from bottle import HTTPResponse, redirect, request
 
 from rfopt.reports.status import liveness, summaries
-from rfopt.errors import Refusal
-from rfopt.storage.database import StorageRefusedError
+from rfopt.errors import Refusal, StorageRefusedError
 from rfopt.storage.schema import TrialRecord, json_safe, study_attrs
 
 from . import actions, markup, pages, samples

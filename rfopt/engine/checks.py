@@ -20,13 +20,13 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from rfopt import compat
-from rfopt.chunks import ChunkPlan, PlanError, dataset_fingerprint, rows_left_out, trial_schedule
+from rfopt.chunks import ChunkPlan, dataset_fingerprint, rows_left_out, trial_schedule
 from rfopt.config.rewardfuncs import reward_columns, reward_name
 from rfopt.config.settings import StudySettings
 from rfopt.config.spaces import ListSpace, as_space
 from rfopt.config.trial import TrialConfig
 from rfopt.config.usercode import importing_user_file, study_on_import
-from rfopt.errors import ConfigError, MissingPackage, Refusal, TypeRefusal
+from rfopt.errors import ConfigError, MissingPackage, PlanError, Refusal, StudyNameError, TypeRefusal
 from rfopt.pruning import PopulationBasedTraining
 from rfopt.storage import schema
 from rfopt.storage.schema import study_record
@@ -184,10 +184,6 @@ def say_placement(placement: Any, checked: CheckedRun) -> None:
                            study_trackers or "none")
             break
 
-
-
-class StudyNameError(Refusal):
-    """A study name that cannot be a folder's name as it is (it would choose where files go)."""
 
 
 STUDY_NAME_MAX = 128

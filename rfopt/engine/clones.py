@@ -20,13 +20,13 @@ from rfopt.chunks import ChunkPlan, trial_schedule
 from rfopt.config.overrides import override_dict
 from rfopt.config.params import admits, field_path, param_holding, param_name, param_value
 from rfopt.config.trial import TrialConfig, check_model
-from rfopt.errors import ConfigError
+from rfopt.errors import ConfigError, OpError
 from rfopt.values import is_number
 from rfopt.storage import crashpoints, schema
 from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.schema import Lineage, TrialRecord
 
-from .ops import OpError, find_trial
+from .ops import find_trial
 
 logger = logging.getLogger("rfopt")
 

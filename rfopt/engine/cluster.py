@@ -37,7 +37,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.config.spaces import ListSpace
-from rfopt.errors import MissingPackage, Refusal
+from rfopt.errors import ClusterTooSmallError, MissingPackage, Refusal
 from rfopt.reports.status import state_counts
 from rfopt.storage.schema import TrialRecord
 
@@ -59,10 +59,6 @@ in the environment before Ray is imported)."""
 GRACE_SECONDS = 10.0
 """After one worker returns (nothing is left to train), how long the others get to return before they are
 released."""
-
-
-class ClusterTooSmallError(Refusal):
-    """No node of the Ray cluster can hold one worker (its CPUs, or a GPU and a CPU): Ray would wait forever."""
 
 
 @dataclass

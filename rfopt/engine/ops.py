@@ -39,7 +39,7 @@ import optuna
 from optuna.trial import TrialState
 
 from rfopt.compat import storage_of, trial_id_of
-from rfopt.errors import Refusal
+from rfopt.errors import OpError
 from rfopt.reports.status import liveness
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointStore
@@ -47,10 +47,6 @@ from rfopt.storage.leases import requests_lock
 from rfopt.storage.schema import AppliedOp, Cancel, Stop, TrialRecord, TrialRef, TrialRequest, Withdrawal
 
 logger = logging.getLogger("rfopt")
-
-
-class OpError(Refusal):
-    """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides."""
 
 
 def halt(study: optuna.Study, by: str | None = None) -> schema.Halt:

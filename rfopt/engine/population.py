@@ -29,13 +29,12 @@ from optuna.trial import FrozenTrial, TrialState
 from rfopt.chunks import ChunkPlan
 from rfopt.config.overrides import override_dict
 from rfopt.config.trial import TrialConfig
-from rfopt.errors import ConfigError
+from rfopt.errors import ConfigError, OpError
 from rfopt.pruning import Member, PopulationBasedTraining, RungOutcome, plan_step
 from rfopt.storage import crashpoints, schema
 from rfopt.storage.schema import PbtStep, PruneDecision, Replacement, TrialRecord
 
 from .clones import clone, clone_with_token, warm_start_refusal
-from .ops import OpError
 
 logger = logging.getLogger("rfopt")
 

@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 
 from rfopt.config.spaces import ListSpace
-from rfopt.errors import Refusal, RfoptError
+from rfopt.errors import ClusterStorageError, StorageUnreachableError
 from rfopt.pruning import optuna_pruner
 from rfopt.storage.database import redact
 
@@ -21,14 +21,6 @@ from .request import RunRequest, Worker
 from .run import follow_moved_checkpoints, run
 
 logger = logging.getLogger("rfopt")
-
-
-class ClusterStorageError(Refusal):
-    """A study whose storage the cluster's workers cannot share (SQLite across nodes, an in-memory study)."""
-
-
-class StorageUnreachableError(RfoptError, RuntimeError):
-    """The cluster's workers cannot connect to the study's storage."""
 
 
 @dataclass

@@ -31,7 +31,7 @@ from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.schema import TrialRecord
 
 from .clones import clone
-from .ops import OpError
+from rfopt.errors import OpError
 
 @dataclass(frozen=True)
 class Made:

@@ -34,13 +34,13 @@ from optuna.trial import TrialState
 
 from rfopt.compat import storage_of
 from rfopt.config.spaces import ListSpace, as_space
-from rfopt.errors import RfoptError
+from rfopt.errors import CheckpointError, StudyDeletedError
 from rfopt.pruning import describe as pruning_outlook
 from rfopt.reports.display import ProgressBar
 from rfopt.reports.outcome import outcome
 from rfopt.reports.status import state_counts
 from rfopt.storage import schema
-from rfopt.storage.checkpoints import CheckpointError, CheckpointStore, location_exists
+from rfopt.storage.checkpoints import CheckpointStore, location_exists
 from rfopt.storage.database import describe, sqlalchemy_engine_of
 from rfopt.storage.files import normalize_location
 from rfopt.storage.leases import Leases, Presence
@@ -64,10 +64,6 @@ logger = logging.getLogger("rfopt")
 PRESENCE_SECONDS = 5.0
 """How often a process running a study stamps its presence (`rfopt.storage.leases.Presence`): a process that died
 reads as gone within twice this."""
-
-
-class StudyDeletedError(RfoptError, RuntimeError):
-    """The study was deleted from its storage while this process ran it."""
 
 
 def run(study: optuna.Study, request: RunRequest, checkpoint_dir: str | None = None) -> None:

@@ -36,9 +36,9 @@ import optuna
 from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.config.settings import EvalSettings
 from rfopt.config.trial import TrialConfig
-from rfopt.errors import RfoptError
+from rfopt.errors import CheckpointError, RfoptError
 from rfopt.storage import schema
-from rfopt.storage.checkpoints import CheckpointError, CheckpointStore
+from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.crashpoints import reach
 from rfopt.storage.schema import TrialRef
 from rfopt.storage.state import UnitReport

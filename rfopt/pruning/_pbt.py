@@ -42,14 +42,10 @@ from optuna.distributions import (
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from rfopt.errors import Refusal, RfoptError
+from rfopt.errors import PopulationBasedTrainingMisplaced, Refusal
 from rfopt.storage.schema import PbtStep, Replacement
 
 EXPLORE_MODES = ("perturb", "sampler")
-
-
-class PopulationBasedTrainingMisplaced(RfoptError, TypeError):
-    """`PopulationBasedTraining` used as an Optuna pruner: only rfopt can carry it out."""
 
 
 class PopulationBasedTraining:

@@ -15,11 +15,7 @@ Nothing here imports training or the engine: storage is the source of truth that
 `rfopt.storage` itself offers what a user opening a study's storage needs (`open_storage` and its errors).
 """
 
-from rfopt.storage.database import (
-    StorageLocationError,
-    StorageRefusedError,
-    StorageUnavailableError,
-    open_storage,
-)
+from rfopt.errors import StorageLocationError, StorageRefusedError, StorageUnavailableError
+from rfopt.storage.database import open_storage
 
 __all__ = ["StorageLocationError", "StorageRefusedError", "StorageUnavailableError", "open_storage"]

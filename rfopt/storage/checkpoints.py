@@ -58,10 +58,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rfopt.errors import Refusal, TypeRefusal
+from rfopt.errors import CheckpointError, Refusal, TypeRefusal
 
 from .crashpoints import reach
-from .files import CheckpointError, files_at, is_url
+from .files import files_at, is_url
 from .state import TrialSnapshot, UnitReport, from_tensors, to_tensors
 
 Location = Path | str

@@ -44,7 +44,7 @@ import tenacity
 from optuna.storages import BaseStorage
 
 from rfopt import compat
-from rfopt.errors import Refusal, RfoptError
+from rfopt.errors import StorageLocationError, StorageRefusedError, StorageUnavailableError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
@@ -57,24 +57,6 @@ SQLITE_BUSY_SECONDS = 10.0
 """How long SQLite waits on a lock before the call fails and is retried (a dashboard may hold one)."""
 
 T = TypeVar("T")
-
-
-class StorageUnavailableError(RfoptError, RuntimeError):
-    """The study's database stayed unreachable past the retry budget."""
-
-
-class StorageLocationError(Refusal):
-    """A storage URL that names no usable database: malformed, or a SQLite file that cannot be there (or, where it
-    must exist, is not)."""
-
-
-class StorageRefusedError(RfoptError, RuntimeError):
-    """The database refuses a call for a reason waiting does not fix (`persistent_fault`): raised at once, not retried."""
-
-    def __init__(self, message: str, refused: PersistentFault | None = None) -> None:
-        super().__init__(message)
-        self.refused = refused
-        """Why (`PersistentFault`: its ``kind``, e.g. ``read-only``)."""
 
 
 STORAGE_ERRORS = (StorageUnavailableError, StorageRefusedError, StorageLocationError)

@@ -22,13 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from rfopt.errors import RfoptError
+from rfopt.errors import CheckpointError
 
 _LOCAL_PROTOCOLS = ("file", "local")
-
-
-class CheckpointError(RfoptError, RuntimeError):
-    """A checkpoint that is missing, unreadable, corrupt or could not be written; names the trial and the file."""
 
 
 def is_url(location: str | os.PathLike) -> bool:

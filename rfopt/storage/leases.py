@@ -45,7 +45,7 @@ import optuna
 import sqlalchemy as sa
 
 from rfopt.compat import storage_of
-from rfopt.errors import Refusal, RfoptError
+from rfopt.errors import Refusal, RfoptError, StudyBusyError
 
 from .database import is_schema_race, is_unreachable, retry, sqlalchemy_engine_of
 
@@ -88,11 +88,6 @@ PRESENCE = sa.Table(
 
 class LeaseLost(RfoptError, RuntimeError):
     """This worker's lease expired or was taken over: it must not commit the unit it worked on."""
-
-
-class StudyBusyError(RfoptError, RuntimeError):
-    """Another process runs the study in a way this one cannot join: `rfopt run` takes no leases, so it shares a study
-    with no other process, and workers share one only with workers."""
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from typing import Any
 from rfopt import compat
 from rfopt.config.codec import TokenizerSpec
 from rfopt.config.trial import TrialConfig
-from rfopt.errors import ConfigError
-from rfopt.smollm2 import SMOLLM2, ModelUnavailableError, smollm2_path
+from rfopt.errors import ConfigError, ModelUnavailableError
+from rfopt.smollm2 import SMOLLM2, smollm2_path
 
 from .quantization import bitsandbytes_refusal
 

@@ -49,7 +49,7 @@ from rfopt.chunks import ChunkPlan, TrialSchedule
 from rfopt.config.rewardfuncs import checked_reward
 from rfopt.config.settings import EvalSettings
 from rfopt.config.trial import TrialConfig
-from rfopt.errors import RfoptError
+from rfopt.errors import RfoptError, TrialDiverged
 from rfopt.storage.state import RngState, TrialSnapshot
 
 from .evaluation import EvalMember, EvalResult, evaluate_members
@@ -59,10 +59,6 @@ from .trackers import Tracking
 
 _NO_STATE = -1
 """`TrialRunner.units_done` after a chunk stopped midway: the weights and optimizer are no unit's."""
-
-
-class TrialDiverged(RfoptError, RuntimeError):
-    """Training produced a NaN or infinite loss or gradient."""
 
 
 class ChunkAborted(RfoptError, RuntimeError):

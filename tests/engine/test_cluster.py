@@ -6,8 +6,9 @@ import optuna
 import pytest
 
 import rfopt
-from rfopt.engine.cluster import ClusterTooSmallError, RayCluster
-from rfopt.engine.ray_worker import ClusterStorageError, StorageUnreachableError, WorkerJob, check_reachable
+from rfopt.errors import ClusterStorageError, ClusterTooSmallError, StorageUnreachableError
+from rfopt.engine.cluster import RayCluster
+from rfopt.engine.ray_worker import WorkerJob, check_reachable
 
 
 def test_one_worker_per_gpu_where_the_cluster_has_gpus_else_per_cpu_share():

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 import rfopt
 from rfopt.cli import main as cli
-from rfopt.engine.ops import OpError
+from rfopt.errors import OpError
 from rfopt_testkit import prompts_dataset, trial_config
 from stored_study import stored_study
 from rfopt.storage.schema import trial_attrs

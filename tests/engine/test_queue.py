@@ -16,7 +16,7 @@ from rfopt.engine import ops
 from rfopt.reports.status import liveness
 from rfopt.cli import main as cli
 from rfopt.compat import storage_of, trial_id_of
-from rfopt.engine.ops import OpError
+from rfopt.errors import OpError
 from rfopt.storage.schema import TrialRecord, TrialRef
 
 TRAIN, EVAL = prompts_dataset(4), prompts_dataset(2, "E")

@@ -155,7 +155,7 @@ def test_storage_the_actors_cannot_reach_fails_the_run_at_once_naming_the_url(po
     """The caller reaches the database; the actors' environment makes every connection of theirs fail (libpq asked
     for SSL, which the server does not offer), as a database address that only the caller's machine resolves."""
     import rfopt
-    from rfopt.engine.ray_worker import StorageUnreachableError
+    from rfopt.errors import StorageUnreachableError
     from rfopt_testkit import prompts_dataset, trial_config
 
     storage = postgres.new_database()

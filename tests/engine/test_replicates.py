@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 import rfopt
 from crashkit import Died
-from rfopt.engine.ops import OpError
+from rfopt.errors import OpError
 from rfopt.reports.replicates import groups
 from rfopt.storage.schema import TrialRecord
 from rfopt_testkit import prompts_dataset, trial_config

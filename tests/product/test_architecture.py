@@ -141,6 +141,31 @@ def test_imports_only_point_down_the_layers():
     assert upward == []
 
 
+DYNAMIC_IMPORTS = {("config", "usercode"): "a user's module named in a config (``pkg.module:name``)",
+                   ("config", "studyfile"): "a ready-made study by its name (rfopt.studies: users of the API)",
+                   ("__init__",): "the names ``import rfopt`` once offered, from their homes below it"}
+"""The modules that import by a computed name (``importlib.import_module``), which the layering test cannot follow,
+and what they import so."""
+
+
+def test_no_module_reaches_up_through_importlib():
+    """An import by name is an import the test above cannot see: only the modules of `DYNAMIC_IMPORTS` make one, and a
+    literal ``rfopt.*`` name points down like any import (``rfopt.errors`` once reached 19 higher modules so)."""
+    hidden = []
+    for module, path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "import_module"
+                                               or getattr(node.func, "id", None) in ("import_module", "__import__")):
+                arg = node.args[0] if node.args else None
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("rfopt."):
+                    imported = _known(arg.value.split(".")[1:])
+                    if imported != module and _above(imported, module):
+                        hidden.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {arg.value}")
+                elif module not in DYNAMIC_IMPORTS:
+                    hidden.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: a computed name")
+    assert hidden == []
+
+
 def test_rfopt_imports_a_name_from_the_module_that_defines_it_not_through_a_re_export():
     """`rfopt.storage` and `rfopt.config` re-export names for users; rfopt's own modules import from the module that
     defines them (so the layers above hold)."""

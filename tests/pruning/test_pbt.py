@@ -70,7 +70,7 @@ def test_it_is_the_studys_rung_policy_and_not_an_optuna_pruner(storage):
 def test_given_to_optuna_create_study_it_refuses_naming_rfopt_create_study(storage):
     """Issue 35: ``optuna.create_study(pruner=PopulationBasedTraining())`` was accepted, and each trial failed with
     ``AttributeError: ... no attribute 'prune'``; an rfopt.Study made over such a study takes it as its rung policy."""
-    from rfopt.pruning._pbt import PopulationBasedTrainingMisplaced
+    from rfopt.errors import PopulationBasedTrainingMisplaced
 
     pbt = rfopt.PopulationBasedTraining(interval=2)
     plain = optuna.create_study(study_name="plain", storage=storage, pruner=pbt)

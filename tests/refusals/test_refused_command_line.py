@@ -12,8 +12,7 @@ import pytest
 
 from refusalkit import contents, made_study
 from rfopt.cli import main
-from rfopt.errors import PlanError
-from rfopt.storage.database import StorageLocationError
+from rfopt.errors import PlanError, StorageLocationError
 
 
 # ---------------------------------------------------------------------- arguments out of range

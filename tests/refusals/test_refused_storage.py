@@ -13,7 +13,8 @@ import pytest
 import rfopt
 from refusalkit import contents, made_study
 from rfopt.cli import main
-from rfopt.storage.database import StorageLocationError, check_url, open_storage, retry
+from rfopt.errors import StorageLocationError
+from rfopt.storage.database import check_url, open_storage, retry
 
 
 # ---------------------------------------------------------------------- SQLite location
@@ -180,7 +181,7 @@ def test_the_python_api_refuses_a_malformed_storage_as_the_command_line_does_cre
     """Issue 35: ``create_study(storage="")`` silently made rfopt.db; ``"sqlite://s.db"`` gave SQLAlchemy's raw
     error."""
     import rfopt
-    from rfopt.storage.database import StorageLocationError
+    from rfopt.errors import StorageLocationError
 
     monkeypatch.chdir(tmp_path)
     for call in (lambda: rfopt.create_study(study_name="x", storage=url), lambda: rfopt.load_study("x", url)):

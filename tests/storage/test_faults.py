@@ -18,11 +18,11 @@ import optuna
 import pytest
 
 import rfopt
-from rfopt.errors import CheckpointError
+from rfopt.errors import CheckpointError, StorageRefusedError, StorageUnavailableError
 from crashkit import assert_same_study, env, events, names_in, run_command, start, trials
 from crashkit import run as crashkit_run
 from rfopt.storage.checkpoints import CheckpointStore
-from rfopt.storage.database import StorageRefusedError, StorageUnavailableError, open_storage, redact, retry
+from rfopt.storage.database import open_storage, redact, retry
 from rfopt_testkit import prompts_dataset, trial_config
 from rfopt.storage.schema import trial_attrs
 
@@ -483,7 +483,7 @@ def test_export_best_refuses_a_truncated_adapter_naming_the_file_and_leaves_noth
     from safetensors.torch import save_file
 
     from rfopt.storage import schema
-    from rfopt.storage.files import CheckpointError
+    from rfopt.errors import CheckpointError
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -15,7 +15,7 @@ import rfopt
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt.training import trackers
 from rfopt.training.trackers import _report_to
-from rfopt.training.trackers import TrackerRefused
+from rfopt.errors import TrackerRefused
 
 for package in ("wandb", "mlflow", "trackio", "tensorboard"):
     pytest.importorskip(package, reason=f"{package} is not installed: pip install -e '.[trackers]'")

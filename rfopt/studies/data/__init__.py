@@ -18,7 +18,8 @@ from ._deepmath import load_deepmath
 from ._gsm8k import load_gsm8k
 from ._numina_tir import load_numina_tir
 from ._prompts import BOXED_SYSTEM_PROMPT, REASONING_SYSTEM_PROMPT, THINK_SYSTEM_PROMPT
-from ._source import DatasetUnavailableError, Source, Splits
+from rfopt.errors import DatasetUnavailableError
+from ._source import Source, Splits
 
 __all__ = [
     "BOXED_SYSTEM_PROMPT",

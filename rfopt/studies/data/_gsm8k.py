@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ._answers import gsm8k_final_answer
 from ._prompts import REASONING_SYSTEM_PROMPT
-from ._source import DatasetUnavailableError, Source, Splits, check_sizes, conversation, load_splits, take
+from rfopt.errors import DatasetUnavailableError
+from ._source import Source, Splits, check_sizes, conversation, load_splits, take
 
 _LOCAL_FORMAT = (
     "a directory holding train.jsonl and test.jsonl (or .parquet, or a Hub snapshot's "

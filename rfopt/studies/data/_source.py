@@ -9,21 +9,13 @@ from typing import NamedTuple, Union
 
 import datasets
 
-from rfopt.errors import Refusal, RfoptError
+from rfopt.errors import DatasetUnavailableError, Refusal
 
 #: A Hub dataset id (``"openai/gsm8k"``), a local file or directory, or ``{split: path}``.
 Source = Union[str, os.PathLike, Mapping[str, Union[str, os.PathLike]]]
 
 # File suffix -> `datasets` builder that reads it.
 _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-
-
-class DatasetUnavailableError(RfoptError, RuntimeError):
-    """A loader could not get its rows: Hub unreachable, local file missing, or a column missing.
-
-    The message names the dataset, the reason, and how to fix it; the underlying `datasets`
-    error, if any, is chained as ``__cause__``.
-    """
 
 
 class Splits(NamedTuple):

@@ -35,7 +35,8 @@ is the record). Training is the same with or without trackers: they log, and dra
 | `_tensorboard`, `_wandb`, `_mlflow`, `_trackio` | each tracker's runs (the table above) |
 """
 
-from ._report_to import NAMED, TrackerRefused, check, installed, normalize, own, passed_on
+from rfopt.errors import TrackerRefused
+from ._report_to import NAMED, check, installed, normalize, own, passed_on
 from ._tracking import Tracking
 
 __all__ = ["NAMED", "Tracking", "TrackerRefused", "check", "installed", "normalize", "own", "passed_on"]

@@ -6,14 +6,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from rfopt.errors import MissingPackage, Refusal, TypeRefusal
+from rfopt.errors import MissingPackage, TrackerRefused, TypeRefusal
 
 NAMED = ("tensorboard", "wandb", "mlflow", "trackio")
 """The trackers rfopt logs each trial's run to itself (others are passed to TRL as they are)."""
-
-
-class TrackerRefused(Refusal):
-    """A tracker in ``report_to`` that cannot work here (not installed, unreachable, no credentials)."""
 
 
 # Each tracker's check that its package is installed (transformers' own), and the package to install.

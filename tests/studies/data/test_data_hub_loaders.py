@@ -7,11 +7,11 @@ import huggingface_hub.constants
 import pytest
 
 from rfopt_testkit import deepmath_rows
+from rfopt.errors import DatasetUnavailableError
 from rfopt.studies.data import (
     BOXED_SYSTEM_PROMPT,
     REASONING_SYSTEM_PROMPT,
     THINK_SYSTEM_PROMPT,
-    DatasetUnavailableError,
     last_boxed,
     load_deepmath,
     load_gsm8k,
