@@ -106,7 +106,6 @@ class Roster:
         self._prompt_tokens: int | None = None
         self._cloned = False
         self._said: set[str] = set()
-        ctx.subscribers.insert(0, self._on_commit)
 
     # ------------------------------------------------------------------ reconcile with storage
     def reconcile_all(self) -> list[TrialRecord]:
@@ -479,7 +478,7 @@ class Roster:
                         steps_done=steps_done, steps_total=steps_done + steps_left,
                         committed={n: live.committed for n, live in self.live.items()})
 
-    def _on_commit(self, event: unit.UnitCommitted) -> None:
+    def on_commit(self, event: unit.UnitCommitted) -> None:
         self._last = (event.trial.number, event.unit, event.value)
         if self._best is None or (event.value > self._best if self._maximize else event.value < self._best):
             self._best = event.value

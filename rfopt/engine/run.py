@@ -57,7 +57,7 @@ from .driver import drive
 from .plan import planned_gang_size
 from .request import RunRequest
 from .roster import Roster
-from .unit import Context
+from .unit import Context, UnitCommitted
 
 logger = logging.getLogger("rfopt")
 
@@ -146,28 +146,31 @@ def _drive(study: optuna.Study, checked: CheckedRun, store: CheckpointStore, poo
     request = checked.request
     workdir = Path(tempfile.mkdtemp(prefix="rfopt-trainer-"))
     tracking = Tracking(checked.report_to, study) if checked.report_to else None
+    committed: list[UnitCommitted] = []
+    # What hears each committed unit, in order: the roster first (made below, from the context: the lambda reads it
+    # when a unit commits), the unit's record, each tracker's run, the count, the progress bar's line (one per
+    # committed unit, a gang's several commits of one round included).
+    subscribers = [lambda event: roster.on_commit(event), publish_unit]
+    if tracking is not None:  # each committed unit's value and eval metrics in the trial's runs
+        subscribers.append(lambda event: tracking.committed(event.trial.number, event.unit, event.value))
+    subscribers.append(committed.append)
+    if progress is not None:
+        subscribers.append(lambda event: progress(roster.progress()))
+    data_parallel = request.worker.data_parallel if request.worker is not None else None
     ctx = Context(study=study, store=store, plan=checked.plan, train_dataset=request.train_dataset,
                   eval_dataset=request.eval_dataset, objective=checked.settings.objective,
                   settings=checked.settings.eval_settings, pool=pool, workdir=workdir, tracking=tracking,
-                  subscribers=[publish_unit])
-    if tracking is not None:  # each committed unit's value and eval metrics in the trial's runs
-        ctx.subscribers.append(lambda event: tracking.committed(event.trial.number, event.unit, event.value))
-    data_parallel = request.worker.data_parallel if request.worker is not None else None
-    if data_parallel is not None:
-        ctx.runner_class = functools.partial(DataParallelRunner, group=data_parallel)
+                  subscribers=tuple(subscribers),
+                  callbacks=(() if request.on_unit is None else
+                             (lambda event: request.on_unit(event.trial.number, event.unit, event.value),)),
+                  step_listeners=() if progress is None else (progress.step,),
+                  **({} if data_parallel is None else
+                     {"runner_class": functools.partial(DataParallelRunner, group=data_parallel)}))
     gang_size = planned_gang_size(request.gang, single_run_trackers=tracking.passed_on if tracking is not None else ())
-    if request.on_unit is not None:
-        ctx.callbacks.append(lambda event: request.on_unit(event.trial.number, event.unit, event.value))
-    if progress is not None:
-        ctx.step_listeners.append(progress.step)
-    committed = []
-    ctx.subscribers.append(committed.append)
     # The trackers hear of a trial's end first: a user's callback that raises ends the run.
     ended = [tracking.ended] if tracking is not None else []
     roster = Roster(ctx, checked.space, pruner=checked.pruner, callbacks=[*ended, *request.callbacks],
                     catch=request.catch, prune_collapsed=request.prune_collapsed)
-    if progress is not None:  # one line per committed unit, a gang's several commits of one round included
-        ctx.subscribers.append(lambda event: progress(roster.progress()))
     more_to_ask = _more_to_ask(study, checked, n_trials)
     try:
         drive(roster, coordinator, max_concurrent=max_concurrent, more_to_ask=lambda: more_to_ask(roster),

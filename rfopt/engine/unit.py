@@ -87,9 +87,9 @@ class UnitCommitted:
     value: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
-    """What every unit of one run shares."""
+    """What every unit of one run shares, built whole (`rfopt.engine.run`) and not changed after."""
 
     study: optuna.Study
     store: CheckpointStore
@@ -102,12 +102,13 @@ class Context:
     workdir: Path
     tracking: Tracking | None = None
     """The trackers each chunk's trainer reports to (`rfopt.training.trackers`); None: none."""
-    subscribers: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
-    """rfopt's own listeners of committed units: one that raises is logged, and the run goes on."""
-    callbacks: list[Callable[[UnitCommitted], None]] = field(default_factory=list)
+    subscribers: tuple[Callable[[UnitCommitted], None], ...] = ()
+    """rfopt's own listeners of committed units, in order (the roster's first: `Roster.on_commit`): one that raises is
+    logged, and the run goes on."""
+    callbacks: tuple[Callable[[UnitCommitted], None], ...] = ()
     """The user's: one that raises ends the run with its exception (`CallbackFailed` on the way out of the unit),
     as an Optuna callback does; the unit stays committed and the trial resumable."""
-    step_listeners: list[Callable[[UnitProgress], None]] = field(default_factory=list)
+    step_listeners: tuple[Callable[[UnitProgress], None], ...] = ()
     """In-process listeners of each optimizer step of a unit in flight (the progress bar); see `rfopt.training.progress`."""
     progress_seconds: float = INTERVAL_SECONDS
     """At most one write of a trial's in-chunk progress record in this many seconds."""
