@@ -100,6 +100,19 @@ class GangMember:
 
 
 @dataclass
+class _Turn:
+    """Where one member's code stands in the gang's run: its greenlet, the process-wide state it sees, what it waits
+    on (``(kind, request)``, `_ORDER`) and the answer to it, and whether its chunk ended. One per member, in place of
+    parallel dicts keyed by its index."""
+
+    greenlet: Any
+    globals: _MemberGlobals
+    waiting: tuple[str, Any] | None = None
+    answer: Any = None
+    done: bool = False
+
+
+@dataclass
 class _MemberGlobals:
     """The process-wide state one member's code sees while it runs: captured when it waits for a rollout, restored
     when it resumes."""
@@ -142,11 +155,7 @@ class Gang:
         self.members = members
         self.training = training
         self.model = members[0].runner.model  # the shared model (a trial alone: its own)
-        self._pending: dict[int, tuple[str, Any]] = {}
-        self._responses: dict[int, Any] = {}
-        self._done: set[int] = set()
-        self._globals: dict[int, _MemberGlobals] = {}
-        self._greenlets: dict[int, Any] = {}
+        self._turns: list[_Turn] = []
         self._caller: Any = None
         self._aborted = threading.Event()
         self.decodes = 0
@@ -177,12 +186,11 @@ class Gang:
             member.result = member.error = None
         args = members[0].runner.chunk_args(report=False)
         outside = _MemberGlobals.capture(model)
-        self._globals = {i: _MemberGlobals(outside.rng, dict(outside.gradient), dict(outside.forward),
-                                           outside.grad_enabled)
-                         for i in range(len(members))}
         self._caller = greenlet.getcurrent()
-        self._greenlets = {i: greenlet.greenlet(functools.partial(self._body, i)) for i in range(len(members))}
-        self._done, self._pending, self._responses = set(), {}, {}
+        self._turns = [_Turn(greenlet.greenlet(functools.partial(self._body, i)),
+                             _MemberGlobals(outside.rng, dict(outside.gradient), dict(outside.forward),
+                                            outside.grad_enabled))
+                       for i in range(len(members))]
         batched = self.training == "batched" and len(members) > 1 and self.backend.shares_batches
         with compat.restore_shared_model(model, args), self._batching(batched), _heap_frozen():
             try:
@@ -242,15 +250,19 @@ class Gang:
         """Rounds until every member is done: each member able to run runs, in order, until it waits on the gang (for
         rollouts; in the batched mode also for a forward or its backward) or its chunk ends; then the gang serves every
         member waiting on the first thing in `_ORDER` that any waits on, in one batch."""
-        while len(self._done) < len(self.members):
-            for i in range(len(self.members)):
-                if i not in self._done and i not in self._pending:  # to start, or answered: it goes on
+        turns = self._turns
+        while not all(turn.done for turn in turns):
+            for i, turn in enumerate(turns):
+                if not turn.done and turn.waiting is None:  # to start, or answered: it goes on
                     self._run(i)
-            if not self._pending:  # every member ran until it was done
+            waiting = [turn.waiting for turn in turns if turn.waiting is not None]
+            if not waiting:  # every member ran until it was done
                 continue
-            kind = min((k for k, _ in self._pending.values()), key=_ORDER.index)
-            batch = sorted(j for j in self._pending if self._pending[j][0] == kind)
-            requests = [self._pending.pop(j)[1] for j in batch]
+            kind = min((k for k, _ in waiting), key=_ORDER.index)
+            batch = [j for j, turn in enumerate(turns) if turn.waiting is not None and turn.waiting[0] == kind]
+            requests = [turns[j].waiting[1] for j in batch]
+            for j in batch:
+                turns[j].waiting = None
             started = time.perf_counter()
             try:
                 if self._aborted.is_set():
@@ -264,30 +276,33 @@ class Gang:
                     outs = self._forward(batch, requests)
             except BaseException as exc:  # noqa: BLE001 - stopped, or the engine failed: every waiting member hears
                 heard = exc if isinstance(exc, Exception) else DecodeAborted("interrupted")
-                self._responses.update(zip(batch, [heard] * len(batch)))
+                for j in batch:
+                    turns[j].answer = heard
                 if not isinstance(exc, Exception):  # Ctrl-C: the members stop, and it goes on up
                     raise
                 continue
             finally:
                 if kind == "rollout":
                     self.decode_seconds += time.perf_counter() - started
-            self._responses.update(zip(batch, outs))
+            for j, out in zip(batch, outs):
+                turns[j].answer = out
 
     def _run(self, i: int) -> None:
         """Member `i` runs, with its own process-wide state, until it asks for rollouts or its chunk ends."""
         member = self.members[i]
-        self._globals[i].restore()
+        turn = self._turns[i]
+        turn.globals.restore()
         member.runner.pool.activate(member.number, member.runner.config)
         self._swap_grads(i, True)
         self._set_adapters_disabled(self._disabled.pop(i, False))
         self._current = i
         try:
-            self._greenlets[i].switch()
+            turn.greenlet.switch()
         finally:
             self._current = None
             self._swap_grads(i, False)
-        if self._greenlets[i].dead:
-            self._done.add(i)
+        if turn.greenlet.dead:
+            turn.done = True
             if isinstance(member.error, KeyboardInterrupt):  # Ctrl-C while this member ran: it stopped, not failed
                 member.error = DecodeAborted("interrupted")
                 if not self._aborted.is_set():
@@ -335,12 +350,13 @@ class Gang:
         """Member `i` waits on the gang for `kind` (`_ORDER`): back to `_drive`, which resumes it with the answer."""
         if self._aborted.is_set():
             raise DecodeAborted("the gang was stopped")
-        self._pending[i] = (kind, request)
-        self._globals[i] = _MemberGlobals.capture(self.model)
+        turn = self._turns[i]
+        turn.waiting = (kind, request)
+        turn.globals = _MemberGlobals.capture(self.model)
         if self._step is not None:  # it may wait inside TRL's `use_adapter(model, None)`: the reference forward
             self._disabled[i] = self._adapters_disabled()
         self._caller.switch()
-        out = self._responses.pop(i)
+        out, turn.answer = turn.answer, None
         if isinstance(out, BaseException):
             raise out
         return out

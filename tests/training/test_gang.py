@@ -372,7 +372,7 @@ def test_a_ctrl_c_inside_one_member_stops_the_whole_gang_and_fails_no_member(tin
     assert isinstance(gang.members[1].error, DecodeAborted)
     # stopped: at its next step (ChunkAborted), or while waiting for rollouts (DecodeAborted); none failed of its own
     assert all(isinstance(m.error, (DecodeAborted, ChunkAborted)) for m in gang.members), [m.error for m in gang.members]
-    assert all(g.dead for g in gang._greenlets.values())  # no member is left suspended
+    assert all(turn.greenlet.dead for turn in gang._turns)  # no member is left suspended
 
 
 def test_a_run_that_names_no_gang_size_trains_in_gangs_of_the_default(scripted, tiny_model, tmp_path):
