@@ -246,7 +246,7 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     print(f"\n{'per unit (s)':<40}{heads}")
     for part in UNIT_PARTS:
         print(row(part, "units"))
-    print(f"\n{'run (s)':<40}" + "".join(f"{h:>10}" for h in heads))
+    print(f"\n{'run (s)':<40}" + "".join(f"{'G=%d' % r['gang_size']:>10}" for r in runs))
     for key in ("wall_s", "cpu_s"):
         print(f"{key:<40}" + "".join(f"{r[key]:10.1f}" for r in runs))
     print(f"{'model loading':<40}" + "".join(f"{r['seconds'].get('model loading', 0.0):10.1f}" for r in runs))
