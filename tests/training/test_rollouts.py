@@ -159,6 +159,33 @@ def test_a_request_whose_logits_cannot_be_sampled_fails_alone(adapters, backend_
     assert out[1].token_ids == alone.token_ids
 
 
+def test_a_request_decoded_where_a_nan_adapters_rows_were_is_not_contaminated_by_them(adapters, backend_of):
+    """`[a, nan]` then `[a, b]`: b's rows are the NaN adapter's rows of the same decode shape, whose cache columns past
+    the prompts held NaN keys and values (masked, but a masked NaN times a weight of 0 is still NaN)."""
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    model.add_adapter("nan", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj", "v_proj"],
+                                        init_lora_weights=False))
+    try:
+        for module in model.modules():
+            if hasattr(module, "lora_A") and "nan" in module.lora_A:
+                with torch.no_grad():
+                    module.lora_A["nan"].weight.fill_(math.nan)
+        sampling = _sampling(tokenizer)
+        backend = backend_of(model)
+        fresh = backend_of(model).generate([GenerationRequest("a", rows, sampling, seed=3),
+                                            GenerationRequest("b", rows, sampling, seed=4)])
+        failed = backend.generate([GenerationRequest("a", rows, sampling, seed=3),
+                                   GenerationRequest("nan", rows, sampling, seed=1)])
+        after = backend.generate([GenerationRequest("a", rows, sampling, seed=3),
+                                  GenerationRequest("b", rows, sampling, seed=4)])
+    finally:
+        model.delete_adapter("nan")
+    assert isinstance(failed[1], RuntimeError) and failed[0].token_ids == fresh[0].token_ids
+    assert not any(isinstance(o, Exception) for o in after), after
+    assert _tokens(after) == _tokens(fresh)
+
+
 def test_should_stop_stops_decoding_between_two_tokens(adapters, backend_of):
     model, tokenizer = adapters
     rows = _ids(tokenizer)

@@ -137,6 +137,9 @@ class _Bucket:
     graph: Any = None
     compiled: Any = None
     ready: bool = field(default=False)
+    written: int = 0
+    """Cache columns an earlier decode (or a capture's warm-up steps) may have written: `BatchedBackend._load` zeroes
+    those past the new prompts, whose keys and values the attention reads although it masks them."""
 
     @property
     def rows(self) -> int:
@@ -403,6 +406,7 @@ class BatchedBackend:
         greedy = Sampling(max_new_tokens=0, eos_token_ids=(), pad_token_id=0, do_sample=False)
         bucket = _Bucket(
             groups=groups, per_group=per_group, length=length, vocab=vocab, features=features, cache=static,
+            written=length,
             tokens=torch.zeros((rows, 1), **long), positions=torch.zeros((rows, 1), **long),
             keep=torch.ones((rows, length), dtype=torch.bool, device=device),
             columns=torch.arange(length, **long), cursor=torch.zeros((), **long), step=torch.zeros((), **long),
@@ -455,10 +459,17 @@ class BatchedBackend:
         rows = bucket.rows
         per_group = bucket.per_group
         index = torch.tensor(source, device=device)
+        # An earlier decode's keys and values past this one's prompts are masked, not gone: attention multiplies them
+        # by a weight of 0, and a NaN left by an adapter with NaN weights stays NaN, so whoever decodes next in those
+        # rows would get NaN logits. Zeroed, up to where an earlier decode wrote.
+        stale = slice(width, max(width, bucket.written))
         for mine, theirs in zip(bucket.cache.layers, cache.layers):
             mine.keys[:, :, :width].copy_(theirs.keys.index_select(0, index))
             mine.values[:, :, :width].copy_(theirs.values.index_select(0, index))
+            mine.keys[:, :, stale].zero_()
+            mine.values[:, :, stale].zero_()
             mine.cumulative_length.fill_(width)
+        bucket.written = min(bucket.length, width + max(r.sampling.max_new_tokens for r, _ in parts))
         keep = torch.ones((rows, bucket.length), dtype=torch.bool)
         positions = torch.zeros((rows, 1), dtype=torch.long)
         for row, src in enumerate(source):
