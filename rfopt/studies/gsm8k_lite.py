@@ -24,8 +24,9 @@ How the article's settings map onto TRL 1.16 and rfopt:
   step, so 128 prompts are 128 steps, 32 per chunk.
 - ``warmup_ratio=0.1`` is ``warmup_steps=0.1`` (TRL 1.16 reads a float below 1 as a ratio).
 - ``max_prompt_length=256`` no longer exists in TRL 1.16; GSM8K prompts are far shorter.
-- ``optim="adamw_8bit"`` needs bitsandbytes and CUDA. Elsewhere the study falls back to
-  ``adamw_torch`` and prints a warning saying so (see `optimizer`).
+- ``optim="adamw_8bit"`` needs bitsandbytes, which runs it on CUDA and on the CPU (its CPU
+  backend). Where it is not installed (``pip install 'rfopt[qlora]'``), or does not serve the
+  device, the study falls back to ``adamw_torch`` and prints a warning saying so (see `optimizer`).
 - The article loads the models in float16 (``torch_dtype``); rfopt does the same on CUDA and
   uses float32 on the CPU. Its ``use_cache=False`` and tokenizer ``model_max_length=512`` are
   left out: generation needs the KV cache to be fast, and nothing is truncated.
@@ -47,7 +48,6 @@ reached; pass a local copy). To run it on a local copy or other models, use the 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -101,23 +101,27 @@ def load_datasets(source: Any = GSM8K_SOURCE, n_train: int = 128, n_test: int = 
 
 
 def optimizer(warn: bool = True) -> str:
-    """``"adamw_8bit"`` where bitsandbytes can run it (CUDA and bitsandbytes installed), else ``"adamw_torch"``.
+    """``"adamw_8bit"`` where bitsandbytes can run it on the device the study trains on (CUDA where there is one,
+    else the CPU: bitsandbytes' CPU backend steps 8-bit AdamW too), else ``"adamw_torch"``.
 
     The fallback is printed on stderr, since it changes what the article specified.
     """
     import torch
 
-    missing = []
-    if not torch.cuda.is_available():
-        missing.append("no CUDA device")
-    if importlib.util.find_spec("bitsandbytes") is None:
-        missing.append("bitsandbytes is not installed (pip install 'rfopt[qlora]')")
-    if not missing:
+    from rfopt.training.quantization import INSTALL, bitsandbytes_devices
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    served = bitsandbytes_devices()
+    if served is None:
+        missing = f"bitsandbytes is not installed ({INSTALL})"
+    elif device not in served:
+        missing = f"the installed bitsandbytes serves {', '.join(served)}, not {device}"
+    else:
         return "adamw_8bit"
     if warn:
         print(
-            f"gsm8k_lite: warning: optim='adamw_8bit' needs bitsandbytes on CUDA ({'; '.join(missing)}); "
-            "using optim='adamw_torch' instead",
+            f"gsm8k_lite: warning: optim='adamw_8bit' needs bitsandbytes ({missing}); using optim='adamw_torch' "
+            "instead",
             file=sys.stderr,
         )
     return "adamw_torch"
@@ -163,7 +167,7 @@ STUDY = rfopt.StudySpec(
     description=(
         "The RapidFire AI / TRL article's GRPO sweep on GSM8K (128 train / 24 test, 4 chunks): "
         "Qwen2.5-0.5B-Instruct at lr 5e-6 and Llama-3.2-1B-Instruct at lr 1e-6, LoRA r=16, five rewards. "
-        "Needs the Hugging Face Hub (or local copies) and, for the article's 8-bit AdamW, a CUDA GPU."
+        "Needs the Hugging Face Hub (or local copies) and, for the article's 8-bit AdamW, bitsandbytes (CPU or GPU)."
     ),
     fast={"n_trials": 1},
 )

@@ -55,19 +55,28 @@ def bitsandbytes_refusal(config: TrialConfig, device: str) -> str | None:
     if not uses:
         return None
     what = " and ".join(uses)
-    if importlib.util.find_spec("bitsandbytes") is None:
+    served = bitsandbytes_devices()
+    if served is None:
         return f"{what} {'needs' if len(uses) == 1 else 'need'} bitsandbytes, which is not installed here: {INSTALL}"
+    if str(device).split(":")[0].strip() not in served:
+        import bitsandbytes
+
+        return (f"{what}: bitsandbytes {bitsandbytes.__version__} serves {', '.join(served)} devices, not {device!r}; "
+                "train this trial on one of those, or drop it")
+    return None
+
+
+def bitsandbytes_devices() -> tuple[str, ...] | None:
+    """The kinds of device bitsandbytes' backends serve here (``("cpu", "cuda", ...)``: its CPU backend included), or
+    None where it is not installed. Imports bitsandbytes (quietly) where it is."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return None
     from rfopt import compat
 
     compat.quiet_bitsandbytes()
     import bitsandbytes
 
-    served = sorted(getattr(bitsandbytes, "supported_torch_devices", {"cpu", "cuda"}))
-    kind = str(device).split(":")[0].strip()
-    if kind not in served:
-        return (f"{what}: bitsandbytes {bitsandbytes.__version__} serves {', '.join(served)} devices, not {device!r}; "
-                "train this trial on one of those, or drop it")
-    return None
+    return tuple(sorted(getattr(bitsandbytes, "supported_torch_devices", {"cpu", "cuda"})))
 
 
 def base_bytes(model: Any, quantization_config: Any, width: int) -> int:
@@ -126,5 +135,5 @@ def adapter_bytes(sizes: list[int], config: TrialConfig) -> int:
     return total
 
 
-__all__ = ["BITSANDBYTES_OPTIMIZERS", "EIGHT_BIT_MIN_SIZE", "adapter_bytes", "base_bytes", "bitsandbytes_refusal",
-           "eight_bit_optimizer", "uses_bitsandbytes"]
+__all__ = ["BITSANDBYTES_OPTIMIZERS", "EIGHT_BIT_MIN_SIZE", "adapter_bytes", "base_bytes", "bitsandbytes_devices",
+           "bitsandbytes_refusal", "eight_bit_optimizer", "uses_bitsandbytes"]

@@ -135,16 +135,53 @@ def test_gsm8k_lite_matches_the_article():
     assert (schedule.prompts_per_chunk, schedule.steps_per_chunk) == (32, 32)
 
 
-def test_gsm8k_lite_falls_back_to_adamw_torch_with_a_warning_without_cuda(monkeypatch, capsys):
+def test_gsm8k_lite_keeps_the_articles_8bit_adamw_on_the_cpu_where_bitsandbytes_is_installed(monkeypatch, capsys):
+    """bitsandbytes' CPU backend steps 8-bit AdamW: the article's optimizer is kept without CUDA, and what the trainer
+    builds from it keeps its moments in 8 bits on CPU tensors."""
+    import torch
+    from transformers import Trainer
+
+    pytest.importorskip("bitsandbytes")
+    module = _module("gsm8k_lite")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    configs = module.build_space()
+    assert {c.args.optim for c in configs} == {"adamw_8bit"}
+    assert all(not c.args.bf16 and c.args.use_cpu for c in configs)
+    assert "warning" not in capsys.readouterr().err
+    optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(configs[0].args)
+    layer = torch.nn.Linear(128, 128)  # 16384 weights: over bitsandbytes' min_8bit_size, so its state is 8-bit
+    optimizer = optimizer_class(layer.parameters(), **kwargs)
+    before = layer.weight.detach().clone()
+    layer(torch.randn(4, 128)).square().sum().backward()
+    optimizer.step()
+    assert not layer.weight.equal(before) and torch.isfinite(layer.weight).all()
+    assert optimizer.state[layer.weight]["state1"].dtype == torch.uint8
+
+
+def test_gsm8k_lite_falls_back_to_adamw_torch_with_a_warning_where_bitsandbytes_is_missing(monkeypatch, capsys):
+    import importlib.util
+
     import torch
 
     module = _module("gsm8k_lite")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     configs = module.build_space()
     assert {c.args.optim for c in configs} == {"adamw_torch"}
     assert all(not c.args.bf16 and c.args.use_cpu for c in configs)
     err = capsys.readouterr().err
-    assert "adamw_8bit" in err and "adamw_torch" in err and "no CUDA device" in err
+    assert ("optim='adamw_8bit' needs bitsandbytes (bitsandbytes is not installed (pip install 'rfopt[qlora]')); "
+            "using optim='adamw_torch' instead") in err
+
+
+def test_gsm8k_lite_falls_back_where_bitsandbytes_does_not_serve_the_device(monkeypatch, capsys):
+    from rfopt.training import quantization
+
+    module = _module("gsm8k_lite")
+    monkeypatch.setattr(quantization, "bitsandbytes_devices", lambda: ("xpu",))
+    assert module.optimizer() == "adamw_torch"
+    assert "the installed bitsandbytes serves xpu, not " in capsys.readouterr().err
 
 
 def test_gsm8k_lite_offline_stops_with_the_loaders_message_not_a_traceback(tmp_path, monkeypatch, capsys):
