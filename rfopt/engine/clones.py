@@ -102,10 +102,7 @@ def clone(
     data = TrialConfig.config_dict(parent.config_json)
     notes: list[str] = []
     try:
-        child_data, overrides = override_dict(data, overrides)
-        child = _checked(child_data, data, notes)
-        schedule = trial_schedule(plan, child.args)
-        _check_first_chunk(child, schedule, notes if check_only else [])  # Check says what it could not build
+        child_data, overrides, child, schedule = _child(data, overrides, plan, notes, check_only)
         # The config as stored: normalized by its own round trip where its code imports here, else as overridden.
         config_json = TrialConfig.json_of(child_data) if notes else child.to_json()
     except (ConfigError, ValueError) as exc:
@@ -156,6 +153,34 @@ def clone(
     # Found by its token in any state: a process running the study may have started it already.
     number = clone_with_token(study, lineage.token)
     return Clone(number, tuple(notes), dict(overrides), start_unit)
+
+
+def _child(data: dict[str, Any], overrides: Mapping[str, Any], plan: ChunkPlan, notes: list[str],
+           check_only: bool) -> tuple[dict[str, Any], dict[str, Any], TrialConfig, Any]:
+    """A clone's config dict, its overrides as it holds them, its config and its schedule, checked (`_checked`, then
+    what its first chunk builds); raises `ConfigError` or `ValueError`."""
+    child_data, overrides = override_dict(data, overrides)
+    child = _checked(child_data, data, notes)
+    schedule = trial_schedule(plan, child.args)
+    _check_first_chunk(child, schedule, notes if check_only else [])  # Check says what it could not build
+    return child_data, dict(overrides), child, schedule
+
+
+def clone_refusal(parent: optuna.trial.FrozenTrial, overrides: Mapping[str, Any], *, plan: ChunkPlan,
+                  warm_start: bool = True) -> str | None:
+    """Why `clone` would refuse a clone of `parent` with `overrides` for what its config holds (TRL's and PEFT's
+    refusals, a learning rate of 0, an adapter shape a warm start cannot load), or None: checked as `clone` checks
+    it, with nothing written and no checkpoint read. Population-based training asks it before it plans a clone."""
+    record = TrialRecord(parent)
+    if record.config_json is None:
+        return f"trial {parent.number} has no rfopt config to clone"
+    data = TrialConfig.config_dict(record.config_json)
+    try:
+        child_data, _, _, _ = _child(data, overrides, plan, [], False)
+    except (ConfigError, ValueError) as exc:
+        return f"clone of trial {parent.number}: {exc}"
+    refused = warm_start_refusal(data, child_data) if warm_start else None
+    return None if refused is None else f"clone of trial {parent.number}: {refused}"
 
 
 def clone_with_token(study: optuna.Study, token: str) -> int | None:

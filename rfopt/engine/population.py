@@ -21,6 +21,7 @@ before they train on (`holds`), so a parent's latest checkpoint is the one its c
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -34,7 +35,7 @@ from rfopt.pruning import Member, PopulationBasedTraining, RungOutcome, plan_ste
 from rfopt.storage import crashpoints, schema
 from rfopt.storage.schema import PbtStep, PruneDecision, Replacement, TrialRecord
 
-from .clones import clone, clone_with_token, warm_start_refusal
+from .clones import clone, clone_refusal, clone_with_token, warm_start_refusal
 
 logger = logging.getLogger("rfopt")
 
@@ -68,7 +69,11 @@ class PopulationRungs:
         decisions = []
         for number in trial_numbers:
             prune, reason = False, plan.reasons.get(number)
-            if reason is None:
+            replicate = TrialRecord(trials[number]).replicate
+            if reason is None and replicate is not None:
+                reason = (f"kept: a replicate of trial {replicate.of} (seed {replicate.seed}) runs to its end, outside "
+                          "the population: never replaced, never cloned (study.confirm)")
+            elif reason is None:
                 reason = f"kept: not in the population at chunk {step + 1} (it was paused, or joined later)"
             elif number in replaced:
                 made = replaced[number]
@@ -86,7 +91,10 @@ class PopulationRungs:
         return RungOutcome(tuple(decisions), tuple(n for n in replaced.values() if isinstance(n, int)))
 
     def _plan(self, study: optuna.Study, step: int, n_steps: int) -> PbtStep:
-        trials = study.get_trials(deepcopy=False)
+        # Replicates (study.confirm) are one config's runs across seeds, not members: ranked against each other, the
+        # bottom run would be replaced by a clone of the top one, and the seed variance they measure would be lost.
+        # Nor do their units count against the population's budget.
+        trials = [t for t in study.get_trials(deepcopy=False) if TrialRecord(t).replicate is None]
         members = []
         for t in trials:
             record = TrialRecord(t)
@@ -96,7 +104,15 @@ class PopulationRungs:
         spent = sum(len(t.intermediate_values) for t in trials)
         changeable = {m.number: explorable(self.pbt, self.space, m.trial) for m in members}
         self._warn_unexplorable(members, changeable)
-        return plan_step(self.pbt, study, step, n_steps, members, spent, changeable)
+        return plan_step(self.pbt, study, step, n_steps, members, spent, changeable, refusal=self._refusal)
+
+    def _refusal(self, parent: Member, params: Mapping[str, Any]) -> str | None:
+        """Why a warm clone of `parent` with the Optuna `params` would be refused (`clone_refusal`), or None."""
+        try:
+            overrides = self.space.overrides_for(parent.trial, params)
+        except (ConfigError, ValueError, TypeError) as exc:
+            return f"the search space gives no config for {dict(params)}: {exc}"
+        return clone_refusal(parent.trial, overrides, plan=self.plan)
 
     def _warn_unexplorable(self, members: list[Member], explorable: dict[int, list[str]]) -> None:
         """A param named in `PopulationBasedTraining(params=...)` that no clone can change is said once, not skipped

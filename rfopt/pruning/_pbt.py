@@ -3,7 +3,7 @@
 The policy is given to a study as its pruner (``create_study(pruner=rfopt.PopulationBasedTraining(...))``): it is
 then the study's rung policy (`rfopt.pruning.RungPolicy`), what decides which trials stop after a chunk. It is not an
 Optuna pruner: it replaces trials with clones, which only rfopt can do. The population is the study's live trials (``max_concurrent`` of
-them, or a list's configs). Every ``interval`` chunks, once every live member has reported the step (as rungs are
+them, or a list's configs), replicates (``study.confirm``: a config run again with new seeds) left out. Every ``interval`` chunks, once every live member has reported the step (as rungs are
 decided: the order trials ran in does not matter), :func:`plan_step` ranks the members by their value at that step
 and
 
@@ -28,7 +28,7 @@ import copy
 import math
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from rfopt.errors import PopulationBasedTrainingMisplaced, Refusal
-from rfopt.storage.schema import PbtStep, Replacement
+from rfopt.storage.schema import PbtStep, Replacement, TrialRecord
 
 EXPLORE_MODES = ("perturb", "sampler")
 
@@ -71,6 +71,7 @@ class PopulationBasedTraining:
             needs: those that go on would finish within it even if the population halved at each later exploit
             step, so the first cuts are the gentlest (one member is always kept). The bottom quantile of those
             that go on is then replaced as at any exploit step. None: no budget beyond ``population x chunks``.
+            Replicates' units (``study.confirm``) are not counted: they are asked for apart.
         seed: seeds the choices (parents, factors, resampling); None draws a fresh seed for each step. Either way
             each step's plan is stored before it is carried out, so a resumed study carries out the same plan.
 
@@ -159,6 +160,10 @@ class Member:
         return self.trial.number
 
 
+DRAWS = 10
+"""Explorations drawn for one replacement, at most, while its clone would be refused (`plan_step`'s `refusal`)."""
+
+
 def plan_step(
     pbt: PopulationBasedTraining,
     study: optuna.Study,
@@ -167,12 +172,16 @@ def plan_step(
     members: Sequence[Member],
     spent_units: int,
     explorable: Mapping[int, Sequence[str]],
+    refusal: Callable[[Member, Mapping[str, Any]], str | None] | None = None,
 ) -> PbtStep:
     """What population-based training does at `step`: from the members' values there, and the seed, only.
 
     `spent_units` are the chunk units every trial of the study has trained so far; `explorable` gives, for each
     member that may be a parent, the params its clones may change (`PopulationBasedTraining.params`, or the searched
-    ones a warm start can change).
+    ones a warm start can change). `refusal` says why a clone of a parent with the given params would be refused
+    (None: it would be made), as a clone with a learning rate of 0 is: such an exploration is drawn again (up to
+    `DRAWS` times), then the parent's own values are tried (exploit without explore); where even those would be
+    refused, the member is kept, and its reason says why. So a plan never holds a clone that cannot be made.
     """
     sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
     ranking = sorted(members, key=lambda m: (math.isnan(m.value), 0.0 if math.isnan(m.value) else sign * m.value,
@@ -212,12 +221,24 @@ def plan_step(
     for m in bottom:
         parent = rng.choice(parents)
         names = list(explorable.get(parent.number, ()))
-        if asked is not None:
-            new = asked.ask({name: parent.trial.distributions[name] for name in names})
-        else:
-            new = {name: perturb(parent.trial.params[name], parent.trial.distributions[name], pbt, rng)
-                   for name in sorted(names)}
-        params = {**parent.trial.params, **new}
+        refused: str | None = None
+        for _ in range(DRAWS):
+            if asked is not None:
+                new = asked.ask({name: parent.trial.distributions[name] for name in names})
+            else:
+                new = {name: perturb(parent.trial.params[name], parent.trial.distributions[name], pbt, rng)
+                       for name in sorted(names)}
+            params = {**parent.trial.params, **new}
+            refused = None if refusal is None else refusal(parent, params)
+            if refused is None:
+                break
+        if refused is not None:  # no exploration draws a clone that would train: the parent's own values
+            params = dict(parent.trial.params)
+            own = refusal(parent, params) if refusal is not None else None
+            if own is not None:
+                reasons[m.number] = (f"kept: rank {numbers.index(m.number) + 1} of {n} at chunk {step + 1} (bottom of "
+                                     f"the population), but no clone of trial {parent.number} can be made: {own}")
+                continue
         changed = {name: [parent.trial.params[name], params[name]] for name in sorted(names)
                    if params[name] != parent.trial.params[name]}
         replacements.append(Replacement(trial=m.number, parent=parent.number, params=params, changed=changed,
@@ -226,6 +247,8 @@ def plan_step(
         shown = ", ".join(f"{k} {_shown(a)} -> {_shown(b)}" for k, (a, b) in changed.items()) or "no value changed"
         reasons[m.number] = (f"replaced by a clone of trial {parent.number}: rank {rank} of {n} at chunk {step + 1} "
                              f"(bottom of the population); the clone has {shown}")
+        if refused is not None:
+            reasons[m.number] += f" (every exploration drawn would have been refused: {refused})"
     return PbtStep(step, numbers, tuple(replacements), stopped_numbers, reasons)
 
 
@@ -276,7 +299,8 @@ def _shown(value: Any) -> str:
 
 class _SamplerAsk:
     """The study's sampler, asked on an in-memory copy of the study as of `step`: trials that reached the step are
-    COMPLETE with their value there, trials stopped before it PRUNED with their values. Each ask stays RUNNING in
+    COMPLETE with their value there, trials stopped before it PRUNED with their values (replicates left out: their
+    params are their original's). Each ask stays RUNNING in
     the copy, so the next one (with a constant liar, as TPE's default) proposes elsewhere."""
 
     def __init__(self, study: optuna.Study, step: int) -> None:
@@ -284,6 +308,8 @@ class _SamplerAsk:
                                         sampler=copy.deepcopy(study.sampler))
         for t in study.get_trials(deepcopy=False):
             if t.state == TrialState.FAIL or not t.params or not t.intermediate_values:
+                continue
+            if TrialRecord(t).replicate is not None:  # a config's run again with a new seed, not another config
                 continue
             values = {s: v for s, v in t.intermediate_values.items() if s <= step}
             if step in values and not math.isnan(values[step]):

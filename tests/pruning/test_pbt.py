@@ -242,6 +242,110 @@ def test_a_unit_budget_is_met_exactly_when_every_step_cuts_by_it():
     assert spent == 12 * 2 + 6 * 2 + 4 * 2 + 2 * 2 == 48
 
 
+# ---------------------------------------------------------------------- clones that cloning would refuse
+def test_an_exploration_whose_clone_would_be_refused_is_drawn_again_then_the_parents_own_values_are_taken():
+    study = _reported([0, 1, 2, 3], [0.9, 0.1, 0.5, 0.4])  # trial 0 is the top, trial 1 the bottom
+    members = [Member(t, t.intermediate_values[0], 3) for t in study.get_trials()]
+    explorable = {m.number: ["learning_rate"] for m in members}
+    parent_lr = study.trials[0].params["learning_rate"]
+    pbt = rfopt.PopulationBasedTraining(factors=(0.8, 1.25), resample_probability=0.0, seed=0)
+    asked = []
+
+    def lower_refused(parent, params):  # a clone whose learning rate went down would be refused
+        asked.append(params["learning_rate"])
+        return "lower" if params["learning_rate"] < parent.trial.params["learning_rate"] else None
+
+    plan = plan_step(pbt, study, 0, 4, members, 4, explorable, refusal=lower_refused)
+    (replacement,) = plan.replacements
+    assert replacement.params["learning_rate"] == pytest.approx(min(0.1, parent_lr * 1.25))
+    assert asked[-1] == replacement.params["learning_rate"] and all(a < parent_lr for a in asked[:-1])
+
+    def changed_refused(parent, params):  # only the parent's own values would be accepted
+        return None if params == parent.trial.params else "args.learning_rate: changed"
+
+    plan = plan_step(pbt, study, 0, 4, members, 4, explorable, refusal=changed_refused)
+    (replacement,) = plan.replacements
+    assert replacement.params == study.trials[0].params and replacement.changed == {}
+    assert plan.reasons[1].endswith("the clone has no value changed (every exploration drawn would have been "
+                                    "refused: args.learning_rate: changed)")
+
+    plan = plan_step(pbt, study, 0, 4, members, 4, explorable, refusal=lambda parent, params: "never")
+    assert plan.replacements == ()
+    assert plan.reasons[1] == ("kept: rank 4 of 4 at chunk 1 (bottom of the population), but no clone of trial 0 "
+                               "can be made: never")
+
+
+def test_a_clone_whose_learning_rate_would_be_0_is_explored_again_and_made(scripted, tiny_model, storage, caplog):
+    """A clone of a parent with a learning rate of 0, perturbed by a factor, keeps 0: cloning refuses it. The plan
+    draws again (a resampled rate), so each exploit step's clone is made."""
+    scripted.values = {0: [0.9] * 3, 1: [0.1] * 3, 2: [0.2] * 3, 3: [0.3] * 3}
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[0.0, 2e-3, 5e-3, 1e-2])
+    pbt = rfopt.PopulationBasedTraining(interval=1, resample_probability=0.5, seed=5)
+    study = rfopt.create_study(study_name="zero", storage=storage, pruner=pbt)
+    study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False)
+    assert "could not be made" not in caplog.text
+    clones = [t for t in study.optuna.trials if TrialRecord(t).lineage is not None]
+    assert len(clones) == 2  # one at each exploit step (after chunks 1 and 2)
+    first = next(c for c in clones if TrialRecord(c).lineage.parent == 0)
+    assert first.params["learning_rate"] > 0 and study.trial_config(first.number).args.learning_rate > 0
+    assert all(study.trial_config(c.number).args.learning_rate > 0 for c in clones)
+    assert all(load_pbt_step(study.optuna, step).replacements for step in (0, 1))
+
+
+def test_a_parent_none_of_whose_clones_can_be_made_leaves_the_bottom_member_training(scripted, tiny_model, storage,
+                                                                                        caplog):
+    """Without resampling, every clone of a parent with a learning rate of 0 has a learning rate of 0: the plan holds
+    no clone, and the bottom member goes on, its decision saying why."""
+    scripted.values = {0: [0.9] * 3, 1: [0.1] * 3, 2: [0.2] * 3, 3: [0.3] * 3}
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[0.0, 2e-3, 5e-3, 1e-2])
+    pbt = rfopt.PopulationBasedTraining(interval=1, resample_probability=0.0, seed=0)
+    study = rfopt.create_study(study_name="zero", storage=storage, pruner=pbt)
+    study.optimize(configs, TRAIN, EVAL, num_chunks=3, show_progress_bar=False)
+    assert "could not be made" not in caplog.text
+    assert [t.state for t in study.optuna.trials] == [TrialState.COMPLETE] * 4  # no clone; nobody replaced
+    for step in (0, 1):
+        assert load_pbt_step(study.optuna, step).replacements == ()
+        decision = load_decision(study.optuna.trials[1], step)
+        assert not decision.prune
+        assert decision.reason == (f"kept: rank 4 of 4 at chunk {step + 1} (bottom of the population), but no clone "
+                                   "of trial 0 can be made: clone of trial 0: args.learning_rate: 0.0; give a number > "
+                                   "0 (a clone with a learning rate of 0.0 trains nothing)")
+
+
+# ---------------------------------------------------------------------- replicates
+def test_replicates_are_never_ranked_replaced_or_cloned_by_the_population(scripted, tiny_model, storage):
+    """Replicates confirmed mid-study reach an exploit step beside the members: one config's runs across seeds are
+    not members (the bottom one replaced by a clone of the top one would lose the seed variance they measure)."""
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[2e-3, 5e-3, 1e-2, 3e-3])
+    # The members' values are their scripted w (trial 2, lr 1e-2, leads); the replicates (trials 4 and 5) would be
+    # the bottom and the top of the population.
+    scripted.values = {4: [0.0] * 4, 5: [9.0] * 4}
+    pbt = rfopt.PopulationBasedTraining(interval=2, resample_probability=0.0, seed=0)
+    study = rfopt.create_study(study_name="confirmed", storage=storage, pruner=pbt)
+    reported = []
+
+    def confirm_after_chunk_1(number, step, value):
+        reported.append((number, step))
+        if sum(s == 0 for _, s in reported) == 4 and len(reported) == 4:  # every member's first chunk
+            assert study.confirm(top=1, seeds=2) == [4, 5]
+
+    study.optimize(configs, TRAIN, EVAL, num_chunks=4, max_concurrent=6, show_progress_bar=False,
+                   on_unit=confirm_after_chunk_1)
+    trials = study.optuna.trials
+    assert [TrialRecord(trials[n]).replicate.of for n in (4, 5)] == [2, 2]
+    plan = load_pbt_step(study.optuna, 1)  # the one exploit step (after chunk 2)
+    assert set(plan.ranking) == {0, 1, 2, 3}
+    assert [(r.trial, r.parent) for r in plan.replacements] == [(0, 2)]
+    for number, seed in ((4, 8), (5, 9)):  # the original's seed is 7
+        assert trials[number].state == TrialState.COMPLETE and sorted(trials[number].intermediate_values) == [0, 1, 2, 3]
+        decision = load_decision(trials[number], 1)
+        assert not decision.prune and decision.reason == (
+            f"kept: a replicate of trial 2 (seed {seed}) runs to its end, outside the population: never replaced, "
+            "never cloned (study.confirm)")
+    assert all(TrialRecord(t).lineage.parent not in (4, 5) for t in trials
+               if TrialRecord(t).lineage is not None and TrialRecord(t).replicate is None)
+
+
 # ---------------------------------------------------------------------- a real study
 def test_the_bottom_member_is_replaced_by_a_warm_clone_of_the_top_starting_from_its_weights(
         scripted, tiny_model, storage):
