@@ -21,10 +21,18 @@ Measured in one process:
    resident set, or the memory allocated, when it started: the base model, adapters, optimizer states, activations
    and the decoder's buffers, what the estimate counts), against `rfopt.training.memory.gang_memory`'s estimate
    (with the evaluation's rows and the decoder's dtype).
+5. **QLoRA** (issue 43, ``--quantization none,nf4``): each gang side also runs with the base loaded in 4 bits
+   (``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")``, bitsandbytes' CPU backend on the CPU), as
+   side ``G<g>-nf4``: the same configs and rows otherwise. Its wall time and memory are printed against the same gang
+   on the full-precision base (and its ratio to plain TRL, which stays full precision, beside the others). The tiny
+   model is 32 wide, under the 64 of a 4-bit block: with an nf4 side, every side of a ``--model tiny`` run trains the
+   same kind of model at hidden size 128. The generation throughput (3.) stays on the full-precision base.
 
     python bench/gang.py --model smollm2 --configs 4 --chunks 4 --gangs 1,2,4 --repeats 3
     python bench/gang.py --model smollm2 --configs 8 --chunks 4 --gangs 8 --repeats 2
     python bench/gang.py --model tiny --repeats 1            # a quick check of the script
+    python bench/gang.py --model smollm2 --configs 2 --chunks 2 --gangs 2 --quantization none,nf4 --repeats 1 \
+        --skip-generation                                    # QLoRA: nf4 against the full-precision base
 
 The result is also written as JSON (default ``/tmp/rfopt-bench/<model>-gang.json``).
 """
@@ -115,12 +123,51 @@ class Parts:
             setattr(owner, name, original)
 
 
+QUANTIZATIONS = ("none", "nf4")
+"""How a gang side's base is loaded: as the configs say (full precision), or in 4 bits (nf4)."""
+
+
+def quantized(setup: throughput.Setup, quantization: str) -> throughput.Setup:
+    """`setup` with every config's base loaded as `quantization` says (``"nf4"``: 4-bit NormalFloat, bitsandbytes);
+    ``"none"``: `setup` itself."""
+    import copy
+    import dataclasses
+
+    import rfopt
+
+    if quantization == "none":
+        return setup
+    from transformers import BitsAndBytesConfig
+
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantization)
+    configs = [rfopt.TrialConfig(model=c.model, reward_funcs=list(c.reward_funcs), args=copy.deepcopy(c.args),
+                                 peft_config=copy.deepcopy(c.peft_config), quantization_config=bnb)
+               for c in setup.configs]
+    return dataclasses.replace(setup, configs=configs)
+
+
+def side_key(gang_size: int, training: str = "sequential", quantization: str = "none") -> str:
+    """A gang side's name: ``G2``, ``G2-batched``, ``G2-nf4``, ``G2-batched-nf4``."""
+    return (f"G{gang_size}" + ("" if training == "sequential" else f"-{training}")
+            + ("" if quantization == "none" else f"-{quantization}"))
+
+
+def parse_side(key: str) -> tuple[int, str, str]:
+    """`side_key`'s inverse: ``"G2-batched-nf4"`` -> ``(2, "batched", "nf4")``."""
+    size, *rest = key[1:].split("-")
+    quantization = next((q for q in rest if q in QUANTIZATIONS), "none")
+    training = next((r for r in rest if r not in QUANTIZATIONS), "sequential")
+    return int(size), training, quantization
+
+
 def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, prompt_tokens: int,
-                   training: str = "sequential") -> dict[str, Any]:
+                   training: str = "sequential", quantization: str = "none") -> dict[str, Any]:
     """(b): ``optimize(configs, ..., gang_size=G, gang_training=training)`` with evaluation, checkpoints and SQLite,
-    timed by part."""
+    timed by part; with `quantization` ``"nf4"``, on the base loaded in 4 bits (`quantized`)."""
     import optuna
     import torch
+
+    setup = quantized(setup, quantization)
 
     import rfopt
     import rfopt.training.memory
@@ -186,6 +233,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
     return {
         "gang_size": gang_size,
+        "quantization": quantization,
         "wall_s": wall,
         "cpu_s": clock.cpu - load,
         "load_s": load,
@@ -290,6 +338,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gang-training", default="sequential",
                         help="gang training modes of rfopt's side, comma-separated (sequential, batched): each G runs "
                         "in each; a batched side is named G<g>-batched")
+    parser.add_argument("--quantization", default="none",
+                        help="how rfopt's gang sides load the base, comma-separated (none, nf4): each G runs with "
+                        "each; an nf4 side is named G<g>-nf4 (QLoRA: needs bitsandbytes, pip install 'rfopt[qlora]')")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of every side, the order alternating")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--skip-study", action="store_true", help="only the generation throughput")
@@ -297,11 +348,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="JSON result; default /tmp/rfopt-bench/<model>-gang.json")
     args = parser.parse_args(argv)
     args.gangs = [int(g) for g in args.gangs.split(",")]
-    # Each gang side's key: G<g> (sequential), G<g>-batched; gang size 1 trains alone whatever the mode.
-    args.sides = [f"G{g}" + ("" if mode == "sequential" else f"-{mode}")
-                  for g in args.gangs for mode in args.gang_training.split(",") if g > 1 or mode == "sequential"]
+    args.quantization = [q.strip() for q in args.quantization.split(",")]
+    unknown = [q for q in args.quantization if q not in QUANTIZATIONS]
+    if unknown:
+        parser.error(f"--quantization {','.join(unknown)}: give {' or '.join(QUANTIZATIONS)}, comma-separated")
+    # Each gang side's key (`side_key`): G<g> (sequential), G<g>-batched, G<g>-nf4, ...; gang size 1 trains alone
+    # whatever the mode.
+    args.sides = [side_key(g, mode, q) for g in args.gangs for mode in args.gang_training.split(",")
+                  for q in args.quantization if g > 1 or mode == "sequential"]
     args.out = args.out or Path(tempfile.gettempdir()) / "rfopt-bench" / f"{args.model}-gang.json"
     return args
+
+
+def quantized_vs_full(record: dict[str, Any], sides: list[str]) -> dict[str, dict[str, Any]]:
+    """Each quantized side against the same gang on the full-precision base: the median of the per-repeat wall-time
+    ratios, and the last repeat's peak, held and estimated bytes of both."""
+    found = {}
+    for key in sides:
+        size, training, quantization = parse_side(key)
+        full = side_key(size, training)
+        if quantization == "none" or full not in sides:
+            continue
+        last, last_full = record["repeats"][-1][key], record["repeats"][-1][full]
+        found[key] = {
+            "against": full,
+            "median_ratio_wall": statistics.median(r[key]["wall_s"] / r[full]["wall_s"] for r in record["repeats"]),
+            **{f"{what}_bytes": last[f"{what}_bytes"] for what in ("peak", "held", "estimate")},
+            **{f"full_{what}_bytes": last_full[f"{what}_bytes"] for what in ("peak", "held", "estimate")},
+        }
+    return found
 
 
 def _gib(value: int | None) -> str:
@@ -315,14 +390,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     args.loadavg_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="rfopt-gang-bench-"))
-    setup = throughput.build_setup(args, work)
+    source = None
+    if args.model == "tiny" and any(q != "none" for q in args.quantization):
+        from rfopt.tiny import build_tiny_model
+
+        source = str(build_tiny_model(work / "wide-llama", hidden_size=128))  # 4-bit blocks are 64 weights wide
+    setup = throughput.build_setup(args, work, source=source)
     from transformers import AutoTokenizer
 
     from rfopt.training.evaluation import EvalPrompts
     from rfopt.smollm2 import SMOLLM2, smollm2_path
 
-    source = str(smollm2_path()) if setup.source == SMOLLM2 else setup.source
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path()) if setup.source == SMOLLM2 else setup.source)
     prompt_tokens = max(map(len, EvalPrompts.of(setup.train, tokenizer).token_ids(tokenizer)))
     print(f"rfopt gangs - model {args.model}, {args.configs} configs x {args.chunks} chunks x {args.steps_per_chunk} "
           f"steps, max_completion_length {setup.configs[0].args.max_completion_length}, {len(setup.test)} eval "
@@ -331,7 +410,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     record: dict[str, Any] = {"model": args.model, "configs": args.configs, "chunks": args.chunks,
                               "steps_per_chunk": args.steps_per_chunk, "eval_prompts": len(setup.test),
                               "max_completion_length": setup.configs[0].args.max_completion_length,
-                              "loadavg_start": args.loadavg_start, "repeats": []}
+                              "quantization": args.quantization, "loadavg_start": args.loadavg_start,
+                              "repeats": []}
     if not args.skip_study:
         throughput.warm_up(setup, work / "warm")
         sides = ["plain"] + args.sides
@@ -345,8 +425,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if side == "plain":
                     runs[side] = run_plain_side(setup, out)
                 else:
-                    size, _, mode = side[1:].partition("-")
-                    runs[side] = run_gang_study(setup, out, int(size), prompt_tokens, mode or "sequential")
+                    size, mode, quantization = parse_side(side)
+                    runs[side] = run_gang_study(setup, out, size, prompt_tokens, mode, quantization)
                 runs[side]["loadavg_1min_before"] = load
                 print(f"  repeat {repeat} {side:>5}: {runs[side]['wall_s']:8.1f} s wall (load {load:.2f})", flush=True)
             for key in args.sides:
@@ -367,6 +447,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{key:>10} {statistics.median(r['wall_s'] for r in runs):16.1f} {ratios:>28} "
                   f"{record['median_ratio_wall'][key]:13.3f} {_gib(runs[-1]['peak_bytes']):>9} "
                   f"{_gib(runs[-1]['held_bytes']):>9} {_gib(runs[-1]['estimate_bytes']):>13} {length if length is None else round(length, 1)!s:>15}")
+        record["quantized_vs_full"] = quantized_vs_full(record, args.sides)
+        if record["quantized_vs_full"]:
+            print()
+            print(f"{'4-bit base (nf4)':>16} {'wall ratio to full precision':>29} {'peak GiB':>14} {'held GiB':>14} "
+                  f"{'estimate GiB':>14}")
+            for key, row in record["quantized_vs_full"].items():
+                pairs = [(row[f"{what}_bytes"], row[f"full_{what}_bytes"]) for what in ("peak", "held", "estimate")]
+                shown = [f"{_gib(q)} / {_gib(f)}" for q, f in pairs]
+                print(f"{key:>16} {row['median_ratio_wall']:29.3f} {shown[0]:>14} {shown[1]:>14} {shown[2]:>14}")
+            print("  (nf4 / full precision: the same gang on the base loaded in 4 bits, and in full precision)")
         print()
         print("where a gang run's time goes (last repeat, seconds):")
         for key in args.sides:
