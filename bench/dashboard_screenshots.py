@@ -2,19 +2,21 @@
 
     python bench/dashboard_screenshots.py docs/dashboard            # [--chunks 3] [--width 960]
 
-Runs tests/dashboard_study.py (4 trials, a MedianPruner stopping the two that cannot learn; each optimizer step slowed
-to 1 s so that a chunk can be watched) with `rfopt run` in a subprocess, serves the dashboard on a free local port and
+Runs tests/dashboard_study.py (4 trials of LoRA adapters on one base model, trained in gangs; a MedianPruner stopping
+the two that cannot learn; each optimizer step slowed to 1 s so that a chunk can be watched) with `rfopt run` in a
+subprocess, serves the dashboard on a free local port and
 saves PNGs with headless Chromium (Debian's chromium and chromium-driver, selenium), each shrunk to `--width` pixels
 and to a 256-colour palette (Pillow) so that the README's pictures stay small:
 
-1. the top of the page while a chunk trains: who runs the study, what trains now (chunk c of C, step s of S, ETAs),
-   the leaderboard;
+1. the top of the page while a chunk trains: who runs the study, what trains now (a gang as one line: chunk c of C,
+   step s of S, whose turn it is, ETAs), the leaderboard;
 2. the charts while it trains: the chunk in training drawn dashed;
 3. once the study has exited: the leaderboard and "why it wins" (parallel coordinates, each param against the value);
 4. a hover on a pruned trial's cross, with the reason;
 5. the same eval prompt across trials, each reward's score;
 6. the clone form, pre-filled with the trial's config;
-7. a chunk whose reward call hangs (one call of the third chunk sleeps 40 s): its line amber, the ETAs on hold.
+7. a chunk whose reward call hangs (one call of the third chunk sleeps 40 s): its line amber, in the turn of the
+   member whose call hangs, the ETAs on hold.
 
 Prints each file's path and size. Needs no network; takes a few minutes on a busy 2-core machine.
 """
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             rfopt_command("run", str(TESTS / "dashboard_study.py"), "--storage", storage, "--no-progress",
                           "--checkpoint-dir", str(where / "ck")),
             where, env(model, RFOPT_TEST_CHUNKS=args.chunks, RFOPT_TEST_STEP_SECONDS=1.0, RFOPT_PROGRESS_SECONDS=0.5,
+                       RFOPT_TEST_LORA=1,
                        RFOPT_TEST_HANG_CALL=HANG_CALL, RFOPT_TEST_HANG_SECONDS=40),
             where / "run.log",
         )

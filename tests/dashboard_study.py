@@ -4,13 +4,15 @@ a MedianPruner that stops the two trials that cannot learn (learning rate 0) aft
 tests/pruning/test_pruning_e2e.py. ``RFOPT_TEST_STEP_SECONDS`` slows each optimizer step by that much (the reward
 function waits), so that a page can watch a chunk train step by step; ``RFOPT_TEST_HANG_CALL=N`` and
 ``RFOPT_TEST_HANG_SECONDS=S`` make the reward function's N-th call in the process hang for S seconds (a stuck reward
-server). Trials 1 and 3 have the same config: they learn the same, and tie."""
+server). Trials 1 and 3 have the same config: they learn the same, and tie. ``RFOPT_TEST_LORA=1`` trains LoRA adapters
+on one shared base model instead of the whole model, so that the trials train in gangs (the README's screenshots:
+a gang's phases, whose turn it is)."""
 
 import os
 import time
 
 import optuna
-from rfopt_testkit import grpo_config, prompts_dataset, reward_len
+from rfopt_testkit import grpo_config, lora_config, prompts_dataset, reward_len
 
 import rfopt
 
@@ -36,7 +38,7 @@ def configs():
             model=os.environ["RFOPT_TEST_TINY_MODEL"],
             reward_funcs=[reward_lowercase, reward_len],
             args=grpo_config(learning_rate=lr, lr_scheduler_type="constant", per_device_train_batch_size=16),
-            peft_config=None,
+            peft_config=lora_config() if os.environ.get("RFOPT_TEST_LORA") else None,
         )
         for lr in LEARNING_RATES
     ]

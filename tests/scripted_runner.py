@@ -48,7 +48,7 @@ from rfopt.config.settings import EvalSettings
 from rfopt.config.trial import TrialConfig
 from rfopt.storage.state import TrialSnapshot
 from rfopt.training.evaluation import EvalResult, _nanmean, _prompt_text, is_conversational, score_completions
-from rfopt.training.rollouts import BATCHED, Completions, GenerationRequest, refusal
+from rfopt.training.rollouts import BATCHED, Completions, Decoded, GenerationRequest, Progress, refusal
 from rfopt.training.runner import ChunkAborted, ChunkMetrics, Runner, StepDone, _aggregate
 
 _NO_STATE = -1
@@ -63,6 +63,15 @@ class Scripted:
     list, reports its ``w``."""
     adapters_changed: list[list[str]] = field(default_factory=list)
     """What the rollout backends were told, call by call (`RolloutBackend.adapters_changed`)."""
+    on_train_step: Callable[[int, int], None] | None = None
+    """Called as each step of a scripted runner starts, in its gang member's turn (the trial, the step from 1): a test
+    looks at what is published mid-step."""
+    on_decode: Callable[[int], None] | None = None
+    """Called at each token a scripted backend "decodes" (its number, from 1): a test looks at what is published
+    mid-decode."""
+    on_eval: Callable[[int, int], None] | None = None
+    """Called after each eval prompt a scripted runner scores (the trial, the prompts done so far): a test looks at
+    what is published mid-evaluation."""
 
     def value(self, number: int, unit: int, w: float) -> float:
         listed = self.values.get(number, [])
@@ -156,12 +165,24 @@ class ScriptedBackend:
     def adapters_changed(self, names: Any) -> None:
         self.script.adapters_changed.append(list(names))
 
-    def generate(self, requests: list[GenerationRequest], should_stop: Callable[[], bool] | None = None
-                 ) -> list[Completions]:
+    def generate(self, requests: list[GenerationRequest], should_stop: Callable[[], bool] | None = None,
+                 progress: Progress | None = None) -> list[Completions]:
+        """Scripted completions; `progress` hears each token of the longest, then every row done (as a decoder
+        tells it: `rfopt.training.rollouts.Decoded`), and `Scripted.on_decode` runs at each token."""
         self.decodes.append([r.adapter for r in requests])
-        return [Completions([_Tokenizer.encode(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)],
-                            [[0.0] * len(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)])
-                for r in requests]
+        out = [Completions([_Tokenizer.encode(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)],
+                           [[0.0] * len(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)])
+               for r in requests]
+        rows = tuple(len(r.prompt_ids) for r in requests)
+        most = max((len(ids) for c in out for ids in c.token_ids), default=0)
+        for token in range(1, most + 1):
+            if progress is not None:
+                progress(Decoded(tuple(0 for _ in rows), rows, token, most, 0.001 * token))
+            if self.script.on_decode is not None:
+                self.script.on_decode(token)
+        if progress is not None:
+            progress(Decoded(rows, rows, 0, most, 0.001 * most))
+        return out
 
 
 class ScriptedRunner(Runner):
@@ -238,6 +259,8 @@ class ScriptedRunner(Runner):
         logs = []
         for step in range(steps):
             rows = chunk[step * per_step:(step + 1) * per_step]
+            if self.script.on_train_step is not None:
+                self.script.on_train_step(self.number, step + 1)
             scores = self._step_rewards(rows, rollout_func)
             self.global_step += 1
             self.tokens_seen += 8 * len(rows)
@@ -288,10 +311,20 @@ class ScriptedRunner(Runner):
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
         return self._evaluated(eval_dataset, settings)
 
-    def evaluate_gang(self, backend: Any, runners: list[ScriptedRunner], eval_dataset: Any, settings: EvalSettings
-                      ) -> list[EvalResult | Exception]:
+    def evaluate_gang(self, backend: Any, runners: list[ScriptedRunner], eval_dataset: Any, settings: EvalSettings,
+                      progress: Progress | None = None) -> list[EvalResult | Exception]:
+        """Each runner's scripted evaluation, one after another as the exact backend decodes them; `progress` hears
+        each one's prompts done, one prompt at a time (`rfopt.training.rollouts.Decoded`)."""
         results: list[EvalResult | Exception] = []
-        for runner in runners:
+        rows = (len(eval_dataset),) * len(runners)
+        done = [0] * len(runners)
+        for i, runner in enumerate(runners):
+            for prompt in range(rows[i]):
+                done[i] = prompt + 1
+                if progress is not None:
+                    progress(Decoded(tuple(done), rows, 0, 8, 0.001))
+                if self.script.on_eval is not None:
+                    self.script.on_eval(runner.number, prompt + 1)
             try:
                 results.append(runner._evaluated(eval_dataset, settings))
             except Exception as exc:  # noqa: BLE001 - as `evaluate_members`: this member fails alone

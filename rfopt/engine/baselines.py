@@ -24,6 +24,7 @@ from rfopt.storage import schema
 from rfopt.storage.schema import Baseline, TrialRef, study_record
 from rfopt.training.baseline import baseline_key, evaluate_baseline, model_label
 from rfopt.training.models import ModelPool
+from rfopt.training.rollouts import Progress
 
 logger = logging.getLogger("rfopt")
 
@@ -42,19 +43,19 @@ class Baselines:
         self._failed: set[str] = set()
 
     def ensure(self, ref: TrialRef, config: TrialConfig, named: str | None,
-               announce: Callable[[], None] | None = None) -> Baseline | None:
+               announce: Callable[[], Progress | None] | None = None) -> Baseline | None:
         """The baseline of trial ``ref.number`` (whose config is `config`), evaluated now if the study has none yet
-        (`announce` is called first: the trial's progress then says the base model is being evaluated); the trial
-        names it unless it does already (`named`). None if its evaluation failed."""
+        (`announce` is called first: the trial's progress then says the base model is being evaluated, and the
+        decoding's progress callback it returns hears how many prompts are done); the trial names it unless it does
+        already (`named`). None if its evaluation failed."""
         key = baseline_key(config, self.settings)
         if key in self._failed:
             return None
         if key not in self._known:
             baseline = study_record(self.study).baselines.get(key)
             if baseline is None:
-                if announce is not None:
-                    announce()
-                baseline = self._evaluate(key, config)
+                progress = announce() if announce is not None else None
+                baseline = self._evaluate(key, config, progress)
             if baseline is None:
                 self._failed.add(key)
                 return None
@@ -63,10 +64,10 @@ class Baselines:
             schema.write_baseline_key(ref, key)
         return self._known[key]
 
-    def _evaluate(self, key: str, config: TrialConfig) -> Baseline | None:
+    def _evaluate(self, key: str, config: TrialConfig, progress: Progress | None = None) -> Baseline | None:
         started = time.perf_counter()
         try:
-            result = evaluate_baseline(self.pool, config, self.eval_dataset, self.settings)
+            result = evaluate_baseline(self.pool, config, self.eval_dataset, self.settings, progress)
             value = result.objective(self.objective)
         except Exception as exc:  # noqa: BLE001 - a baseline is a reference, never a reason to stop the study
             logger.warning("the base model %s could not be evaluated as a baseline (%s: %s); its trials show no "

@@ -39,7 +39,8 @@ from rfopt.storage.leases import LeaseLost
 from rfopt.storage.schema import TrialRecord, TrialRef, study_record
 from rfopt.training.diversity import collapse_reason
 from rfopt.training.evaluation import EvalPrompts
-from rfopt.training.progress import ProgressPublisher
+from rfopt.training.progress import ProgressPublisher, evaluation_progress
+from rfopt.training.rollouts import Progress
 from rfopt.training.runner import ChunkAborted
 
 from . import ops, unit
@@ -326,15 +327,22 @@ class Roster:
             if live.number not in self.live or live.paused:
                 return False
         try:
-            self.baselines.ensure(live.ref, live.config, record.baseline_key, announce=lambda: ProgressPublisher(
-                live.ref, unit=live.committed, num_units=live.schedule.num_units, steps=live.schedule.steps_per_chunk,
-                listeners=self.ctx.step_listeners).baseline())
+            self.baselines.ensure(live.ref, live.config, record.baseline_key, announce=lambda: self._announce(live))
         except optuna.exceptions.UpdateFinishedTrialError:  # told finished outside rfopt while its baseline was evaluated
             told = TrialRecord(self.study.get_trials(deepcopy=False)[live.number]).told_outside
             logger.warning("trial %d %s; it trains no further here", live.number, told or "ended outside this process")
             self._drop(live.number)
             return False
         return True
+
+    def _announce(self, live: Live) -> Progress:
+        """Trial `live` waits for its base model's evaluation (the study's baseline): its progress says so, with the
+        prompts done (the returned callback hears the decoding)."""
+        publisher = ProgressPublisher(live.ref, unit=live.committed, num_units=live.schedule.num_units,
+                                      steps=live.schedule.steps_per_chunk, listeners=self.ctx.step_listeners,
+                                      interval=self.ctx.progress_seconds)
+        publisher.baseline()
+        return evaluation_progress([publisher])
 
     def _after_unit(self, live: Live, claim: Claim, error: BaseException | None) -> None:
         """After a unit: finish the trial if it trained its last one; if the unit failed, the trial is stale here

@@ -45,7 +45,8 @@ from rfopt.storage.state import UnitReport
 from rfopt.training.evaluation import EvalResult
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
-from rfopt.training.progress import INTERVAL_SECONDS, ProgressPublisher, UnitProgress
+from rfopt.training.progress import (INTERVAL_SECONDS, ProgressPublisher, UnitProgress, evaluation_progress,
+                                     gang_progress)
 from rfopt.training.rollouts import RolloutBackend
 from rfopt.training.runner import Runner, TrialRunner
 from rfopt.training.trackers import Tracking
@@ -343,7 +344,7 @@ def _train(ctx: Context, backend: RolloutBackend, ready: list[tuple[Live, Claim]
     started = time.perf_counter()
     gang = [GangMember(live.runner, should_stop=claim.lost, on_step=publishers[live.number].step)
             for live, claim in ready]
-    Gang(backend, gang, training=training).train()
+    Gang(backend, gang, training=training, on_activity=gang_progress(list(publishers.values()))).train()
     seconds = time.perf_counter() - started
     trained: list[_Trained] = []
     for (live, claim), member in zip(ready, gang):
@@ -364,7 +365,8 @@ def _evaluate(ctx: Context, backend: RolloutBackend, trained: list[_Trained], ou
     evaluation failed (or whose claim was lost) gets its outcome."""
     started = time.perf_counter()
     runners = [t.live.runner for t in trained]
-    results = runners[0].evaluate_gang(backend, runners, ctx.eval_dataset, ctx.settings)
+    results = runners[0].evaluate_gang(backend, runners, ctx.eval_dataset, ctx.settings,
+                                       progress=evaluation_progress([t.publisher for t in trained]))
     eval_seconds = time.perf_counter() - started
     for t in trained:
         t.publisher.saving()

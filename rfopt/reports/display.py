@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .timeline import STUCK_FLOOR, STUCK_TIMES, STUCK_UNKNOWN, duration
+from .timeline import STUCK_FLOOR, STUCK_TIMES, STUCK_UNKNOWN, activity_text, duration
 
 
 class ProgressBar:
@@ -22,10 +22,13 @@ class ProgressBar:
     one line as wide as the terminal, what matters first and cut from the right: a stuck unit (``STUCK? t3,t4,t5 no
     step 2m10s``) or what trains now (``t3,t4,t5 c2/4 s5/8 1.2s/st``: a gang is one group, one step counter, one pace),
     the live and pruned counts, the best value as the leaderboard shows it, and the time left as the dashboard shows
-    it. Or, when its stream is not a terminal (a log file, CI), plain lines: one when a chunk commits, one when a
-    trial is pruned (with the reason), one per trial or gang and phase change (the base model evaluated, loading,
-    training, evaluating), one at most every `plain_seconds` while a chunk trains, and one when a trial or gang is
-    overdue (no step for several step times: stuck or very slow).
+    it; what a unit does within its phase follows it (``dec 40/128tok``, ``m2/3 t4``, ``16/32 prompts``:
+    `rfopt.reports.timeline.activity_text`). Or, when its stream is not a terminal (a log file, CI), plain lines: one
+    when a chunk commits, one when a trial is pruned (with the reason), one per trial or gang and phase change (the
+    base model evaluated, loading, training, evaluating; a member's turn, a token or a prompt is no line of its own),
+    one at most every `plain_seconds` while a chunk trains or a phase says how far it is (with that: ``member 2 of 3
+    (trial 4)``, ``16 of 32 prompts``), and one when a trial or gang is overdue (no step for several step times: stuck
+    or very slow).
 
     It is handed each `rfopt.engine.roster.RunProgress` the run reports (units and steps committed, the last unit)
     and each step of a unit in flight (`rfopt.training.progress.UnitProgress`, via `step`). With `study`, it reads the
@@ -131,7 +134,8 @@ class ProgressBar:
                     self._said_phase[members] = (event.unit, event.phase)
                     who = _who(members, long=True)
                     self._line(f"{who} chunk {event.unit + 1}/{event.num_units}: {_PHASES[event.phase]}")
-                elif event.phase == "training" and now - self._last_line >= self.plain_seconds:
+                elif ((event.phase == "training" or event.activity is not None)
+                      and now - self._last_line >= self.plain_seconds):
                     self._line(f"{self._now(long=True)} · {self._totals()}")
                 return
             self._draw()
@@ -198,16 +202,21 @@ class ProgressBar:
             paces = sorted(e.step_seconds for e in events if e.step_seconds is not None and e.phase == "training")
             pace = paces[len(paces) // 2] if paces else None
             numbers = tuple(e.trial for e in events)
+            activity = _activity(events, behind.phase)
             if long:
                 text = f"{_who(numbers, long=True)} chunk {behind.unit + 1}/{behind.num_units} "
                 text += f"step {behind.step}/{behind.steps}" if behind.phase == "training" else _PHASES[behind.phase]
                 if pace is not None and behind.phase == "training":
                     text += f" ({pace:.3g} s/step)"
+                if activity is not None:
+                    text += f", {activity_text(activity, time.time())}"
             else:
                 phase = _SHORT_PHASES.get(behind.phase) or f"s{behind.step}/{behind.steps}"
                 text = f"{_who(numbers)} c{behind.unit + 1}/{behind.num_units} {phase}"
                 if pace is not None and behind.phase == "training":
                     text += f" {pace:.2g}s/st"
+                if activity is not None:
+                    text += f" {activity_text(activity, short=True)}"
             parts.append(text)
         return ("; " if not long else ", ").join(parts) or "between chunks"
 
@@ -294,7 +303,8 @@ class ProgressBar:
         for events, quiet in self._overdue(now):
             behind = min(events, key=lambda e: (_ORDER.get(e.phase, 2), e.step))
             what = {"training": "no step"}.get(behind.phase) or _SHORT_PHASES[behind.phase]
-            return f"STUCK? {_who(tuple(e.trial for e in events))} {what} {duration(quiet)}"
+            doing = activity_text(_activity(events, behind.phase), short=True)  # in whose turn, say
+            return f"STUCK? {_who(tuple(e.trial for e in events))} {what} {duration(quiet)}" + (f" {doing}" * bool(doing))
         return None
 
     def _watch(self) -> None:
@@ -313,8 +323,10 @@ class ProgressBar:
                     if self.plain:
                         behind = min(events, key=lambda e: (_ORDER.get(e.phase, 2), e.step))
                         what = {"training": "no step"}.get(behind.phase) or _PHASES[behind.phase]
+                        doing = activity_text(_activity(events, behind.phase), time.time())
                         self._line(f"{_who(key, long=True)} chunk {behind.unit + 1}/{behind.num_units}: {what} for "
-                                   f"{duration(quiet)} ({_usual(events, self._flight.values())}): stuck or very slow")
+                                   f"{duration(quiet)} ({_usual(events, self._flight.values())})"
+                                   f"{', ' + doing if doing else ''}: stuck or very slow")
                 if not self.plain:
                     self._draw()
 
@@ -324,6 +336,13 @@ _PHASES = {"baseline": "evaluating the base model with no adapter (the study's b
            "loading": "loading", "training": "training", "evaluating": "evaluating",
            "saving": "saving its checkpoint"}
 _SHORT_PHASES = {"baseline": "base model eval", "loading": "loading", "evaluating": "eval", "saving": "saving"}
+
+
+def _activity(events: list[Any], phase: str) -> Any:
+    """What a trial or gang in flight does within `phase`: the newest activity heard (a gang's members all hear the
+    gang's; of an evaluation's prompts, the member furthest behind), or None."""
+    doing = [e.activity for e in events if e.activity is not None and e.phase == phase]
+    return max(doing, key=lambda a: (a.since, -a.done)) if doing else None
 
 
 def _members(event: Any) -> tuple[int, ...]:

@@ -6,7 +6,8 @@ person's script agree:
 
 - `TrialTimes`: a trial's start, end, elapsed time and each chunk's duration (training, from the swap-in on, plus its
   evaluation: the ``seconds`` and ``eval_seconds`` each unit stores);
-- `NowTraining`: the unit a trial (or a gang, as one) trains now (its ``rfopt:progress`` records), with an ETA for
+- `NowTraining`: the unit a trial (or a gang, as one) trains now (its ``rfopt:progress`` records): its phase and what it
+  does within it (`activity_text`: rollouts decoded so far, member k of n, eval prompts done), with an ETA for
   that chunk from the step times measured so far, and its `Silence`: how long it has not moved against its usual step
   time (slow, or stuck: then its ETAs are on hold);
 - `StudyCost`: what pruning saved of the units a run without pruning needs (every started trial trained to its end),
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 from optuna.trial import TrialState
 
-from rfopt.storage.schema import ProgressRecord, TrialRecord, UnitMetrics
+from rfopt.storage.schema import Activity, ProgressRecord, TrialRecord, UnitMetrics
 
 
 def unit_seconds(metrics: UnitMetrics) -> float | None:
@@ -86,6 +87,31 @@ model, evaluating the base model or a first gang step on a busy machine is not c
 PHASE_WORDS = {"baseline": "evaluating the base model with no adapter (the study's baseline)",
                "loading": "loading (swapping the trial in)", "saving": "saving its checkpoint and committing"}
 """What a unit in flight is doing, in words, for the phases that are not counted in steps."""
+
+
+def activity_text(activity: Activity | None, now: float | None = None, short: bool = False) -> str:
+    """What a unit in flight does within its phase (`rfopt.storage.schema.Activity`), in words: ``decoding rollouts:
+    40 of at most 128 new tokens (12 tokens/s)``, ``training member 2 of 3 (trial 4) for 35s``, ``the gang's batched
+    step, all 3 members at once``, ``16 of 32 prompts (the batch now: 40 of at most 128 tokens)``; `short`, for the
+    terminal's line: ``dec 40/128tok``, ``m2/3 t4``, ``batched x3``, ``16/32 prompts``. Empty for None."""
+    if activity is None:
+        return ""
+    a = activity
+    if short:
+        return {"decoding": f"dec {a.done}/{a.total}tok", "member": f"m{a.done}/{a.total} t{a.trial}",
+                "batched": f"batched x{a.total}", "prompts": f"{a.done}/{a.total} prompts"}.get(a.what, a.what)
+    rate = f" ({a.rate:.0f} tokens/s)" if a.rate and a.rate >= 10 else f" ({a.rate:.2g} tokens/s)" if a.rate else ""
+    if a.what == "decoding":
+        return f"decoding rollouts: {a.done} of at most {a.total} new tokens{rate}"
+    if a.what == "member":
+        since = "" if now is None or not a.since else f" for {duration(now - a.since)}"
+        return f"training member {a.done} of {a.total} (trial {a.trial}){since}"
+    if a.what == "batched":
+        return f"the gang's batched step, all {a.total} members at once"
+    if a.what == "prompts":
+        batch = f" (the batch now: {a.tokens} of at most {a.max_tokens} tokens{rate})" if a.tokens else ""
+        return f"{a.done} of {a.total} prompts{batch}"
+    return a.what
 
 
 @dataclass(frozen=True)
@@ -212,12 +238,19 @@ class NowTraining:
     def stuck(self, now: float | None = None) -> bool:
         return self.silence is not None and self.silence.stuck(now)
 
-    def what(self) -> str:
-        """Its phase in words: ``5 of 8 steps done``, ``evaluating after its 8 steps``, ``loading (...)``."""
+    def what(self, now: float | None = None) -> str:
+        """Its phase in words, and what it does within it (`activity_text`): ``5 of 8 steps done``, ``0 of 8 steps
+        done, training member 2 of 3 (trial 4) for 35s``, ``evaluating after its 8 steps: 16 of 32 prompts``,
+        ``loading (...)``."""
         p = self.progress
         if p.phase == "evaluating":
-            return f"evaluating after its {p.steps} steps"
-        return PHASE_WORDS.get(p.phase) or f"{p.step} of {p.steps} steps done"
+            text = f"evaluating after its {p.steps} steps"
+        else:
+            text = PHASE_WORDS.get(p.phase) or f"{p.step} of {p.steps} steps done"
+        doing = activity_text(p.activity, time.time() if now is None else now)
+        if not doing:
+            return text
+        return f"{text}: {doing}" if p.activity.what == "prompts" else f"{text}, {doing}"
 
     def who(self) -> str:
         """``trial 3``, or ``trials 3, 4, 5 (one gang)``."""
@@ -229,7 +262,7 @@ class NowTraining:
         """One line for a person: ``trial 3 · chunk 2 of 4 · 5 of 8 steps done · for 1m12s · 14.1 s/step · ...``."""
         p = self.progress
         now = time.time() if now is None else now
-        parts = [self.who(), f"chunk {p.unit + 1} of {p.num_units}", self.what(), f"for {duration(now - p.started)}"]
+        parts = [self.who(), f"chunk {p.unit + 1} of {p.num_units}", self.what(now), f"for {duration(now - p.started)}"]
         if p.step_seconds is not None and p.phase == "training":
             parts.append(f"{p.step_seconds:.3g} s/step")
         if self.stuck(now):
@@ -276,11 +309,15 @@ def _gang(members: list[NowTraining]) -> NowTraining:
     progresses = [n.progress for n in members]
     behind = min(progresses, key=lambda p: (_PHASE_ORDER.get(p.phase, 2), p.step))
     paces = [p.step_seconds for p in progresses if p.step_seconds is not None]
+    # What the gang does now: the newest activity of the members in that phase (every member hears the gang's; an
+    # evaluation's prompts: the member furthest behind).
+    doing = [p.activity for p in progresses if p.activity is not None and p.phase == behind.phase]
     merged = ProgressRecord(
         unit=behind.unit, num_units=behind.num_units, phase=behind.phase, step=behind.step, steps=behind.steps,
         global_step=behind.global_step, started=min(p.started for p in progresses),
         updated=max(p.updated for p in progresses), step_seconds=statistics.median(paces) if paces else None,
-        logs={}, holder=behind.holder, gang=behind.gang, stepped=max(p.moved for p in progresses))
+        logs={}, holder=behind.holder, gang=behind.gang, stepped=max(p.moved for p in progresses),
+        activity=max(doing, key=lambda a: (a.since, -a.done)) if doing else None)
     silences = [n.silence for n in members if n.silence is not None]
     silence = None
     if silences:

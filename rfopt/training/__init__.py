@@ -13,6 +13,6 @@
 | `gang` | one or several trials' chunks in lockstep, their rollouts through one rollout backend |
 | `rollouts` | the rollout backends (exact; batched: a static cache, a LoRA bank, a captured step), and who may share a batch |
 | `parallel` | one trial's chunk as a data-parallel job over several devices |
-| `progress` | a chunk's progress while it trains, published to the study (throttled) |
+| `progress` | a chunk's progress while it trains, and what it does within its phase, published to the study (throttled) |
 | `trackers` | each trial's run in the user's experiment tracker (TensorBoard, wandb, MLflow, ...) |
 """

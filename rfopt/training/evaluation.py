@@ -16,7 +16,7 @@ from rfopt.config.rewardfuncs import checked_reward, is_async, reward_name
 from rfopt.config.settings import EvalSettings
 
 from .diversity import diversity
-from .rollouts import ExactBackend, GenerationRequest, RolloutBackend, request_sampling
+from .rollouts import ExactBackend, GenerationRequest, Progress, RolloutBackend, request_sampling
 
 
 @dataclass
@@ -91,7 +91,7 @@ class EvalMember:
 
 
 def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, members: list[EvalMember], dataset: Any,
-                     settings: EvalSettings) -> list[EvalResult | Exception]:
+                     settings: EvalSettings, progress: Progress | None = None) -> list[EvalResult | Exception]:
     """Generate one completion per eval prompt for each member through `backend` (the batched backend decodes every
     member's batch of `settings.batch_size` prompts together) and score it with the member's reward functions, called
     as TRL calls them. A member whose decoding or scoring fails gets its exception; the others their results. Each
@@ -99,6 +99,8 @@ def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, member
 
     Greedy by default (`EvalSettings`); the generation settings are the model's generation config with evaluation's
     over it, as ``model.generate(**settings)`` merges them (a model whose config has a repetition penalty keeps it).
+    `progress` hears how far the decoding has got (`rfopt.training.rollouts.Decoded`: each member's prompts done, in
+    member order, and the tokens of the batch decoding now).
     """
     rendered: dict[str, tuple[EvalPrompts, list[list[int]]]] = {}  # by chat template kwargs: members mostly share
     eos = eos_token_ids(model, tokenizer)
@@ -115,7 +117,7 @@ def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, member
         sampling = request_sampling(model.generation_config, **kwargs)
         requests.append(GenerationRequest(member.adapter, ids, sampling, seed=settings.seed,
                                           batch_rows=settings.batch_size, generate_kwargs=kwargs))
-    outcomes = backend.generate(requests)
+    outcomes = backend.generate(requests, progress=progress)
     results: list[EvalResult | Exception] = []
     for member, prompts, outcome in zip(members, prompts_of, outcomes):
         if isinstance(outcome, Exception):
@@ -140,14 +142,15 @@ def evaluate(
     trainer_state: Any = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     dtype: Any = None,
+    progress: Progress | None = None,
 ) -> EvalResult:
     """One model's evaluation (its active adapter) through ``model.generate``: `evaluate_members` on the exact
     backend. `trainer_state` is the trial's `transformers.TrainerState` at the evaluated step;
     `chat_template_kwargs` its ``args.chat_template_kwargs``; `dtype` what mixed precision computes in (None: the
-    model's own)."""
+    model's own); `progress` hears how far it has got."""
     member = EvalMember(None, reward_funcs, reward_weights, max_new_tokens, trainer_state,
                         dict(chat_template_kwargs or {}))
-    (result,) = evaluate_members(ExactBackend(model, dtype), model, tokenizer, [member], dataset, settings)
+    (result,) = evaluate_members(ExactBackend(model, dtype), model, tokenizer, [member], dataset, settings, progress)
     if isinstance(result, Exception):
         raise result
     return result

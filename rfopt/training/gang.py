@@ -21,6 +21,12 @@ instance ``forward`` (each trainer wraps it with its own fused LM head), torch's
 Settings that a trainer applies to the whole model (dropout, gradient checkpointing) must be the same for every
 member (`gang_key`), and the model is put back once, when the gang is done.
 
+What a gang does within a step is told to its ``on_activity`` hook (`rfopt.storage.schema.Activity`, for people: the
+progress records, the page, ``rfopt status``, the bar): its rollouts decoded so far (``decoding``: tokens of the most
+new tokens, tokens per second), whose turn it is (``member`` k of n: its reward functions, its loss, its optimizer
+step), and in the batched mode its one batched forward or backward (``batched``). A trial alone says nothing finer
+than its steps (it generates inside TRL's own ``generate``).
+
 A member that raises (a reward function, a sampling error of its own) leaves the gang alone; the others go on.
 `Gang.abort` (Ctrl-C, a lost lease) stops every member at its next optimizer step or decoded token.
 `Gang.decode_seconds` is the time its members waited for the backend.
@@ -50,15 +56,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rfopt import compat
+from rfopt.storage.schema import Activity
 from rfopt.storage.state import RngState
 
 from .batched_step import BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, servable_call
 from .models import adapter_name
-from .rollouts import DecodeAborted, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
+from .rollouts import DecodeAborted, Decoded, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
 from .rollouts.bank import lora_layers
 from .runner import ChunkMetrics, Runner, StepDone
 
@@ -79,6 +86,9 @@ DEFAULT_GANG_TRAINING = "sequential"
 _ORDER = ("rollout", "forward", "forward+grad", "backward")
 """What the gang serves first when members wait on different things: a step's earlier phase, so that a member behind
 the others catches up and joins their batch."""
+
+TOKENS_SECONDS = 0.2
+"""A decode's tokens so far are told to ``on_activity`` at most this often (a token takes milliseconds)."""
 
 _SAID: set[str] = set()
 
@@ -146,7 +156,7 @@ class Gang:
     """
 
     def __init__(self, backend: RolloutBackend, members: list[GangMember],
-                 training: str = DEFAULT_GANG_TRAINING) -> None:
+                 training: str = DEFAULT_GANG_TRAINING, on_activity: Callable[[Activity], None] | None = None) -> None:
         if not members:
             raise ValueError("a gang needs at least one member")
         if training not in GANG_TRAINING:
@@ -154,6 +164,8 @@ class Gang:
         self.backend = backend
         self.members = members
         self.training = training
+        self.on_activity = on_activity if len(members) > 1 else None
+        """Told what the gang does within a step (see the module docstring); a trial alone: nothing."""
         self.model = members[0].runner.model  # the shared model (a trial alone: its own)
         self._turns: list[_Turn] = []
         self._caller: Any = None
@@ -174,6 +186,9 @@ class Gang:
         self._lora: Any = None
         self._disabled: dict[int, bool] = {}
         """Whether the shared model's adapters were disabled where each waiting member waits (batched mode)."""
+        self._activity = Activity("member")
+        """What it told `on_activity` last."""
+        self._said_at = -float("inf")
 
     # ------------------------------------------------------------------ the run
     def train(self) -> None:
@@ -264,11 +279,16 @@ class Gang:
             for j in batch:
                 turns[j].waiting = None
             started = time.perf_counter()
+            if kind == "rollout":
+                self._tell("decoding", 0)  # its total, the most new tokens, comes with the first token
+            else:
+                self._tell("batched", len(batch))
             try:
                 if self._aborted.is_set():
                     raise DecodeAborted("the gang was stopped")
                 if kind == "rollout":
-                    outs: list[Any] = self.backend.generate(requests, should_stop=self._aborted.is_set)
+                    outs: list[Any] = self.backend.generate(requests, should_stop=self._aborted.is_set,
+                                                            progress=self._decoded if self.on_activity else None)
                     self.decodes += 1
                 elif kind == "backward":
                     outs = self._backward(batch, requests)
@@ -293,6 +313,7 @@ class Gang:
         turn = self._turns[i]
         turn.globals.restore()
         member.runner.pool.activate(member.number, member.runner.config)
+        self._tell("member", len(self.members), done=i + 1, trial=member.number)
         self._swap_grads(i, True)
         self._set_adapters_disabled(self._disabled.pop(i, False))
         self._current = i
@@ -307,6 +328,28 @@ class Gang:
                 member.error = DecodeAborted("interrupted")
                 if not self._aborted.is_set():
                     raise KeyboardInterrupt
+
+    def _tell(self, what: str, total: int, done: int = 0, trial: int | None = None) -> None:
+        """What the gang does now, to `on_activity` (a display's failure is not the gang's)."""
+        if self.on_activity is None:
+            return
+        self._activity = Activity(what, done=done, total=total, trial=trial, since=time.time())
+        self._say(self._activity)
+
+    def _decoded(self, decoded: Decoded) -> None:
+        """The backend's progress while it decodes the members' rollouts: tokens so far of the most new tokens, at
+        most every `TOKENS_SECONDS` (a batch of rows done, between two batches, is not news here)."""
+        now = time.perf_counter()
+        if decoded.tokens and (decoded.tokens == 1 or now - self._said_at >= TOKENS_SECONDS):
+            self._said_at = now
+            self._activity = replace(self._activity, done=decoded.tokens, total=decoded.max_tokens, rate=decoded.rate)
+            self._say(self._activity)
+
+    def _say(self, activity: Activity) -> None:
+        try:
+            self.on_activity(activity)
+        except Exception as exc:  # noqa: BLE001 - progress is for people: the gang goes on
+            logger.debug("a gang's progress hook failed: %s", exc)
 
     # ------------------------------------------------------------------ one member's code
     def _body(self, i: int) -> None:

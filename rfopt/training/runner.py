@@ -54,7 +54,7 @@ from rfopt.storage.state import RngState, TrialSnapshot
 
 from .evaluation import EvalMember, EvalResult, evaluate_members
 from .models import ModelPool, adapter_name
-from .rollouts import EXACT, RolloutBackend
+from .rollouts import EXACT, Progress, RolloutBackend
 from .trackers import Tracking
 
 _NO_STATE = -1
@@ -207,8 +207,9 @@ class Runner(Protocol):
         ...
 
     def evaluate_gang(self, backend: RolloutBackend, runners: list[Runner], eval_dataset: Any,
-                      settings: EvalSettings) -> list[EvalResult | Exception]:
-        """The evaluations of a gang's `runners` through `backend`: each one's result, or what failed it alone."""
+                      settings: EvalSettings, progress: Progress | None = None) -> list[EvalResult | Exception]:
+        """The evaluations of a gang's `runners` through `backend`: each one's result, or what failed it alone.
+        `progress` hears how far the decoding has got (each runner's prompts done, in `runners` order)."""
         ...
 
     def trainable_weights(self) -> dict[str, Any]:
@@ -386,12 +387,12 @@ class TrialRunner(Runner):
         return result
 
     def evaluate_gang(self, backend: RolloutBackend, runners: list[TrialRunner], eval_dataset: Any,
-                      settings: EvalSettings) -> list[EvalResult | Exception]:
+                      settings: EvalSettings, progress: Progress | None = None) -> list[EvalResult | Exception]:
         """The evaluations of `runners` (a gang on this runner's model, this runner among them) through `backend`, the
         one they trained on: each one's `EvalResult`, or the exception that failed it alone
         (`rfopt.training.evaluation.evaluate_members`). The unit pipeline asks it of the gang's first runner."""
         return evaluate_members(backend, self.model, self.tokenizer, [r.eval_member() for r in runners], eval_dataset,
-                                settings)
+                                settings, progress)
 
     def eval_member(self) -> EvalMember:
         """What evaluating the trial needs (`rfopt.training.evaluation.evaluate_members`)."""

@@ -396,3 +396,81 @@ def test_the_backend_hears_of_every_members_optimizer_step_and_loaded_weights(sc
     units = schema.TrialRecord(study.trials[0]).num_units
     # Each unit: both members' adapters as loaded, then each member's adapter after each of its steps.
     assert scripted.adapters_changed == units * ([["trial-0", "trial-1"]] + [["trial-0"], ["trial-1"]] * steps)
+
+
+# ---------------------------------------------------------------------- what a gang says it does (issue 44)
+def _scripted_gang(tiny_model, numbers=(3, 4, 5)):
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    runners = []
+    for number in numbers:
+        config = trial_config(tiny_model, learning_rate=5e-3)
+        runners.append(ScriptedRunner(number, config, plan, trial_schedule(plan, config.args), dataset, None,
+                                      "/tmp/rfopt-test-gang"))
+    return runners
+
+
+def test_a_gang_says_whose_turn_it_is_and_how_far_its_rollouts_are_decoded(tiny_model, monkeypatch):
+    import rfopt.training.gang
+
+    monkeypatch.setattr(rfopt.training.gang, "TOKENS_SECONDS", 0.0)  # every token told (a scripted decode is instant)
+    runners = _scripted_gang(tiny_model)
+    heard = []
+    gang = Gang(runners[0].rollout_backend("batched"), [GangMember(r) for r in runners], on_activity=heard.append)
+    gang.train()
+    assert all(m.error is None for m in gang.members)
+    turns = [(a.done, a.total, a.trial) for a in heard if a.what == "member"]
+    # Each member in order, numbered k of 3 and named by its trial, once per round of the gang's steps.
+    assert turns[:3] == [(1, 3, 3), (2, 3, 4), (3, 3, 5)] and len(turns) == 3 * (gang.decodes + 1)
+    # Between the rounds, the gang's one decode: the tokens so far of the most new tokens, counting up.
+    decodes: list[list] = []  # each decode's run of events, between the members' turns
+    for before, a in zip([None, *heard], heard):
+        if a.what == "decoding":
+            if before is None or before.what != "decoding":
+                decodes.append([])
+            decodes[-1].append(a)
+    assert len(decodes) == gang.decodes
+    for said in decodes:
+        tokens = [a.done for a in said]
+        assert tokens[0] == 0 and tokens == sorted(tokens) and tokens[-1] == said[-1].total > 1
+        assert {a.total for a in said[1:]} == {said[-1].total}
+
+
+def test_a_trial_alone_says_nothing_finer_than_its_steps(tiny_model):
+    [runner] = _scripted_gang(tiny_model, numbers=(3,))
+    heard = []
+    gang = Gang(runner.rollout_backend("exact"), [GangMember(runner)], on_activity=heard.append)
+    gang.train()
+    assert gang.members[0].error is None and heard == []
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize("training", ["sequential", "batched"])
+def test_a_gang_of_the_tiny_model_says_its_turns_its_decodes_and_in_the_batched_mode_its_one_step(tiny_model,
+                                                                                                  training,
+                                                                                                  monkeypatch):
+    import rfopt.training.gang
+
+    monkeypatch.setattr(rfopt.training.gang, "TOKENS_SECONDS", 0.0)  # every token told (the tiny model's are fast)
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    runners = []
+    for number in (0, 1):
+        config = trial_config(tiny_model, learning_rate=5e-3)
+        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                   "/tmp/rfopt-test-gang"))
+    for runner in runners:
+        runner.setup()
+    heard = []
+    gang = Gang(runners[0].rollout_backend("batched"), [GangMember(r) for r in runners], training=training,
+                on_activity=heard.append)
+    gang.train()
+    assert all(m.error is None for m in gang.members)
+    kinds = {a.what for a in heard}
+    assert {"member", "decoding"} <= kinds and ("batched" in kinds) == (training == "batched")
+    tokens = [a.done for a in heard if a.what == "decoding"]
+    assert max(tokens) > 1 and all(a.total == runners[0].config.args.max_completion_length
+                                   for a in heard if a.what == "decoding" and a.done)
+    assert {a.total for a in heard if a.what == "batched"} <= {2}

@@ -22,9 +22,10 @@ from rfopt.cli.status import status_text as _status_text
 from rfopt.compat import storage_of, trial_id_of
 from rfopt.reports.display import ProgressBar
 from rfopt.storage.leases import Presence
-from rfopt.training.progress import ProgressPublisher, UnitProgress
+from rfopt.training.progress import ProgressPublisher, UnitProgress, evaluation_progress
+from rfopt.training.rollouts import Decoded
 from rfopt.training.runner import StepDone
-from rfopt.storage.schema import ProgressRecord, StepColumns, TrialRecord
+from rfopt.storage.schema import Activity, ProgressRecord, StepColumns, TrialRecord
 from rfopt.storage.database import open_storage
 from rfopt.reports.timeline import STUCK_UNKNOWN, NowTraining, clock_time, now_training, study_cost
 
@@ -539,3 +540,146 @@ def test_while_the_bar_is_drawn_log_records_are_written_above_it_not_over_it(mon
     finally:
         root.removeHandler(handler)
     assert "WARNING rfopt: trial 3: something to read" in stream.getvalue().replace("\r", "\n").splitlines()
+
+
+# ---------------------------------------------------------------------- how far a phase is (issue 44, point 1)
+def test_what_a_unit_does_within_its_phase_is_told_on_change_and_written_within_the_interval_even_if_it_hangs(study):
+    heard: list[UnitProgress] = []
+    publisher = ProgressPublisher(_ref(study, study.trials[1]), unit=1, num_units=2, steps=8, listeners=[heard.append],
+                                  interval=0.3)
+    publisher.loading()
+    publisher.step(StepDone(step=0, steps=8, global_step=8, seconds=0.0, logs={}))
+    began = TrialRecord(study.trials[1]).progress.stepped
+    decode = time.time()
+    for tokens in range(0, 60):  # a decode's tokens, as fast as a GPU gives them
+        publisher.doing(Activity("decoding", done=tokens, total=128, since=decode))
+    turn = Activity("member", done=2, total=3, trial=4, since=time.time())
+    publisher.doing(turn)  # ... then member 2's turn, whose reward call hangs: nothing more comes
+    # Listeners hear each change of kind or member, not every token (one decode: one event within half a second).
+    said = [e.activity for e in heard if e.activity is not None]
+    assert [(a.what, a.done) for a in said] == [("decoding", 0), ("member", 2)]
+    assert all(e.phase == "training" for e in heard[1:])
+    time.sleep(0.6)  # the interval is over: the throttled change is written though no call followed it
+    record = TrialRecord(study.trials[1]).progress
+    assert record.activity == turn and record.phase == "training"
+    assert record.stepped == began  # a token or a turn is no step: "stuck" still counts from the last step
+    publisher.evaluating()  # a phase clears it
+    assert TrialRecord(study.trials[1]).progress.activity is None and heard[-1].activity is None
+
+
+def test_an_evaluations_progress_is_each_members_prompts_done_and_the_batch_now(study):
+    publishers = [ProgressPublisher(_ref(study, study.trials[n]), unit=1, num_units=2, steps=8, interval=0.0)
+                  for n in (1, 2)]
+    for publisher in publishers:
+        publisher.evaluating()
+    hear = evaluation_progress(publishers)
+    hear(Decoded(rows_done=(16, 8), rows=(32, 32), tokens=40, max_tokens=128, seconds=2.0))
+    first, second = (TrialRecord(study.trials[n]).progress.activity for n in (1, 2))
+    assert (first.what, first.done, first.total, first.tokens, first.max_tokens) == ("prompts", 16, 32, 40, 128)
+    assert first.rate == 20.0 and (second.done, second.total) == (8, 32) and first.since == second.since
+
+
+def _in_flight(study, number, activity, phase="training", **fields):
+    return _flight(study, number, phase=phase, step=fields.pop("step", 2), step_seconds=fields.pop("step_seconds", 5.0),
+                   activity=activity, **fields)
+
+
+def test_status_says_how_far_each_phase_is(study):
+    now = time.time()
+    cases = [
+        ("training", Activity("decoding", done=40, total=128, rate=12.0, since=now - 3),
+         "2 of 8 steps done, decoding rollouts: 40 of at most 128 new tokens (12 tokens/s)"),
+        ("training", Activity("member", done=2, total=3, trial=4, since=now - 35),
+         "2 of 8 steps done, training member 2 of 3 (trial 4) for 35s"),
+        ("training", Activity("batched", total=3, since=now), "2 of 8 steps done, the gang's batched step, all 3 "
+                                                               "members at once"),
+        ("evaluating", Activity("prompts", done=16, total=32, tokens=40, max_tokens=128, rate=20.0, since=now),
+         "evaluating after its 8 steps: 16 of 32 prompts (the batch now: 40 of at most 128 tokens (20 tokens/s))"),
+        ("baseline", Activity("prompts", done=3, total=32, since=now),
+         "evaluating the base model with no adapter (the study's baseline): 3 of 32 prompts"),
+    ]
+    for phase, activity, words in cases:
+        _in_flight(study, 1, activity, phase=phase)
+        [flight] = now_training([TrialRecord(t) for t in study.trials])
+        assert f"trial 1 · chunk 2 of 2 · {words} · for " in flight.line(now), flight.line(now)
+        with Presence(study, "run"):  # read a moment later: "for 35s" may read 36s by then
+            assert f"now training: trial 1 · chunk 2 of 2 · {words.split(' for ')[0]}" in _status_text(study)
+
+
+def test_a_gang_shows_what_it_does_now_from_its_newest_record(study):
+    now = time.time()
+    study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, system_attrs=study.trials[1].system_attrs))
+    # Member 3's record was written last: the gang is in its turn now (member 2's record still says the decode).
+    _in_flight(study, 1, Activity("decoding", done=60, total=64, since=now - 9), gang=(1, 2, 3), holder="h:1")
+    _in_flight(study, 2, Activity("member", done=2, total=3, trial=2, since=now - 6), gang=(1, 2, 3), holder="h:1")
+    _in_flight(study, 3, Activity("member", done=3, total=3, trial=3, since=now - 4), gang=(1, 2, 3), holder="h:1")
+    [gang] = now_training([TrialRecord(t) for t in study.trials])
+    assert "trials 1, 2, 3 (one gang) · chunk 2 of 2 · 2 of 8 steps done, training member 3 of 3 (trial 3) for 4s" in \
+        gang.line(now)
+
+
+def test_the_page_shows_how_far_a_phase_is(study):
+    from rfopt.dashboard.pages import study_page
+    from rfopt.reports.status import liveness
+
+    _in_flight(study, 1, Activity("member", done=2, total=3, trial=4, since=time.time() - 5))
+    with Presence(study, "run"):
+        trials = study.get_trials(deepcopy=False)
+        page = study_page(study, trials, liveness(study, trials), "v1")
+    assert "2 of 8 steps done, training member 2 of 3 (trial 4) for " in page.parts["now"], page.parts["now"]
+
+
+def test_the_bar_shows_how_far_a_phase_is_and_a_log_gets_no_line_per_turn_or_token():
+    now = time.time()
+    stream = io.StringIO()
+    events = [UnitProgress(trial=t, unit=0, num_units=2, phase="training", step=1, steps=8, step_seconds=2.0,
+                           gang=(3, 4), activity=Activity("member", done=k, total=2, trial=t, since=now + k))
+              for k, t in ((1, 3), (2, 4))]
+    with ProgressBar("demo", stream=stream, plain=False, watch_seconds=0) as bar:
+        bar(_Run(0, 4, 0, 32, {3: 0, 4: 0}))
+        for event in events:
+            bar.step(event)
+        assert "t3,t4 c1/2 s1/8 2s/st m2/2 t4" in bar._bar.desc
+    log = io.StringIO()
+    with ProgressBar("demo", stream=log, plain=True, plain_seconds=0.2, watch_seconds=0) as bar:
+        bar(_Run(0, 4, 0, 32, {3: 0, 4: 0}))
+        for tokens in range(50):  # a decode, then each member's turn: no line of their own
+            bar.step(UnitProgress(trial=3, unit=0, num_units=2, phase="training", step=1, steps=8, step_seconds=2.0,
+                                  gang=(3, 4), activity=Activity("decoding", done=tokens, total=64, since=now)))
+        for event in events:
+            bar.step(event)
+        time.sleep(0.25)
+        bar.step(events[-1])  # the interval is over: one line, saying what the gang does now
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "demo: trials 3, 4 chunk 1/2: training" and len(lines) == 2, lines
+    assert lines[1].startswith("demo: trials 3, 4 chunk 1/2 step 1/8 (2 s/step), training member 2 of 2 (trial 4) for ")
+
+
+def test_a_running_study_says_whose_turn_it_is_how_far_its_decode_and_its_evaluation_are(scripted, tiny_model,
+                                                                                       storage, monkeypatch):
+    import functools
+
+    import rfopt.training.gang
+    from rfopt.engine import run
+
+    monkeypatch.setattr(run, "Context", functools.partial(run.Context, progress_seconds=0.0))  # every change written
+    monkeypatch.setattr(rfopt.training.gang, "TOKENS_SECONDS", 0.0)  # and every token told (a scripted decode is instant)
+    study = rfopt.create_study(study_name="phases", storage=storage, direction="maximize")
+    seen: dict[str, list[str]] = {"turn": [], "decode": [], "eval": []}
+
+    def status() -> str:
+        return next(line for line in _status_text(study.optuna).splitlines() if line.startswith("now training: "))
+
+    scripted.on_train_step = lambda number, step: seen["turn"].append(status())
+    scripted.on_decode = lambda token: seen["decode"].append(status()) if token == 3 else None
+    scripted.on_eval = lambda number, done: seen["eval"].append(status())
+    configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3)]
+    study.optimize(configs, TRAIN, EVAL, num_chunks=2, gang_size=2, show_progress_bar=False)
+    gang = "now training: trials 0, 1 (one gang) · chunk 1 of 2 · "
+    # In member k's turn (its reward calls), `rfopt status` names it; in the gang's decode, the tokens so far.
+    assert any(line.startswith(gang) and "training member 1 of 2 (trial 0) for " in line for line in seen["turn"])
+    assert any(line.startswith(gang) and "training member 2 of 2 (trial 1) for " in line for line in seen["turn"])
+    assert any(line.startswith(gang) and "decoding rollouts: 3 of at most " in line for line in seen["decode"])
+    # Its evaluation, prompt by prompt (the member furthest behind: trial 1's prompts come after trial 0's here).
+    assert any(line.startswith(gang) and "evaluating after its " in line and ": 0 of 2 prompts" in line
+               for line in seen["eval"]), seen["eval"]

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import rfopt
 from rfopt.training.rollouts import (
     DecodeAborted,
+    Decoded,
     BatchedBackend,
     ExactBackend,
     GenerationRequest,
@@ -200,6 +201,41 @@ def test_should_stop_stops_decoding_between_two_tokens(adapters, backend_of):
         backend.generate([GenerationRequest("a", rows, _sampling(tokenizer, max_new_tokens=64)),
                           GenerationRequest("b", rows, _sampling(tokenizer, max_new_tokens=64))], should_stop)
     assert len(asked) < 16  # it stopped after a few tokens, not at the end
+
+
+def test_progress_hears_the_tokens_so_far_and_each_batch_of_rows_done_and_changes_no_completion(adapters,
+                                                                                              backend_of):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+    greedy = _sampling(tokenizer, do_sample=False)
+    sampled = _sampling(tokenizer, temperature=0.9, max_new_tokens=12)
+    requests = [GenerationRequest("a", rows, greedy, batch_rows=2), GenerationRequest("b", rows[:3], sampled, seed=4)]
+    backend = backend_of(model)
+    quiet = _tokens(backend.generate(requests))
+    heard: list[Decoded] = []
+    assert _tokens(backend.generate(requests, progress=heard.append)) == quiet  # a display's hook changes nothing
+    assert heard and all(d.rows == (4, 3) for d in heard)
+    assert heard[-1].rows_done == (4, 3)  # every row of both requests
+    # Rows are done batch by batch (request a in batches of 2), never all at once from the start, never backwards.
+    assert any(d.rows_done[0] == 2 for d in heard)
+    assert all(x <= y for before, after in zip(heard, heard[1:]) for x, y in zip(before.rows_done, after.rows_done))
+    # Tokens so far, of the most the batch may decode, counted up within a batch.
+    decoding = [d for d in heard if d.tokens]
+    assert decoding and all(0 < d.tokens <= d.max_tokens <= 16 for d in decoding)
+    assert max(d.tokens for d in decoding) >= 4 and all(d.seconds >= 0 for d in decoding)
+    assert any(d.rate is not None and d.rate > 0 for d in decoding)
+
+
+def test_a_progress_callback_that_raises_fails_no_decode(adapters, backend_of):
+    model, tokenizer = adapters
+    rows = _ids(tokenizer)
+
+    def broken(decoded):
+        raise RuntimeError("the display broke")
+
+    backend = backend_of(model)
+    request = GenerationRequest("a", rows, _sampling(tokenizer, do_sample=False))
+    assert _tokens(backend.generate([request], progress=broken)) == _tokens(backend.generate([request]))
 
 
 # ---------------------------------------------------------------------- the batched backend's parts

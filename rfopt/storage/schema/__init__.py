@@ -48,7 +48,7 @@ request taken back before it applied) and ``rfopt:ops`` (the ops applied, with t
 ``rfopt:cancelled`` (a WAITING clone cancelled before it started), ``rfopt:paused``, ``rfopt:stopped``, ``rfopt:fail_reason``,
 ``rfopt:adapter``, ``rfopt:tracked`` (the units each tracker holds), ``rfopt:tracked_at`` (where each wrote), ``rfopt:best`` (its best checkpoint so far:
 `BestCheckpoint`), ``rfopt:baseline_key`` (which `Baseline` it compares with), ``rfopt:progress`` (where the chunk it
-trains now stands: see `ProgressRecord`) and
+trains now stands, and what it does within its phase: see `ProgressRecord`, `Activity`) and
 ``rfopt:gang:<unit>`` (the gang that trains the unit: see `GangPlan`).
 
 A trial's progress is its reported intermediate values: unit ``u`` is committed once step ``u`` is
@@ -74,6 +74,7 @@ from ._keys import (
 from ._records import (
     CONTROL_OPS,
     STOP_REASON,
+    Activity,
     AppliedOp,
     BestCheckpoint,
     Cancel,
@@ -138,6 +139,7 @@ __all__ = [
     "CONTROL_OPS",
     "DECISION_ATTR_PREFIX",
     "STOP_REASON",
+    "Activity",
     "AppliedOp",
     "Baseline",
     "BestCheckpoint",

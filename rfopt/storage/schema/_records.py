@@ -229,6 +229,53 @@ class BestCheckpoint:
 
 
 @dataclass(frozen=True)
+class Activity:
+    """What a unit in flight does now within its phase, finer than the phase (`ProgressRecord.activity`): how far a
+    gang's rollouts are decoded, whose turn it is in a gang's step, how many eval prompts are done.
+
+    - ``decoding``: the gang's rollouts decoded in one batch; `done` tokens of at most `total` new tokens, at `rate`
+      tokens per second;
+    - ``member``: in a gang's training step, member `done` of `total` (trial `trial`) runs its own part: its reward
+      functions, its loss, its optimizer step (sequential training: its forwards and backward too);
+    - ``batched``: the gang's one batched forward or backward, for all `total` members at once (``gang_training=
+      "batched"``);
+    - ``prompts``: an evaluation (the unit's, or the base model's); `done` of `total` eval prompts have their
+      completion, and the batch decoding now has `tokens` of at most `max_tokens` new tokens, at `rate` tokens per
+      second.
+    """
+
+    what: str
+    done: int = 0
+    total: int = 0
+    trial: int | None = None
+    """``member``: the trial whose turn it is."""
+    tokens: int = 0
+    max_tokens: int = 0
+    rate: float | None = None
+    """Tokens per second of the batch decoding now (``decoding``, ``prompts``); None before one is measured."""
+    since: float = 0.0
+    """When this activity began (seconds since the epoch, the writer's clock): a member's turn, a decode."""
+
+    def to_attr(self) -> dict[str, Any]:
+        return json_safe({"what": self.what, "done": self.done, "total": self.total, "trial": self.trial,
+                          "tokens": self.tokens, "max_tokens": self.max_tokens, "rate": self.rate,
+                          "since": self.since})
+
+    @classmethod
+    def from_attr(cls, value: Any) -> Activity | None:
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            trial = value.get("trial")
+            return cls(what=str(value["what"]), done=int(value.get("done", 0)), total=int(value.get("total", 0)),
+                       trial=None if trial is None else int(trial), tokens=int(value.get("tokens", 0)),
+                       max_tokens=int(value.get("max_tokens", 0)), rate=_finite(value.get("rate")),
+                       since=float(value.get("since") or 0.0))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class ProgressRecord:
     """How far the unit a trial trains now has got (``rfopt:progress``), published by the process training it while
     the chunk runs (`rfopt.training.progress.ProgressPublisher`): a few times a minute at most, not once per token or step, and
@@ -269,6 +316,9 @@ class ProgressRecord:
     """When it was last heard to move: its last optimizer step ended, or its phase began (seconds since the epoch);
     None in records an earlier rfopt wrote (then `updated` stands in). A step that does not come is what "stuck"
     means (`rfopt.reports.timeline.Silence`)."""
+    activity: Activity | None = None
+    """What it does now within its phase (`Activity`: the gang's rollouts decoded so far, whose turn it is, eval prompts
+    done); None where nothing finer is known (a trial alone generates inside TRL's own ``generate``)."""
 
     @property
     def moved(self) -> float:
@@ -283,7 +333,8 @@ class ProgressRecord:
         return json_safe({"unit": self.unit, "num_units": self.num_units, "phase": self.phase, "step": self.step,
                           "steps": self.steps, "global_step": self.global_step, "started": self.started,
                           "updated": self.updated, "step_seconds": self.step_seconds, "logs": self.logs,
-                          "holder": self.holder, "gang": list(self.gang), "stepped": self.stepped})
+                          "holder": self.holder, "gang": list(self.gang), "stepped": self.stepped,
+                          "activity": None if self.activity is None else self.activity.to_attr()})
 
     @classmethod
     def from_attr(cls, value: Any) -> ProgressRecord | None:
@@ -297,6 +348,7 @@ class ProgressRecord:
                        step_seconds=None if _finite(seconds) is None else float(seconds),
                        logs=dict(value.get("logs") or {}), holder=str(value.get("holder", "")),
                        gang=tuple(int(n) for n in value.get("gang") or ()),
-                       stepped=None if _finite(value.get("stepped")) is None else float(value["stepped"]))
+                       stepped=None if _finite(value.get("stepped")) is None else float(value["stepped"]),
+                       activity=Activity.from_attr(value.get("activity")))
         except (KeyError, TypeError, ValueError):
             return None

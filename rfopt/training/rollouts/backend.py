@@ -17,7 +17,10 @@ a backend: the unit's planner (`rfopt.engine.plan`) asks it of the backend a gan
 trains alone, on the exact backend. The batched backend's is `refusal` (the config: its adapter, its generation
 settings) and then its own `model_refusal` (the model it serves). A request the batched backend cannot sample all the
 same is decoded on the exact path (``model.generate``), never returned as a failure. `adapters_changed` is called
-after every gang member's optimizer step and after a unit loads its members' weights.
+after every gang member's optimizer step and after a unit loads its members' weights. A caller that shows how far a
+call has got passes `generate` a `progress` callback: the backend tells it each token decoded and each batch of rows
+done (`Decoded`), for people (the progress records say "decoding rollouts: 40 of 128 tokens", "16 of 32 prompts");
+it changes nothing decoded.
 
 A vLLM backend would be a third: `generate` as ``LLM.generate`` with one ``LoRARequest`` per request (``enable_lora``,
 ``max_loras`` = the gang size), the seed as ``SamplingParams.seed``; `adapters_changed` reloads the named adapters
@@ -28,7 +31,10 @@ weights at every call, so it is a no-op for them).
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -39,6 +45,7 @@ from ..loading import rewrites_base
 
 from .sampler import Sampling, Ungangable, generation_settings
 
+logger = logging.getLogger("rfopt")
 
 EXACT = "exact"
 """The backend kind of a trial alone: `ExactBackend`."""
@@ -84,6 +91,33 @@ class Completions:
 Outcome = Completions | Exception
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """How far one `RolloutBackend.generate` call has got, as it tells its `progress` callback: after each token of the
+    batch it decodes, and after each batch of rows."""
+
+    rows_done: tuple[int, ...]
+    """Each request's rows whose completions are decoded, in request order."""
+    rows: tuple[int, ...]
+    """Each request's rows."""
+    tokens: int
+    """New tokens decoded so far in the batch decoding now (0 between batches)."""
+    max_tokens: int
+    """The most new tokens that batch may decode."""
+    seconds: float
+    """Seconds that batch has decoded so far (its prefill included)."""
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens per second of the batch decoding now; None before a token is decoded."""
+        return self.tokens / self.seconds if self.tokens and self.seconds > 0 else None
+
+
+Progress = Callable[[Decoded], None]
+"""What `RolloutBackend.generate` tells of how far it has got (`Decoded`): a display's hook, cheap, and never a
+reason to fail the call."""
+
+
 class RolloutBackend(Protocol):
     """What a gang's generation goes through (see the module docstring)."""
 
@@ -94,10 +128,10 @@ class RolloutBackend(Protocol):
     def refusal(self, config: Any) -> str | None:
         """Why `config`'s trial cannot train on this backend, or None."""
 
-    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None
-                 ) -> list[Outcome]:
+    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None,
+                 progress: Progress | None = None) -> list[Outcome]:
         """Each request's completions, or the exception that ended that request alone. Raises `DecodeAborted` when
-        `should_stop` says so between two tokens."""
+        `should_stop` says so between two tokens. `progress` hears how far the call has got (`Decoded`)."""
 
     def adapters_changed(self, names: Iterable[str]) -> None:
         """The named adapters' weights changed (an optimizer step, a loaded checkpoint)."""
@@ -242,17 +276,33 @@ def seed_from_stream() -> int:
 
 
 class _Stop:
-    """A `transformers.StoppingCriteria` that ends ``generate`` when `should_stop` says so."""
+    """A `transformers.StoppingCriteria` that ends ``generate`` when `should_stop` says so, and tells `on_token` the
+    new tokens decoded so far (it is asked after every token)."""
 
-    def __init__(self, should_stop: Callable[[], bool]) -> None:
+    def __init__(self, should_stop: Callable[[], bool] | None, on_token: Callable[[int], None] | None = None) -> None:
         self.should_stop = should_stop
+        self.on_token = on_token
+        self.width = 0
+        """The batch's prompt width: the tokens before the first new one."""
         self.stopped = False
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        self.stopped = self.stopped or bool(self.should_stop())
+        if self.on_token is not None:
+            self.on_token(input_ids.shape[1] - self.width)
+        self.stopped = self.stopped or bool(self.should_stop is not None and self.should_stop())
         return torch.full((input_ids.shape[0],), self.stopped, dtype=torch.bool, device=input_ids.device)
+
+
+def told(progress: Progress | None, decoded: Decoded) -> None:
+    """Tell `progress` of `decoded`; a display's failure is logged, never the call's."""
+    if progress is None:
+        return
+    try:
+        progress(decoded)
+    except Exception as exc:  # noqa: BLE001 - progress is for people: the decode goes on
+        logger.debug("a decode's progress callback failed: %s", exc)
 
 
 class ExactBackend:
@@ -274,19 +324,29 @@ class ExactBackend:
     def adapters_changed(self, names: Iterable[str]) -> None:
         """Nothing to do: ``generate`` reads the adapter's weights."""
 
-    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None
-                 ) -> list[Outcome]:
+    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None,
+                 progress: Progress | None = None) -> list[Outcome]:
         results: list[Outcome] = []
-        for request in requests:
+        rows = tuple(len(r.prompt_ids) for r in requests)
+        done = [0] * len(requests)
+        for i, request in enumerate(requests):
+            def tell(index: int, finished: int, tokens: int, max_tokens: int, seconds: float) -> None:
+                done[index] = finished
+                told(progress, Decoded(tuple(done), rows, tokens, max_tokens, seconds))
+
             try:
-                results.append(self._generate(request, should_stop))
+                results.append(self._generate(request, should_stop,
+                                              functools.partial(tell, i) if progress is not None else None))
             except DecodeAborted:
                 raise
             except RuntimeError as exc:  # e.g. "probability tensor contains either inf, nan or element < 0"
                 results.append(exc)
+            done[i] = rows[i]
         return results
 
-    def _generate(self, request: GenerationRequest, should_stop: Callable[[], bool] | None) -> Completions:
+    def _generate(self, request: GenerationRequest, should_stop: Callable[[], bool] | None,
+                  tell: Callable[[int, int, int, float], None] | None = None) -> Completions:
+        """`tell(rows done, tokens of the batch now, its most new tokens, its seconds)`: how far it has got."""
         import torch
         from transformers import StoppingCriteriaList
 
@@ -300,7 +360,12 @@ class ExactBackend:
         eos = merged.eos_token_id
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         pad = merged.pad_token_id
-        stop = _Stop(should_stop) if should_stop is not None else None
+        max_tokens = int(merged.max_new_tokens or 0)
+        on_token = None
+        if tell is not None:
+            def on_token(tokens: int) -> None:
+                tell(len(completions), tokens, max_tokens, time.perf_counter() - batch_started)
+        stop = _Stop(should_stop, on_token) if should_stop is not None or on_token is not None else None
         device = next(model.parameters()).device
         rows = request.prompt_ids
         step = request.batch_rows or max(1, len(rows))
@@ -315,6 +380,11 @@ class ExactBackend:
                 for start in range(0, len(rows), step):
                     batch = rows[start:start + step]
                     width = max(map(len, batch))
+                    batch_started = time.perf_counter()
+                    if stop is not None:
+                        stop.width = width
+                    if tell is not None:
+                        tell(len(completions), 0, max_tokens, 0.0)
                     ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in batch], device=device)
                     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in batch], device=device)
                     out = model.generate(input_ids=ids, attention_mask=mask, **kwargs,
@@ -322,6 +392,8 @@ class ExactBackend:
                     if stop is not None and stop.stopped:
                         raise DecodeAborted("decoding stopped")
                     completions.extend(until_eos(row, eos_ids, pad) for row in out[:, width:].tolist())
+                    if tell is not None:
+                        tell(len(completions), 0, max_tokens, time.perf_counter() - batch_started)
         finally:
             model.train(was_training)
         return Completions(completions, None)
@@ -335,5 +407,5 @@ def until_eos(ids: list[int], eos_ids: Sequence[int], pad_id: int | None) -> lis
     return [t for t in ids if t != pad_id] if pad_id not in eos_ids else ids
 
 
-__all__ = ["BATCHED", "EXACT", "KINDS", "DecodeAborted", "Completions", "ExactBackend", "GenerationRequest", "Outcome", "RolloutBackend",
-           "model_refusal", "refusal", "seed_from_stream", "until_eos"]
+__all__ = ["BATCHED", "EXACT", "KINDS", "DecodeAborted", "Decoded", "Completions", "ExactBackend", "GenerationRequest",
+           "Outcome", "Progress", "RolloutBackend", "model_refusal", "refusal", "seed_from_stream", "told", "until_eos"]

@@ -17,8 +17,8 @@ together, in four parts:
   (``compiled``), or run eagerly (``eager``, the default on the CPU). Capturing costs one eager step; a bucket's graph
   serves every later decode of that shape, across chunks and trials, as long as the bank keeps its buffers (and
   `MAX_BUCKETS` shapes are kept, the least recently used dropped first);
-- the **host loop**: replays the step and asks `should_stop` between tokens; it reads the device (whether every row
-  is done) only every `CHECK_EVERY` tokens.
+- the **host loop**: replays the step and asks `should_stop` between tokens (and tells `progress`, when given, the
+  tokens so far: no device read); it reads the device (whether every row is done) only every `CHECK_EVERY` tokens.
 
 Rows are laid out group by group (a group: one request's rows, padded to the bucket's rows per group with rows that
 are done from the start), so that each LoRA layer's delta is two batched products (`rfopt.training.rollouts.bank`).
@@ -44,7 +44,8 @@ from typing import Any
 from rfopt.errors import Refusal
 from rfopt import compat
 
-from .backend import DecodeAborted, Completions, ExactBackend, GenerationRequest, Outcome, model_refusal, refusal
+from .backend import (DecodeAborted, Decoded, Completions, ExactBackend, GenerationRequest, Outcome, Progress,
+                      model_refusal, refusal, told)
 from .bank import LoraBank, adapter_refusal, decode_view
 from .sampler import Features, RowSettings, Sampling, Ungangable, row_key, sample, uniform_noise
 
@@ -163,6 +164,11 @@ def decode_shape(requests: int, rows: int, tokens: int) -> tuple[int, int, int]:
     return _pow2(requests), _pow2(rows), max(MIN_LENGTH, _pow2(tokens))
 
 
+def _rows_done(requests: Sequence[GenerationRequest], results: list[Any]) -> tuple[int, ...]:
+    """Each request's rows decoded so far (one refused or failed, or routed to the exact path and not decoded yet: 0)."""
+    return tuple(len(r.token_ids) if isinstance(r, Completions) else 0 for r in results)
+
+
 class BatchedBackend:
     """Decodes a gang's requests in one batch through one shared PeftModel (see the module docstring).
 
@@ -210,8 +216,8 @@ class BatchedBackend:
     def adapters_changed(self, names: Iterable[str]) -> None:
         """Nothing to do: every decode copies its adapters' current weights into the bank."""
 
-    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None
-                 ) -> list[Outcome]:
+    def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None,
+                 progress: Progress | None = None) -> list[Outcome]:
         results: list[Any] = [None] * len(requests)
         live: list[int] = []
         routed: list[int] = []
@@ -241,7 +247,14 @@ class BatchedBackend:
                 take = min(r.batch_rows or len(r.prompt_ids), share)
                 per_group = max(per_group, take)
                 parts.append((i, list(range(done, min(done + take, len(r.prompt_ids))))))
-            outs = self._decode([(requests[i], rows) for i, rows in parts], should_stop, per_group)
+            tick = None
+            if progress is not None:
+                finished = _rows_done(requests, results)
+
+                def tick(tokens: int, most: int, seconds: float, finished: tuple[int, ...] = finished) -> None:
+                    told(progress, Decoded(finished, tuple(len(r.prompt_ids) for r in requests), tokens, most,
+                                           seconds))
+            outs = self._decode([(requests[i], rows) for i, rows in parts], should_stop, per_group, tick)
             for (i, _), out in zip(parts, outs):
                 if isinstance(out, Exception):
                     results[i] = out
@@ -251,11 +264,23 @@ class BatchedBackend:
                     results[i].logprobs.extend(out.logprobs)
             live = [i for i in live if isinstance(results[i], Completions)
                     and len(results[i].token_ids) < len(requests[i].prompt_ids)]
+            if progress is not None:
+                told(progress, Decoded(_rows_done(requests, results), tuple(len(r.prompt_ids) for r in requests), 0,
+                                       0, 0.0))
         if routed:
             self.stats.routed += len(routed)
             active = self.model.active_adapter
             try:
-                outs = ExactBackend(self.model, self.dtype).generate([requests[i] for i in routed], should_stop)
+                before = _rows_done(requests, results)
+
+                def routed_progress(d: Decoded) -> None:  # the routed requests' rows among all of the call's
+                    done = list(before)
+                    for i, n in zip(routed, d.rows_done):
+                        done[i] = n
+                    told(progress, Decoded(tuple(done), tuple(len(r.prompt_ids) for r in requests), d.tokens,
+                                           d.max_tokens, d.seconds))
+                outs = ExactBackend(self.model, self.dtype).generate([requests[i] for i in routed], should_stop,
+                                                                     routed_progress if progress is not None else None)
             finally:
                 if self.model.active_adapter != active:
                     self.model.set_adapter(active)
@@ -265,10 +290,10 @@ class BatchedBackend:
 
     # ------------------------------------------------------------------ one batch
     def _decode(self, parts: list[tuple[GenerationRequest, list[int]]], should_stop: Callable[[], bool] | None,
-                rows_per_group: int = 1) -> list[Outcome]:
+                rows_per_group: int = 1, tick: Callable[[int, int, float], None] | None = None) -> list[Outcome]:
         """One batch: `parts` (a request and the indices of its rows to decode), in a bucket of `decode_shape` for
         at least `rows_per_group` rows per group. Padding groups (the first request's adapter, rows done from the
-        start) fill the ladder's group count."""
+        start) fill the ladder's group count. `tick(tokens, most new tokens, seconds)` hears each token decoded."""
         import torch
 
         started = time.perf_counter()
@@ -310,6 +335,8 @@ class BatchedBackend:
             self._emit(bucket, logits.index_select(0, torch.tensor(source, device=self.device)))
             iterations = 1
             for t in range(1, steps):
+                if tick is not None:
+                    tick(t, steps, time.perf_counter() - started)
                 if should_stop is not None and should_stop():
                     raise DecodeAborted("decoding stopped")
                 if t % CHECK_EVERY == 0 and bool(bucket.done.all()):
