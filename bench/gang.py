@@ -23,8 +23,11 @@ Measured in one process:
    (with the evaluation's rows and the decoder's dtype).
 5. **QLoRA** (issue 43, ``--quantization none,nf4``): each gang side also runs with the base loaded in 4 bits
    (``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")``, bitsandbytes' CPU backend on the CPU), as
-   side ``G<g>-nf4``: the same configs and rows otherwise. Its wall time and memory are printed against the same gang
-   on the full-precision base (and its ratio to plain TRL, which stays full precision, beside the others). The tiny
+   side ``G<g>-nf4``: the same configs and rows otherwise. Its wall time and memory (the loaded base's weights, the
+   run's peak and what it held, the estimate) are printed against the same gang on the full-precision base (and its
+   ratio to plain TRL, which stays full precision, beside the others). On the CPU the peak and held figures are the
+   process's resident set, which keeps what earlier sides freed (and a 4-bit base is quantized from a full-precision
+   load): the base's weights are the figure that says what 4 bits save. The tiny
    model is 32 wide, under the 64 of a 4-bit block: with an nf4 side, every side of a ``--model tiny`` run trains the
    same kind of model at hidden size 128. The generation throughput (3.) stays on the full-precision base.
 
@@ -199,6 +202,8 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
             (CheckpointStore, "save", "checkpoints"),
         ):
             stack.enter_context(parts.wrapped(owner, name, part))
+        loaded: list[int] = []
+        stack.enter_context(_weights_of_loaded(rfopt.training.models, loaded))
         clock = throughput.Clock()
         with clock.measure():
             study = rfopt.create_study(study_name="gang", storage=f"sqlite:///{out_dir / 'study.db'}",
@@ -241,11 +246,30 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
         "mean_completion_length": _mean(lengths),
         "peak_bytes": peak,
         "held_bytes": None if peak is None or before is None else peak - before,
+        "base_weights_bytes": sum(loaded) if loaded else None,
         "estimate_bytes": None if estimate is None else estimate.total,
         "estimate_parts": None if estimate is None else {
             "base": estimate.base, "members": sum(estimate.members), "step": estimate.step,
             "decoder": estimate.decoder, "decode": sum(estimate.decode)},
     }
+
+
+@contextlib.contextmanager
+def _weights_of_loaded(owner: Any, sink: list[int]) -> Iterator[None]:
+    """Records the bytes of the parameters and buffers of every base model ``owner.load_model`` loads
+    (``get_memory_footprint``: a 4-bit weight packed two to a byte, its quantization constants not counted)."""
+    original = owner.load_model
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        model, tokenizer = original(*args, **kwargs)
+        sink.append(int(model.get_memory_footprint()))
+        return model, tokenizer
+
+    owner.load_model = wrapper
+    try:
+        yield
+    finally:
+        owner.load_model = original
 
 
 def run_plain_side(setup: throughput.Setup, out_dir: Path) -> dict[str, Any]:
@@ -360,6 +384,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+MEMORY = ("base_weights", "peak", "held", "estimate")
+"""What the QLoRA row compares: the loaded base's weights, the run's peak, what it held, the estimate."""
+
+
 def quantized_vs_full(record: dict[str, Any], sides: list[str]) -> dict[str, dict[str, Any]]:
     """Each quantized side against the same gang on the full-precision base: the median of the per-repeat wall-time
     ratios, and the last repeat's peak, held and estimated bytes of both."""
@@ -373,8 +401,8 @@ def quantized_vs_full(record: dict[str, Any], sides: list[str]) -> dict[str, dic
         found[key] = {
             "against": full,
             "median_ratio_wall": statistics.median(r[key]["wall_s"] / r[full]["wall_s"] for r in record["repeats"]),
-            **{f"{what}_bytes": last[f"{what}_bytes"] for what in ("peak", "held", "estimate")},
-            **{f"full_{what}_bytes": last_full[f"{what}_bytes"] for what in ("peak", "held", "estimate")},
+            **{f"{what}_bytes": last[f"{what}_bytes"] for what in MEMORY},
+            **{f"full_{what}_bytes": last_full[f"{what}_bytes"] for what in MEMORY},
         }
     return found
 
@@ -450,13 +478,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         record["quantized_vs_full"] = quantized_vs_full(record, args.sides)
         if record["quantized_vs_full"]:
             print()
-            print(f"{'4-bit base (nf4)':>16} {'wall ratio to full precision':>29} {'peak GiB':>14} {'held GiB':>14} "
-                  f"{'estimate GiB':>14}")
+            print(f"{'4-bit base (nf4)':>16} {'wall ratio to full precision':>29} {'base weights GiB':>17} "
+                  f"{'peak GiB':>14} {'held GiB':>14} {'estimate GiB':>14}")
             for key, row in record["quantized_vs_full"].items():
-                pairs = [(row[f"{what}_bytes"], row[f"full_{what}_bytes"]) for what in ("peak", "held", "estimate")]
-                shown = [f"{_gib(q)} / {_gib(f)}" for q, f in pairs]
-                print(f"{key:>16} {row['median_ratio_wall']:29.3f} {shown[0]:>14} {shown[1]:>14} {shown[2]:>14}")
-            print("  (nf4 / full precision: the same gang on the base loaded in 4 bits, and in full precision)")
+                shown = [f"{_gib(row[f'{what}_bytes'])} / {_gib(row[f'full_{what}_bytes'])}" for what in MEMORY]
+                print(f"{key:>16} {row['median_ratio_wall']:29.3f} {shown[0]:>17} {shown[1]:>14} {shown[2]:>14} "
+                      f"{shown[3]:>14}")
+            print("  (nf4 / full precision: the same gang on the base loaded in 4 bits, and in full precision; base "
+                  "weights: the loaded model's parameters and buffers; on the CPU, peak and held are the process's "
+                  "resident set, which keeps what earlier sides freed)")
         print()
         print("where a gang run's time goes (last repeat, seconds):")
         for key in args.sides:

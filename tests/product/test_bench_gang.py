@@ -37,6 +37,8 @@ def test_the_gang_benchmark_times_a_gang_on_a_4bit_base_against_the_full_precisi
     row = record["quantized_vs_full"]["G2-nf4"]
     assert row["against"] == "G2" and row["median_ratio_wall"] == pytest.approx(nf4["wall_s"] / full["wall_s"])
     assert row["estimate_bytes"] == nf4["estimate_bytes"] and row["full_estimate_bytes"] == full["estimate_bytes"]
+    # The loaded base's weights: its linear layers packed two weights to a byte.
+    assert 0 < row["base_weights_bytes"] == nf4["base_weights_bytes"] < full["base_weights_bytes"] / 2
     assert "4-bit base (nf4)" in run.stdout and "G2-nf4" in run.stdout
 
 
