@@ -150,7 +150,7 @@ def _targets() -> list[tuple[Any, str, Any]]:
     import transformers.trainer_callback
     from trl import GRPOTrainer
 
-    import rfopt.engine.unit as unit
+    import rfopt.engine.running.unit as unit
     import rfopt.storage.schema as schema
     import rfopt.training.models as models
     from rfopt.storage.checkpoints import CheckpointStore

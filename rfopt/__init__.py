@@ -24,7 +24,7 @@ from rfopt.config.settings import EvalSettings
 from rfopt.config.spaces import grid
 from rfopt.config.studyfile import StudySpec
 from rfopt.config.trial import TrialConfig
-from rfopt.engine.cluster import RayCluster
+from rfopt.engine.cluster.ray_cluster import RayCluster
 from rfopt.pruning import PopulationBasedTraining
 
 from . import errors

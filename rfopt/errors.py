@@ -97,7 +97,7 @@ class PlanError(Refusal):
 
 
 class OpError(Refusal):
-    """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides (`rfopt.engine.ops`)."""
+    """An op that cannot apply: unknown or finished trial, conflicting op, bad overrides (`rfopt.engine.trials.ops`)."""
 
 
 class StorageLocationError(Refusal):
@@ -106,17 +106,17 @@ class StorageLocationError(Refusal):
 
 
 class StudyNameError(Refusal):
-    """A study name that cannot be a folder's name as it is (it would choose where files go) (`rfopt.engine.checks`)."""
+    """A study name that cannot be a folder's name as it is (it would choose where files go) (`rfopt.engine.planning.checks`)."""
 
 
 class ClusterStorageError(Refusal):
     """A study whose storage the cluster's workers cannot share (SQLite across nodes, an in-memory study)
-    (`rfopt.engine.ray_worker`)."""
+    (`rfopt.engine.cluster.ray_worker`)."""
 
 
 class ClusterTooSmallError(Refusal):
     """No node of the Ray cluster can hold one worker (its CPUs, or a GPU and a CPU): Ray would wait forever
-    (`rfopt.engine.cluster`)."""
+    (`rfopt.engine.cluster.ray_cluster`)."""
 
 
 class TrackerRefused(Refusal):
@@ -171,7 +171,7 @@ class StorageRefusedError(RfoptError, RuntimeError):
 
 
 class StorageUnreachableError(RfoptError, RuntimeError):
-    """The cluster's workers cannot connect to the study's storage (`rfopt.engine.ray_worker`)."""
+    """The cluster's workers cannot connect to the study's storage (`rfopt.engine.cluster.ray_worker`)."""
 
 
 class StudyBusyError(RfoptError, RuntimeError):
@@ -180,7 +180,7 @@ class StudyBusyError(RfoptError, RuntimeError):
 
 
 class StudyDeletedError(RfoptError, RuntimeError):
-    """The study was deleted from its storage while this process ran it (`rfopt.engine.run`)."""
+    """The study was deleted from its storage while this process ran it (`rfopt.engine.running.run`)."""
 
 
 class TrialDiverged(RfoptError, RuntimeError):

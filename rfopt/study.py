@@ -11,9 +11,9 @@ plus what rfopt keeps on it (`rfopt.storage.schema`): its identity and checkpoin
 and the settings every trial shares (`rfopt.config.settings.StudySettings`), fixed once.
 
 This module keeps Optuna's signatures and docstrings and delegates at once, as ``optuna/study/study.py`` hands
-``optimize`` to ``optuna/study/_optimize.py``: `optimize` and `work` build one `rfopt.engine.request.RunRequest`
-and hand it to the engine's one entry point, `rfopt.engine.run.run` (its checks: `rfopt.engine.checks`); the trial
-ops go to `rfopt.engine.ops`.
+``optimize`` to ``optuna/study/_optimize.py``: `optimize` and `work` build one `rfopt.engine.planning.request.RunRequest`
+and hand it to the engine's one entry point, `rfopt.engine.running.run.run` (its checks: `rfopt.engine.planning.checks`); the trial
+ops go to `rfopt.engine.trials.ops`.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from optuna.trial import FrozenTrial, TrialState
 from rfopt.compat import storage_of
 from rfopt.config.settings import EvalSettings, StudySettings
 from rfopt.config.trial import TrialConfig
-from rfopt.engine import clones, ops
+from rfopt.engine.trials import clones, ops
 from rfopt.errors import NoSuchTrial, NothingToAnswer, StudyDeletedError, StudyNameError, TypeRefusal
-from rfopt.engine.checks import check_pruner, check_study_name
-from rfopt.engine.cluster import RayCluster
-from rfopt.engine.request import RunRequest, Worker
-from rfopt.engine.run import follow_moved_checkpoints, run
-from rfopt.engine.unit import UnitCommitted
+from rfopt.engine.planning.checks import check_pruner, check_study_name
+from rfopt.engine.cluster.ray_cluster import RayCluster
+from rfopt.engine.planning.request import RunRequest, Worker
+from rfopt.engine.running.run import follow_moved_checkpoints, run
+from rfopt.engine.running.unit import UnitCommitted
 from rfopt.reports.outcome import Recommendation, StudyOutcome, outcome
 from rfopt.reports.replicates import ReplicateGroup
 from rfopt.reports.status import Liveness, liveness
@@ -63,7 +63,7 @@ class LeaderboardRow:
     adapter: str | None = None
     reason: str | None = None
     held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.clones.held_as`)."""
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.trials.clones.held_as`)."""
     situation: str = ""
     """What it is doing, in the words the dashboard and ``rfopt status`` use (`rfopt.reports.status.situation`)."""
     value_error: float | None = None
@@ -207,7 +207,7 @@ class Study:
                 eval metrics and how it ended (`rfopt.training.trackers`). Stored on the study: None takes the stored
                 value (none for a new study); a value given replaces it for this and later runs.
             executor: None (train here), or `rfopt.RayCluster(...)`: one worker per device of a Ray cluster trains the
-                study (`rfopt.engine.cluster`), each device its own (`device` is left out); this process shows the progress
+                study (`rfopt.engine.cluster.ray_cluster`), each device its own (`device` is left out); this process shows the progress
                 and calls `on_unit` and `callbacks` as units and trials commit and end.
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
                 batch (`rfopt.training.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
@@ -301,12 +301,12 @@ class Study:
 
     def withdraw_request(self, trial_number: int, op: str) -> None:
         """Take back a pending ``"pause"``, ``"resume"`` or ``"stop"`` on a running trial before it applies; refused
-        (`rfopt.engine.ops.OpError`) if none is pending or it applied already."""
+        (`rfopt.engine.trials.ops.OpError`) if none is pending or it applied already."""
         ops.withdraw(self.optuna, trial_number, op)
 
     def cancel_clone(self, trial_number: int) -> None:
         """Cancel a WAITING clone before any process starts it: it leaves the queue and ends FAIL, ``cancelled by ...``.
-        Refused (`rfopt.engine.ops.OpError`) for any other trial, or if a process started it first (stop it instead)."""
+        Refused (`rfopt.engine.trials.ops.OpError`) for any other trial, or if a process started it first (stop it instead)."""
         ops.cancel(self.optuna, trial_number)
 
     def clone_trial(self, trial_number: int, overrides: dict[str, Any] | None = None, *,
@@ -324,7 +324,7 @@ class Study:
 
     def confirm(self, top: int = 3, seeds: int = 2, *, prune: bool = False) -> list[int]:
         """Enqueue replicates of the `top` best configs: each trained again with `seeds` new seeds, as new Optuna
-        trials linked to their original (`rfopt.engine.replicates`); returns the new trials' numbers.
+        trials linked to their original (`rfopt.engine.trials.replicates`); returns the new trials' numbers.
 
         A replicate's Optuna params are its original's (to Optuna, the same config); its seed is its config's
         ``args.seed``, and ``study.replicates()`` says whose replicate it is. A running `optimize` / `work` picks
@@ -337,7 +337,7 @@ class Study:
             [8, 9, 10, 11]
             >>> study.optimize(configs, train, test)  # trains them                    # doctest: +SKIP
         """
-        from rfopt.engine.replicates import confirm
+        from rfopt.engine.trials.replicates import confirm
 
         return [made.number for made in confirm(self.optuna, top, seeds, prune=prune)]
 

@@ -2,7 +2,7 @@
 training (the roster, the driver, units, ops, pruning, population-based training, refusals, crashes), as Optuna tests
 its optimize loop with ``lambda _: 1.0``.
 
-`ScriptedRunner` fits the seam a `TrialRunner` fills (`rfopt.engine.unit.Context.runner_class`) and goes through the
+`ScriptedRunner` fits the seam a `TrialRunner` fills (`rfopt.engine.running.unit.Context.runner_class`) and goes through the
 same unit pipeline: a gang (`rfopt.training.gang.Gang`, the real one) trains its chunks, the progress publisher hears
 its steps, the checkpoint store saves and loads its state, and the engine commits its reports. What it does instead
 of TRL:
@@ -78,7 +78,7 @@ class Scripted:
         return float(listed[unit]) if unit < len(listed) else w
 
     def runner(self, *args: Any, **kwargs: Any) -> ScriptedRunner:
-        """`rfopt.engine.unit.Context.runner_class`: a scripted runner reporting what this script says."""
+        """`rfopt.engine.running.unit.Context.runner_class`: a scripted runner reporting what this script says."""
         return ScriptedRunner(*args, script=self, **kwargs)
 
 
@@ -366,9 +366,9 @@ class ScriptedRunner(Runner):
 
 
 def use(monkeypatch: Any, script: Scripted | None = None) -> Scripted:
-    """Make every study this process runs (through `rfopt.engine.run`: `optimize`, `work`, ``rfopt run``/``worker``
+    """Make every study this process runs (through `rfopt.engine.running.run`: `optimize`, `work`, ``rfopt run``/``worker``
     in-process) train on scripted runners reporting to `script`; undone with `monkeypatch`."""
-    from rfopt.engine import run, unit
+    from rfopt.engine.running import run, unit
 
     script = script or Scripted()
     monkeypatch.setattr(run, "Context", functools.partial(unit.Context, runner_class=script.runner))

@@ -1,8 +1,8 @@
 """A study's stored state written directly, through rfopt's schema writers and checkpoint store: for the tests that need
 a study to refuse against or to read (ops on a finished trial, a clone's checks, a changed dataset), without running
 one. What it writes is what a run of the same list of configs writes: the study's identity, plan and settings
-(`rfopt.engine.run.record`), then each trial's config, schedule, units (metrics, a value per unit), checkpoint, best
-checkpoint (`rfopt.engine.best.keep_if_best`, as a run keeps it) and adapter, and its end.
+(`rfopt.engine.running.run.record`), then each trial's config, schedule, units (metrics, a value per unit), checkpoint, best
+checkpoint (`rfopt.engine.outputs.best.keep_if_best`, as a run keeps it) and adapter, and its end.
 
     >>> study = stored_study(storage, "s", [config], TRAIN, EVAL, values={0: [0.2, 0.4]})   # doctest: +SKIP
 """
@@ -15,10 +15,10 @@ import torch
 import rfopt
 from rfopt.chunks import trial_schedule
 from rfopt.config.settings import StudySettings
-from rfopt.engine.best import keep_if_best
-from rfopt.engine.checks import check_run
-from rfopt.engine.request import RunRequest
-from rfopt.engine.run import claim_store, record
+from rfopt.engine.outputs.best import keep_if_best
+from rfopt.engine.planning.checks import check_run
+from rfopt.engine.planning.request import RunRequest
+from rfopt.engine.running.run import claim_store, record
 from rfopt.storage import schema
 from rfopt.storage.schema import TrialRef
 from rfopt.storage.state import TrialSnapshot, UnitReport

@@ -168,7 +168,7 @@ def test_an_rfopt_listener_of_committed_units_that_raises_does_not_fail_the_tria
     def broken(event):
         raise OSError("artifact store full")
 
-    monkeypatch.setattr("rfopt.engine.run.publish_unit", broken)
+    monkeypatch.setattr("rfopt.engine.running.run.publish_unit", broken)
     study = rfopt.create_study(study_name="listener", storage=storage)
     study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2, prefix="E"), num_chunks=2,
                    show_progress_bar=False)

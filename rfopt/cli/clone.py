@@ -1,5 +1,5 @@
 """``rfopt clone TRIAL --set FIELD=VALUE [--warm-start]``: enqueue a copy of a trial with changed settings, validated
-before anything is written (`rfopt.engine.clones`)."""
+before anything is written (`rfopt.engine.trials.clones`)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
 
 def clone_trial(args: argparse.Namespace) -> int:
     from rfopt.config.overrides import parse_assignments
-    from rfopt.engine.clones import clone_in_study
+    from rfopt.engine.trials.clones import clone_in_study
 
     overrides = parse_assignments(args.set)
     study = load_study(args)

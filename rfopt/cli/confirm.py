@@ -1,5 +1,5 @@
 """``rfopt confirm --top K --seeds N``: enqueue replicates of a study's best configs, each trained again with new
-seeds (`rfopt.engine.replicates`), for a run of the study to train."""
+seeds (`rfopt.engine.trials.replicates`), for a run of the study to train."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def register(commands: Any) -> None:
 
 
 def confirm_study(args: argparse.Namespace) -> int:
-    from rfopt.engine.replicates import confirm
+    from rfopt.engine.trials.replicates import confirm
 
     study = load_study(args)
     made = confirm(study.optuna, args.top, args.seeds, prune=args.prune)

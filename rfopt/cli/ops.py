@@ -1,4 +1,4 @@
-"""The commands that steer a study's trials through `rfopt.engine.ops`: ``rfopt pause|resume|stop TRIAL`` (applied at
+"""The commands that steer a study's trials through `rfopt.engine.trials.ops`: ``rfopt pause|resume|stop TRIAL`` (applied at
 the trial's next chunk boundary), ``rfopt halt`` (every process running the study stops), ``rfopt cancel`` (a WAITING
 clone) and ``rfopt withdraw`` (a pending request taken back)."""
 
@@ -43,7 +43,7 @@ def register(commands: Any) -> None:
 
 
 def halt_study(args: argparse.Namespace) -> int:
-    from rfopt.engine import ops
+    from rfopt.engine.trials import ops
     from rfopt.storage.database import open_storage
 
     study = load_study(args, open_storage(args.storage, create=False))

@@ -30,8 +30,8 @@ under ``/rfopt``:
   ``{"set": ["learning_rate=2e-6"], "warm_start": true}`` (or ``{"overrides": {"learning_rate": 2e-6}}``;
   ``"check_only": true`` checks the clone and writes nothing); ``GET .../config`` gives the clone form's fields
   (`rfopt.config.form`) and whether a warm start is possible. ``POST /rfopt/api/studies/<study_id>/halt`` asks every
-  process running the study to stop at its trials' next chunk boundary (`rfopt.engine.ops.halt`).
-  They call `rfopt.engine.ops`, as the Python API and the command line do: pause, resume and stop are
+  process running the study to stop at its trials' next chunk boundary (`rfopt.engine.trials.ops.halt`).
+  They call `rfopt.engine.trials.ops`, as the Python API and the command line do: pause, resume and stop are
   requests stored on the trial, applied by the process running the study at the trial's next chunk
   boundary; cancel and withdraw take effect at once, or are refused when the engine got there first.
   An op that cannot apply answers 400 with the reason and writes nothing.
@@ -45,13 +45,13 @@ a generated one, printed at startup. Send ``Authorization: Bearer <token>``, or 
 ``/rfopt?token=<token>`` once in a browser, which keeps it in a cookie. No token: 401; a wrong
 one: 403.
 
-Clones are checked here before anything is written (`rfopt.engine.clones.clone`). Where the study's own code
+Clones are checked here before anything is written (`rfopt.engine.trials.clones.clone`). Where the study's own code
 (its reward functions) cannot be imported in this process, the clone is still checked in every other
 way and made, and the reply says so: the process running the study imports that code.
 
-Artifacts: a running study keeps its trials' artifacts up to date after each chunk (`rfopt.engine.artifacts`),
+Artifacts: a running study keeps its trials' artifacts up to date after each chunk (`rfopt.engine.outputs.artifacts`),
 in ``<checkpoint dir>/artifacts``; the dashboard finds each study's artifacts there by itself
-(`rfopt.engine.artifacts.StudyArtifacts`).
+(`rfopt.engine.outputs.artifacts.StudyArtifacts`).
 
 The package, one concern a module:
 
@@ -60,7 +60,7 @@ The package, one concern a module:
 - `access`: who may reach the server (loopback names, the token, no cross-origin writes) and what an action's request
   must be (a JSON object), `resolve_token`.
 - `routes`: every URL above, one small method each.
-- `actions`: what the buttons do (pause, resume, stop, cancel, withdraw, halt, clone), through `rfopt.engine.ops`.
+- `actions`: what the buttons do (pause, resume, stop, cancel, withdraw, halt, clone), through `rfopt.engine.trials.ops`.
 - `views`: the trials as the pages show them (`TrialView`), and the page's data version.
 - `pages`: the HTML of the index and of the study page, in the parts the page refreshes (each trial's card among them).
 - `leaderboard`: the trials ranked: the leaderboard, and the leader against the runner-up reward by reward.

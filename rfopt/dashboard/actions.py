@@ -1,4 +1,4 @@
-"""What the dashboard's buttons do: each action calls `rfopt.engine.ops`, as the Python API and the command line do, and
+"""What the dashboard's buttons do: each action calls `rfopt.engine.trials.ops`, as the Python API and the command line do, and
 returns the JSON reply.
 
 Pause, resume and stop are requests stored on the trial, applied by the process running the study at the trial's next
@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from rfopt.config.form import form_fields
-from rfopt.engine import clones, ops
+from rfopt.engine.trials import clones, ops
 from rfopt.errors import Refusal
 from rfopt.storage.schema import TrialRecord, study_record
 
@@ -27,16 +27,16 @@ CLONE_FIELDS = {"overrides", "set", "warm_start", "check_only"}
 
 
 def halt(study: optuna.Study, by: str) -> dict[str, Any]:
-    """Every process running the study stops at its trials' next chunk boundary (`rfopt.engine.ops.halt`)."""
+    """Every process running the study stops at its trials' next chunk boundary (`rfopt.engine.trials.ops.halt`)."""
     ops.halt(study, by=by)
     return {"op": "halt", "message": f"study {study.study_name}: stop requested; every process running it stops "
             "at its trials' next chunk boundary, and the trials stay resumable (run the study again to continue)"}
 
 
 def confirm(study: optuna.Study, body: dict[str, Any], by: str) -> dict[str, Any]:
-    """Replicates of the study's best configs with new seeds (`rfopt.engine.replicates.confirm`): the body's ``top``
+    """Replicates of the study's best configs with new seeds (`rfopt.engine.trials.replicates.confirm`): the body's ``top``
     and ``seeds`` (whole numbers, at least 1), and ``prune`` (optional, a boolean)."""
-    from rfopt.engine.replicates import confirm as enqueue
+    from rfopt.engine.trials.replicates import confirm as enqueue
 
     if not {"top", "seeds"} <= set(body) <= {"top", "seeds", "prune"} or not isinstance(body.get("prune", False), bool):
         raise Refusal("send {\"top\": 3, \"seeds\": 2} (and \"prune\": true to let the run's pruner judge them): "
@@ -49,21 +49,21 @@ def confirm(study: optuna.Study, body: dict[str, Any], by: str) -> dict[str, Any
 
 
 def control(study: optuna.Study, number: int, op: str, by: str) -> dict[str, Any]:
-    """A pause, resume or stop request on trial `number` (`rfopt.engine.ops.request`)."""
+    """A pause, resume or stop request on trial `number` (`rfopt.engine.trials.ops.request`)."""
     ops.request(study, number, op, by=by)
     return {"trial": number, "op": op,
             "message": f"trial {number}: {op} requested; it applies at the trial's next chunk boundary"}
 
 
 def cancel(study: optuna.Study, number: int, by: str) -> dict[str, Any]:
-    """A WAITING clone no process has started leaves the queue (`rfopt.engine.ops.cancel`)."""
+    """A WAITING clone no process has started leaves the queue (`rfopt.engine.trials.ops.cancel`)."""
     cancelled = ops.cancel(study, number, by=by)
     return {"trial": number, "op": "cancel", "message": f"trial {number}: {cancelled.reason}; it left the queue"}
 
 
 def withdraw(study: optuna.Study, number: int, body: dict[str, Any], by: str) -> dict[str, Any]:
     """The pending request ``{"op": "pause"}`` (or resume, stop) of trial `number` will not apply
-    (`rfopt.engine.ops.withdraw`)."""
+    (`rfopt.engine.trials.ops.withdraw`)."""
     op = body.get("op")
     if set(body) != {"op"} or not isinstance(op, str):
         raise Refusal("send {\"op\": \"pause\"} (or resume, stop): the pending request to withdraw")
@@ -73,7 +73,7 @@ def withdraw(study: optuna.Study, number: int, body: dict[str, Any], by: str) ->
 
 def clone(study: optuna.Study, number: int, body: dict[str, Any], by: str) -> dict[str, Any]:
     """A clone of trial `number` with the body's ``overrides`` (an object) and ``set`` (FIELD=VALUE strings), warm
-    started or not; with ``check_only``, checked and not made (`rfopt.engine.clones.clone_in_study`)."""
+    started or not; with ``check_only``, checked and not made (`rfopt.engine.trials.clones.clone_in_study`)."""
     from rfopt.config.overrides import parse_assignments
 
     overrides, assignments, warm_start, check_only = _clone_request(body)

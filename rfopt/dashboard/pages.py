@@ -114,7 +114,7 @@ def render_study(page: StudyPage) -> str:
     idle = "" if page.running else f" disabled title='{IDLE_HALT}'"
     stop = ("<button type='button' id='halt' class='op stop' data-op='halt' "
             f"data-url='/rfopt/api/studies/{sid}/halt'{idle}>Stop the study…</button>" if page.steerable else "")
-    if page.steerable:  # replicates of the best configs with new seeds (`rfopt.engine.replicates`, `rfopt confirm`)
+    if page.steerable:  # replicates of the best configs with new seeds (`rfopt.engine.trials.replicates`, `rfopt confirm`)
         stop += (f"<button type='button' id='confirm' class='op' data-op='confirm' data-top='3' data-seeds='2' "
                  f"data-url='/rfopt/api/studies/{sid}/confirm' title='train the 3 best configs again, each with 2 new "
                  "seeds, as new trials: the answer then reads across seeds'>Confirm the best configs…</button>")

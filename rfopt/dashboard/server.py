@@ -23,7 +23,7 @@ import optuna
 
 from rfopt.errors import MissingFile
 from rfopt import compat
-from rfopt.engine.artifacts import StudyArtifacts
+from rfopt.engine.outputs.artifacts import StudyArtifacts
 
 from . import actions
 from .access import TOKEN_ENV, Guard, is_loopback, resolve_token

@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from rfopt import noise
-from rfopt.engine.clones import held_as
+from rfopt.engine.trials.clones import held_as
 from rfopt.reports.charts import colour, trial_labels
 from rfopt.reports.lead import best_trial
 from rfopt.reports.outcome import StudyOutcome, TrialOutcome, outcome
@@ -55,14 +55,14 @@ class TrialView:
     reason: str | None
     can_clone: bool
     can_cancel: bool
-    """A WAITING clone no process has started (`rfopt.engine.ops.cancel`)."""
+    """A WAITING clone no process has started (`rfopt.engine.trials.ops.cancel`)."""
     colour: str
     label: str = ""
     """Its series name in the charts: ``t3 lr=0.05``."""
     eval: dict[str, float] = field(default_factory=dict)
     """The eval metrics of its latest chunk."""
     held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.clones.held_as`)."""
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.trials.clones.held_as`)."""
     gangs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """The trials it trained each unit with (a gang: `rfopt.training.gang`), by unit; units it trained alone are absent."""
     sample_units: list[int] = field(default_factory=list)

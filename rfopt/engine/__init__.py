@@ -1,28 +1,17 @@
-"""The run: the one entry point, the loop, the live trials kept in step with storage, one unit of work, ops.
+"""The run: what is asked and planned, the loop that carries it out, what happens to trials besides training, what a
+run keeps, and a study on a Ray cluster. Five sub-packages, lowest first:
 
-| module | owns |
-|---|---|
-| `run` | the engine's one entry point: a `RunRequest` carried out here (alone or as a worker) or on a cluster |
-| `request` | `RunRequest`: what `Study.optimize` and `Study.work` ask, each argument checked |
-| `checks` | what a run is checked for against the study before anything is stored (`CheckedRun`); study names |
-| `driver` | the one loop: reconcile, apply requests, decide rungs, ask, plan, run a unit |
-| `plan` | the unit's plan (`UnitPlan`), made in one place (`Planner`): who trains together, on which rollout backend, why a trial trains alone, the gang size |
-| `roster` | the live trials of a run and the one `reconcile` with storage; each trial's lifecycle |
-| `coordinator` | who may work on which trial: alone, or under leases beside other workers |
-| `unit` | one unit: load, train a chunk, evaluate, checkpoint, commit (alone or in a gang) |
-| `artifacts` | what is published after a unit: the trial's note and charts |
-| `best` | each trial's best checkpoint, kept as its units commit (never a collapsed one) |
-| `baselines` | each base model evaluated once per study with no adapter, before its first trial trains |
-| `scheduler` | least progress first, and the trials at one progress split into even gangs |
-| `population` | population-based training's rung policy: its stored step carried out (clones made, members stopped) |
-| `ops` | requests on trials (pause, resume, stop, withdraw, cancel) and a study-level stop |
-| `clones` | clones of trials, optionally warm-started, with their lineage and Optuna params |
-| `replicates` | `confirm`: the best configs enqueued again with new seeds, as replicates of their original |
-| `ray_worker` | one worker on a Ray actor: the job every actor is given, the actor, its storage reachability check |
-| `cluster` | a study on a Ray cluster: one worker per device, the caller's view from storage |
+| package | modules | owns |
+|---|---|---|
+| `trials` | `ops`, `clones`, `population`, `replicates` | what happens to a trial besides training: requests on it (pause, resume, stop, withdraw, cancel, halt), clones and warm starts, population-based training's stored step carried out, replicates with new seeds (`confirm`) |
+| `outputs` | `best`, `artifacts`, `baselines` | what a run keeps beside Optuna's values: each trial's best checkpoint, its note and charts, each base model's score with no adapter |
+| `planning` | `request`, `checks`, `scheduler`, `plan` | what a run is asked (`RunRequest`) and checked for before anything is stored (`CheckedRun`), least progress first, and the unit's plan (`UnitPlan`, made by `Planner`): who trains together, on which rollout backend, why a trial trains alone |
+| `running` | `run`, `driver`, `roster`, `coordinator`, `unit` | the one entry point, the one loop, the live trials kept in step with storage, who may work on which trial, one unit of work |
+| `cluster` | `ray_cluster`, `ray_worker` | a study on a Ray cluster: the caller's side (`RayCluster`), one worker on a Ray actor |
 
-A unit of work: `driver` asks `plan` for the next unit's plan (one trial, or a gang, and its rollout backend),
-`coordinator` claims its members, `roster` reconciles it with storage and applies its
-requests, `unit` trains and commits it, and `roster` has the rung judged (`rfopt.pruning.RungPolicy`) once every live
-trial reached it.
+A unit of work: `running.driver` asks `planning.plan` for the next unit's plan (one trial, or a gang, and its rollout
+backend), `running.coordinator` claims its members, `running.roster` reconciles it with storage and applies its
+requests (`trials.ops`), `running.unit` trains and commits it (keeping the best checkpoint, `outputs.best`), and
+`running.roster` has the rung judged (`rfopt.pruning.RungPolicy`, or `trials.population`) once every live trial reached
+it. Each sub-package's docstring lists its modules.
 """

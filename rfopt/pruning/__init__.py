@@ -61,7 +61,7 @@ What each pruner compares against under rfopt (a "chunk" is a step; chunk 0 is s
 ``rfopt.PopulationBasedTraining``
     Not an Optuna pruner and not judged by :func:`decide`: given as the study's pruner, it is the study's rung policy
     (`RungPolicy`, beside `PrunerRungs` for Optuna's pruners). Its plan for a step is a pure function of the stored
-    values (`plan_step`); `rfopt.engine.population` carries it out: at exploit steps the bottom quantile is replaced
+    values (`plan_step`); `rfopt.engine.trials.population` carries it out: at exploit steps the bottom quantile is replaced
     by warm clones of the top (decision reason "replaced by a clone of trial N"), or stopped while a unit budget is
     exceeded; other members are kept. The Optuna study itself holds a ``NopPruner`` (`optuna_pruner`).
 Any other ``BasePruner`` subclass

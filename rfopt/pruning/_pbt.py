@@ -18,8 +18,8 @@ and
 A replacement continues from its parent's step, so the population trains at most ``population x chunks`` units,
 the compute of training every initial member to the end (``max_units`` lowers it).
 
-What this module decides is a pure function of the stored values (and the seed); `rfopt.engine.population` stores
-the plan (`rfopt.storage.schema.PbtStep`), makes the clones (`rfopt.engine.clones.clone`) and stops the members.
+What this module decides is a pure function of the stored values (and the seed); `rfopt.engine.trials.population` stores
+the plan (`rfopt.storage.schema.PbtStep`), makes the clones (`rfopt.engine.trials.clones.clone`) and stops the members.
 """
 
 from __future__ import annotations

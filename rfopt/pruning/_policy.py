@@ -2,7 +2,7 @@
 
 - `PrunerRungs`: any Optuna pruner at rung boundaries, with every peer's value at the step visible (`decide`): each
   judged trial is kept or pruned.
-- `rfopt.engine.population.PopulationRungs`: population-based training (`PopulationBasedTraining`): at exploit steps
+- `rfopt.engine.trials.population.PopulationRungs`: population-based training (`PopulationBasedTraining`): at exploit steps
   the bottom of the population is replaced by warm clones of the top (it makes trials, so it lives in the engine).
 
 A study is given either as its ``pruner`` (``rfopt.create_study(pruner=...)``). A policy stores what it decided, then

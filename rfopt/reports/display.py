@@ -30,7 +30,7 @@ class ProgressBar:
     (trial 4)``, ``16 of 32 prompts``), and one when a trial or gang is overdue (no step for several step times: stuck
     or very slow).
 
-    It is handed each `rfopt.engine.roster.RunProgress` the run reports (units and steps committed, the last unit)
+    It is handed each `rfopt.engine.running.roster.RunProgress` the run reports (units and steps committed, the last unit)
     and each step of a unit in flight (`rfopt.training.progress.UnitProgress`, via `step`). With `study`, it reads the
     study's records after each commit and at least every `watch_seconds` (a prune or a change of counts is shown when
     it is decided, the forecast follows the estimator between commits): the trial counts, the best value and the

@@ -1,4 +1,4 @@
-"""A config's runs across seeds (its original trial and the replicates `rfopt.engine.replicates.confirm` made), read
+"""A config's runs across seeds (its original trial and the replicates `rfopt.engine.trials.replicates.confirm` made), read
 from storage alone: each run's best value, their mean and its between-seed standard error, and which config wins
 across seeds, by how much, or that the finalists are within their seed variance.
 

@@ -1,6 +1,6 @@
 """One trial's charts as a small SVG: the ``rfopt-metrics.svg`` artifact published after each unit (eval reward, train
 reward in total and per reward function, KL, entropy, completion length, one point per chunk), which
-optuna-dashboard shows with the trial's other artifacts (`rfopt.engine.artifacts`).
+optuna-dashboard shows with the trial's other artifacts (`rfopt.engine.outputs.artifacts`).
 
     >>> svg = charts_svg(TrialRecord(trial).unit_metrics(), title="trial 3")   # doctest: +SKIP
 """

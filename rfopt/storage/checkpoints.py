@@ -475,7 +475,7 @@ class CheckpointStore:
     def save_best(self, trial_number: int, model: Any, adapter: str | None, tokenizer: Any = None) -> Location:
         """Save the trial's weights now as its best checkpoint (``best/``, replacing the one there), in the format of
         its final adapter: a PEFT adapter (`adapter`, its name on the shared model), or with `adapter` None the fully
-        fine-tuned model. What makes a checkpoint the best is the engine's (`rfopt.engine.best`)."""
+        fine-tuned model. What makes a checkpoint the best is the engine's (`rfopt.engine.outputs.best`)."""
         return self._save_dir(f"{_trial_key(trial_number)}/best", _weights_writer(model, adapter, tokenizer))
 
     def _save_dir(self, key: str, write: Callable[[Path], Path]) -> Location:

@@ -249,7 +249,7 @@ REQUESTS_LOCK_SECONDS = 30.0
 
 @contextmanager
 def requests_lock(study: optuna.Study, trial: int) -> Iterator[None]:
-    """Hold the lock on a trial's op requests: the process applying them and a withdrawal (`rfopt.engine.ops`) take it, so
+    """Hold the lock on a trial's op requests: the process applying them and a withdrawal (`rfopt.engine.trials.ops`) take it, so
     a request is either withdrawn or applied, never both. A lease of its own per call (a thread of the process running
     the study and its API call exclude each other too). A storage without SQL (in memory) is one process's: no lock.
     """
@@ -413,7 +413,7 @@ def _where(engine: sa.Engine) -> str:
 
 class Heartbeat:
     """Renews a lease every third of its duration while a unit trains; `lost` is set if it is taken over (the
-    unit's training reads it at every step and stops: see `rfopt.engine.unit`)."""
+    unit's training reads it at every step and stops: see `rfopt.engine.running.unit`)."""
 
     def __init__(self, leases: Leases, lease: Lease) -> None:
         self.leases = leases

@@ -3,7 +3,7 @@ settings and reward functions as the trials that train on it.
 
 Every value a study reports reads as "better" only beside what the untrained model scores. Trials that share a base
 model, reward functions and weights and a completion budget share one baseline (`baseline_key`); a study that
-searches over models has one per model. The engine evaluates each once per study (`rfopt.engine.baselines`).
+searches over models has one per model. The engine evaluates each once per study (`rfopt.engine.outputs.baselines`).
 
     >>> key = baseline_key(config, EvalSettings())                                   # doctest: +SKIP
     >>> evaluate_baseline(pool, config, eval_dataset, EvalSettings()).metrics["reward"]  # doctest: +SKIP

@@ -155,8 +155,8 @@ def _draw_like_a_new_epoch() -> None:
 
 @runtime_checkable
 class Runner(Protocol):
-    """What the engine (`rfopt.engine.unit`, `rfopt.engine.roster`, `rfopt.engine.best`) and a gang
-    (`rfopt.training.gang.Gang`) use of a trial's runner: the seam `rfopt.engine.unit.Context.runner_class` fills.
+    """What the engine (`rfopt.engine.running.unit`, `rfopt.engine.running.roster`, `rfopt.engine.outputs.best`) and a gang
+    (`rfopt.training.gang.Gang`) use of a trial's runner: the seam `rfopt.engine.running.unit.Context.runner_class` fills.
 
     `TrialRunner` (TRL on one device), `rfopt.training.parallel.DataParallelRunner` (over several) and the tests'
     ``ScriptedRunner`` (no model: tests/scripted_runner.py) declare it; tests/training/test_runner_protocol.py checks

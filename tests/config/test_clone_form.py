@@ -10,7 +10,7 @@ import time
 from rfopt_testkit import trial_config
 
 from rfopt.config.form import form_fields
-from rfopt.engine.clones import Clone
+from rfopt.engine.trials.clones import Clone
 from rfopt.storage import schema
 
 

@@ -12,7 +12,7 @@ from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_vowel
 import rfopt
 from rfopt import TrialConfig
 from rfopt.errors import ConfigError
-from rfopt.engine import clones
+from rfopt.engine.trials import clones
 from rfopt.config.overrides import override_dict
 from rfopt.config.params import (
     ALIASES,

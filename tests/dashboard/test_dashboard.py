@@ -20,9 +20,9 @@ from optuna.trial import TrialState
 from rfopt_testkit import CHROMEDRIVER, CHROMIUM, chromium, trial_config
 
 import rfopt
-from rfopt.engine import clones, ops
+from rfopt.engine.trials import clones, ops
 from rfopt.storage import schema
-from rfopt.engine.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
+from rfopt.engine.outputs.artifacts import CHART_ARTIFACT, SAMPLES_ARTIFACT, publish_chunk
 from rfopt.reports.charts import colour, comparison
 from rfopt.reports.lead import best_trial
 from rfopt.chunks import ChunkPlan, TrialSchedule

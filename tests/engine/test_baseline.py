@@ -7,7 +7,7 @@ import pytest
 import rfopt
 from crashkit import env, run, run_command, trials
 from rfopt.config.settings import EvalSettings
-from rfopt.engine import baselines
+from rfopt.engine.outputs import baselines
 from rfopt.storage.schema import TrialRecord, study_record
 from rfopt_testkit import prompts_dataset, reward_len, reward_vowels, trial_config
 

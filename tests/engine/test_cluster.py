@@ -1,4 +1,4 @@
-"""What `rfopt.engine.cluster` decides before a Ray cluster is involved (tests/engine/test_ray.py runs it on one): how
+"""What `rfopt.engine.cluster.ray_cluster` decides before a Ray cluster is involved (tests/engine/test_ray.py runs it on one): how
 many actors, with what resources; SQLite refused across nodes with what to use instead; a storage a worker cannot reach
 named."""
 
@@ -7,8 +7,8 @@ import pytest
 
 import rfopt
 from rfopt.errors import ClusterStorageError, ClusterTooSmallError, StorageUnreachableError
-from rfopt.engine.cluster import RayCluster
-from rfopt.engine.ray_worker import WorkerJob, check_reachable
+from rfopt.engine.cluster.ray_cluster import RayCluster
+from rfopt.engine.cluster.ray_worker import WorkerJob, check_reachable
 
 
 def test_one_worker_per_gpu_where_the_cluster_has_gpus_else_per_cpu_share():
@@ -84,7 +84,7 @@ def test_workers_option_without_ray_is_refused(capsys):
 def test_the_callers_view_reports_each_unit_and_trial_end_once_from_storage(tmp_path):
     """What `RayCluster` shows and calls while actors train elsewhere: `Watcher.poll` reads the study and hears of each
     unit reported and each trial ended since it started watching, once."""
-    from rfopt.engine.cluster import Watcher
+    from rfopt.engine.cluster.ray_cluster import Watcher
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'w.db'}", direction="maximize")
     before = study.ask()
@@ -186,7 +186,7 @@ class _FakeRay:
 
 
 def _run_job(cluster, fake, monkeypatch):
-    from rfopt.engine import cluster as module
+    from rfopt.engine.cluster import ray_cluster as module
 
     monkeypatch.setattr(module, "_import_ray", lambda: fake)
     cluster.run_job(optuna.create_study(), _job("postgresql://rfopt@db/rfopt", "s3://bucket/rfopt"))

@@ -1,11 +1,11 @@
-"""A run's `Context` is built whole (`rfopt.engine.run`) and not changed after (issue 40 point 5)."""
+"""A run's `Context` is built whole (`rfopt.engine.running.run`) and not changed after (issue 40 point 5)."""
 
 import dataclasses
 from pathlib import Path
 
 import pytest
 
-from rfopt.engine.unit import Context
+from rfopt.engine.running.unit import Context
 
 
 def test_a_context_cannot_be_changed_after_it_is_built():

@@ -1,4 +1,4 @@
-"""The unit's plan (`rfopt.engine.plan`): who trains together, on which rollout backend, and why a trial trains alone,
+"""The unit's plan (`rfopt.engine.planning.plan`): who trains together, on which rollout backend, and why a trial trains alone,
 decided in one place and carried out as one value."""
 
 import dataclasses
@@ -6,8 +6,8 @@ import logging
 
 import pytest
 import rfopt
-from rfopt.engine.plan import BATCHED, EXACT, Planner, UnitPlan, planned_gang_size
-from rfopt.engine.scheduler import LiveTrial
+from rfopt.engine.planning.plan import BATCHED, EXACT, Planner, UnitPlan, planned_gang_size
+from rfopt.engine.planning.scheduler import LiveTrial
 from rfopt.storage import schema
 from rfopt_testkit import prompts_dataset, reward_len, reward_vowels, trial_config
 

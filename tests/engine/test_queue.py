@@ -12,7 +12,7 @@ import pytest
 from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
-from rfopt.engine import ops
+from rfopt.engine.trials import ops
 from rfopt.reports.status import liveness
 from rfopt.cli import main as cli
 from rfopt.compat import storage_of, trial_id_of

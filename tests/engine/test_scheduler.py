@@ -1,4 +1,4 @@
-from rfopt.engine.scheduler import LiveTrial, completed_rungs, next_trial
+from rfopt.engine.planning.scheduler import LiveTrial, completed_rungs, next_trial
 
 
 def _live(number, done, key="m", units=4, paused=False):

@@ -115,7 +115,7 @@ def test_samples_carry_prompt_completion_total_and_each_rewards_score(study_with
 def test_trial_note_shows_values_metrics_and_scored_samples_in_plain_optuna_dashboard(study_with_warm_clone):
     from optuna_dashboard import get_note, save_note
 
-    from rfopt.engine.artifacts import NOTE_END, publish_note
+    from rfopt.engine.outputs.artifacts import NOTE_END, publish_note
     from rfopt.compat import trial_id_of
 
     study, _ = study_with_warm_clone
@@ -148,7 +148,7 @@ def test_clone_params_hold_every_overridden_value_a_new_choice_under_an_alternat
         IntDistribution,
     )
 
-    from rfopt.engine.clones import _clone_params
+    from rfopt.engine.trials.clones import _clone_params
 
     study = optuna.create_study()
     study.add_trial(optuna.trial.create_trial(

@@ -52,10 +52,12 @@ LAYERS = {
                  {"runner", "baseline"}, {"parallel", "gang", "progress"}, {"__init__"}],
     "reports": [{"outcome", "replicates"}, {"timeline", "status", "trial_svg", "lead"}, {"charts", "forecast"},
                 {"parallel", "display"}, {"__init__"}],
-    "engine": [{"plan", "scheduler", "ops", "clones", "artifacts", "request", "best", "baselines"}, {"unit", "population"},
-               {"coordinator", "roster", "replicates"},
-               {"checks", "driver"},
-               {"run"}, {"ray_worker"}, {"cluster"}, {"__init__"}],
+    "engine": [{"trials", "outputs"}, {"planning"}, {"running"}, {"cluster"}, {"__init__"}],
+    "engine.trials": [{"ops"}, {"clones"}, {"population", "replicates"}, {"__init__"}],
+    "engine.outputs": [{"best", "artifacts", "baselines"}, {"__init__"}],
+    "engine.planning": [{"scheduler"}, {"plan"}, {"request"}, {"checks"}, {"__init__"}],
+    "engine.running": [{"unit"}, {"coordinator", "roster"}, {"driver"}, {"run"}, {"__init__"}],
+    "engine.cluster": [{"ray_worker"}, {"ray_cluster"}, {"__init__"}],
     "dashboard": [{"access", "actions", "views", "markup"}, {"leaderboard", "samples"}, {"pages"}, {"routes"},
                   {"server"}, {"__init__"}],
     "cli": [{"arguments", "launcher"}, {"training", "status", "ops", "clone", "confirm", "dashboard"}, {"run", "worker"},
@@ -63,17 +65,27 @@ LAYERS = {
 }
 
 
-def _rank(module: tuple[str, ...]) -> tuple[int, int]:
-    """Where a module sits: its group's place, then its layer inside a sub-package (0 where none is given)."""
-    group, inner = module[0], (module[1] if len(module) > 1 else "__init__")
-    layers = LAYERS.get(group)
-    layer = next((i for i, names in enumerate(layers) if inner in names), -1) if layers else 0
-    return GROUP[group], layer
+def _layer(package: tuple[str, ...], name: str) -> int:
+    """Where `name` sits among the layers of `package` (0 where none are given, -1 where it has no place)."""
+    layers = LAYERS.get(".".join(package))
+    return next((i for i, names in enumerate(layers) if name in names), -1) if layers else 0
+
+
+def _placed(parts: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The module that a file's dotted `parts` (below ``rfopt``) counts as: down the sub-packages that `LAYERS` orders
+    (``engine.running.unit``); a package whose modules have no order of their own counts as one module
+    (``training.rollouts``)."""
+    parts = tuple(parts)
+    if len(parts) > 1 and parts[-1] == "__init__" and ".".join(parts[:-1]) not in LAYERS:
+        parts = parts[:-1]
+    depth = 1
+    while depth < len(parts) and ".".join(parts[:depth]) in LAYERS:
+        depth += 1
+    return parts[:depth]
 
 
 def _module_name(path: Path) -> tuple[str, ...]:
-    parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return parts if parts[-1] != "__init__" else (*parts[:-1], "__init__") if len(parts) > 1 else ("__init__",)
+    return _placed(path.relative_to(PACKAGE).with_suffix("").parts)
 
 
 def _modules():
@@ -87,14 +99,14 @@ def _known(parts: list[str]) -> tuple[str, ...]:
     for n in range(len(parts), 0, -1):
         head = parts[:n]
         if (PACKAGE.joinpath(*head).with_suffix(".py")).exists():
-            return tuple(head[:2]) if len(head) > 2 else tuple(head)
+            return _placed(head)
         if PACKAGE.joinpath(*head).is_dir():
-            return (head[0], "__init__") if n == 1 else tuple(head[:2])
+            return _placed([*head, "__init__"])
     return ("__init__",)
 
 
 def _rfopt_imports(path: Path, tree: ast.AST):
-    """Each rfopt module `path` imports, as (group, inner module) parts, with the line."""
+    """Each rfopt module `path` imports, as (group, inner module, ...) parts, with the line."""
     package = list(path.relative_to(PACKAGE).parts[:-1])
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -115,16 +127,33 @@ def _rfopt_imports(path: Path, tree: ast.AST):
 
 
 def _above(imported: tuple[str, ...], module: tuple[str, ...]) -> bool:
-    """Whether `imported` sits above `module`: in a higher group, or in a higher layer of the same sub-package."""
+    """Whether `imported` sits above `module`: in a higher group, or, where they part inside one package, in a
+    higher layer of it."""
     if imported[0] != module[0]:
         return GROUP[imported[0]] > GROUP[module[0]]
-    return _rank(imported) > _rank(module)
+    for depth in range(1, min(len(imported), len(module))):
+        if imported[depth] != module[depth]:
+            return _layer(imported[:depth], imported[depth]) > _layer(module[:depth], module[depth])
+    return False
 
 
 def test_every_module_has_a_place():
     unplaced = [".".join(m) for m, _, _ in _modules()
-                if m[0] not in GROUP or (m[0] in LAYERS and _rank(m)[1] < 0)]
+                if m[0] not in GROUP or any(_layer(m[:depth], m[depth]) < 0 for depth in range(1, len(m)))]
     assert unplaced == []
+
+
+def test_a_sub_package_is_placed_by_its_parts_and_its_modules_by_theirs():
+    """The engine's sub-packages are layered among themselves, and their modules inside each one: a module of a lower
+    sub-package that imported a higher one would be caught (the check above is not blind below two levels)."""
+    assert _module_name(PACKAGE / "engine" / "running" / "unit.py") == ("engine", "running", "unit")
+    assert _known(["engine", "planning", "plan", "UnitPlan"]) == ("engine", "planning", "plan")
+    assert _known(["training", "rollouts", "batched", "decode_env"]) == ("training", "rollouts")
+    assert _above(("engine", "running", "unit"), ("engine", "planning", "plan"))
+    assert not _above(("engine", "planning", "plan"), ("engine", "running", "unit"))
+    assert _above(("engine", "running", "roster"), ("engine", "running", "unit"))
+    assert not _above(("engine", "running", "unit"), ("engine", "running", "roster"))
+    assert _above(("engine", "running", "__init__"), ("engine", "running", "run"))
 
 
 REEXPORTING = {"storage", "config"}

@@ -75,7 +75,7 @@ EXCEPTIONS = {
 # The engine's own signals: caught inside rfopt, never a user's to catch.
 INTERNAL = {"rfopt.storage.leases.LeaseLost", "rfopt.training.runner.ChunkAborted",
             "rfopt.training.rollouts.backend.DecodeAborted", "rfopt.training.rollouts.sampler.Ungangable",
-            "rfopt.engine.unit.CallbackFailed"}
+            "rfopt.engine.running.unit.CallbackFailed"}
 
 
 def test_import_rfopt_offers_the_study_api_the_config_types_and_errors_only():

@@ -20,7 +20,7 @@ from stored_study import stored_study
 
 # ---------------------------------------------------------------------- a refusal is an RfoptError
 def test_a_refusal_is_an_rfopt_error_and_the_builtin_error_callers_catch_it_by():
-    from rfopt.engine.request import RunRequest
+    from rfopt.engine.planning.request import RunRequest
     from rfopt.errors import TypeRefusal
 
     for kind, builtin in ((Refusal, ValueError), (TypeRefusal, TypeError), (MissingPackage, ImportError)):

@@ -11,8 +11,8 @@ from optuna.trial import TrialState
 
 from rfopt.chunks import TrialSchedule
 from rfopt.dashboard.views import trial_views
-from rfopt.engine import ops
-from rfopt.engine.artifacts import trial_note
+from rfopt.engine.trials import ops
+from rfopt.engine.outputs.artifacts import trial_note
 from rfopt.reports.status import Liveness, situation, state_counts, tally
 from rfopt.storage import schema
 from rfopt.storage.database import open_storage

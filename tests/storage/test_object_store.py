@@ -24,7 +24,7 @@ from crashkit import (adapter, assert_same_study, commits, env, events, names_in
 from rfopt.storage.state import UnitReport
 from rfopt.chunks import ChunkPlan, trial_schedule
 from rfopt.storage.checkpoints import CheckpointStore
-from rfopt.engine.artifacts import StudyArtifacts
+from rfopt.engine.outputs.artifacts import StudyArtifacts
 from rfopt.training.models import ModelPool
 from rfopt.training.runner import TrialRunner
 from rfopt_testkit import prompts_dataset, trial_config
@@ -193,7 +193,7 @@ def test_a_bucket_that_does_not_exist_stops_the_run_before_any_trial(s3, tiny_mo
 
 
 def test_an_artifact_id_is_a_name_in_the_store_never_a_path_out_of_it():
-    from rfopt.engine.artifacts import ObjectArtifactStore
+    from rfopt.engine.outputs.artifacts import ObjectArtifactStore
 
     store = ObjectArtifactStore("memory://rfopt-artifacts-test/study/artifacts")
     fs = fsspec.filesystem("memory")

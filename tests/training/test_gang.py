@@ -19,7 +19,7 @@ from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool
 from rfopt.training.rollouts import Sampling
 from rfopt.training.runner import TrialRunner
-from rfopt.engine.scheduler import LiveTrial, next_gang
+from rfopt.engine.planning.scheduler import LiveTrial, next_gang
 from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, reward_vowels, trial_config
 from scripted_runner import ScriptedRunner
 

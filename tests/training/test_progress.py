@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from rfopt_testkit import prompts_dataset, trial_config
 
 import rfopt
-from rfopt.engine import ops
+from rfopt.engine.trials import ops
 from rfopt.storage import schema
 from rfopt.chunks import ChunkPlan, TrialSchedule, trial_schedule
 from rfopt.cli.status import status_text as _status_text

@@ -24,7 +24,7 @@ DATA = sorted(name for name in Runner.__annotations__)
 
 
 def _made(cls: type) -> Any:
-    """A runner of `cls` as the engine makes one (`rfopt.engine.unit.fresh_runner`), on placeholders: constructing a
+    """A runner of `cls` as the engine makes one (`rfopt.engine.running.unit.fresh_runner`), on placeholders: constructing a
     runner loads nothing."""
     config = types.SimpleNamespace(args=types.SimpleNamespace(per_device_train_batch_size=2), peft_config=None)
     args = (3, config, None, None, None, None, "work", 0)

@@ -93,8 +93,8 @@ def test_report_to_of_the_wrong_type_is_refused_naming_what_to_give(tmp_path):
 def test_report_to_in_a_trials_grpo_config_is_named_with_the_studys_that_applies(tiny_model, tmp_path, caplog):
     """Issue 35: a TRL user writes ``report_to`` in the GRPOConfig; rfopt gives every chunk's trainer the study's, and
     dropped the config's without a word."""
-    from rfopt.engine.checks import check_run, say_placement
-    from rfopt.engine.request import RunRequest
+    from rfopt.engine.planning.checks import check_run, say_placement
+    from rfopt.engine.planning.request import RunRequest
     from rfopt.training.models import Placement
 
     study = rfopt.create_study(study_name="x", storage=f"sqlite:///{tmp_path / 'x.db'}")

@@ -56,7 +56,7 @@ class Lineage:
 
 @dataclass(frozen=True)
 class Replicate:
-    """A replicate (``rfopt:replicate_of``): a config's run again with a new seed (`rfopt.engine.replicates.confirm`).
+    """A replicate (``rfopt:replicate_of``): a config's run again with a new seed (`rfopt.engine.trials.replicates.confirm`).
     Its config is its original's with ``args.seed`` = `seed`, and its Optuna params are its original's (the same
     config, to Optuna); it is also a clone of it (`Lineage`), which is how a run of the study starts it."""
 
@@ -204,7 +204,7 @@ class UnitMetrics:
 class BestCheckpoint:
     """A trial's best checkpoint so far (``rfopt:best``): the chunk unit whose evaluation scored best among those whose
     completions had not collapsed, and where its adapter is kept (the checkpoint store's ``best/``). Written when a
-    unit commits with a better value than the one recorded (`rfopt.engine.best`), after its adapter is saved."""
+    unit commits with a better value than the one recorded (`rfopt.engine.outputs.best`), after its adapter is saved."""
 
     unit: int
     """The unit (Optuna's step; shown as chunk ``unit + 1``)."""

@@ -114,7 +114,7 @@ class StudyRecord:
     """``num_chunks``, ``chunk_seed``, ``objective``, ``eval_settings``, ``train_fingerprint``, ``eval_fingerprint``: what
     every trial must share to be compared."""
     halt: Halt | None = None
-    """The last request that every process running the study stop (`rfopt.engine.ops.halt`)."""
+    """The last request that every process running the study stop (`rfopt.engine.trials.ops.halt`)."""
     run_shape: RunShape | None = None
     """How its last run trains it: the pruner's schedule, the gang size, the trials it means to start."""
     baselines: dict[str, Baseline] = field(default_factory=dict)

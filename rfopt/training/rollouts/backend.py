@@ -13,7 +13,7 @@ or the exception that ended that request alone. Two backends:
 
 Backends are built in one place, by kind (`EXACT`, `BATCHED`: `rfopt.training.models.ModelPool.backend`).
 `RolloutBackend.refusal(config)` is the one gate that decides, before training, whether a trial may generate through
-a backend: the unit's planner (`rfopt.engine.plan`) asks it of the backend a gang would use, and a trial it refuses
+a backend: the unit's planner (`rfopt.engine.planning.plan`) asks it of the backend a gang would use, and a trial it refuses
 trains alone, on the exact backend. The batched backend's is `refusal` (the config: its adapter, its generation
 settings) and then its own `model_refusal` (the model it serves). A request the batched backend cannot sample all the
 same is decoded on the exact path (``model.generate``), never returned as a failure. `adapters_changed` is called

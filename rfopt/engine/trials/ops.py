@@ -20,7 +20,7 @@ running (the Python API, the ``rfopt`` command line, the dashboard):
   claimed from the queue exactly as a process starting it would claim it (WAITING -> RUNNING, a compare-and-set in
   the storage), then ends FAIL with its reason ``cancelled by ... at ...``. If a process started it first, the
   cancel is refused and nothing is written.
-- clone: a new trial with the parent's config changed by overrides (`rfopt.engine.clones`).
+- clone: a new trial with the parent's config changed by overrides (`rfopt.engine.trials.clones`).
 - halt: ask every process running the study to stop at its trials' next chunk boundary (`halt`).
 
 Who runs a study, and each study at a glance, are read by `rfopt.reports.status`.

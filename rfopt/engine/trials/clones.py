@@ -93,7 +93,7 @@ def clone(
     `token` names the clone's lineage (default: a new one), so that a caller can find it again (`clone_with_token`);
     `params` gives the clone's Optuna params where the caller knows them (population-based training explores params
     and derives the overrides from them). `check_only`: check everything, write nothing (the returned clone has no
-    number: -1). `replicate`: the clone is a replicate of its parent (`rfopt.engine.replicates`): its overrides change
+    number: -1). `replicate`: the clone is a replicate of its parent (`rfopt.engine.trials.replicates`): its overrides change
     the seed alone, and its Optuna params stay the parent's (to Optuna, the same config).
     """
     parent = TrialRecord(find_trial(study, parent_number))

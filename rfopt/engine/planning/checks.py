@@ -2,7 +2,7 @@
 against the chunk plan, the objective and the datasets' columns, the study's settings against the stored ones, the
 pruner, population-based training. `check_run` refuses what would fail every trial, naming the field and the fix;
 what it returns (`CheckedRun`) is what the run trains with and what the study stores once it runs
-(`rfopt.engine.run`).
+(`rfopt.engine.running.run`).
 
     >>> checked = check_run(study.optuna, RunRequest(space, train, test, n_trials=8))   # doctest: +SKIP
     >>> checked.plan.num_chunks, checked.settings.objective                             # doctest: +SKIP
@@ -35,8 +35,9 @@ from rfopt.training.rollouts.batched import decode_env
 from rfopt.training.trackers import check as check_trackers
 from rfopt.training.trackers import normalize as trackers_of
 
+from rfopt.engine.trials.population import explorable
+
 from .request import RunRequest
-from .population import explorable
 
 logger = logging.getLogger("rfopt")
 

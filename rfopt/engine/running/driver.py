@@ -8,16 +8,16 @@ Each round:
 3. decide every complete rung (`rfopt.pruning`; population-based training's steps under the asking lock, since
    they make clones);
 4. ask new trials while slots are free, one asker at a time (`Coordinator.asking`);
-5. plan the next unit among the trials no other process holds (`rfopt.engine.plan.Planner`: least progress first,
+5. plan the next unit among the trials no other process holds (`rfopt.engine.planning.plan.Planner`: least progress first,
    who trains together, on which rollout backend), and under each member's claim carry it out (`Roster.work_on` ->
-   `rfopt.engine.unit.run_units`: a trial alone is a gang of one on the exact rollout backend); a trial at an exploit
+   `rfopt.engine.running.unit.run_units`: a trial alone is a gang of one on the exact rollout backend); a trial at an exploit
    step of population-based training waits until that step is decided. With ``gang_size`` > 1 the plan is a gang:
    up to that many trials at the same progress on the same base model, trained together through the batched rollout
    backend (`rfopt.training.gang`); a gang stored before a crash is formed again.
 
 It returns when no trial is left to train and nothing is left to ask (paused trials wait for a
 resume: rerun to continue them), or, past its `deadline` (`optimize(timeout=...)`) or once somebody asked every
-process running the study to stop (`rfopt.engine.ops.halt`), before it starts another unit. When other processes hold the remaining trials, it waits `poll_seconds` and looks again.
+process running the study to stop (`rfopt.engine.trials.ops.halt`), before it starts another unit. When other processes hold the remaining trials, it waits `poll_seconds` and looks again.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from rfopt.storage import schema
 from rfopt.storage.schema import study_record
 from rfopt.training.gang import DEFAULT_GANG_TRAINING
 
-from .plan import Planner
+from rfopt.engine.planning.plan import Planner
+
 from .roster import Roster, RunProgress
 
 logger = logging.getLogger("rfopt")
@@ -78,7 +79,7 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
     """Run the study's units until none is left for this process (see the module docstring)."""
     study = roster.study
     started = time.time()
-    planner = Planner(gang_size, roster.rollout_refusal, gang_training)  # who trains together, on which backend (`rfopt.engine.plan`)
+    planner = Planner(gang_size, roster.rollout_refusal, gang_training)  # who trains together, on which backend (`rfopt.engine.planning.plan`)
     with compat.optimize_loop(study), _interrupts() as interrupted:  # study.stop() stops asking, as in Study.optimize
         while True:
             if interrupted.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see `_interrupts`)

@@ -2,7 +2,7 @@
 (``rfopt:replicate_of``, `rfopt.storage.schema.Replicate`), so that the answer is a config's across seeds and not one
 seed's (`rfopt.reports.replicates` reads the groups).
 
-A replicate is a clone of its original (`rfopt.engine.clones.clone`) whose only override is ``seed`` (GRPOConfig's:
+A replicate is a clone of its original (`rfopt.engine.trials.clones.clone`) whose only override is ``seed`` (GRPOConfig's:
 the adapter's initialization, the rollouts' sampling, dropout) and whose Optuna params are its original's: to Optuna it
 is the same config, run again. It trains through the same engine as every trial (gangs, leases, resume after a crash,
 ops): a run of the study (``study.optimize`` / ``work``, ``rfopt run``, ``rfopt worker``) starts it as it starts any

@@ -5,7 +5,7 @@ At each step every live member reported, `PopulationRungs.judge`
 
 1. loads the step's plan from the study, or plans it now and stores it (`rfopt.storage.schema.PbtStep`): a crash
    after this point is finished from the stored plan, not planned again;
-2. makes each replacement's warm clone (`rfopt.engine.clones.clone`), each once: a clone made before a crash is found
+2. makes each replacement's warm clone (`rfopt.engine.trials.clones.clone`), each once: a clone made before a crash is found
    again by its lineage token;
 3. stores every judged member's decision (kept, replaced by a clone of trial N, or stopped by the unit budget);
 

@@ -43,12 +43,14 @@ from rfopt.training.progress import ProgressPublisher, evaluation_progress
 from rfopt.training.rollouts import Progress
 from rfopt.training.runner import ChunkAborted
 
-from . import ops, unit
-from .artifacts import publish_note
-from .baselines import Baselines
-from .plan import BATCHED, UnitPlan
-from .population import PopulationRungs
-from .scheduler import completed_rungs
+from rfopt.engine.outputs.artifacts import publish_note
+from rfopt.engine.outputs.baselines import Baselines
+from rfopt.engine.planning.plan import BATCHED, UnitPlan
+from rfopt.engine.planning.scheduler import completed_rungs
+from rfopt.engine.trials import ops
+from rfopt.engine.trials.population import PopulationRungs
+
+from . import unit
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
@@ -468,7 +470,7 @@ class Roster:
 
     def rollout_refusal(self, live: Live) -> str | None:
         """Why the batched backend of `live`'s base model refuses it (`RolloutBackend.refusal`): the planner's gate
-        (`rfopt.engine.plan.Planner`)."""
+        (`rfopt.engine.planning.plan.Planner`)."""
         return live.runner.rollout_backend(BATCHED).refusal(live.config)
 
     def resident_models(self) -> set[str]:
@@ -506,7 +508,7 @@ class Roster:
 
 def _rung_policy(pruner: Any, space: Any, ctx: Context) -> RungPolicy:
     """The rung policy of a study whose pruner is `pruner`: population-based training carried out on the study
-    (`rfopt.engine.population`), or an Optuna pruner at rung boundaries."""
+    (`rfopt.engine.trials.population`), or an Optuna pruner at rung boundaries."""
     if isinstance(pruner, PopulationBasedTraining):
         return PopulationRungs(pruner, space, ctx.plan, ctx.store)
     return PrunerRungs(pruner)

@@ -17,8 +17,8 @@ from rfopt.errors import ClusterStorageError, StorageUnreachableError
 from rfopt.pruning import optuna_pruner
 from rfopt.storage.database import redact
 
-from .request import RunRequest, Worker
-from .run import follow_moved_checkpoints, run
+from rfopt.engine.planning.request import RunRequest, Worker
+from rfopt.engine.running.run import follow_moved_checkpoints, run
 
 logger = logging.getLogger("rfopt")
 

@@ -1,11 +1,11 @@
 """The engine's one entry point: `run` carries out a `RunRequest` on a study, here (alone or as one worker beside
 others) or on a Ray cluster. `Study.optimize`, `Study.work` and a Ray worker all come here.
 
-A run checks the request against the study before anything is written (`rfopt.engine.checks`), marks its presence
+A run checks the request against the study before anything is written (`rfopt.engine.planning.checks`), marks its presence
 on the study (refusing to run beside a process it cannot share the study with), gives the study its identity and
 checkpoint location the first time (`claim_store`), stores its plan and settings once (`record`), then hands the
-trials to the driver loop (`rfopt.engine.driver`) with a coordinator that says whether other processes share the
-study (`rfopt.engine.coordinator`).
+trials to the driver loop (`rfopt.engine.running.driver`) with a coordinator that says whether other processes share the
+study (`rfopt.engine.running.coordinator`).
 
 Checkpoints belong to exactly one study: the study gets an identity (``rfopt:id``) when it first runs, its default
 checkpoint location carries it (``rfopt-checkpoints/<name>-<id>`` beside a SQLite file), and the location is marked
@@ -50,12 +50,13 @@ from rfopt.training.models import ModelPool
 from rfopt.training.parallel import DataParallelRunner, follow, lead_done
 from rfopt.training.trackers import Tracking
 
-from .artifacts import publish_unit
-from .checks import CheckedRun, check_run, say_placement
+from rfopt.engine.outputs.artifacts import publish_unit
+from rfopt.engine.planning.checks import CheckedRun, check_run, say_placement
+from rfopt.engine.planning.plan import planned_gang_size
+from rfopt.engine.planning.request import RunRequest
+
 from .coordinator import ASK_LEASE, LeasedCoordinator, LocalCoordinator
 from .driver import drive
-from .plan import planned_gang_size
-from .request import RunRequest
 from .roster import Roster
 from .unit import Context, UnitCommitted
 

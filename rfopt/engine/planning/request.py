@@ -1,9 +1,9 @@
 """What a caller asks of a run: `RunRequest`, built by `Study.optimize` and `Study.work` alike (and by a Ray worker),
-with every argument checked on its own when it is made. `rfopt.engine.checks` then checks it against the study and
-the datasets, and `rfopt.engine.run` carries it out.
+with every argument checked on its own when it is made. `rfopt.engine.planning.checks` then checks it against the study and
+the datasets, and `rfopt.engine.running.run` carries it out.
 
     >>> request = RunRequest(space, train, test, n_trials=8, settings=StudySettings(num_chunks=4))   # doctest: +SKIP
-    >>> rfopt.engine.run.run(study.optuna, request)                                                   # doctest: +SKIP
+    >>> rfopt.engine.running.run.run(study.optuna, request)                                                   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class RunRequest:
     worker: Worker | None = None
     """None: this process runs the study alone (`optimize`); else it is one worker beside others (`work`)."""
     executor: Any = None
-    """None: train here; a `rfopt.RayCluster`: one worker per device of the cluster (`rfopt.engine.cluster`)."""
+    """None: train here; a `rfopt.RayCluster`: one worker per device of the cluster (`rfopt.engine.cluster.ray_cluster`)."""
 
     def __post_init__(self) -> None:
         for name in ("n_trials", "n_trials_total"):

@@ -1,9 +1,9 @@
 """Who may work on which trial: one process alone (`LocalCoordinator`), or workers sharing a study (`LeasedCoordinator`).
 
-The driver loop (`rfopt.engine.driver`) is the same for both; it asks its coordinator three things:
+The driver loop (`rfopt.engine.running.driver`) is the same for both; it asks its coordinator three things:
 
 - ``claim(trial)``: may this process work on the trial now? A `Claim` says so for one unit and
-  carries the fences the unit pipeline (`rfopt.engine.unit`) calls before it writes.
+  carries the fences the unit pipeline (`rfopt.engine.running.unit`) calls before it writes.
 - ``asking()``: may this process ask Optuna for new trials (and configure ones a crash left
   unconfigured) now? Asking is serialized, so two workers never fill the same free slot.
 - ``busy()``: which trials other processes are working on.

@@ -1,5 +1,5 @@
 """The unit's plan: which trials train together, on which rollout backend, and why a trial trains alone, decided in
-one place (`Planner.plan`) and carried out by `rfopt.engine.unit.run_units` as one value (`UnitPlan`).
+one place (`Planner.plan`) and carried out by `rfopt.engine.running.unit.run_units` as one value (`UnitPlan`).
 
 What goes into it, in order:
 
@@ -10,9 +10,9 @@ What goes into it, in order:
    (`rfopt.training.rollouts.RolloutBackend.refusal`, the batched backend of the trial's base model: its config gate
    and its own check of the model); a trial it refuses trains alone on the exact backend, and the reason is logged
    once per trial;
-3. **who trains next** (`rfopt.engine.scheduler.next_gang`): least progress first; the trials at that progress that
+3. **who trains next** (`rfopt.engine.planning.scheduler.next_gang`): least progress first; the trials at that progress that
    share its gang key (`rfopt.training.gang.gang_key`), split evenly, or the gang stored before a crash;
-4. **what fits** (the `fit` the driver gives: `rfopt.engine.roster.Roster.fit_gang`, the device's memory plan).
+4. **what fits** (the `fit` the driver gives: `rfopt.engine.running.roster.Roster.fit_gang`, the device's memory plan).
 
 The plan's `gang_id` names the record every member carries (`rfopt.storage.schema.GangPlan`, written by the unit from
 the plan before it trains) so that a rerun forms the same gang again.
@@ -92,7 +92,7 @@ def planned_gang_size(given: int | None, *, data_parallel: bool = False, single_
 
 
 class Plannable(Protocol):
-    """What the planner reads of a live trial (`rfopt.engine.unit.Live`)."""
+    """What the planner reads of a live trial (`rfopt.engine.running.unit.Live`)."""
 
     number: int
     config: Any

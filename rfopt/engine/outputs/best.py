@@ -1,7 +1,7 @@
 """Each trial's best checkpoint, kept as its units commit: what a study recommends is the best model it produced, not
 Optuna's last value (TRL's ``load_best_model_at_end`` with ``metric_for_best_model``, per trial).
 
-When a unit commits (`rfopt.engine.unit.commit`), its adapter is kept as the trial's best (the checkpoint store's
+When a unit commits (`rfopt.engine.running.unit.commit`), its adapter is kept as the trial's best (the checkpoint store's
 ``best/``, then the trial's ``rfopt:best`` record: `rfopt.storage.schema.BestCheckpoint`) if its value beats the one
 recorded, in the study's direction, and its completions had not collapsed (`rfopt.training.diversity`; against the
 trial's baseline: a base model that answers every prompt alike already makes no collapse): a collapsed checkpoint is

@@ -1,4 +1,4 @@
-"""A study on a Ray cluster: one rfopt worker per device, each a Ray actor running a worker's `rfopt.engine.run`.
+"""A study on a Ray cluster: one rfopt worker per device, each a Ray actor running a worker's `rfopt.engine.running.run`.
 
     >>> study = rfopt.create_study(study_name="gsm8k", storage="postgresql://rfopt@db/rfopt",
     ...                            checkpoint_dir="s3://bucket/rfopt")                          # doctest: +SKIP
@@ -6,7 +6,7 @@
 
 Ray places, starts and restarts the workers; the study's storage decides who trains what, exactly as it
 does for ``rfopt worker`` processes started by hand: every actor runs the same worker loop with leases
-(`rfopt.engine.coordinator`), so an actor that dies (a node lost, ``ray.kill``, out of memory) is restarted by
+(`rfopt.engine.running.coordinator`), so an actor that dies (a node lost, ``ray.kill``, out of memory) is restarted by
 Ray, and the unit it was training is trained again from the trial's last checkpoint once its lease
 expires; nothing else is lost. The caller's process trains nothing: it starts the actors, shows the
 progress bar from storage, calls ``on_unit`` and the Optuna callbacks as trials commit and end there, and
@@ -19,7 +19,7 @@ nodes, the files those paths name must be at the same path on every node (or shi
 ``runtime_env={"working_dir": ...}``).
 
 This module is the caller's side (`RayCluster`: where the workers go, starting and restarting them, the caller's view
-from storage); what each actor runs is `rfopt.engine.ray_worker`'s.
+from storage); what each actor runs is `rfopt.engine.cluster.ray_worker`'s.
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ from rfopt.errors import ClusterTooSmallError, MissingPackage, Refusal
 from rfopt.reports.status import state_counts
 from rfopt.storage.schema import TrialRecord
 
-from .checks import check_run
+from rfopt.engine.planning.checks import check_run
+from rfopt.engine.planning.request import RunRequest
+from rfopt.engine.running.roster import RunProgress
+from rfopt.engine.running.run import started
+
 from .ray_worker import WorkerJob, _Worker
-from .request import RunRequest
-from .roster import RunProgress
-from .run import started
 
 logger = logging.getLogger("rfopt")
 
@@ -126,7 +127,7 @@ class RayCluster:
 
     # ------------------------------------------------------------------ the run
     def run(self, study: optuna.Study, request: RunRequest, checkpoint_dir: str | None = None) -> None:
-        """Carry out `request` (`Study.optimize(..., executor=self)`, through `rfopt.engine.run.run`) on the cluster:
+        """Carry out `request` (`Study.optimize(..., executor=self)`, through `rfopt.engine.running.run.run`) on the cluster:
         the same checks here as a local run's, then one worker per device there, until no trial is left."""
         checked = check_run(study, request)
         space, n_trials, n_trials_total = checked.space, request.n_trials, request.n_trials_total

@@ -17,7 +17,7 @@ This is the only code that trains a trial, evaluates it, writes its checkpoint o
 
 A finished trial (`finish`) saves its adapter and is told COMPLETE with its last value.
 
-The claim (`rfopt.engine.coordinator`) says whether this process may write for the trial. What its fences
+The claim (`rfopt.engine.running.coordinator`) says whether this process may write for the trial. What its fences
 cover, and why the writes after them are safe to repeat, is in the README ("Workers").
 """
 
@@ -51,15 +51,15 @@ from rfopt.training.rollouts import RolloutBackend
 from rfopt.training.runner import Runner, TrialRunner
 from rfopt.training.trackers import Tracking
 
-from .best import keep_if_best
-from .plan import UnitPlan, alone
-from .scheduler import LiveTrial
+from rfopt.engine.outputs.best import keep_if_best
+from rfopt.engine.planning.plan import UnitPlan, alone
+from rfopt.engine.planning.scheduler import LiveTrial
 
 logger = logging.getLogger("rfopt")
 
 
 class Claim(Protocol):
-    """This process's right to write for one trial (see `rfopt.engine.coordinator`)."""
+    """This process's right to write for one trial (see `rfopt.engine.running.coordinator`)."""
 
     def lost(self) -> bool:
         """Whether the right was lost while the unit trained (asked after every optimizer step)."""
@@ -90,7 +90,7 @@ class UnitCommitted:
 
 @dataclass(frozen=True)
 class Context:
-    """What every unit of one run shares, built whole (`rfopt.engine.run`) and not changed after."""
+    """What every unit of one run shares, built whole (`rfopt.engine.running.run`) and not changed after."""
 
     study: optuna.Study
     store: CheckpointStore
@@ -133,7 +133,7 @@ class Live:
     warm_token: str
     """A warm-started clone's lineage token, which names its starting weights in the checkpoint store."""
     committed: int
-    """Units committed in storage, as last read or written by this process (`rfopt.engine.roster` refreshes it)."""
+    """Units committed in storage, as last read or written by this process (`rfopt.engine.running.roster` refreshes it)."""
     loaded: bool
     """Whether the runner holds the trial's state after `committed` units (else `prepare` loads it)."""
     paused: bool = False
@@ -150,7 +150,7 @@ class Live:
         return self.committed >= self.schedule.num_units
 
     def candidate(self) -> LiveTrial:
-        """What the scheduler needs to know of it (who it may train with is the planner's: `rfopt.engine.plan`)."""
+        """What the scheduler needs to know of it (who it may train with is the planner's: `rfopt.engine.planning.plan`)."""
         return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused)
 
 
@@ -223,7 +223,7 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
     """Put a unit's metrics and value in storage; the unit counts as done once its value is reported."""
     number = live.number
     claim.fence_commit(number, report.unit)
-    keep_if_best(ctx.store, live.ref, live.runner, live.config, report, ctx.study)  # rfopt.engine.best
+    keep_if_best(ctx.store, live.ref, live.runner, live.config, report, ctx.study)  # rfopt.engine.outputs.best
     schema.write_unit(live.ref, report.unit, report.metrics, report.samples, report.steps)
     reach("metrics-stored", trial=number, unit=report.unit)
     live.trial.report(report.value, step=report.unit)
@@ -247,7 +247,7 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
 # ---------------------------------------------------------------------- 2-5. train, evaluate, checkpoint, commit
 def run_units(ctx: Context, members: list[tuple[Live, Claim]], plan: UnitPlan | None = None
               ) -> dict[int, BaseException | None]:
-    """One unit of each member, carried out as `plan` says (`rfopt.engine.plan`; None: each trial alone): trained in
+    """One unit of each member, carried out as `plan` says (`rfopt.engine.planning.plan`; None: each trial alone): trained in
     lockstep through the plan's rollout backend (`rfopt.training.gang`: a trial alone is a gang of one on the exact
     backend; a gang's members share the base model's batched backend), evaluated together through the same backend,
     checkpointed durably with each unit's report (a gang's all of them or none: `CheckpointStore.save_gang`), then
