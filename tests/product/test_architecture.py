@@ -1,5 +1,6 @@
 """The package's shape, checked: imports point down the layers, one module spells the storage keys, only the
-compatibility module touches other libraries' private internals, and every rfopt exception has one root."""
+compatibility package touches other libraries' private internals (each patch with its canary), and every rfopt
+exception has one root."""
 
 import ast
 import importlib
@@ -221,9 +222,9 @@ def test_only_the_schema_spells_rfopt_storage_keys():
 PUBLIC_UNDERSCORED = {("os", "_exit")}
 
 
-def test_only_the_compatibility_module_reaches_into_other_libraries_private_internals():
+def test_only_the_compatibility_package_reaches_into_other_libraries_private_internals():
     """No ``obj._private`` attribute of anything but the module's own objects, no import of a private module or name
-    of another package, no ``vars()``/``__dict__`` surgery, outside rfopt/compat.py."""
+    of another package, no ``vars()``/``__dict__`` surgery, outside rfopt/compat/ (its modules count as one)."""
     found = []
     for name, path, tree in _modules():
         if name == ("compat",):
@@ -244,6 +245,39 @@ def test_only_the_compatibility_module_reaches_into_other_libraries_private_inte
                 if private and not node.module.startswith("rfopt"):
                     found.append(f"{where}: from {node.module} import {', '.join(a.name for a in node.names)}")
     assert found == []
+
+
+def test_every_patch_of_another_library_has_a_canary_in_that_librarys_test_module():
+    """Each module of rfopt/compat/ (a library's) lists its entries in its docstring (````name``  what it relies on,
+    why, what it buys``); tests/compat/test_<library>.py holds a canary for each, under a comment naming it."""
+    tests = PACKAGE.parent / "tests" / "compat"
+    missing = []
+    for path in sorted((PACKAGE / "compat").glob("_*.py")):
+        if path.name == "__init__.py":
+            continue
+        entries = re.findall(r"^``([a-z0-9_]+)``  ", ast.get_docstring(ast.parse(path.read_text())) or "", re.M)
+        canaries = tests / f"test{path.stem}.py"
+        if not canaries.exists():
+            missing.append(f"{canaries.name} (for {path.name})")
+            continue
+        headings = " ".join(re.findall(r"^# -+ (.*)$", canaries.read_text(), re.M))
+        missing += [f"{canaries.name}: {entry}" for entry in entries if not re.search(rf"\b{entry}\b", headings)]
+    assert missing == []
+
+
+def test_a_packages_private_modules_are_imported_only_inside_it():
+    """``rfopt.compat``, ``rfopt.pruning``, ``rfopt.storage.schema``, ... offer their private modules' names in their
+    ``__init__``: rfopt's other modules import them from there (``from rfopt.compat import storage_of``)."""
+    reached = []
+    for _, path, tree in _modules():
+        here = path.relative_to(PACKAGE).parent.parts
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("rfopt."):
+                parts = tuple(node.module.split(".")[1:])
+                private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
+                if private is not None and here[:private] != parts[:private]:
+                    reached.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.module}")
+    assert reached == []
 
 
 def test_every_exception_class_rfopt_defines_derives_from_rfopt_error():
