@@ -149,12 +149,7 @@ class Roster:
             self.fail(number, f"could not resume: {type(exc).__name__}: {exc}")
             self._raise_uncaught(exc)
             return None
-        if record.committed != live.committed:  # another process moved it on, or this one crashed: load again
-            live.committed, live.loaded = record.committed, False
-        live.paused = record.paused
-        live.decided |= record.decided_steps
-        if record.last_value is not None:
-            live.last_value = record.last_value
+        live.refresh(record)  # another process may have moved it on, or this one crashed: then it loads again
         return live
 
     def _settle(self, record: TrialRecord) -> bool:
@@ -227,7 +222,7 @@ class Roster:
             # A new trial's fresh runner is its state; a resumed one, or a warm clone, is loaded before training.
             loaded=fresh and not warm,
             paused=record.paused, last_value=record.last_value,
-            decided=set(range(start_unit)) | record.decided_steps,  # a warm clone reports from its parent's step on
+            decided=frozenset(range(start_unit)) | record.decided_steps,  # a warm clone reports from its parent's step on
         )
         self.live[trial.number] = live
         return live
@@ -243,10 +238,10 @@ class Roster:
         if result.stop is not None:
             self._tell_pruned(live.number, f"{schema.STOP_REASON} ({result.stop.by})")
         elif result.paused != live.paused:
-            live.paused = result.paused
-            if live.paused:  # free its memory; it continues from its checkpoint
-                live.runner.cleanup()
-                live.loaded = False
+            if result.paused:
+                live.pause()  # its memory freed; it continues from its checkpoint
+            else:
+                live.resume()
             publish_note(live.trial)  # its optuna-dashboard note says paused (or no longer)
 
     # ------------------------------------------------------------------ rungs
@@ -293,7 +288,7 @@ class Roster:
                 live = self.live.get(decision.trial_number)
                 if live is None:
                     continue
-                live.decided.add(step)
+                live.rung_decided(step)
                 if decision.prune:
                     self._tell_pruned(live.number, decision.reason)
 
@@ -369,7 +364,7 @@ class Roster:
             return
         if isinstance(error, (LeaseLost, ChunkAborted)):  # another worker has the trial now; what this one holds is stale
             logger.warning("%s", error)
-            live.loaded = False
+            live.state_dropped()
             return
         if isinstance(error, optuna.exceptions.UpdateFinishedTrialError):  # told finished outside rfopt meanwhile
             told = TrialRecord(self.study.get_trials(deepcopy=False)[live.number]).told_outside
@@ -380,7 +375,7 @@ class Roster:
         try:
             claim.fence_finish(live.number)
         except LeaseLost:
-            live.loaded = False
+            live.state_dropped()
         else:
             self.fail(live.number, f"{type(error).__name__}: {error}")
             self._raise_uncaught(error)

@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +40,7 @@ from rfopt.errors import CheckpointError, RfoptError
 from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.crashpoints import reach
-from rfopt.storage.schema import TrialRef
+from rfopt.storage.schema import TrialRecord, TrialRef
 from rfopt.storage.state import UnitReport
 from rfopt.training.evaluation import EvalResult
 from rfopt.training.gang import Gang, GangMember
@@ -118,9 +118,14 @@ class Context:
     several (`rfopt.training.parallel`), the tests' scripted runner."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Live:
-    """A trial this process is running: its handle, config, runner, and what it knows of its progress."""
+    """A trial this process is running: its handle, config, runner, and what it knows of its progress.
+
+    Frozen to the outside: what it knows changes only through its own methods, one a transition (`refresh` from
+    storage, `state_loaded`, `state_dropped`, `new_runner`, `committed_unit`, `pause`, `resume`, `rung_decided`), so
+    who changes a live trial, and how, is read here; assigning a field from elsewhere raises
+    ``dataclasses.FrozenInstanceError``."""
 
     trial: optuna.Trial
     ref: TrialRef
@@ -133,12 +138,12 @@ class Live:
     warm_token: str
     """A warm-started clone's lineage token, which names its starting weights in the checkpoint store."""
     committed: int
-    """Units committed in storage, as last read or written by this process (`rfopt.engine.running.roster` refreshes it)."""
+    """Units committed in storage, as last read or written by this process (`refresh`, `committed_unit`)."""
     loaded: bool
     """Whether the runner holds the trial's state after `committed` units (else `prepare` loads it)."""
     paused: bool = False
     last_value: float | None = None
-    decided: set[int] = field(default_factory=set)
+    decided: frozenset[int] = frozenset()
     """Steps whose rung decision is stored for it."""
 
     @property
@@ -152,6 +157,51 @@ class Live:
     def candidate(self) -> LiveTrial:
         """What the scheduler needs to know of it (who it may train with is the planner's: `rfopt.engine.planning.plan`)."""
         return LiveTrial(self.number, self.committed, self.schedule.num_units, self.config.model_key, self.paused)
+
+    # ------------------------------------------------------------------ transitions
+    def _set(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def refresh(self, record: TrialRecord) -> None:
+        """Take what storage says of the trial (`record`, read under its claim): its committed units (moved on by
+        another process, or by this one before a crash: its state is loaded again), pause, rung decisions, value."""
+        if record.committed != self.committed:
+            self._set(committed=record.committed, loaded=False)
+        self._set(paused=record.paused, decided=self.decided | record.decided_steps)
+        if record.last_value is not None:
+            self._set(last_value=record.last_value)
+
+    def state_loaded(self) -> None:
+        """Its runner now holds its state after `committed` units (loaded, or fresh where nothing was committed)."""
+        self._set(loaded=True)
+
+    def state_dropped(self) -> None:
+        """What its runner holds is stale or gone (the claim was lost, or its memory freed): `prepare` loads it again."""
+        self._set(loaded=False)
+
+    def new_runner(self, make: Callable[[], Runner]) -> None:
+        """Train it with a fresh runner, ``make()``, from here on: what was trained here but never committed is dropped
+        (the old runner cleaned up first)."""
+        self.runner.cleanup()
+        self._set(runner=make(), loaded=False)
+
+    def committed_unit(self, unit: int, value: float) -> None:
+        """Its unit `unit` is committed in storage with `value`."""
+        self._set(committed=unit + 1, last_value=value)
+
+    def pause(self) -> None:
+        """A pause applied: it keeps no slot, and its runner frees its memory (it continues from its checkpoint)."""
+        self.runner.cleanup()
+        self._set(paused=True, loaded=False)
+
+    def resume(self) -> None:
+        """A resume applied: it trains again, from its checkpoint."""
+        self._set(paused=False)
+
+    def rung_decided(self, step: int) -> None:
+        """Its rung decision at `step` is stored."""
+        self._set(decided=self.decided | {step})
 
 
 def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: TrialSchedule, start_unit: int
@@ -178,17 +228,16 @@ def prepare(ctx: Context, live: Live, claim: Claim) -> None:
                 f"{held}; its state is lost, clone it to train the config again"
             )
         if live.runner.units_done != live.start_unit:  # trained here but never committed: start afresh
-            live.runner.cleanup()
-            live.runner = fresh_runner(ctx, number, live.config, live.schedule, live.start_unit)
+            live.new_runner(lambda: fresh_runner(ctx, number, live.config, live.schedule, live.start_unit))
         if live.warm_start:
             live.runner.load_weights(ctx.store.load_warm_start(number, live.warm_token))
-        live.loaded = True
+        live.state_loaded()
         return
     if state.units_done > live.committed + 1:
         raise CheckpointError(f"trial {number}: its checkpoint holds {state.units_done} chunks but only "
                               f"{live.committed} were committed; the store does not belong to this study's storage")
     live.runner.load_state(state)
-    live.loaded = True
+    live.state_loaded()
     if state.units_done == live.committed + 1:  # its last unit's checkpoint is durable, its report is not stored
         report = ctx.store.load_report(number)
         if report is None or report.unit != live.committed:  # written without its report: evaluate again
@@ -228,8 +277,7 @@ def commit(ctx: Context, live: Live, report: UnitReport, claim: Claim) -> None:
     reach("metrics-stored", trial=number, unit=report.unit)
     live.trial.report(report.value, step=report.unit)
     reach("unit-committed", trial=number, unit=report.unit)
-    live.committed = report.unit + 1
-    live.last_value = report.value
+    live.committed_unit(report.unit, report.value)
     event = UnitCommitted(live.trial, report.unit, report.value)
     for subscriber in ctx.subscribers:
         try:
