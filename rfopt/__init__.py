@@ -26,10 +26,11 @@ from rfopt.config.studyfile import StudySpec
 from rfopt.config.trial import TrialConfig
 from rfopt.engine.cluster.ray_cluster import RayCluster
 from rfopt.pruning import PopulationBasedTraining
+from rfopt.reports.results import LeaderboardRow
 
 from . import errors
 from .errors import Refusal, RfoptError
-from .study import LeaderboardRow, Study, create_study, load_study
+from .study import Study, create_study, load_study
 from .compat import quiet_bitsandbytes
 
 # Before anything imports PEFT, which imports bitsandbytes where it is installed (and bitsandbytes warns as it loads).

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,10 @@ from rfopt.engine.cluster.ray_cluster import RayCluster
 from rfopt.engine.planning.request import RunRequest, Worker
 from rfopt.engine.running.run import follow_moved_checkpoints, run
 from rfopt.engine.running.unit import UnitCommitted
-from rfopt.reports.outcome import Recommendation, StudyOutcome, outcome
+from rfopt.reports.leaderboard import leaderboard as build_leaderboard
+from rfopt.reports.outcome import outcome
 from rfopt.reports.replicates import ReplicateGroup
+from rfopt.reports.results import LeaderboardRow, Recommendation, StudyOutcome
 from rfopt.reports.status import Liveness, liveness
 from rfopt.pruning import PopulationBasedTraining, optuna_pruner
 from rfopt.storage import schema
@@ -51,32 +52,6 @@ from rfopt.training.parallel import DataParallel
 from rfopt.training.trackers import normalize as trackers_of
 
 logger = logging.getLogger("rfopt")
-
-
-@dataclass
-class LeaderboardRow:
-    number: int
-    state: str
-    value: float | None
-    chunks_done: int
-    params: dict[str, Any]
-    adapter: str | None = None
-    reason: str | None = None
-    held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.trials.clones.held_as`)."""
-    situation: str = ""
-    """What it is doing, in the words the dashboard and ``rfopt status`` use (`rfopt.reports.status.situation`)."""
-    value_error: float | None = None
-    """The standard error of `value` over the eval prompts (`rfopt.noise`); None where not stored."""
-    eval_count: int | None = None
-    vs_base: float | None = None
-    """Its value minus its baseline's (the base model with no adapter); None without a baseline."""
-    best_value: float | None = None
-    """The value of its best checkpoint (`rfopt.storage.schema.BestCheckpoint`); None before one."""
-    best_chunk: int | None = None
-    """The chunk of its best checkpoint, counted from 1."""
-    flags: list[str] = field(default_factory=list)
-    """What went wrong: ``collapsed at chunk 4: ...``, ``degraded after chunk 3: ...`` (`rfopt.reports.outcome`)."""
 
 
 OPTUNA_ATTRIBUTES = frozenset({
@@ -353,49 +328,8 @@ class Study:
     def leaderboard(self) -> list[LeaderboardRow]:
         """Every trial, best first: finished trials by value, then the rest by progress; each with what it is doing, its
         value's noise, its difference from its baseline, its best checkpoint and what went wrong
-        (`rfopt.reports.outcome`)."""
-        trials = self.optuna.get_trials(deepcopy=False)
-        return self._leaderboard(trials, outcome(self.optuna, trials))
-
-    def _leaderboard(self, trials: list[FrozenTrial], found: StudyOutcome) -> list[LeaderboardRow]:
-        from rfopt.noise import estimate
-        from rfopt.reports.status import situation
-
-        maximize = self.optuna.direction == optuna.study.StudyDirection.MAXIMIZE
-        objective = study_record(self.optuna).objective
-        live = liveness(self.optuna, trials)
-        rows, ranks = [], {}
-        for t in trials:
-            if t.state == TrialState.WAITING:
-                continue
-            record = TrialRecord(t)
-            ranks[t.number] = record.leaderboard_rank(maximize)
-            last = max(t.intermediate_values, default=None)
-            scores = next((m.scores_of(objective) for m in record.unit_metrics() if m.unit == last), [])
-            noise = estimate(scores) if scores else None
-            judged = found.trials[t.number]
-            rows.append(
-                LeaderboardRow(
-                    number=t.number,
-                    state=record.shown_state,
-                    value=record.value,
-                    chunks_done=record.committed,  # a warm clone's count includes the units it inherited
-                    params=dict(t.params),
-                    adapter=record.adapter,
-                    reason=record.end_reason,
-                    held_as=clones.held_as(t),
-                    situation=situation(record, live),
-                    value_error=None if noise is None else noise.stderr,
-                    eval_count=None if noise is None else noise.n,
-                    vs_base=None if judged.baseline is None or record.value is None
-                    else record.value - judged.baseline.value,
-                    best_value=None if judged.best is None else judged.best.value,
-                    best_chunk=None if judged.best is None else judged.best.unit + 1,
-                    flags=judged.flags,
-                )
-            )
-        rows.sort(key=lambda r: ranks[r.number])
-        return rows
+        (`rfopt.reports.leaderboard`; each row a `rfopt.reports.results.LeaderboardRow`)."""
+        return build_leaderboard(self.optuna)
 
     def leaderboard_text(self) -> str:
         """The leaderboard as text (`leaderboard`), the baselines first, a tie marked where the best trial's lead over
@@ -407,11 +341,11 @@ class Study:
         trials = self.optuna.get_trials(deepcopy=False)
         found = outcome(self.optuna, trials)
         ahead = lead(trials, self.optuna.directions[0], found.objective) if len(self.optuna.directions) == 1 else None
-        return format_leaderboard(self._leaderboard(trials, found), found.objective, list(found.baselines.values()),
-                                  found.lines(), found.baseline_purposes(), ahead)
+        return format_leaderboard(build_leaderboard(self.optuna, trials, found), found.objective,
+                                  list(found.baselines.values()), found.lines(), found.baseline_purposes(), ahead)
 
     def outcome(self) -> StudyOutcome:
-        """What the study produced (`rfopt.reports.outcome.StudyOutcome`): its baselines, each trial's best
+        """What the study produced (`rfopt.reports.results.StudyOutcome`, computed by `rfopt.reports.outcome`): its baselines, each trial's best
         checkpoint, collapse and degradation, the recommendation, and Optuna's best trial."""
         return outcome(self.optuna)
 
@@ -586,5 +520,5 @@ def load_study(
     return Study(study, checkpoint_dir, pruner=pruner)
 
 
-__all__ = ["LeaderboardRow", "Study", "StudyDeletedError", "StudyNameError", "UnitCommitted", "check_study_name",
+__all__ = ["Study", "StudyDeletedError", "StudyNameError", "UnitCommitted", "check_study_name",
            "create_study", "load_study"]

@@ -11,7 +11,7 @@ import optuna
 from rfopt.config.form import reward_weighting
 from rfopt.noise import gap
 from rfopt.reports.lead import Lead
-from rfopt.reports.outcome import StudyOutcome
+from rfopt.reports.results import StudyOutcome
 from rfopt.reports.timeline import duration
 from rfopt.storage.schema import TrialRecord
 
@@ -158,7 +158,7 @@ def _value_cell(v: TrialView) -> str:
 
 def _param_cell(v: TrialView, param: str) -> tuple[Any, str]:
     """A leaderboard cell: the trial's value of `param`; for a clone whose value Optuna holds under an alternate
-    param (`rfopt.engine.trials.clones.held_as`), that value, marked, so that the column never reads as the parent's."""
+    param (`rfopt.reports.leaderboard.held_as`), that value, marked, so that the column never reads as the parent's."""
     holder = v.held_as.get(param)
     if holder is not None:
         value = v.params[holder]

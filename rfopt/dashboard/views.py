@@ -21,10 +21,11 @@ import optuna
 from optuna.trial import TrialState
 
 from rfopt import noise
-from rfopt.engine.trials.clones import held_as
 from rfopt.reports.charts import colour, trial_labels
 from rfopt.reports.lead import best_trial
-from rfopt.reports.outcome import StudyOutcome, TrialOutcome, outcome
+from rfopt.reports.leaderboard import held_as
+from rfopt.reports.outcome import outcome
+from rfopt.reports.results import StudyOutcome, TrialOutcome
 from rfopt.reports.status import SITUATIONS, Liveness, situation
 from rfopt.reports.timeline import TrialTimes
 from rfopt.storage.schema import TrialRecord, gang_plan, pbt_steps, study_record
@@ -62,7 +63,7 @@ class TrialView:
     eval: dict[str, float] = field(default_factory=dict)
     """The eval metrics of its latest chunk."""
     held_as: dict[str, str] = field(default_factory=dict)
-    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.engine.trials.clones.held_as`)."""
+    """A clone's fields whose values its Optuna params hold under an alternate name (`rfopt.reports.leaderboard.held_as`)."""
     gangs: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """The trials it trained each unit with (a gang: `rfopt.training.gang`), by unit; units it trained alone are absent."""
     sample_units: list[int] = field(default_factory=list)
@@ -90,7 +91,7 @@ class TrialView:
     best_step: int | None = None
     """Its best checkpoint's unit (shown as chunk ``best_step + 1``)."""
     flags: list[str] = field(default_factory=list)
-    """``collapsed at chunk 4: ...``, ``degraded after chunk 3: ...`` (`rfopt.reports.outcome.TrialOutcome`)."""
+    """``collapsed at chunk 4: ...``, ``degraded after chunk 3: ...`` (`rfopt.reports.results.TrialOutcome`)."""
 
     @classmethod
     def of(cls, trial: optuna.trial.FrozenTrial, label: str = "", replaced_by: int | None = None,

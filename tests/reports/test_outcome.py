@@ -219,7 +219,7 @@ def test_the_closing_summary_compares_with_the_baseline_and_prints_multi_line_co
 def test_the_closing_summary_counts_right_answers_beside_the_base_model_and_marks_a_right_and_a_typical_sample():
     import math
 
-    from rfopt.reports.outcome import Recommendation, StudyOutcome
+    from rfopt.reports.results import Recommendation, StudyOutcome
 
     def correctness(right, count=32, full=2.0):
         p = right / count

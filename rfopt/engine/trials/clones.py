@@ -331,25 +331,6 @@ def _clone_params(study: optuna.Study, parent: optuna.trial.FrozenTrial, overrid
     return params, distributions
 
 
-def held_as(trial: optuna.trial.FrozenTrial) -> dict[str, str]:
-    """For a clone whose overridden values Optuna's params hold under an alternate name (`param_holding`): the field's
-    param name -> the param that holds it (``{"model": "model#2"}``); empty for any other trial."""
-    lineage = TrialRecord(trial).lineage
-    if lineage is None:
-        return {}
-    found = {}
-    for given in lineage.overrides:
-        path = field_path(given)
-        name = path if path in trial.params else param_name(path)
-        if name in trial.params:
-            continue
-        holder = next((p for p in trial.params
-                       if p.startswith(f"{name}#") and p[len(name) + 1:].isdigit()), None)
-        if holder is not None:
-            found[name] = holder
-    return found
-
-
 def _shown(dist: Any) -> str:
     """A distribution as a person reads it: ``choices ['a', 'b']``, ``a range 0.001..0.01 (log)``."""
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
