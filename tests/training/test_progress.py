@@ -660,7 +660,7 @@ def test_a_running_study_says_whose_turn_it_is_how_far_its_decode_and_its_evalua
     import functools
 
     import rfopt.training.gang
-    from rfopt.engine import run
+    from rfopt.engine.running import run
 
     monkeypatch.setattr(run, "Context", functools.partial(run.Context, progress_seconds=0.0))  # every change written
     monkeypatch.setattr(rfopt.training.gang, "TOKENS_SECONDS", 0.0)  # and every token told (a scripted decode is instant)
