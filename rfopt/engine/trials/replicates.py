@@ -9,7 +9,7 @@ ops): a run of the study (``study.optimize`` / ``work``, ``rfopt run``, ``rfopt 
 clone, and a running one picks it up when a slot frees. It is never pruned unless made with ``prune=True`` (then the
 run's pruner judges it at rungs as any trial): a config's runs go to their end, so that their best values compare.
 Population-based training leaves replicates out of its population, ``prune=True`` or not
-(`rfopt.engine.population`): it never replaces one, or clones one as if it were another config.
+(`rfopt.engine.trials.population`): it never replaces one, or clones one as if it were another config.
 
 `confirm` tops each config up to `seeds` replicates: asked again (after a crash while it was enqueueing, or twice), it
 makes only the missing ones.
