@@ -6,5 +6,5 @@
 | `driver` | the one loop: reconcile, apply requests, decide rungs, ask, plan, run a unit |
 | `roster` | the live trials of a run and the one `reconcile` with storage; each trial's lifecycle |
 | `coordinator` | who may work on which trial: alone, or under leases beside other workers |
-| `unit` | one unit: load, train a chunk, evaluate, checkpoint, commit (alone or in a gang) |
+| `unit` | one unit: load, train a chunk, evaluate, checkpoint, commit (alone or in a gang); `Live`, a trial live here, changed only through its own transitions |
 """
