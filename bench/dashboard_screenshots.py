@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             while process.poll() is None:  # while it trains: its second chunks, a step or two in
                 browser.execute_async_script("window.rfoptRefresh().then(arguments[0])")
                 lines = browser.find_elements(By.CSS_SELECTOR, "#now li[data-phase='training']")
-                if lines and int(lines[0].get_attribute("data-unit")) >= 1 and int(lines[0].get_attribute("data-step")) >= 2:
+                if lines and int(lines[0].get_attribute("data-unit")) >= 1 and \
+                        int(lines[0].get_attribute("data-step")) >= 2 and "training member" in lines[0].text:
                     time.sleep(1.2)  # the clocks count
                     shot("1-now-training.png")
                     shot("2-chunk-in-training-dashed.png", "#comparison")

@@ -23,6 +23,7 @@ trained, when it should end) are sent as timestamps (``data-since``, ``data-unti
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,7 +196,11 @@ def _now_line(now: NowTraining) -> str:
     """One line per trial alone or per gang (one step counter, one pace, one stuck verdict)."""
     p = now.progress
     swatches = "".join(f"<span class='swatch' style='background:{colour(n)}'></span>" for n in now.trials)
-    parts = [f"<b>{_e(now.who())}</b> {swatches}", f"chunk {p.unit + 1} of {p.num_units}", _e(now.what()),
+    what = _e(now.what())
+    if p.activity is not None and p.activity.what == "member" and p.activity.since:  # counted by the page's clock
+        what += (f", <span class='clock' data-into='{p.activity.since:.0f}'>"
+                 f"{duration(time.time() - p.activity.since)} into its turn</span>")
+    parts = [f"<b>{_e(now.who())}</b> {swatches}", f"chunk {p.unit + 1} of {p.num_units}", what,
              f"<span class='clock' data-since='{p.started:.0f}'>since {_clock_time(p.started)}</span>"]
     if p.step_seconds is not None and p.phase == "training":
         parts.append(f"{p.step_seconds:.3g} s/step")

@@ -91,20 +91,24 @@ PHASE_WORDS = {"baseline": "evaluating the base model with no adapter (the study
 
 def activity_text(activity: Activity | None, now: float | None = None, short: bool = False) -> str:
     """What a unit in flight does within its phase (`rfopt.storage.schema.Activity`), in words: ``decoding rollouts:
-    40 of at most 128 new tokens (12 tokens/s)``, ``training member 2 of 3 (trial 4) for 35s``, ``the gang's batched
+    40 of at most 128 new tokens (12 tokens/s)`` (``decoding rollouts: prefilling the prompts`` before the first
+    token), ``training member 2 of 3 (trial 4), 35s into its turn`` (the time with `now` only), ``the gang's batched
     step, all 3 members at once``, ``16 of 32 prompts (the batch now: 40 of at most 128 tokens)``; `short`, for the
     terminal's line: ``dec 40/128tok``, ``m2/3 t4``, ``batched x3``, ``16/32 prompts``. Empty for None."""
     if activity is None:
         return ""
     a = activity
     if short:
-        return {"decoding": f"dec {a.done}/{a.total}tok", "member": f"m{a.done}/{a.total} t{a.trial}",
-                "batched": f"batched x{a.total}", "prompts": f"{a.done}/{a.total} prompts"}.get(a.what, a.what)
+        return {"decoding": f"dec {a.done}/{a.total}tok" if a.total else "dec prefill",
+                "member": f"m{a.done}/{a.total} t{a.trial}", "batched": f"batched x{a.total}",
+                "prompts": f"{a.done}/{a.total} prompts"}.get(a.what, a.what)
     rate = f" ({a.rate:.0f} tokens/s)" if a.rate and a.rate >= 10 else f" ({a.rate:.2g} tokens/s)" if a.rate else ""
     if a.what == "decoding":
+        if not a.total:  # no token yet: its most new tokens come with the first
+            return "decoding rollouts: prefilling the prompts"
         return f"decoding rollouts: {a.done} of at most {a.total} new tokens{rate}"
     if a.what == "member":
-        since = "" if now is None or not a.since else f" for {duration(now - a.since)}"
+        since = "" if now is None or not a.since else f", {duration(now - a.since)} into its turn"
         return f"training member {a.done} of {a.total} (trial {a.trial}){since}"
     if a.what == "batched":
         return f"the gang's batched step, all {a.total} members at once"
@@ -240,14 +244,14 @@ class NowTraining:
 
     def what(self, now: float | None = None) -> str:
         """Its phase in words, and what it does within it (`activity_text`): ``5 of 8 steps done``, ``0 of 8 steps
-        done, training member 2 of 3 (trial 4) for 35s``, ``evaluating after its 8 steps: 16 of 32 prompts``,
-        ``loading (...)``."""
+        done, training member 2 of 3 (trial 4), 35s into its turn`` (the turn's time with `now` only: the page counts
+        it by its own clock), ``evaluating after its 8 steps: 16 of 32 prompts``, ``loading (...)``."""
         p = self.progress
         if p.phase == "evaluating":
             text = f"evaluating after its {p.steps} steps"
         else:
             text = PHASE_WORDS.get(p.phase) or f"{p.step} of {p.steps} steps done"
-        doing = activity_text(p.activity, time.time() if now is None else now)
+        doing = activity_text(p.activity, now)
         if not doing:
             return text
         return f"{text}: {doing}" if p.activity.what == "prompts" else f"{text}, {doing}"

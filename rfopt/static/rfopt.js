@@ -122,6 +122,7 @@ function tick() {
   const eta = document.getElementById("eta");
   if (eta) eta.classList.toggle("on-hold", held);
   for (const el of document.querySelectorAll(".clock[data-since]")) el.textContent = `for ${span(now - Number(el.dataset.since))}`;
+  for (const el of document.querySelectorAll(".clock[data-into]")) el.textContent = `${span(now - Number(el.dataset.into))} into its turn`;
   for (const el of document.querySelectorAll(".clock[data-until]")) {
     if (el.closest("li.stuck") || (held && el.closest("#eta"))) { el.textContent = "on hold: no progress"; continue; }
     const left = Number(el.dataset.until) - now;

@@ -590,7 +590,7 @@ def test_status_says_how_far_each_phase_is(study):
         ("training", Activity("decoding", done=40, total=128, rate=12.0, since=now - 3),
          "2 of 8 steps done, decoding rollouts: 40 of at most 128 new tokens (12 tokens/s)"),
         ("training", Activity("member", done=2, total=3, trial=4, since=now - 35),
-         "2 of 8 steps done, training member 2 of 3 (trial 4) for 35s"),
+         "2 of 8 steps done, training member 2 of 3 (trial 4), 35s into its turn"),
         ("training", Activity("batched", total=3, since=now), "2 of 8 steps done, the gang's batched step, all 3 "
                                                                "members at once"),
         ("evaluating", Activity("prompts", done=16, total=32, tokens=40, max_tokens=128, rate=20.0, since=now),
@@ -603,7 +603,7 @@ def test_status_says_how_far_each_phase_is(study):
         [flight] = now_training([TrialRecord(t) for t in study.trials])
         assert f"trial 1 · chunk 2 of 2 · {words} · for " in flight.line(now), flight.line(now)
         with Presence(study, "run"):  # read a moment later: "for 35s" may read 36s by then
-            assert f"now training: trial 1 · chunk 2 of 2 · {words.split(' for ')[0]}" in _status_text(study)
+            assert f"now training: trial 1 · chunk 2 of 2 · {words.split(', 35s')[0]}" in _status_text(study)
 
 
 def test_a_gang_shows_what_it_does_now_from_its_newest_record(study):
@@ -614,8 +614,8 @@ def test_a_gang_shows_what_it_does_now_from_its_newest_record(study):
     _in_flight(study, 2, Activity("member", done=2, total=3, trial=2, since=now - 6), gang=(1, 2, 3), holder="h:1")
     _in_flight(study, 3, Activity("member", done=3, total=3, trial=3, since=now - 4), gang=(1, 2, 3), holder="h:1")
     [gang] = now_training([TrialRecord(t) for t in study.trials])
-    assert "trials 1, 2, 3 (one gang) · chunk 2 of 2 · 2 of 8 steps done, training member 3 of 3 (trial 3) for 4s" in \
-        gang.line(now)
+    assert ("trials 1, 2, 3 (one gang) · chunk 2 of 2 · 2 of 8 steps done, training member 3 of 3 (trial 3), 4s into its "
+            "turn") in gang.line(now)
 
 
 def test_the_page_shows_how_far_a_phase_is(study):
@@ -626,7 +626,9 @@ def test_the_page_shows_how_far_a_phase_is(study):
     with Presence(study, "run"):
         trials = study.get_trials(deepcopy=False)
         page = study_page(study, trials, liveness(study, trials), "v1")
-    assert "2 of 8 steps done, training member 2 of 3 (trial 4) for " in page.parts["now"], page.parts["now"]
+    # The turn's time is a clock the page counts (nothing is written while a reward call hangs in it).
+    assert re.search(r"2 of 8 steps done, training member 2 of 3 \(trial 4\), <span class='clock' data-into='\d+'>\d+s into "
+                     r"its turn</span>", page.parts["now"]), page.parts["now"]
 
 
 def test_the_bar_shows_how_far_a_phase_is_and_a_log_gets_no_line_per_turn_or_token():
@@ -652,7 +654,7 @@ def test_the_bar_shows_how_far_a_phase_is_and_a_log_gets_no_line_per_turn_or_tok
         bar.step(events[-1])  # the interval is over: one line, saying what the gang does now
     lines = log.getvalue().splitlines()
     assert lines[0] == "demo: trials 3, 4 chunk 1/2: training" and len(lines) == 2, lines
-    assert lines[1].startswith("demo: trials 3, 4 chunk 1/2 step 1/8 (2 s/step), training member 2 of 2 (trial 4) for ")
+    assert lines[1].startswith("demo: trials 3, 4 chunk 1/2 step 1/8 (2 s/step), training member 2 of 2 (trial 4), ")
 
 
 def test_a_running_study_says_whose_turn_it_is_how_far_its_decode_and_its_evaluation_are(scripted, tiny_model,
@@ -677,8 +679,10 @@ def test_a_running_study_says_whose_turn_it_is_how_far_its_decode_and_its_evalua
     study.optimize(configs, TRAIN, EVAL, num_chunks=2, gang_size=2, show_progress_bar=False)
     gang = "now training: trials 0, 1 (one gang) · chunk 1 of 2 · "
     # In member k's turn (its reward calls), `rfopt status` names it; in the gang's decode, the tokens so far.
-    assert any(line.startswith(gang) and "training member 1 of 2 (trial 0) for " in line for line in seen["turn"])
-    assert any(line.startswith(gang) and "training member 2 of 2 (trial 1) for " in line for line in seen["turn"])
+    assert any(line.startswith(gang) and re.search(r"training member 1 of 2 \(trial 0\), \d+s into its turn", line)
+               for line in seen["turn"]), seen["turn"]
+    assert any(line.startswith(gang) and re.search(r"training member 2 of 2 \(trial 1\), \d+s into its turn", line)
+               for line in seen["turn"])
     assert any(line.startswith(gang) and "decoding rollouts: 3 of at most " in line for line in seen["decode"])
     # Its evaluation, prompt by prompt (the member furthest behind: trial 1's prompts come after trial 0's here).
     assert any(line.startswith(gang) and "evaluating after its " in line and ": 0 of 2 prompts" in line
