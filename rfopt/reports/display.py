@@ -129,11 +129,15 @@ class ProgressBar:
             if self.plain:
                 now = time.monotonic()
                 members = _members(event)
+                # A gang's phase is its least advanced member's (as on the page): a member that starts training while
+                # the others are still loading changes nothing yet, so the log does not flap between the two.
+                phase = min((e.phase for e in self._flight.values() if _members(e) == members and e.unit == event.unit),
+                            key=lambda phase: _ORDER.get(phase, 2))
                 said = self._said_phase.get(members)
-                if said != (event.unit, event.phase):  # one line per trial or gang and phase change
-                    self._said_phase[members] = (event.unit, event.phase)
+                if said != (event.unit, phase):  # one line per trial or gang and phase change
+                    self._said_phase[members] = (event.unit, phase)
                     who = _who(members, long=True)
-                    self._line(f"{who} chunk {event.unit + 1}/{event.num_units}: {_PHASES[event.phase]}")
+                    self._line(f"{who} chunk {event.unit + 1}/{event.num_units}: {_PHASES[phase]}")
                 elif ((event.phase == "training" or event.activity is not None)
                       and now - self._last_line >= self.plain_seconds):
                     self._line(f"{self._now(long=True)} · {self._totals()}")

@@ -657,6 +657,25 @@ def test_the_bar_shows_how_far_a_phase_is_and_a_log_gets_no_line_per_turn_or_tok
     assert lines[1].startswith("demo: trials 3, 4 chunk 1/2 step 1/8 (2 s/step), training member 2 of 2 (trial 4), ")
 
 
+def test_a_log_says_a_gangs_phase_once_its_members_are_all_in_it():
+    # Member 3 starts training (and the gang's turn is heard by every member) while 4 and 5 are still loading.
+    stream = io.StringIO()
+    turn = Activity("member", done=1, total=3, trial=3, since=time.time())
+    with ProgressBar("demo", stream=stream, plain=True, plain_seconds=3600, watch_seconds=0) as bar:
+        bar(_Run(0, 4, 0, 32, {n: 0 for n in (3, 4, 5)}))
+        for trial in (3, 4, 5):
+            bar.step(UnitProgress(trial=trial, unit=0, num_units=2, phase="loading", step=0, steps=8,
+                                  step_seconds=None, gang=(3, 4, 5)))
+        for trial in (3, 4, 5):
+            bar.step(UnitProgress(trial=3, unit=0, num_units=2, phase="training", step=0, steps=8, step_seconds=None,
+                                  gang=(3, 4, 5), activity=turn))
+            for other in (4, 5):
+                bar.step(UnitProgress(trial=other, unit=0, num_units=2, phase="loading" if other > trial else "training",
+                                      step=0, steps=8, step_seconds=None, gang=(3, 4, 5), activity=turn))
+    assert stream.getvalue().splitlines() == ["demo: trials 3, 4, 5 chunk 1/2: loading",
+                                              "demo: trials 3, 4, 5 chunk 1/2: training"]
+
+
 def test_a_running_study_says_whose_turn_it_is_how_far_its_decode_and_its_evaluation_are(scripted, tiny_model,
                                                                                        storage, monkeypatch):
     import functools
