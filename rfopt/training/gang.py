@@ -45,7 +45,9 @@ How the members' training steps run is the gang's ``training`` mode (`GANG_TRAIN
   ``max_grad_norm`` clips over its own parameters. Results differ from the sequential mode only by floating-point
   rounding (the matrix shapes change), and a gang in this mode is deterministic for the same members. A member the
   batched forward cannot serve (`batched_step.member_refusal`: DoRA, ``modules_to_save``, ...) runs its own forwards
-  inside the gang, said once.
+  inside the gang, said once. A batched step holds every member's activations at once: the memory plan counts them
+  (`rfopt.training.memory.GangMemory.need`), and a gang that fits only taking its steps one after another is planned
+  sequential (`rfopt.engine.plan`).
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ GANG_TRAINING = ("sequential", "batched")
 backward for all."""
 
 DEFAULT_GANG_TRAINING = "sequential"
-"""``gang_training`` when a run gives none: the exact mode, until the batched one is measured faster where it counts."""
+"""``gang_training`` when a run gives none: the mode whose numbers are each trial's own, bit for bit. The batched mode
+bought 3% of a study's time on the CPU (SmolLM2, G=4) for 2.6x the memory; its case, a launch-bound step on a GPU, is
+not measured yet (README, "Gangs")."""
 
 _ORDER = ("rollout", "forward", "forward+grad", "backward")
 """What the gang serves first when members wait on different things: a step's earlier phase, so that a member behind
@@ -111,15 +115,28 @@ class GangMember:
 
 @dataclass
 class _Turn:
-    """Where one member's code stands in the gang's run: its greenlet, the process-wide state it sees, what it waits
-    on (``(kind, request)``, `_ORDER`) and the answer to it, and whether its chunk ended. One per member, in place of
-    parallel dicts keyed by its index."""
+    """Everything the gang keeps of one member while it trains, one object per member: where its code stands (its
+    greenlet, the process-wide state it sees, what it waits on, ``(kind, request)`` of `_ORDER`, and the answer to it,
+    whether its chunk ended) and, in the batched mode, its part in the batched step (whether the batched forward can
+    serve it and whether its trainer is routed through it, its adapter's parameters and their kept-aside gradients,
+    and whether it waits inside PEFT's ``disable_adapter``)."""
 
     greenlet: Any
     globals: _MemberGlobals
     waiting: tuple[str, Any] | None = None
     answer: Any = None
     done: bool = False
+    servable: bool = False
+    """The batched forward can serve its adapter (`batched_step.member_refusal` has no reason)."""
+    batched: bool = False
+    """Its trainer is built and routed: its backbone calls and its backward go through the gang's batched step."""
+    params: list[Any] | None = None
+    """Its adapter's parameters (a servable member's); their gradients are on them only while it runs or in a batched
+    backward, and kept aside in `grads` otherwise."""
+    grads: list[Any] = field(default_factory=list)
+    adapters_disabled: bool = False
+    """Whether the shared model's adapters were disabled where it waits (TRL's reference forward); put back when it
+    runs again."""
 
 
 @dataclass
@@ -177,15 +194,10 @@ class Gang:
         """Batched training forwards this gang ran (``training="batched"``)."""
         self.backwards = 0
         self._current: int | None = None
-        self._batched: set[int] = set()
-        self._servable: set[int] = set()
-        self._params: dict[int, list[Any]] = {}
-        self._grads: dict[int, list[Any]] = {}
         self._raised: dict[Any, bool] = {}
+        """The batched step's parameters whose ``requires_grad`` it raised, with what it was."""
         self._step: BatchedBackbone | None = None
         self._lora: Any = None
-        self._disabled: dict[int, bool] = {}
-        """Whether the shared model's adapters were disabled where each waiting member waits (batched mode)."""
         self._activity = Activity("member")
         """What it told `on_activity` last."""
         self._said_at = -float("inf")
@@ -221,27 +233,27 @@ class Gang:
     def _batching(self, on: bool) -> Any:
         """The batched mode's set-up: the backbone routed through the gang, the members it can serve, their
         parameters (whose gradients are kept aside while another member runs); all undone on exit."""
-        self._batched, self._servable, self._params, self._grads, self._raised = set(), set(), {}, {}, {}
+        self._raised = {}
         if not on:
             yield
             return
         model = self.model
-        for i, member in enumerate(self.members):
+        for member, turn in zip(self.members, self._turns):
             adapter = adapter_name(member.number)
             refusal = member_refusal(model, adapter, member.runner.config.peft_config)
-            if refusal is None:
-                self._servable.add(i)
-            elif refusal not in _SAID:
+            turn.servable = refusal is None
+            if refusal is not None and refusal not in _SAID:
                 _SAID.add(refusal)
                 logger.warning("trial %d trains its own steps beside its gang's batched step: %s", member.number,
                                refusal)
-        if not self._servable:
+        servable = [(member, turn) for member, turn in zip(self.members, self._turns) if turn.servable]
+        if not servable:
             yield
             return
-        for i in self._servable:  # the others take their steps whole while they run, as in the sequential mode
-            self._params[i] = adapter_parameters(model, adapter_name(self.members[i].number))
-            self._grads[i] = [p.grad for p in self._params[i]]
-            for p in self._params[i]:
+        for member, turn in servable:  # the others take their steps whole while they run, as in the sequential mode
+            turn.params = adapter_parameters(model, adapter_name(member.number))
+            turn.grads = [p.grad for p in turn.params]
+            for p in turn.params:
                 p.grad = None
         self._lora = next((layer for _, layer in lora_layers(model)), None)
         try:
@@ -249,13 +261,12 @@ class Gang:
                 self._step = BatchedBackbone(backbone)
                 yield
         finally:
-            for i, params in self._params.items():
-                for p, grad in zip(params, self._grads[i]):
+            for _, turn in servable:
+                for p, grad in zip(turn.params or (), turn.grads):
                     p.grad = grad
             self._lower_grads()
             self._set_adapters_disabled(False)
             self._step = None
-            self._disabled = {}
 
     def abort(self) -> None:
         """Stop every member at its next optimizer step (or the backend at its next token)."""
@@ -315,7 +326,8 @@ class Gang:
         member.runner.pool.activate(member.number, member.runner.config)
         self._tell("member", len(self.members), done=i + 1, trial=member.number)
         self._swap_grads(i, True)
-        self._set_adapters_disabled(self._disabled.pop(i, False))
+        self._set_adapters_disabled(turn.adapters_disabled)
+        turn.adapters_disabled = False
         self._current = i
         try:
             turn.greenlet.switch()
@@ -397,7 +409,7 @@ class Gang:
         turn.waiting = (kind, request)
         turn.globals = _MemberGlobals.capture(self.model)
         if self._step is not None:  # it may wait inside TRL's `use_adapter(model, None)`: the reference forward
-            self._disabled[i] = self._adapters_disabled()
+            turn.adapters_disabled = self._adapters_disabled()
         self._caller.switch()
         out, turn.answer = turn.answer, None
         if isinstance(out, BaseException):
@@ -408,8 +420,9 @@ class Gang:
     def _route(self, i: int, trainer: Any) -> None:
         """Member `i`'s trainer is built: in the batched mode its backward goes through the gang, and then its
         forwards join the batch (a member whose backward cannot be routed keeps both its own)."""
-        if i in self._servable and compat.route_backward(trainer, lambda loss: self._wait(i, "backward", loss)):
-            self._batched.add(i)
+        turn = self._turns[i]
+        if turn.servable and compat.route_backward(trainer, lambda loss: self._wait(i, "backward", loss)):
+            turn.batched = True
 
     def _backbone_call(self, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call of the shared backbone (`compat.intercept_backbone`): a batched member's waits for the batch."""
@@ -417,7 +430,7 @@ class Gang:
         from transformers.modeling_outputs import BaseModelOutputWithPast
 
         i = self._current
-        if i is None or i not in self._batched or not servable_call(args, kwargs):
+        if i is None or not self._turns[i].batched or not servable_call(args, kwargs):
             return original(*args, **kwargs)
         disabled = self._adapters_disabled()  # the reference forward: the base model alone
         request = ForwardRequest(None if disabled else adapter_name(self.members[i].number), kwargs["input_ids"],
@@ -455,14 +468,14 @@ class Gang:
         import torch
 
         self._raise_grads(batch)  # a member's `pool.activate` made only its own adapter trainable meanwhile
-        for i in self._params:
+        for i in range(len(self._turns)):
             self._swap_grads(i, True)
         try:
             live = [loss for loss in losses if loss.requires_grad]
             if live:
                 torch.autograd.backward(live)
         finally:
-            for i in self._params:
+            for i in range(len(self._turns)):
                 self._swap_grads(i, False)
             self._lower_grads()
         self.backwards += 1
@@ -470,22 +483,22 @@ class Gang:
 
     def _swap_grads(self, i: int, install: bool) -> None:
         """Put member `i`'s kept-aside gradients on its parameters (`install`), or take them off again."""
-        params = self._params.get(i)
-        if params is None:
+        turn = self._turns[i]
+        if turn.params is None:
             return
         if install:
-            for p, grad in zip(params, self._grads[i]):
+            for p, grad in zip(turn.params, turn.grads):
                 p.grad = grad
         else:
-            self._grads[i] = [p.grad for p in params]
-            for p in params:
+            turn.grads = [p.grad for p in turn.params]
+            for p in turn.params:
                 p.grad = None
 
     def _raise_grads(self, members: list[int]) -> None:
         """Make `members`' adapters trainable for a batched forward and its backward (PEFT makes only the active one
         so); `_lower_grads` puts back what they were."""
         for i in members:
-            for p in self._params.get(i, ()):
+            for p in self._turns[i].params or ():
                 self._raised.setdefault(p, p.requires_grad)
                 p.requires_grad_(True)
 
