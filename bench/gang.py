@@ -217,6 +217,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     s = parts.seconds
     load = s.get("load", 0.0)
     wall = clock.wall - load
+    batched = training == "batched"
     training = s.get("gang", 0.0)  # every unit trains as a gang (a trial alone: a gang of one)
     # One trial at a time: its generation is TRL's own, inside the steps, not told apart here.
     rest_of_steps = training - s.get("rollout_decode", 0.0) - s.get("switching", 0.0)
@@ -247,9 +248,10 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
         "peak_bytes": peak,
         "held_bytes": None if peak is None or before is None else peak - before,
         "base_weights_bytes": sum(loaded) if loaded else None,
-        "estimate_bytes": None if estimate is None else estimate.total,
+        "estimate_bytes": None if estimate is None else estimate.need(gang_size, batched=batched),
         "estimate_parts": None if estimate is None else {
-            "base": estimate.base, "members": sum(estimate.members), "step": estimate.step,
+            "base": estimate.base, "members": sum(estimate.members),
+            "step": sum(estimate.steps) if batched and gang_size > 1 else estimate.step,
             "decoder": estimate.decoder, "decode": sum(estimate.decode)},
     }
 

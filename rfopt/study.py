@@ -191,7 +191,8 @@ class Study:
                 default: each member its own forwards and backward, one after another, exactly as alone) or
                 ``"batched"`` (one forward of the shared base for every member's rows, each through its own adapter,
                 and one backward; each member keeps its own loss, clipping, optimizer and schedule; equal to the
-                sequential mode up to floating-point rounding).
+                sequential mode up to floating-point rounding; it holds every member's step activations at once, and
+                a gang that fits in memory only taking its steps one after another trains so, said once).
             prune_collapsed: prune a trial as soon as an evaluation finds its completions collapsed (one text answering
                 at least half the eval prompts: `rfopt.training.diversity`), with that reason. Off by default: a
                 collapsed checkpoint is never kept as a trial's best nor recommended either way, and the leaderboard

@@ -32,15 +32,18 @@ class GangMemory:
     """What training a gang of trials on one base model holds in memory, by part (bytes), as `gang_memory` estimates
     it: the base model's weights once (4 or 8 bits a weight where quantized); each member's adapter with its gradients
     and optimizer moments (fp32, bf16 on a quantized base, 8-bit moments with bitsandbytes' 8-bit optimizers); the
-    activations of one member's optimizer step (members train one at a time, so one step's at once); the batched
-    decoder's own copies (its LoRA bank and, under mixed precision, its bf16 copy of the base model); and each member's
-    share of the batched decoder's buffers (the key/value caches of its rollout and evaluation buckets, and its rows'
-    sampling scratch)."""
+    activations of the members' optimizer steps (members that take their steps one after another hold one step's at
+    once, the largest; a batched gang, ``gang_training="batched"``, holds every member's at once: one forward of all
+    their rows, one backward); the batched decoder's own copies (its LoRA bank and, under mixed precision, its bf16 copy
+    of the base model); and each member's share of the batched decoder's buffers (the key/value caches of its rollout
+    and evaluation buckets, and its rows' sampling scratch)."""
 
     base: int
     members: tuple[int, ...]
     """Each member's adapter with its gradients and optimizer moments."""
     step: int
+    """The activations of the largest member's optimizer step: what a gang whose members take their steps one after
+    another holds at once."""
     decode: tuple[int, ...]
     """Each member's share of the batched decoder's buffers: its rows in the rollout and evaluation buckets' key/value
     caches and token buffers, and the sampler's scratch for them."""
@@ -48,16 +51,22 @@ class GangMemory:
     """The batched decoder's own copies, whatever the gang's size: its LoRA bank (every adapter of the model at the
     largest rank) and, when it computes in another dtype than the model's (bf16 under mixed precision), its copy of
     the base model's weights."""
+    steps: tuple[int, ...] = ()
+    """Each member's step activations in a batched gang's forward (its rows padded to the gang's longest sequence, and
+    no gradient checkpointing: the batched view keeps its activations): such a gang holds the sum of its members'."""
 
     @property
     def total(self) -> int:
         return self.need(len(self.members))
 
-    def need(self, n: int, with_base: bool = True) -> int:
+    def need(self, n: int, with_base: bool = True, batched: bool = False) -> int:
         """Bytes for the first `n` members (a smaller gang), with the base model's weights or without them (a base
-        model that is resident already)."""
+        model that is resident already); `batched`: the members take one batched training step
+        (``gang_training="batched"``), so every member's step activations are held at once (one member alone takes
+        its own steps)."""
         padding = (1 << max(0, (n - 1).bit_length())) - n  # the decoder pads the groups to a power of two
-        return ((self.base if with_base else 0) + sum(self.members[:n]) + self.step + self.decoder
+        step = sum(self.steps[:n]) if batched and n > 1 and self.steps else self.step
+        return ((self.base if with_base else 0) + sum(self.members[:n]) + step + self.decoder
                 + sum(self.decode[:n]) + padding * max(self.decode[:n], default=0))
 
 
@@ -77,10 +86,14 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     The base model: `model_bytes`. Per member: its LoRA weights (``r x in`` and ``out x r`` per adapted Linear) with
     their gradients and optimizer moments (`rfopt.training.quantization.adapter_bytes`: 16 bytes a weight in fp32 with
     AdamW; 8 in bf16 on a quantized base; 2 bytes of moments with an 8-bit optimizer). One optimizer step's
-    activations, for the largest member: ``batch x tokens x layers x (34 x hidden + 5 x heads x tokens)`` bytes at 16
-    bits (Korthikanti et al.'s count for a transformer layer without recomputation), scaled to the model's width, and
-    the LM head's logits with their gradient (``batch x tokens x vocab`` twice). The decoder: a bank of ``capacity x
-    max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
+    activations, for the largest member (`GangMemory.step`): ``batch x tokens x layers x (34 x hidden + 5 x heads x
+    tokens)`` bytes at 16 bits (Korthikanti et al.'s count for a transformer layer without recomputation), scaled to
+    the model's width, and the LM head's logits with their gradient (``batch x tokens x vocab`` twice); with
+    ``args.gradient_checkpointing`` (TRL's default), each layer's input and one layer's activations instead of every
+    layer's. And each member's in a batched step (`GangMemory.steps`, summed by ``GangMemory.need(n, batched=True)``):
+    its rows at the gang's longest ``tokens``, every layer's activations (the batched view runs without gradient
+    checkpointing), and what the batched view keeps beyond that per row and token: each adapted Linear's input, the
+    keys and values repeated to every head, and the attention mask. The decoder: a bank of ``capacity x max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
     of an unquantized base. Per member in the decoder: a key/value cache of ``2 x layers x kv_heads x head_dim`` values
     per token for its rollout rows (``per_device_train_batch_size``) and its evaluation rows, each rounded up to a
     power of two (a bucket's rows per group), over the prompt and completion rounded up as the decoder rounds them
@@ -100,14 +113,31 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     vocab = text.vocab_size
     decode_width = compute_width or width
     base = base_bytes(model, configs[0].quantization_config, width)
-    members, step, decode = [], 0, []
+
+    def batched_extra(rows: int, tokens: int, config: TrialConfig) -> int:
+        # What the batched view keeps beyond a member's own step (measured on the tiny model, tests/training/
+        # test_batched_step.py): each adapted Linear's input rows of the member's slice, keys and values repeated to
+        # every head (attention with the view's explicit mask), and the mask itself.
+        inputs = sum(m.in_features for m, _ in _adapted(model, config.peft_config)) if config.peft_config else 0
+        return rows * tokens * (inputs + layers * (2 * (heads - kv_heads) * head_dim + tokens)) * width
+
+    def step_bytes(rows: int, tokens: int, own: int, checkpointed: bool = False) -> int:
+        # Korthikanti et al. count bytes at 16 bits: scaled to the model's width; the logits over the member's own
+        # tokens (a batched forward pads its rows to the longest member's `tokens`, its head reads its own). With
+        # gradient checkpointing, each layer keeps its input, and one layer's activations are recomputed at a time.
+        layer = rows * tokens * (34 * hidden + 5 * heads * tokens) * width // 2
+        kept = rows * tokens * layers * hidden * width + layer if checkpointed else layers * layer
+        return kept + 2 * rows * own * vocab * 4
+
+    longest = prompt_tokens + max(config.args.max_completion_length for config in configs)
+    members, step, steps, decode = [], 0, [], []
     for config in configs:
         tokens = prompt_tokens + config.args.max_completion_length
         rows = config.args.per_device_train_batch_size
         members.append(adapter_bytes(_lora_tensors(model, config.peft_config), config))
-        # Korthikanti et al. count bytes at 16 bits: scaled to the model's width.
-        step = max(step, rows * tokens * layers * (34 * hidden + 5 * heads * tokens) * width // 2
-                   + 2 * rows * tokens * vocab * 4)
+        step = max(step, step_bytes(rows, tokens, tokens, bool(config.args.gradient_checkpointing)))
+        # the batched view keeps its activations (no gradient checkpointing), and a little more
+        steps.append(step_bytes(rows, longest, tokens) + batched_extra(rows, longest, config))
         share = 0
         for rows_of, new in ((rows, config.args.max_completion_length),
                              (eval_rows, eval_new_tokens or config.args.max_completion_length)):
@@ -124,16 +154,23 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
         decoder = capacity * max(sum(_lora_tensors(model, c)) for c in peft_configs) * decode_width
         if decode_width != width and configs[0].quantization_config is None:
             decoder += sum(p.numel() for p in model.parameters()) * decode_width
-    return GangMemory(base=base, members=tuple(members), step=step, decode=tuple(decode), decoder=decoder)
+    return GangMemory(base=base, members=tuple(members), step=step, decode=tuple(decode), decoder=decoder,
+                      steps=tuple(steps))
 
 
 def _lora_tensors(model: Any, peft_config: Any) -> list[int]:
     """The sizes of a LoRA adapter's weights of `peft_config` on `model` (meta device): ``r x in`` and ``out x r`` per
     adapted Linear."""
-    import torch.nn as nn
-
     if peft_config is None:
         return [p.numel() for p in model.parameters()]  # full fine-tuning: a copy of every weight
+    return [size for module, rank in _adapted(model, peft_config)
+            for size in (rank * module.in_features, module.out_features * rank)]
+
+
+def _adapted(model: Any, peft_config: Any) -> list[tuple[Any, int]]:
+    """The Linear modules of `model` a LoRA adapter of `peft_config` adapts, each with its rank."""
+    import torch.nn as nn
+
     targets = peft_config.target_modules
     output = model.get_output_embeddings()
     sizes = []
@@ -150,8 +187,7 @@ def _lora_tensors(model: Any, peft_config: Any) -> list[int]:
         else:
             adapted = leaf in set(targets or ())
         if adapted:
-            rank = (peft_config.rank_pattern or {}).get(leaf, peft_config.r)
-            sizes += [rank * module.in_features, module.out_features * rank]
+            sizes.append((module, (peft_config.rank_pattern or {}).get(leaf, peft_config.r)))
     return sizes
 
 

@@ -35,6 +35,18 @@ ROOM_MARGIN = 1.2
 """`ModelPool.check_room` refuses base models whose weights, times this, exceed the GPU's free memory."""
 
 
+@dataclass(frozen=True)
+class GangRoom:
+    """What of a gang fits in a device's memory (`ModelPool.gang_room`): how many of its members, whether they take a
+    batched training step, and the message that says what was changed to fit (None: nothing)."""
+
+    size: int
+    batched: bool
+    message: str | None = None
+    fallback: bool = False
+    """The gang was to take a batched step and takes its members' steps one after another instead, to fit."""
+
+
 def _bind_device(device: str) -> str:
     """Check `device` and, for a CUDA device, make it this process's current one; returns it.
 
@@ -204,30 +216,46 @@ class ModelPool:
                 "model"
             )
 
-    def gang_room(self, configs: list[TrialConfig], prompt_tokens: int, eval_rows: int = 0) -> tuple[int, str | None]:
+    def gang_room(self, configs: list[TrialConfig], prompt_tokens: int, eval_rows: int = 0,
+                  batched: bool = False) -> GangRoom:
         """How many of `configs` (a gang, in order, on one base model) fit in the device's free memory (with a margin
-        of `ROOM_MARGIN`) by `gang_memory`'s estimate (`eval_rows`: prompts per member in one evaluation decode), and
-        if not all, the message that says so. A resident base model is in use already, so it is not counted again."""
+        of `ROOM_MARGIN`) by `gang_memory`'s estimate (`eval_rows`: prompts per member in one evaluation decode), in
+        which training mode, and the message that says what changed. A resident base model is in use already, so it is
+        not counted again. `batched`: the gang would take one batched training step (every member's activations at
+        once, `GangMemory.need`); where that does not fit but the members' steps one after another would fit more of
+        them, the room says so: the gang trains sequentially (``batched=False``), rather than smaller."""
         dtype = self.placement.compute_dtype()
         estimate = gang_memory(configs, prompt_tokens, eval_rows=eval_rows,
                                compute_width=None if dtype is None else dtype.itemsize)
         free = free_bytes(self.device)
         if estimate is None or free is None:
-            return len(configs), None
+            return GangRoom(len(configs), batched)
         with_base = not self.has_base(configs[0])
 
-        def need(n: int) -> float:
-            return estimate.need(n, with_base) * ROOM_MARGIN
+        def need(n: int, batch: bool) -> float:
+            return estimate.need(n, with_base, batched=batch) * ROOM_MARGIN
 
-        n = len(configs)
-        while n > 1 and need(n) > free:
-            n -= 1
+        def fits(batch: bool) -> int:
+            n = len(configs)
+            while n > 1 and need(n, batch) > free:
+                n -= 1
+            return n
+
+        n = fits(batched)
         if n == len(configs):
-            return n, None
-        return n, (f"a gang of {len(configs)} trials would need about {need(len(configs)) / GIB:.2f} GiB on "
-                   f"{self.device} (base model, adapters with their optimizer states, one step's activations, the "
-                   f"batched decoder's bank, copies and caches), and {free / GIB:.2f} GiB are free: training {n} at "
-                   "once instead")
+            return GangRoom(n, batched)
+        whole = (f"a gang of {len(configs)} trials would need about {need(len(configs), batched) / GIB:.2f} GiB on "
+                 f"{self.device} (base model, adapters with their optimizer states, "
+                 f"{'every member' if batched else 'one member'}'s step activations, the batched decoder's bank, "
+                 f"copies and caches), and {free / GIB:.2f} GiB are free")
+        if batched:
+            alone = fits(False)
+            if alone > n:
+                return GangRoom(alone, False, (
+                    f"{whole} in a batched training step (gang_training='batched'): its members take their steps one "
+                    f"after another instead (gang_training='sequential', about {need(alone, False) / GIB:.2f} GiB"
+                    + (f" for {alone} at once" if alone < len(configs) else "") + ")"), fallback=True)
+        return GangRoom(n, batched, f"{whole}: training {n} at once instead")
 
     def tokenizer(self, config: TrialConfig) -> Any:
         return self._load(config).tokenizer

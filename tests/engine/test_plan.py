@@ -80,7 +80,18 @@ def test_one_at_a_time_asks_no_backend_and_plans_no_gang(tiny_model):
 def test_the_memory_fit_and_a_stored_gang_shape_the_plan(tiny_model):
     trials = [_Trial(n, trial_config(tiny_model)) for n in range(4)]
     planner = Planner(4, gate=lambda trial: None)
-    assert planner.plan(trials, fit=lambda numbers: numbers[:3]).members == (0, 1, 2)
+    assert planner.plan(trials, fit=lambda numbers, training: (numbers[:3], training)).members == (0, 1, 2)
+    # A batched gang that fits only taking its members' steps one after another is planned so.
+    batched = Planner(4, gate=lambda trial: None, training="batched")
+    assert batched.plan(trials).training == "batched"
+    asked = []
+
+    def sequential_fits(numbers, training):
+        asked.append(training)
+        return numbers, "sequential"
+
+    plan = batched.plan(trials, fit=sequential_fits)
+    assert asked == ["batched"] and (plan.members, plan.training) == ((0, 1, 2, 3), "sequential")
     assert planner.plan(trials, stored={0: (0, 3)}).members == (0, 3)
     assert planner.plan([]) is None
 

@@ -100,9 +100,10 @@ class _Gradients(TrainerCallback):
         self.steps.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
-def _gang(tiny_model, members, training, spoil=None):
+def _gang(tiny_model, members, training, spoil=None, stops=None):
     """One chunk of `members` ((trial number, learning rate, peft config, GRPO settings, rewards)) trained as a gang in
-    `training` mode: each member's gradients per step, weights and error, and the gang."""
+    `training` mode (`stops`: a member's `should_stop`, by trial number): each member's gradients per step, weights and
+    error, and the gang."""
     dataset = prompts_dataset(8)
     plan = ChunkPlan.build(len(dataset), 2, seed=0)
     pool = ModelPool("cpu")
@@ -117,7 +118,8 @@ def _gang(tiny_model, members, training, spoil=None):
         runner.setup()
     if spoil is not None:
         spoil(runners)
-    gang = Gang(runners[0].rollout_backend("batched"), [GangMember(r) for r in runners], training=training)
+    gang = Gang(runners[0].rollout_backend("batched"),
+                [GangMember(r, should_stop=(stops or {}).get(r.number)) for r in runners], training=training)
     gang.train()
     out = {m.number: (seen[m.number].steps, m.runner.trainable_weights(), m.error) for m in gang.members}
     return out, gang
@@ -190,6 +192,31 @@ def test_a_member_that_fails_in_a_batched_step_fails_alone(tiny_model, failure):
 
 @pytest.mark.slow
 @pytest.mark.e2e
+def test_a_member_stopped_midway_leaves_a_batched_gang_and_the_others_steps_are_unchanged(tiny_model):
+    """A member's chunk stopped after its first step (its lease lost, `should_stop`) ends with `ChunkAborted`, alone;
+    the others go on batched, each with the gradients it gets in the sequential mode."""
+    from rfopt.training.runner import ChunkAborted
+
+    def after_first_step():
+        calls.append(1)
+        return True
+
+    calls = []
+    batched, gang = _gang(tiny_model, MEMBERS, "batched", stops={1: after_first_step})
+    sequential, _ = _gang(tiny_model, MEMBERS, "sequential", stops={1: lambda: True})
+    assert calls and isinstance(batched[1][2], ChunkAborted) and isinstance(sequential[1][2], ChunkAborted)
+    assert len(batched[1][0]) == 1  # it took one step, then left
+    assert gang.forwards > 0
+    for number in (0, 2):
+        steps, weights, error = batched[number]
+        assert error is None and len(steps) == len(sequential[number][0]) == 4
+        for grads, alone in zip(steps, sequential[number][0]):
+            assert max(_relative(grads[n], alone[n]) for n in grads) <= TOLERANCE
+        assert all(_relative(weights[k], sequential[number][1][k]) <= TOLERANCE for k in weights)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_member_the_batched_forward_cannot_serve_trains_its_own_steps_in_the_gang(tiny_model, monkeypatch, caplog):
     refused = adapter_name(1)
     monkeypatch.setattr(gang_module, "member_refusal",
@@ -201,6 +228,70 @@ def test_a_member_the_batched_forward_cannot_serve_trains_its_own_steps_in_the_g
     assert error is None  # trained as in the sequential mode, bit for bit
     assert all(torch.equal(weights[k], sequential[1][1][k]) for k in weights)
     assert "a test refusal" in caplog.text
+
+
+# ---------------------------------------------------------------------- memory
+def _saved_bytes(roots, exclude):
+    """Bytes of the tensors the autograd graph behind `roots` keeps for its backward (each storage once; `exclude`:
+    storages not to count, the model's weights)."""
+    seen, stack, visited = {}, [r.grad_fn for r in roots], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        saved = [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
+        saved += list(getattr(node, "saved_tensors", ()) or ())  # a custom autograd Function's
+        for value in saved:
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    storage = t.untyped_storage()
+                    if storage.data_ptr() not in exclude:
+                        seen[storage.data_ptr()] = storage.nbytes()
+        stack.extend(fn for fn, _ in node.next_functions)
+    return sum(seen.values())
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_memory_plan_covers_the_activations_a_batched_gang_step_holds(tiny_model, monkeypatch):
+    """At each backward, what the graph keeps for it (every waiting member's, in a batched step) against
+    `gang_memory`'s count: a batched gang holds every member's step activations at once, and the plan says so."""
+    from transformers import AutoTokenizer
+
+    from rfopt.training.memory import gang_memory
+
+    held, weights = [], set()
+    original = torch.autograd.backward
+
+    def measured(tensors, *args, **kwargs):
+        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        held.append(_saved_bytes(roots, weights))
+        return original(tensors, *args, **kwargs)
+
+    def note_weights(runners):
+        weights.update(p.untyped_storage().data_ptr() for p in runners[0].model.parameters())
+
+    monkeypatch.setattr(torch.autograd, "backward", measured)
+    members = [m for m in MEMBERS if m[0] != 2]  # one backward per step each (no accumulation), beta 0
+    peak = {}
+    for training in ("sequential", "batched"):
+        held.clear()
+        _gang(tiny_model, members, training, note_weights)
+        peak[training] = max(held)
+    configs = [trial_config(tiny_model, rewards=rewards, learning_rate=lr, peft=peft, **grpo)
+               for _, lr, peft, grpo, rewards in members]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt_tokens = max(len(tokenizer(p)["input_ids"]) for p in prompts_dataset(8)["prompt"])
+    estimate = gang_memory(configs, prompt_tokens)
+    print(f"held at a backward: {peak}; planned: step {estimate.step}, batched {sum(estimate.steps)}")
+    assert peak["batched"] > 1.5 * peak["sequential"]  # every member's at once
+    # What the graph keeps is a floor of what a step holds (its transients and the allocator's slack are not seen): the
+    # plan covers it in both modes, and grows with the members as the batched step does. (Korthikanti's count and the
+    # logits' gradient count more than the tiny model keeps: TRL's chunked head recomputes its logits.)
+    assert peak["sequential"] <= estimate.step <= 2.5 * peak["sequential"]
+    assert peak["batched"] <= sum(estimate.steps) <= 2.5 * peak["batched"]
+    assert estimate.need(2, batched=True) - estimate.need(2) == sum(estimate.steps) - estimate.step
 
 
 # ---------------------------------------------------------------------- choosing the mode
@@ -228,9 +319,9 @@ def test_every_gang_of_a_run_trains_in_the_mode_the_run_gives(scripted, tiny_mod
     modes = []
     init = Gang.__init__
 
-    def recording(self, backend, members, training=gang_module.DEFAULT_GANG_TRAINING):
+    def recording(self, backend, members, training=gang_module.DEFAULT_GANG_TRAINING, **kwargs):
         modes.append((len(members), training))
-        init(self, backend, members, training)
+        init(self, backend, members, training, **kwargs)
 
     monkeypatch.setattr(Gang, "__init__", recording)
     study = rfopt.create_study(study_name="mode", storage=f"sqlite:///{tmp_path / 'mode.db'}", num_chunks=2,

@@ -97,3 +97,62 @@ def test_a_smaller_gang_needs_less_and_a_resident_base_model_is_not_counted_agai
     without_eval = gang_memory(configs, 20)
     assert sum(without_eval.decode) < sum(estimate.decode)  # the evaluation's bucket is planned too
     assert without_eval.decoder == estimate.decoder
+
+
+
+# ---------------------------------------------------------------------- a batched gang's step
+def test_a_batched_gang_plans_every_members_step_activations_at_once(tiny_model):
+    """``gang_training="batched"``: one forward of every member's rows and one backward, so a gang holds all its
+    members' step activations at once (each at the gang's longest sequence), where members taking their steps one
+    after another hold the largest member's."""
+    configs = [trial_config(tiny_model, max_completion_length=length) for length in (8, 16, 12)]
+    estimate = gang_memory(configs, 20, eval_rows=EVAL_ROWS)
+    alone = [gang_memory([c], 20).step for c in configs]
+    assert estimate.step == max(alone)
+    assert all(s >= own for s, own in zip(estimate.steps, alone))  # padded to the longest member's 36 tokens
+    assert estimate.need(3, batched=True) - estimate.need(3) == sum(estimate.steps) - estimate.step
+    assert estimate.need(2, batched=True) - estimate.need(2) == sum(estimate.steps[:2]) - estimate.step
+    assert estimate.need(1, batched=True) == estimate.need(1)  # one member takes its own steps
+
+
+def test_gradient_checkpointing_shrinks_a_sequential_step_and_not_a_batched_one(tiny_model):
+    """The batched view runs without gradient checkpointing (it keeps its activations); a member's own step keeps
+    only each layer's input with it."""
+    plain, checkpointed = (gang_memory([trial_config(tiny_model, gradient_checkpointing=on)] * 2, 20)
+                           for on in (False, True))
+    assert checkpointed.step < plain.step
+    assert checkpointed.steps == plain.steps
+    assert checkpointed.need(2, batched=True) == plain.need(2, batched=True)
+
+
+def _pool_with_free(monkeypatch, free):
+    from rfopt.training import models
+
+    monkeypatch.setattr(models, "free_bytes", lambda device: int(free))
+    return models.ModelPool("cpu")
+
+
+def test_a_batched_gang_that_does_not_fit_takes_its_steps_one_after_another_rather_than_shrink(tiny_model, monkeypatch):
+    from rfopt.training.models import ROOM_MARGIN
+
+    configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3, 1e-2)]
+    estimate = gang_memory(configs, 20, eval_rows=EVAL_ROWS)
+    sequential, batched = estimate.need(3) * ROOM_MARGIN, estimate.need(3, batched=True) * ROOM_MARGIN
+    assert batched > sequential
+
+    room = _pool_with_free(monkeypatch, batched * 1.01).gang_room(configs, 20, EVAL_ROWS, batched=True)
+    assert (room.size, room.batched, room.message) == (3, True, None)
+
+    room = _pool_with_free(monkeypatch, (sequential + batched) / 2).gang_room(configs, 20, EVAL_ROWS, batched=True)
+    assert (room.size, room.batched, room.fallback) == (3, False, True)
+    assert "batched training step" in room.message and "one after another instead" in room.message
+
+    # Room for two members taking their steps one after another, and for one batched: two, sequentially.
+    two = estimate.need(2) * ROOM_MARGIN * 1.01
+    assert two < estimate.need(2, batched=True) * ROOM_MARGIN
+    room = _pool_with_free(monkeypatch, two).gang_room(configs, 20, EVAL_ROWS, batched=True)
+    assert (room.size, room.batched, room.fallback) == (2, False, True) and "for 2 at once" in room.message
+
+    # A sequential gang is only ever made smaller.
+    room = _pool_with_free(monkeypatch, two).gang_room(configs, 20, EVAL_ROWS)
+    assert (room.size, room.batched, room.fallback) == (2, False, False) and "training 2 at once" in room.message

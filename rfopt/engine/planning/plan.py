@@ -12,7 +12,9 @@ What goes into it, in order:
    once per trial;
 3. **who trains next** (`rfopt.engine.planning.scheduler.next_gang`): least progress first; the trials at that progress that
    share its gang key (`rfopt.training.gang.gang_key`), split evenly, or the gang stored before a crash;
-4. **what fits** (the `fit` the driver gives: `rfopt.engine.running.roster.Roster.fit_gang`, the device's memory plan).
+4. **what fits** (the `fit` the driver gives: `rfopt.engine.running.roster.Roster.fit_gang`, the device's memory plan), in
+   the gang's training mode: a batched step holds every member's activations at once; a batched gang that fits only
+   taking its members' steps one after another trains so (said once), rather than smaller.
 
 The plan's `gang_id` names the record every member carries (`rfopt.storage.schema.GangPlan`, written by the unit from
 the plan before it trains) so that a rerun forms the same gang again.
@@ -132,10 +134,11 @@ class Planner:
 
     def plan(self, free: Sequence[Plannable], resident: set[str] = frozenset(),
              stored: Mapping[int, Sequence[int]] | None = None,
-             fit: Callable[[list[int]], list[int]] | None = None) -> UnitPlan | None:
+             fit: Callable[[list[int], str], tuple[list[int], str]] | None = None) -> UnitPlan | None:
         """The next unit's plan among the `free` live trials, or None when none can run. `resident`: the base models
-        on the device (preferred among equals); `stored`: gangs stored before a crash, by first member; `fit`: the
-        first of a gang's members that fit in the device's memory."""
+        on the device (preferred among equals); `stored`: gangs stored before a crash, by first member; `fit`: given a
+        gang's members and its training mode, the first of them that fit in the device's memory and the mode they fit
+        in (a batched gang that fits only taking its steps one after another trains ``"sequential"``)."""
         why = {trial.number: self.alone_because(trial) for trial in free}
         candidates = [replace(trial.candidate(), gang_key=gang_key(trial.config) if self.size > 1 and
                               why[trial.number] is None else None) for trial in free]
@@ -147,9 +150,10 @@ class Planner:
             return alone(numbers[0])
         if picks[0].gang_key is None:
             return UnitPlan(members=(numbers[0],), alone_because=why[numbers[0]])
+        training = self.training
         if fit is not None:
-            numbers = fit(numbers)
-        return UnitPlan(members=tuple(numbers), backend=BATCHED, gang_id=uuid.uuid4().hex[:12], training=self.training)
+            numbers, training = fit(numbers, training)
+        return UnitPlan(members=tuple(numbers), backend=BATCHED, gang_id=uuid.uuid4().hex[:12], training=training)
 
 
 __all__ = ["BATCHED", "EXACT", "SEQUENTIAL", "Planner", "UnitPlan", "alone", "planned_gang_size"]

@@ -45,7 +45,7 @@ from rfopt.training.runner import ChunkAborted
 
 from rfopt.engine.outputs.artifacts import publish_note
 from rfopt.engine.outputs.baselines import Baselines
-from rfopt.engine.planning.plan import BATCHED, UnitPlan
+from rfopt.engine.planning.plan import BATCHED, SEQUENTIAL, UnitPlan
 from rfopt.engine.planning.scheduler import completed_rungs
 from rfopt.engine.trials import ops
 from rfopt.engine.trials.population import PopulationRungs
@@ -446,22 +446,26 @@ class Roster:
         """Live trials that hold a slot: paused ones free theirs."""
         return sum(not live.paused for live in self.live.values())
 
-    def fit_gang(self, picks: list[int]) -> list[int]:
-        """The first of `picks` (a gang's trial numbers) that fit in the device's memory (`ModelPool.gang_room`); says
-        once when a gang is made smaller."""
+    def fit_gang(self, picks: list[int], training: str = SEQUENTIAL) -> tuple[list[int], str]:
+        """The first of `picks` (a gang's trial numbers) that fit in the device's memory, and how they train
+        (`ModelPool.gang_room`): a gang planned to take a batched step (`training`, `UnitPlan.training`) that does not
+        fit in memory but fits taking its members' steps one after another trains so, rather than smaller. Says once
+        when a gang is made smaller, and once per run when it trains sequentially to fit."""
         if len(picks) <= 1:
-            return picks
+            return picks, training
         configs = [self.live[n].config for n in picks]
         if self._prompt_tokens is None:
             tokenizer = self.ctx.pool.tokenizer(configs[0])
             sample = self.ctx.train_dataset.select(range(min(256, len(self.ctx.train_dataset))))
             self._prompt_tokens = max(map(len, EvalPrompts.of(sample, tokenizer).token_ids(tokenizer)), default=0)
         eval_rows = min(self.ctx.settings.batch_size, len(self.ctx.eval_dataset or ()))  # one evaluation decode's
-        n, why = self.ctx.pool.gang_room(configs, self._prompt_tokens, eval_rows=eval_rows)
-        if why is not None and why not in self._said:
-            self._said.add(why)
-            logger.warning("%s", why)
-        return picks[:n]
+        room = self.ctx.pool.gang_room(configs, self._prompt_tokens, eval_rows=eval_rows,
+                                       batched=training != SEQUENTIAL)
+        said = "sequentially to fit" if room.fallback else room.message  # the fallback's figures vary: said once
+        if room.message is not None and said not in self._said:
+            self._said.add(said)
+            logger.warning("%s", room.message)
+        return picks[:room.size], training if room.batched or training == SEQUENTIAL else SEQUENTIAL
 
     def rollout_refusal(self, live: Live) -> str | None:
         """Why the batched backend of `live`'s base model refuses it (`RolloutBackend.refusal`): the planner's gate
