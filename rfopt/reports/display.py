@@ -118,12 +118,17 @@ class ProgressBar:
                 self._draw()
 
     def step(self, event: Any) -> None:
-        """A unit in flight reached a step or a phase (`rfopt.training.progress.UnitProgress`)."""
+        """A unit in flight reached a step or a phase, or does something else within its phase
+        (`rfopt.training.progress.UnitProgress`)."""
         with self._lock:
+            before = self._flight.get(event.trial)
             self._flight[event.trial] = event
-            self._heard[event.trial] = time.monotonic()
-            for key in [k for k in self._said_stuck if event.trial in k]:
-                del self._said_stuck[key]
+            # A step or a phase is a sign of life; a turn or a token within the phase is not (as in the records:
+            # `ProgressRecord.stepped`), so the bar calls stuck what the page and `rfopt status` call stuck.
+            if before is None or (before.unit, before.phase, before.step) != (event.unit, event.phase, event.step):
+                self._heard[event.trial] = time.monotonic()
+                for key in [k for k in self._said_stuck if event.trial in k]:
+                    del self._said_stuck[key]
             if not self.enabled:
                 return
             if self.plain:

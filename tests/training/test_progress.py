@@ -657,6 +657,27 @@ def test_the_bar_shows_how_far_a_phase_is_and_a_log_gets_no_line_per_turn_or_tok
     assert lines[1].startswith("demo: trials 3, 4 chunk 1/2 step 1/8 (2 s/step), training member 2 of 2 (trial 4), ")
 
 
+def test_the_bar_calls_stuck_what_the_page_calls_stuck_a_turn_or_a_token_is_no_step(monkeypatch):
+    import rfopt.reports.display as display
+
+    monkeypatch.setattr(display, "STUCK_FLOOR", 0.2)
+    stream = io.StringIO()
+    with ProgressBar("demo", stream=stream, plain=True, plain_seconds=3600, watch_seconds=0.05) as bar:
+        bar(_Run(0, 4, 0, 32, {0: 0, 1: 0}))
+        for trial in (0, 1):
+            bar.step(UnitProgress(trial=trial, unit=0, num_units=2, phase="training", step=3, steps=8,
+                                  step_seconds=0.01, gang=(0, 1)))
+        turn = Activity("member", done=2, total=2, trial=1, since=time.time())
+        for _ in range(12):  # the gang's turns go on being heard, but no step comes
+            time.sleep(0.05)
+            for trial in (0, 1):
+                bar.step(UnitProgress(trial=trial, unit=0, num_units=2, phase="training", step=3, steps=8,
+                                      step_seconds=0.01, gang=(0, 1), activity=turn))
+    overdue = [line for line in stream.getvalue().splitlines() if "stuck or very slow" in line]
+    assert len(overdue) == 1 and overdue[0].startswith("demo: trials 0, 1 chunk 1/2: no step for ")
+    assert "training member 2 of 2 (trial 1), " in overdue[0]
+
+
 def test_a_log_says_a_gangs_phase_once_its_members_are_all_in_it():
     # Member 3 starts training (and the gang's turn is heard by every member) while 4 and 5 are still loading.
     stream = io.StringIO()
