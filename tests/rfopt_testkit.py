@@ -218,3 +218,26 @@ def reward_agreement(completions, **kwargs):
     reward a collapse satisfies)."""
     texts = [_text(c) for c in completions]
     return [texts.count(t) / len(texts) for t in texts]
+
+
+def saved_bytes(roots, exclude=frozenset()):
+    """Bytes of the tensors the autograd graph behind `roots` keeps for its backward (each storage once; `exclude`:
+    storages not to count, the model's weights)."""
+    import torch
+
+    seen, stack, visited = {}, [r.grad_fn for r in roots], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        saved = [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
+        saved += list(getattr(node, "saved_tensors", ()) or ())  # a custom autograd Function's
+        for value in saved:
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    storage = t.untyped_storage()
+                    if storage.data_ptr() not in exclude:
+                        seen[storage.data_ptr()] = storage.nbytes()
+        stack.extend(fn for fn, _ in node.next_functions)
+    return sum(seen.values())

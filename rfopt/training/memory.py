@@ -92,8 +92,8 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     ``args.gradient_checkpointing`` (TRL's default), each layer's input and one layer's activations instead of every
     layer's. And each member's in a batched step (`GangMemory.steps`, summed by ``GangMemory.need(n, batched=True)``):
     its rows at the gang's longest ``tokens``, every layer's activations (the batched view runs without gradient
-    checkpointing), and what the batched view keeps beyond that per row and token: each adapted Linear's input, the
-    keys and values repeated to every head, and the attention mask. The decoder: a bank of ``capacity x max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
+    checkpointing), and what the batched view keeps beyond that where rows are padded: the keys and values repeated to
+    every head, and the attention mask. The decoder: a bank of ``capacity x max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
     of an unquantized base. Per member in the decoder: a key/value cache of ``2 x layers x kv_heads x head_dim`` values
     per token for its rollout rows (``per_device_train_batch_size``) and its evaluation rows, each rounded up to a
     power of two (a bucket's rows per group), over the prompt and completion rounded up as the decoder rounds them
@@ -114,12 +114,11 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     decode_width = compute_width or width
     base = base_bytes(model, configs[0].quantization_config, width)
 
-    def batched_extra(rows: int, tokens: int, config: TrialConfig) -> int:
-        # What the batched view keeps beyond a member's own step (measured on the tiny model, tests/training/
-        # test_batched_step.py): each adapted Linear's input rows of the member's slice, keys and values repeated to
-        # every head (attention with the view's explicit mask), and the mask itself.
-        inputs = sum(m.in_features for m, _ in _adapted(model, config.peft_config)) if config.peft_config else 0
-        return rows * tokens * (inputs + layers * (2 * (heads - kv_heads) * head_dim + tokens)) * width
+    def batched_extra(rows: int, tokens: int) -> int:
+        # What the batched view keeps beyond a member's own step where its rows are padded (measured on the tiny model,
+        # tests/training/test_memory.py, test_batched_step.py): keys and values repeated to every head (attention
+        # with an explicit mask) and the mask itself, per layer.
+        return rows * tokens * layers * (2 * (heads - kv_heads) * head_dim + tokens) * width
 
     def step_bytes(rows: int, tokens: int, own: int, checkpointed: bool = False) -> int:
         # Korthikanti et al. count bytes at 16 bits: scaled to the model's width; the logits over the member's own
@@ -137,7 +136,7 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
         members.append(adapter_bytes(_lora_tensors(model, config.peft_config), config))
         step = max(step, step_bytes(rows, tokens, tokens, bool(config.args.gradient_checkpointing)))
         # the batched view keeps its activations (no gradient checkpointing), and a little more
-        steps.append(step_bytes(rows, longest, tokens) + batched_extra(rows, longest, config))
+        steps.append(step_bytes(rows, longest, tokens) + batched_extra(rows, longest))
         share = 0
         for rows_of, new in ((rows, config.args.max_completion_length),
                              (eval_rows, eval_new_tokens or config.args.max_completion_length)):

@@ -19,7 +19,7 @@ from rfopt.training.batched_step import BatchedBackbone, ForwardRequest, adapter
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.runner import TrialRunner
-from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, trial_config
+from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, saved_bytes, trial_config
 
 TOLERANCE = 1e-5
 
@@ -231,27 +231,6 @@ def test_a_member_the_batched_forward_cannot_serve_trains_its_own_steps_in_the_g
 
 
 # ---------------------------------------------------------------------- memory
-def _saved_bytes(roots, exclude):
-    """Bytes of the tensors the autograd graph behind `roots` keeps for its backward (each storage once; `exclude`:
-    storages not to count, the model's weights)."""
-    seen, stack, visited = {}, [r.grad_fn for r in roots], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in visited:
-            continue
-        visited.add(node)
-        saved = [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
-        saved += list(getattr(node, "saved_tensors", ()) or ())  # a custom autograd Function's
-        for value in saved:
-            for t in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    storage = t.untyped_storage()
-                    if storage.data_ptr() not in exclude:
-                        seen[storage.data_ptr()] = storage.nbytes()
-        stack.extend(fn for fn, _ in node.next_functions)
-    return sum(seen.values())
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_the_memory_plan_covers_the_activations_a_batched_gang_step_holds(tiny_model, monkeypatch):
@@ -266,7 +245,7 @@ def test_the_memory_plan_covers_the_activations_a_batched_gang_step_holds(tiny_m
 
     def measured(tensors, *args, **kwargs):
         roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-        held.append(_saved_bytes(roots, weights))
+        held.append(saved_bytes(roots, weights))
         return original(tensors, *args, **kwargs)
 
     def note_weights(runners):

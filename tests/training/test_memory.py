@@ -156,3 +156,41 @@ def test_a_batched_gang_that_does_not_fit_takes_its_steps_one_after_another_rath
     # A sequential gang is only ever made smaller.
     room = _pool_with_free(monkeypatch, two).gang_room(configs, 20, EVAL_ROWS)
     assert (room.size, room.batched, room.fallback) == (2, False, False) and "training 2 at once" in room.message
+
+
+def test_the_batched_views_own_activations_are_planned_beyond_its_members_own(tiny_model):
+    """The batched view keeps more than its members' own forwards would where it pads a member's rows to the longest
+    (keys and values repeated to every head for attention with an explicit mask, and the mask): the plan counts that
+    beyond each member's own step, checked on the autograd graph of one batched backbone forward against each member's
+    forward alone."""
+    from rfopt.training.batched_step import BatchedBackbone, ForwardRequest, adapter_parameters
+    from rfopt_testkit import saved_bytes
+
+    prompt = 20
+    configs = [trial_config(tiny_model, peft=lora_config(r=r, target_modules="all-linear"), max_completion_length=n)
+               for r, n in ((4, 12), (8, 4))]
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), copy.deepcopy(configs[0].peft_config),
+                           adapter_name="t0")
+    model.add_adapter("t1", copy.deepcopy(configs[1].peft_config))
+    model.train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    backbone = model.get_base_model().base_model
+    batches = {}
+    for adapter, config in zip(("t0", "t1"), configs):
+        shape = (config.args.per_device_train_batch_size, prompt + config.args.max_completion_length)
+        batches[adapter] = torch.randint(3, 50, shape, generator=torch.Generator().manual_seed(0))
+    alone = 0
+    for adapter, ids in batches.items():
+        model.set_adapter(adapter)
+        hidden = backbone(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state
+        alone += saved_bytes([hidden], weights)
+    for adapter in batches:
+        for p in adapter_parameters(model, adapter):
+            p.requires_grad_(True)
+    outs = BatchedBackbone(backbone).forward([ForwardRequest(a, ids, torch.ones_like(ids), grad=True)
+                                              for a, ids in batches.items()])
+    batched = saved_bytes(outs, weights)
+    estimate = gang_memory(configs, prompt)
+    beyond = sum(estimate.steps) - sum(gang_memory([c], prompt).step for c in configs)
+    assert batched > alone
+    assert batched - alone <= beyond <= 1.5 * (batched - alone)
