@@ -183,7 +183,7 @@ def _targets() -> list[tuple[Any, str, Any]]:
         (gang._MemberGlobals, "capture", "switching"), (gang._MemberGlobals, "restore", "switching"),
         (models.ModelPool, "activate", "switching"),
         (gang.Gang, "train", "gang driver"),
-        (TrialRunner, "evaluate_gang", "evaluation (rest)"),
+        (unit, "evaluate_runners", "evaluation (rest)"),
         (TrialRunner, "state", "checkpoint: state copy"),
         (CheckpointStore, "save_gang", "checkpoint: files"), (CheckpointStore, "save", "checkpoint: files"),
         (unit, "commit", "commit (storage)"),

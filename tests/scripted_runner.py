@@ -11,14 +11,20 @@ of TRL:
   ``learning_rate * 100 * (chunk + 1)`` to ``w`` (so a learning rate of 0 keeps whatever it started from), and a
   trial's value after a unit is ``w`` (or what `Scripted.values` says for it). A wrong resume, a unit trained twice or
   a lost warm start shows in the values, as it would in a real trial's;
-- each step calls the trial's reward functions as TRL's trainer calls them (`rfopt.training.evaluation
-  .score_completions`: the step's prompts, each `num_generations` times, the dataset's columns, ``trainer_state``) on
-  scripted completions, so a reward function that raises, returns the wrong thing or calls ``sys.exit`` fails its
-  trial as in training; in a gang whose backend shares batches the completions come through the Gang's rollout hook
-  and `ScriptedBackend`;
-- evaluation scores scripted completions of the eval prompts with the trial's reward functions (their means are
-  ``rewards/<name>/mean``, and each sample's ``reward`` its weighted total, as in rfopt's evaluation); the metric
-  ``reward``, the default objective, is the trial's value;
+- each step calls the trial's reward functions as TRL's trainer calls them (through rfopt's `rfopt.training.evaluation
+  .scored`: the step's prompts, each `num_generations` times, the dataset's columns, ``trainer_state``) on scripted
+  completions, and logs TRL's names of them (``reward``, ``reward_std``, ``rewards/<name>/mean`` and ``/std``), so a
+  reward function that raises, returns the wrong thing or calls ``sys.exit`` fails its trial as in training; in a gang
+  whose backend shares batches the completions come through the Gang's rollout hook and `ScriptedBackend`;
+- its backends are `ScriptedBackend`s, built by its pool (`ScriptedPool.backend`, by kind, as `ModelPool.backend`
+  builds the real ones): a `RolloutBackend` that answers every request with scripted completions, without a model.
+  The batched kind refuses what the batched backend's config gate refuses (`BatchedBackend.config_refusal`);
+- evaluation is rfopt's own: the unit evaluates the trial through its plan's backend with
+  `rfopt.training.evaluation.evaluate_runners` (the eval prompts rendered and tokenized by `ScriptedTokenizer`, the
+  requests built, each completion scored by the trial's reward functions: their means and spread, each sample's
+  ``reward`` its weighted total, the diversity measures, the per-prompt scores stored for standard errors). One thing
+  is scripted: the objective ``reward`` is the trial's value (`ScriptedMember`), and its per-prompt scores are shifted
+  by the same amount, so that their mean is that value;
 - the finished trial's "adapter" is ``w`` in ``adapter_model.safetensors``.
 
 Use the `scripted` fixture (tests/conftest.py): every study the test runs in this process trains on it.
@@ -43,13 +49,13 @@ from typing import Any
 import torch
 
 from rfopt.chunks import ChunkPlan, TrialSchedule
-from rfopt.config.rewardfuncs import reward_name
 from rfopt.config.settings import EvalSettings
 from rfopt.config.trial import TrialConfig
 from rfopt.storage.state import TrialSnapshot
-from rfopt.training.evaluation import EvalResult, _nanmean, _prompt_text, is_conversational, score_completions
-from rfopt.training.rollouts import BATCHED, Completions, Decoded, GenerationRequest, Progress, refusal
-from rfopt.training.runner import ChunkAborted, ChunkMetrics, Runner, StepDone, _aggregate
+from rfopt.training.evaluation import EvalMember, EvalPrompts, EvalResult, is_conversational, scored
+from rfopt.training.models import adapter_name
+from rfopt.training.rollouts import BATCHED, KINDS, BatchedBackend, Completions, Decoded, GenerationRequest, Progress
+from rfopt.training.runner import ChunkAborted, ChunkMetrics, Runner, StepDone
 
 _NO_STATE = -1
 
@@ -72,6 +78,9 @@ class Scripted:
     on_eval: Callable[[int, int], None] | None = None
     """Called after each eval prompt a scripted runner scores (the trial, the prompts done so far): a test looks at
     what is published mid-evaluation."""
+    generated: list[tuple[str, list[GenerationRequest]]] = field(default_factory=list)
+    """What the rollout backends were asked to generate, call by call: the backend's kind and the requests (a gang's
+    rollouts, and every evaluation)."""
 
     def value(self, number: int, unit: int, w: float) -> float:
         listed = self.values.get(number, [])
@@ -83,15 +92,18 @@ class Scripted:
 
 
 def completion_text(step: int, row: int) -> str:
-    """The scripted completion of row `row` at optimizer step `step` (evaluation: at the trial's global step)."""
+    """The scripted completion of row `row` at optimizer step `step` (a trial alone's training rows); `ScriptedBackend`
+    answers with the completion of its prompt's length as the step."""
     return "ab"[(step + row) % 2] * (1 + (step + row) % 8)
 
 
-class _Tokenizer:
-    """One token per character (what a test's reward functions see comes back as it was)."""
+class ScriptedTokenizer:
+    """One token per character (what a test's reward functions see comes back as it was); a conversational prompt is
+    rendered as ``role: content`` lines, then ``assistant:``."""
 
     pad_token_id = 0
     eos_token_id = 1
+    all_special_ids = [0, 1]
 
     @staticmethod
     def encode(text: str) -> list[int]:
@@ -100,6 +112,19 @@ class _Tokenizer:
     @staticmethod
     def decode(ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids if i > 1)
+
+    def __call__(self, texts: list[str], add_special_tokens: bool = False) -> dict[str, list[list[int]]]:
+        return {"input_ids": [self.encode(text) for text in texts]}
+
+    @staticmethod
+    def apply_chat_template(messages: list[dict[str, str]], add_generation_prompt: bool = True, tokenize: bool = False,
+                            **kwargs: Any) -> str:
+        lines = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return lines + "assistant:" if add_generation_prompt else lines
+
+    def rendered(self, prompt: Any) -> str:
+        """A prompt as generation starts from it (the chat template applied to a conversational one)."""
+        return self.apply_chat_template(prompt) if is_conversational(prompt) else str(prompt)
 
     def save_pretrained(self, path: str) -> None:
         Path(path, "tokenizer.json").write_text("{}")
@@ -113,7 +138,8 @@ class _Model:
 
         self.runner = runner
         self.generation_config = GenerationConfig()
-        """The model's own generation config (a gang's rollouts merge it as ``generate`` does): it sets nothing."""
+        """The model's own generation config (a gang's rollouts and evaluation merge it as ``generate`` does): it sets
+        nothing."""
 
     def save_pretrained(self, path: str, selected_adapters: list[str] | None = None) -> None:
         from safetensors.torch import save_file
@@ -122,14 +148,21 @@ class _Model:
         Path(path, "adapter_config.json").write_text(json.dumps({"scripted": True}))
 
 
-class _Pool:
-    """What a gang asks of a runner's pool: to make a member's adapter the active one before it runs."""
+class ScriptedPool:
+    """What the unit and a gang ask of a runner's pool: to make a member's adapter the active one before it runs, and
+    a rollout backend of a kind (`rfopt.training.models.ModelPool.backend`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: Scripted) -> None:
         self.active: int | None = None
+        self.script = script
 
     def activate(self, number: int, config: TrialConfig) -> None:
         self.active = number
+
+    def backend(self, kind: str, trial_number: int | None, config: TrialConfig) -> ScriptedBackend:
+        if kind not in KINDS:
+            raise ValueError(f"trial {trial_number}: rollout backend {kind!r}: give one of {', '.join(KINDS)}")
+        return ScriptedBackend(kind, script=self.script)
 
 
 class _Trainer:
@@ -145,35 +178,49 @@ class _Trainer:
             **(args.generation_kwargs or {}))
 
     def _tokenize_prompts(self, prompts: list[Any]) -> tuple[list[list[int]], None, None]:
-        return [_Tokenizer.encode(_prompt_text(p)) for p in prompts], None, None
+        tokenizer = ScriptedTokenizer()
+        return [tokenizer.encode(tokenizer.rendered(p)) for p in prompts], None, None
 
 
 class ScriptedBackend:
-    """A rollout backend that answers every request with scripted completions (each row: its prompt's length, read
-    as a step of `completion_text`)."""
+    """A rollout backend of kind `kind` (`rfopt.training.rollouts.KINDS`) that answers every request with scripted
+    completions, without a model (each row: its prompt's length, read as a step of `completion_text`); what it was
+    asked goes to `Scripted.generated`, what it was told to `Scripted.adapters_changed`."""
 
-    def __init__(self, shares_batches: bool, script: Scripted | None = None) -> None:
-        self.shares_batches = shares_batches
-        self.decodes: list[list[str | None]] = []
-        """The adapters of each `generate` call's requests."""
+    def __init__(self, kind: str, script: Scripted | None = None) -> None:
+        self.kind = kind
+        self.shares_batches = kind == BATCHED
         self.script = script or Scripted()
 
     def refusal(self, config: Any) -> str | None:
-        """The batched backend's config gate, as a gang's real backend asks it (`rfopt.training.rollouts.refusal`)."""
-        return refusal(config) if self.shares_batches else None
+        """The batched kind: what the batched backend's gate refuses of a config (`BatchedBackend.config_refusal`;
+        there is no model to check); the exact kind: nothing."""
+        return BatchedBackend.config_refusal(config) if self.shares_batches else None
 
     def adapters_changed(self, names: Any) -> None:
         self.script.adapters_changed.append(list(names))
 
     def generate(self, requests: list[GenerationRequest], should_stop: Callable[[], bool] | None = None,
                  progress: Progress | None = None) -> list[Completions]:
-        """Scripted completions; `progress` hears each token of the longest, then every row done (as a decoder
-        tells it: `rfopt.training.rollouts.Decoded`), and `Scripted.on_decode` runs at each token."""
-        self.decodes.append([r.adapter for r in requests])
-        out = [Completions([_Tokenizer.encode(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)],
-                           [[0.0] * len(completion_text(len(ids), row)) for row, ids in enumerate(r.prompt_ids)])
-               for r in requests]
+        """Scripted completions. A gang's rollouts: `progress` hears each token of the longest, then every row done (as
+        a decoder tells it: `rfopt.training.rollouts.Decoded`), and `Scripted.on_decode` runs at each token. An
+        evaluation (requests without a trainer's ``generation_config``): `progress` hears each request's prompts done,
+        one prompt at a time, and `Scripted.on_eval` runs after each."""
+        self.script.generated.append((self.kind, list(requests)))
+        texts = [[completion_text(len(ids), row) for row, ids in enumerate(r.prompt_ids)] for r in requests]
+        out = [Completions([ScriptedTokenizer.encode(text) for text in mine], [[0.0] * len(text) for text in mine])
+               for mine in texts]
         rows = tuple(len(r.prompt_ids) for r in requests)
+        if all("generation_config" not in (r.generate_kwargs or {}) for r in requests):  # an evaluation
+            done = [0] * len(requests)
+            for i, request in enumerate(requests):
+                for prompt in range(rows[i]):
+                    done[i] = prompt + 1
+                    if progress is not None:
+                        progress(Decoded(tuple(done), rows, 0, 8, 0.001))
+                    if self.script.on_eval is not None:
+                        self.script.on_eval(_trial_of(request.adapter), prompt + 1)
+            return out
         most = max((len(ids) for c in out for ids in c.token_ids), default=0)
         for token in range(1, most + 1):
             if progress is not None:
@@ -185,28 +232,50 @@ class ScriptedBackend:
         return out
 
 
+def _trial_of(adapter: str | None) -> int | None:
+    """The trial number an adapter is named after (`rfopt.training.models.adapter_name`); None for a model's own."""
+    return None if adapter is None else int(adapter.rsplit("-", 1)[1])
+
+
+@dataclass
+class ScriptedMember(EvalMember):
+    """An eval member scored as rfopt scores one (`EvalMember.score`: the trial's reward functions on its completions),
+    except for its objective: ``reward`` is `value`, and the per-prompt scores behind it are shifted to that mean."""
+
+    value: float = 0.0
+
+    def score(self, prompts: EvalPrompts, completion_ids: list[list[int]], tokenizer: Any,
+              settings: EvalSettings) -> EvalResult:
+        result = super().score(prompts, completion_ids, tokenizer, settings)
+        shift = self.value - result.metrics["reward"]
+        result.metrics["reward"] = self.value
+        if math.isfinite(shift):
+            result.scores["reward"] = [score + shift for score in result.scores["reward"]]
+        return result
+
+
 class ScriptedRunner(Runner):
     """A `Runner` without a model (see the module docstring)."""
 
     def __init__(self, number: int, config: TrialConfig, plan: ChunkPlan, schedule: TrialSchedule, train_dataset: Any,
                  pool: Any, workdir: str | Path, start_unit: int = 0, tracking: Any = None, *,
                  script: Scripted | None = None) -> None:
+        self.script = script or Scripted()
         self.number = number
         self.config = config
         self.plan = plan
         self.schedule = schedule
         self.train_dataset = train_dataset
-        self.pool = _Pool()
+        self.pool = ScriptedPool(self.script)
         self.workdir = Path(workdir)
         self.start_unit = start_unit
         self.tracking = tracking
-        self.script = script or Scripted()
         self.units_done = start_unit
         self.global_step = 0
         self.tokens_seen = 0
         self.w = torch.zeros(1, dtype=torch.float64)
         self.model = _Model(self)
-        self.tokenizer = _Tokenizer()
+        self.tokenizer = ScriptedTokenizer()
 
     # ------------------------------------------------------------------ recipe
     def setup(self) -> None:
@@ -228,7 +297,7 @@ class ScriptedRunner(Runner):
         return types.SimpleNamespace(disable_dropout=False, gradient_checkpointing=False)
 
     def rollout_backend(self, kind: str) -> ScriptedBackend:
-        return ScriptedBackend(shares_batches=kind == BATCHED, script=self.script)
+        return self.pool.backend(kind, self.number, self.config)
 
     def trainer_state(self) -> Any:
         from transformers import TrainerState
@@ -274,76 +343,33 @@ class ScriptedRunner(Runner):
                 raise ChunkAborted(f"trial {self.number}: chunk {unit + 1} stopped at step {self.global_step}")
         self.w += lr * 100 * (self.schedule.chunk_of_unit(unit) + 1)
         self.units_done = unit + 1
-        return ChunkMetrics(values=_aggregate(logs), seconds=time.perf_counter() - started, swap_seconds=0.0,
-                            steps=logs)
+        return ChunkMetrics.of(logs, seconds=time.perf_counter() - started, swap_seconds=0.0)
 
     def _step_rewards(self, rows: list[int], rollout_func: Any) -> dict[str, float]:
-        """The reward functions called on one step's scripted completions, as TRL's trainer calls them."""
+        """The reward functions called on one step's scripted completions, as TRL's trainer calls them, under TRL's
+        names."""
         data = self.train_dataset.select(rows)
         g = self.config.args.num_generations
         prompts = [p for p in data["prompt"] for _ in range(g)]
         columns = {name: [v for v in data[name] for _ in range(g)] for name in data.column_names if name != "prompt"}
         if rollout_func is not None:  # through the gang's backend
             ids = rollout_func(prompts, _Trainer(self.config))["completion_ids"]
-            texts = [_Tokenizer.decode(row) for row in ids]
         else:
-            texts = [completion_text(self.global_step, row) for row in range(len(prompts))]
-        scores = self._scores(prompts, texts, columns)
-        means = self._means(scores)
-        total = sum(weight * m for weight, m in zip(self._weights, means.values()) if not math.isnan(m))
-        return means | {"reward": total, "reward_std": 0.0}
-
-    def _scores(self, prompts: list[Any], texts: list[str], columns: dict[str, list[Any]]) -> list[list[float]]:
-        """Each reward function's scores of `texts` (completions of `prompts`), called as TRL's trainer calls it."""
-        completions = [[{"role": "assistant", "content": t}] if is_conversational(p) else t
-                       for p, t in zip(prompts, texts)]
-        return score_completions(self.config.reward_funcs, prompts, completions,
-                                 [_Tokenizer.encode(t) for t in texts], columns, self.trainer_state())
-
-    def _means(self, scores: list[list[float]]) -> dict[str, float]:
-        return {f"rewards/{reward_name(f)}/mean": _nanmean(s) for f, s in zip(self.config.reward_funcs, scores)}
-
-    @property
-    def _weights(self) -> list[float]:
-        return self.config.args.reward_weights or [1.0] * len(self.config.reward_funcs)
+            ids = [self.tokenizer.encode(completion_text(self.global_step, row)) for row in range(len(prompts))]
+        texts = [self.tokenizer.rendered(p) for p in prompts]
+        result = scored(EvalPrompts(prompts, texts, columns), ids, self.tokenizer, self.config.reward_funcs,
+                        self.config.args.reward_weights, EvalSettings(num_samples=0), self.trainer_state())
+        return {k: v for k, v in result.metrics.items() if k in ("reward", "reward_std") or k.startswith("rewards/")}
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
-        return self._evaluated(eval_dataset, settings)
-
-    def evaluate_gang(self, backend: Any, runners: list[ScriptedRunner], eval_dataset: Any, settings: EvalSettings,
-                      progress: Progress | None = None) -> list[EvalResult | Exception]:
-        """Each runner's scripted evaluation, one after another as the exact backend decodes them; `progress` hears
-        each one's prompts done, one prompt at a time (`rfopt.training.rollouts.Decoded`)."""
-        results: list[EvalResult | Exception] = []
-        rows = (len(eval_dataset),) * len(runners)
-        done = [0] * len(runners)
-        for i, runner in enumerate(runners):
-            for prompt in range(rows[i]):
-                done[i] = prompt + 1
-                if progress is not None:
-                    progress(Decoded(tuple(done), rows, 0, 8, 0.001))
-                if self.script.on_eval is not None:
-                    self.script.on_eval(runner.number, prompt + 1)
-            try:
-                results.append(runner._evaluated(eval_dataset, settings))
-            except Exception as exc:  # noqa: BLE001 - as `evaluate_members`: this member fails alone
-                results.append(exc)
-        return results
-
-    def _evaluated(self, dataset: Any, settings: EvalSettings) -> EvalResult:
-        prompts = list(dataset["prompt"])
-        columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
-        texts = [completion_text(self.global_step, row) for row in range(len(prompts))]
-        scores = self._scores(prompts, texts, columns)
-        metrics = self._means(scores) | {
-            "reward": self.script.value(self.number, self.units_done - 1, float(self.w.item())),
-            "completions/mean_length": sum(map(len, texts)) / max(1, len(texts))}
-        samples = [{"prompt": _prompt_text(prompts[i]), "completion": texts[i],
-                    "reward": sum(weight * s[i] for weight, s in zip(self._weights, scores) if not math.isnan(s[i]))}
-                   | {reward_name(f): s[i] for f, s in zip(self.config.reward_funcs, scores)}
-                   for i in range(min(settings.num_samples, len(prompts)))]
-        return EvalResult(metrics=metrics, samples=samples)
+    def eval_member(self) -> ScriptedMember:
+        """What rfopt's evaluation needs of the trial, and its scripted value (`Scripted.value`)."""
+        args = self.config.args
+        adapter = adapter_name(self.number) if self.config.peft_config is not None else None
+        return ScriptedMember(adapter, list(self.config.reward_funcs), args.reward_weights,
+                              args.max_completion_length, self.trainer_state(),
+                              dict(args.chat_template_kwargs or {}),
+                              value=self.script.value(self.number, self.units_done - 1, float(self.w.item())))
 
     # ------------------------------------------------------------------ state
     def trainable_weights(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from rfopt.config.trial import TrialConfig
 
 from .evaluation import EvalResult, evaluate
 from .models import ModelPool
-from .rollouts import Progress
+from .rollouts import EXACT, Progress
 
 
 def baseline_key(config: TrialConfig, settings: EvalSettings) -> str:
@@ -48,7 +48,8 @@ def evaluate_baseline(pool: ModelPool, config: TrialConfig, eval_dataset: Any, s
                       progress: Progress | None = None) -> EvalResult:
     """`config`'s base model, with no adapter, evaluated as its trials are (`rfopt.training.evaluation.evaluate`): the
     trial's reward functions and weights, its completion budget, its chat template kwargs, and a trainer state at step
-    0. `progress` hears how far its decoding has got (its prompts done)."""
+    0; through the pool's exact backend on the base model (`ModelPool.backend`). `progress` hears how far its decoding
+    has got (its prompts done)."""
     from transformers import TrainerState
 
     with pool.base_model(config) as model:
@@ -56,5 +57,5 @@ def evaluate_baseline(pool: ModelPool, config: TrialConfig, eval_dataset: Any, s
                         config.args.reward_weights, settings, max_new_tokens=config.args.max_completion_length,
                         trainer_state=TrainerState(global_step=0, max_steps=0, epoch=0.0),
                         chat_template_kwargs=config.args.chat_template_kwargs,
-                        dtype=pool.placement.compute_dtype(),  # in the precision its trials are evaluated in
+                        backend=pool.backend(EXACT, None, config),  # in the precision its trials are evaluated in
                         progress=progress)

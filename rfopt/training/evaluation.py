@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ from rfopt.config.rewardfuncs import checked_reward, is_async, reward_name
 from rfopt.config.settings import EvalSettings
 
 from .diversity import diversity
-from .rollouts import ExactBackend, GenerationRequest, Progress, RolloutBackend, request_sampling
+from .rollouts import EXACT, GenerationRequest, Progress, RolloutBackend, make_backend, request_sampling
 
 
 @dataclass
@@ -89,12 +90,19 @@ class EvalMember:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """What the trial's chat template is rendered with (its ``args.chat_template_kwargs``), as in its training."""
 
+    def score(self, prompts: EvalPrompts, completion_ids: list[list[int]], tokenizer: Any,
+              settings: EvalSettings) -> EvalResult:
+        """This member's result from its completions of `prompts` (`scored`, with its reward functions)."""
+        return scored(prompts, completion_ids, tokenizer, self.reward_funcs, self.reward_weights, settings,
+                      self.trainer_state)
+
 
 def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, members: list[EvalMember], dataset: Any,
                      settings: EvalSettings, progress: Progress | None = None) -> list[EvalResult | Exception]:
-    """Generate one completion per eval prompt for each member through `backend` (the batched backend decodes every
-    member's batch of `settings.batch_size` prompts together) and score it with the member's reward functions, called
-    as TRL calls them. A member whose decoding or scoring fails gets its exception; the others their results. Each
+    """Generate one completion per eval prompt for each member through `backend` (the one they trained on: the unit's
+    plan's, `rfopt.engine.planning.plan.UnitPlan.backend`; the batched backend decodes every member's batch of
+    `settings.batch_size` prompts together) and score it with the member's reward functions, called as TRL calls them
+    (`EvalMember.score`). A member whose decoding or scoring fails gets its exception; the others their results. Each
     member's conversational prompts are rendered with its `EvalMember.chat_template_kwargs`, as in its training.
 
     Greedy by default (`EvalSettings`); the generation settings are the model's generation config with evaluation's
@@ -124,11 +132,21 @@ def evaluate_members(backend: RolloutBackend, model: Any, tokenizer: Any, member
             results.append(outcome)
             continue
         try:
-            results.append(scored(prompts, outcome.token_ids, tokenizer, member.reward_funcs, member.reward_weights,
-                                  settings, member.trainer_state))
+            results.append(member.score(prompts, outcome.token_ids, tokenizer, settings))
         except Exception as exc:  # noqa: BLE001 - this member's reward functions failed: it fails alone
             results.append(exc)
     return results
+
+
+def evaluate_runners(backend: RolloutBackend, runners: Sequence[Any], dataset: Any, settings: EvalSettings,
+                     progress: Progress | None = None) -> list[EvalResult | Exception]:
+    """The evaluations of a unit's trained `runners` (`rfopt.training.runner.Runner`: a gang on one model, or a trial
+    alone) through `backend`, the one they trained on (the unit's plan's): `evaluate_members` with each runner's
+    `eval_member()`, on the first runner's model (its generation config) and tokenizer. Each one's `EvalResult`, or the
+    exception that failed it alone. `progress` hears how far its decoding has got."""
+    first = runners[0]
+    return evaluate_members(backend, first.model, first.tokenizer, [runner.eval_member() for runner in runners],
+                            dataset, settings, progress)
 
 
 def evaluate(
@@ -141,16 +159,18 @@ def evaluate(
     max_new_tokens: int,
     trainer_state: Any = None,
     chat_template_kwargs: dict[str, Any] | None = None,
-    dtype: Any = None,
+    backend: RolloutBackend | None = None,
     progress: Progress | None = None,
 ) -> EvalResult:
-    """One model's evaluation (its active adapter) through ``model.generate``: `evaluate_members` on the exact
-    backend. `trainer_state` is the trial's `transformers.TrainerState` at the evaluated step;
-    `chat_template_kwargs` its ``args.chat_template_kwargs``; `dtype` what mixed precision computes in (None: the
-    model's own); `progress` hears how far it has got."""
+    """One model's evaluation (its active adapter, or none): `evaluate_members` through `backend`, the one the caller's
+    plan or pool chose (`rfopt.training.models.ModelPool.backend`; a baseline's is the exact kind on its base model);
+    None: the exact kind on `model` in its own precision (`rfopt.training.rollouts.make_backend`). `trainer_state` is
+    the trial's `transformers.TrainerState` at the evaluated step; `chat_template_kwargs` its
+    ``args.chat_template_kwargs``; `progress` hears how far it has got."""
     member = EvalMember(None, reward_funcs, reward_weights, max_new_tokens, trainer_state,
                         dict(chat_template_kwargs or {}))
-    (result,) = evaluate_members(ExactBackend(model, dtype), model, tokenizer, [member], dataset, settings, progress)
+    backend = backend if backend is not None else make_backend(EXACT, model)
+    (result,) = evaluate_members(backend, model, tokenizer, [member], dataset, settings, progress)
     if isinstance(result, Exception):
         raise result
     return result

@@ -22,7 +22,7 @@ from rfopt.errors import Refusal
 
 from .loading import load_model, rewrites_base
 from .memory import GIB, free_bytes, gang_memory, model_bytes
-from .rollouts import BATCHED, EXACT, KINDS, BatchedBackend, ExactBackend, RolloutBackend
+from .rollouts import BATCHED, EXACT, KINDS, RolloutBackend, make_backend
 
 logger = logging.getLogger("rfopt")
 
@@ -171,7 +171,8 @@ class _Resident:
     """The base model's parameters that were trainable before PEFT froze them to add the first adapter."""
     peft_model: Any = None
     adapters: set[str] = field(default_factory=set)
-    batched: BatchedBackend | None = None
+    batched: RolloutBackend | None = None
+    """The batched backend of this base model (`ModelPool.backend`), once a gang asked for it."""
 
 
 class ModelPool:
@@ -307,20 +308,29 @@ class ModelPool:
             model.set_adapter(name)
         return model
 
-    def backend(self, kind: str, trial_number: int, config: TrialConfig) -> RolloutBackend:
-        """The one place rollout backends are built, by kind (`rfopt.training.rollouts.KINDS`): `EXACT`, the exact
-        backend on trial `trial_number`'s model (acquired); `BATCHED`, the batched backend of `config`'s resident base
-        model (one per base model and device, shared by every gang that trains on it; built on the base model until
-        an adapter is on it). Ask its `refusal(config)` before a trial trains on it."""
+    def backend(self, kind: str, trial_number: int | None, config: TrialConfig) -> RolloutBackend:
+        """The rollout backend of kind `kind` (`rfopt.training.rollouts.KINDS`; built by
+        `rfopt.training.rollouts.make_backend`, the one place backends are constructed) on the model it decodes:
+        `EXACT`, on trial `trial_number`'s model (acquired), or with `trial_number` None on `config`'s base model as
+        loaded (a baseline: inside `base_model`, with no adapter in effect); `BATCHED`, the batched backend of
+        `config`'s resident base model (one per base model and device, shared by every gang that trains on it; built
+        on the base model until an adapter is on it). Ask its `refusal(config)` before a trial trains on it. Both
+        compute in the device's mixed precision, so that a study's trials alone and in gangs, and its baselines, are
+        evaluated alike."""
+        dtype = self.placement.compute_dtype()
         if kind == EXACT:
-            model = self.acquire(trial_number, config) if owns_base(config) else self._resident_model(config)
-            return ExactBackend(model, dtype=self.placement.compute_dtype())  # evaluated as a gang's trials are
+            if trial_number is None:
+                resident = self._load(config)
+                model = resident.peft_model if resident.peft_model is not None else resident.base
+            else:
+                model = self.acquire(trial_number, config) if owns_base(config) else self._resident_model(config)
+            return make_backend(EXACT, model, dtype=dtype)
         if kind != BATCHED:
             raise ValueError(f"trial {trial_number}: rollout backend {kind!r}: give one of {', '.join(KINDS)}")
         resident = self._load(config)
         model = resident.peft_model if resident.peft_model is not None else resident.base
         if resident.batched is None or resident.batched.model is not model:
-            resident.batched = BatchedBackend(model, dtype=self.placement.compute_dtype())
+            resident.batched = make_backend(BATCHED, model, dtype=dtype)
         return resident.batched
 
     @contextlib.contextmanager

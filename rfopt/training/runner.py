@@ -1,6 +1,6 @@
 """`TrialRunner`: trains one trial chunk by chunk with TRL's `GRPOTrainer`, exactly.
 
-A runner is a training unit in the torchtune sense (`setup`, `train_chunk`, `evaluate`,
+A runner is a training unit in the torchtune sense (`setup`, `train_chunk`, `eval_member`,
 `state`/`load_state`, `cleanup`). Each chunk builds a new `GRPOTrainer` on the trial's model (its
 adapter on the shared base), trains the chunk, and hands the state on to the next chunk:
 
@@ -52,9 +52,9 @@ from rfopt.config.trial import TrialConfig
 from rfopt.errors import RfoptError, TrialDiverged
 from rfopt.storage.state import RngState, TrialSnapshot
 
-from .evaluation import EvalMember, EvalResult, evaluate_members
+from .evaluation import EvalMember, EvalResult, evaluate_runners
 from .models import ModelPool, adapter_name
-from .rollouts import EXACT, Progress, RolloutBackend
+from .rollouts import EXACT, RolloutBackend
 from .trackers import Tracking
 
 _NO_STATE = -1
@@ -78,6 +78,13 @@ class ChunkMetrics:
     steps: list[dict[str, float]] = dataclasses.field(default_factory=list)
     """TRL's logged metrics of each optimizer step of the chunk, by TRL's names, with ``step``: the trainer's global
     step (continuing across chunks). Finite numbers only."""
+
+    @classmethod
+    def of(cls, logs: list[dict[str, float]], seconds: float, swap_seconds: float) -> ChunkMetrics:
+        """A chunk's metrics from TRL's logs of its optimizer steps (each with ``step``): each metric's mean over the
+        steps (``loss_last``: the last step's loss; ``learning_rate``: the last step's), and the steps' logs."""
+        return cls(values=_aggregate(logs), seconds=seconds, swap_seconds=swap_seconds,
+                   steps=[{k: v for k, v in log.items() if k != "epoch" and math.isfinite(v)} for log in logs])
 
 
 @dataclass(frozen=True)
@@ -155,8 +162,11 @@ def _draw_like_a_new_epoch() -> None:
 
 @runtime_checkable
 class Runner(Protocol):
-    """What the engine (`rfopt.engine.running.unit`, `rfopt.engine.running.roster`, `rfopt.engine.outputs.best`) and a gang
-    (`rfopt.training.gang.Gang`) use of a trial's runner: the seam `rfopt.engine.running.unit.Context.runner_class` fills.
+    """What the engine (`rfopt.engine.running.unit`, `rfopt.engine.running.roster`, `rfopt.engine.outputs.best`), a
+    gang (`rfopt.training.gang.Gang`) and evaluation (`rfopt.training.evaluation.evaluate_runners`) use of a trial's
+    runner: the seam `rfopt.engine.running.unit.Context.runner_class` fills. A runner trains; it does not evaluate
+    itself: the unit evaluates its members through the plan's backend with rfopt's evaluation, from each one's
+    `eval_member`.
 
     `TrialRunner` (TRL on one device), `rfopt.training.parallel.DataParallelRunner` (over several) and the tests'
     ``ScriptedRunner`` (no model: tests/scripted_runner.py) declare it; tests/training/test_runner_protocol.py checks
@@ -168,7 +178,8 @@ class Runner(Protocol):
     config: TrialConfig
     """The trial's configuration (its adapter's ``peft_config``, its ``args``)."""
     pool: Any
-    """The `ModelPool` its model comes from (a gang activates each member's adapter through it)."""
+    """The `ModelPool` its model comes from (a gang activates each member's adapter through it; `rollout_backend`
+    asks it for a backend)."""
     units_done: int
     """Chunk units the runner's state holds (``-1`` after a chunk stopped midway: no unit's)."""
     global_step: int
@@ -199,17 +210,14 @@ class Runner(Protocol):
         ...
 
     def rollout_backend(self, kind: str) -> RolloutBackend:
-        """The rollout backend of kind `kind` the trial would generate through."""
+        """The rollout backend of kind `kind` the trial would generate through (the unit asks for its plan's kind, the
+        planner's gate for the batched kind): its pool's (`ModelPool.backend`)."""
         ...
 
-    def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
-        """The trial's evaluation alone."""
-        ...
-
-    def evaluate_gang(self, backend: RolloutBackend, runners: list[Runner], eval_dataset: Any,
-                      settings: EvalSettings, progress: Progress | None = None) -> list[EvalResult | Exception]:
-        """The evaluations of a gang's `runners` through `backend`: each one's result, or what failed it alone.
-        `progress` hears how far the decoding has got (each runner's prompts done, in `runners` order)."""
+    def eval_member(self) -> EvalMember:
+        """What evaluating the trial needs besides the eval set and the backend (its adapter, reward functions,
+        completion budget, trainer state): the unit evaluates its members with it through the plan's backend
+        (`rfopt.training.evaluation.evaluate_runners`)."""
         ...
 
     def trainable_weights(self) -> dict[str, Any]:
@@ -362,16 +370,12 @@ class TrialRunner(Runner):
         self.tokens_seen = int(trainer.state.num_input_tokens_seen)
         self.global_step = stop_at
         self.units_done = unit + 1
-        values = _aggregate(boundary.logs)
+        chunk = ChunkMetrics.of(boundary.logs, seconds=time.perf_counter() - started,
+                                swap_seconds=(boundary.first_step_at or started) - started)
         for key in ("loss", "grad_norm"):
-            if key in values and not math.isfinite(values[key]):
-                raise TrialDiverged(f"trial {self.number}: {key} is {values[key]} in chunk {unit + 1}")
-        return ChunkMetrics(
-            values=values,
-            seconds=time.perf_counter() - started,
-            swap_seconds=(boundary.first_step_at or started) - started,
-            steps=[{k: v for k, v in log.items() if k != "epoch" and math.isfinite(v)} for log in boundary.logs],
-        )
+            if key in chunk.values and not math.isfinite(chunk.values[key]):
+                raise TrialDiverged(f"trial {self.number}: {key} is {chunk.values[key]} in chunk {unit + 1}")
+        return chunk
 
     @property
     def reward_funcs(self) -> list[Any]:
@@ -380,22 +384,15 @@ class TrialRunner(Runner):
         return [checked_reward(func) for func in self.config.reward_funcs]
 
     def evaluate(self, eval_dataset: Any, settings: EvalSettings) -> EvalResult:
-        """The trial's evaluation alone, on the exact backend (``model.generate``)."""
-        (result,) = self.evaluate_gang(self.rollout_backend(EXACT), [self], eval_dataset, settings)
+        """The trial's evaluation alone, on the exact backend (``model.generate``): what a gang's evaluation is compared
+        with. The engine evaluates a unit's members through its plan's backend (`evaluate_runners`)."""
+        (result,) = evaluate_runners(self.rollout_backend(EXACT), [self], eval_dataset, settings)
         if isinstance(result, Exception):
             raise result
         return result
 
-    def evaluate_gang(self, backend: RolloutBackend, runners: list[TrialRunner], eval_dataset: Any,
-                      settings: EvalSettings, progress: Progress | None = None) -> list[EvalResult | Exception]:
-        """The evaluations of `runners` (a gang on this runner's model, this runner among them) through `backend`, the
-        one they trained on: each one's `EvalResult`, or the exception that failed it alone
-        (`rfopt.training.evaluation.evaluate_members`). The unit pipeline asks it of the gang's first runner."""
-        return evaluate_members(backend, self.model, self.tokenizer, [r.eval_member() for r in runners], eval_dataset,
-                                settings, progress)
-
     def eval_member(self) -> EvalMember:
-        """What evaluating the trial needs (`rfopt.training.evaluation.evaluate_members`)."""
+        """What evaluating the trial needs (`rfopt.training.evaluation.evaluate_runners`)."""
         return EvalMember(adapter_name(self.number) if self.config.peft_config is not None else None,
                           list(self.config.reward_funcs), self.config.args.reward_weights,
                           self.config.args.max_completion_length, self.trainer_state(),

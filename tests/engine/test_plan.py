@@ -121,3 +121,56 @@ def test_a_study_says_once_per_trial_which_trials_train_alone_and_why(scripted, 
     assert len(said) == 1 and said[0].startswith("trial 2 trains alone") and "full fine-tuning" in said[0]
     assert schema.gang_plan(study.trials[0], 1).numbers == (0, 1)
     assert schema.gang_plan(study.trials[2], 0) is None
+
+
+def test_each_unit_is_evaluated_through_the_backend_its_plan_chose_with_rfopts_evaluation(scripted, tiny_model,
+                                                                                          tmp_path):
+    """A gang's members are evaluated together through the batched backend they trained on, a trial alone through the
+    exact one: whatever backend a plan names (a vLLM one, later) serves evaluation too. What is stored is rfopt's
+    evaluation of the backend's completions: each reward's mean, and the per-prompt scores behind the value."""
+    configs = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=5e-3), _full(tiny_model)]
+    study = rfopt.create_study(study_name="evaluated", storage=f"sqlite:///{tmp_path / 'plan.db'}", num_chunks=2,
+                               checkpoint_dir=tmp_path / "ck")
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), gang_size=4, show_progress_bar=False)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    evaluations = [(kind, [r.adapter for r in requests]) for kind, requests in scripted.generated
+                   if all("generation_config" not in r.generate_kwargs for r in requests)]  # not a gang's rollout
+    assert sorted(evaluations) == [(BATCHED, ["trial-0", "trial-1"])] * 2 + [(EXACT, [None])] * 2
+    for trial in study.trials:
+        for unit in schema.TrialRecord(trial).unit_metrics():
+            scores = unit.scores_of("reward")
+            assert len(scores) == 2 and sum(scores) / 2 == pytest.approx(trial.intermediate_values[unit.unit])
+            assert unit.scores_of("reward_len") and "rewards/reward_len/mean" in unit.eval
+
+
+def test_a_unit_evaluated_again_after_a_crash_goes_through_the_backend_its_plan_chose(scripted, dying, tiny_model,
+                                                                                      tmp_path):
+    """A gang's checkpoints were durable when the process died, before their reports reached storage, and the reports
+    kept with the checkpoints are gone: the rerun forms the gang again and evaluates each member through the batched
+    backend it trained on, as its unit would have been evaluated."""
+    from crashkit import Died
+
+    configs = [trial_config(tiny_model), trial_config(tiny_model, learning_rate=5e-3)]
+    storage, checkpoints = f"sqlite:///{tmp_path / 'plan.db'}", tmp_path / "ck"
+
+    def run():
+        study = rfopt.create_study(study_name="again", storage=storage, num_chunks=2, checkpoint_dir=checkpoints,
+                                   load_if_exists=True)
+        study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), gang_size=2, show_progress_bar=False)
+        return study
+
+    dying.at("checkpoint-saved:1")
+    with pytest.raises(Died):
+        run()
+    reports = sorted(checkpoints.glob("trial-*/unit-*/report.json"))
+    assert len(reports) == 2
+    for report in reports:
+        report.unlink()
+    dying.at(None)
+    scripted.generated.clear()
+    study = run()
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 2
+    evaluations = [(kind, [r.adapter for r in requests]) for kind, requests in scripted.generated
+                   if all("generation_config" not in r.generate_kwargs for r in requests)]
+    assert evaluations[:2] == [(BATCHED, ["trial-0"]), (BATCHED, ["trial-1"])]  # each member's unit, again
+    assert evaluations[2:] == [(BATCHED, ["trial-0", "trial-1"])]  # the gang's second unit

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import rfopt
 from rfopt.storage import schema
 from rfopt.chunks import ChunkPlan, trial_schedule
-from rfopt.training.evaluation import EvalPrompts
+from rfopt.training.evaluation import EvalPrompts, evaluate_runners
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool
 from rfopt.training.rollouts import Sampling
@@ -148,7 +148,7 @@ def test_a_gang_samples_with_the_models_own_generation_config_and_its_evaluation
             for prompt, completion in zip(request.prompt_ids, out.token_ids):  # no token twice
                 assert len(set(prompt + completion)) == len(set(prompt)) + len(completion)
     backend.generate = generate
-    results = runners[0].evaluate_gang(backend, runners, prompts_dataset(3, "E"), EvalSettings())
+    results = evaluate_runners(backend, runners, prompts_dataset(3, "E"), EvalSettings())
     assert not any(isinstance(r, Exception) for r in results), results
 
 

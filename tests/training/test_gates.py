@@ -10,10 +10,19 @@ import torch
 from rfopt.errors import ConfigError
 from rfopt.storage import schema
 from rfopt.training.models import ModelPool, owns_base
-from rfopt.training.rollouts import Sampling, model_refusal, refusal
+from rfopt.training.rollouts import BATCHED, Sampling, model_refusal
 from rfopt.training.rollouts.backend import data_dependent_rope
 from rfopt_testkit import lora_config, prompts_dataset, trial_config
 from transformers import AutoModelForCausalLM, GenerationConfig
+
+
+@pytest.fixture(scope="module")
+def gate(tiny_model):
+    """The one gate (`RolloutBackend.refusal`) of the backend a gang of the tiny model would use: its pool's batched
+    backend, built on the base model before any adapter is on it, as the planner asks it."""
+    pool = ModelPool("cpu")
+    config = trial_config(tiny_model)
+    return pool.backend(BATCHED, None, config).refusal
 
 
 def _study(tmp_path, name):
@@ -46,8 +55,8 @@ def test_the_sampler_never_samples_at_a_temperature_it_was_not_given(tiny_model)
     assert sampling.do_sample is False
 
 
-def test_trainable_token_indices_train_alone(tiny_model):
-    why = refusal(trial_config(tiny_model, peft=lora_config(trainable_token_indices=[3, 5])))
+def test_trainable_token_indices_train_alone(tiny_model, gate):
+    why = gate(trial_config(tiny_model, peft=lora_config(trainable_token_indices=[3, 5])))
     assert "trainable_token_indices" in why
 
 
@@ -56,8 +65,9 @@ def test_trainable_token_indices_train_alone(tiny_model):
     (dict(init_lora_weights="mica"), "init_lora_weights='mica'"),
     (dict(use_dora=True), "DoRA"),
 ])
-def test_lora_variants_the_bank_cannot_serve_are_refused_by_the_gate_before_training(tiny_model, overrides, named):
-    assert named in refusal(trial_config(tiny_model, peft=lora_config(**overrides)))
+def test_lora_variants_the_bank_cannot_serve_are_refused_by_the_gate_before_training(tiny_model, gate, overrides,
+                                                                                      named):
+    assert named in gate(trial_config(tiny_model, peft=lora_config(**overrides)))
 
 
 def test_a_lora_variant_trains_alone_beside_a_gang_and_completes(scripted, tiny_model, tmp_path):
@@ -71,11 +81,11 @@ def test_a_lora_variant_trains_alone_beside_a_gang_and_completes(scripted, tiny_
 
 
 @pytest.mark.parametrize("init", ["pissa", "olora"])
-def test_an_adapter_that_rewrites_its_base_gets_a_base_of_its_own_and_changes_no_other_trial(tiny_model, init):
+def test_an_adapter_that_rewrites_its_base_gets_a_base_of_its_own_and_changes_no_other_trial(tiny_model, gate, init):
     plain = trial_config(tiny_model, peft=lora_config(init_lora_weights=False))
     rewriting = trial_config(tiny_model, peft=lora_config(init_lora_weights=init))
     assert owns_base(rewriting) and not owns_base(plain)
-    assert "base model of its own" in refusal(rewriting)
+    assert "base model of its own" in gate(rewriting)
     pool = ModelPool("cpu")
     ids = torch.tensor([[1, 5, 7, 9]])
     shared = pool.acquire(0, plain)

@@ -22,7 +22,6 @@ from rfopt.training.rollouts import (
     GenerationRequest,
     Sampling,
     Ungangable,
-    refusal,
 )
 from rfopt.training.rollouts.bank import adapter_refusal
 from rfopt.training.rollouts.sampler import Features, RowSettings, row_key, sample, uniform_noise
@@ -314,7 +313,29 @@ def test_the_bank_refuses_what_it_cannot_serve_and_the_view_leaves_the_model_alo
     assert all(dict(vars(m)).keys() == before[id(m)].keys() for m in model.modules())
 
 
-def test_who_may_share_a_batch_is_decided_in_one_place(tiny_model):
+def test_backends_are_built_in_one_place_by_kind(adapters):
+    """`make_backend` is the one constructor (the pool's backends, the batched backend's routing): a third kind is
+    added there, and every caller that names a kind gets it."""
+    import re
+    from pathlib import Path
+
+    from rfopt.training.rollouts import BATCHED, EXACT, make_backend
+
+    root = Path(rfopt.__file__).parent
+    built = sorted(path.relative_to(root).as_posix() for path in root.rglob("*.py")
+                   if re.search(r"^(?!\s*>>>).*\b(Exact|Batched)Backend\(", path.read_text(), re.M))
+    assert built == ["training/rollouts/backend.py"]
+    model, _ = adapters
+    assert type(make_backend(EXACT, model)) is ExactBackend
+    assert type(make_backend(BATCHED, model, mode="eager")) is BatchedBackend
+    with pytest.raises(ValueError, match="'vllm': give one of exact, batched"):
+        make_backend("vllm", model)
+
+
+def test_who_may_share_a_batch_is_decided_in_one_place_the_backends_gate(adapters, tiny_model):
+    from rfopt.training import rollouts
+
+    refusal = BatchedBackend(adapters[0]).refusal
     assert refusal(trial_config(tiny_model)) is None
     assert "num_beams" in refusal(trial_config(tiny_model, generation_kwargs={"num_beams": 2}))
     assert "DoRA" in refusal(trial_config(tiny_model, peft=lora_config(use_dora=True)))
@@ -322,6 +343,8 @@ def test_who_may_share_a_batch_is_decided_in_one_place(tiny_model):
                                                                                               "embed_tokens"])))
     assert "full fine-tuning" in refusal(rfopt.TrialConfig(model=str(tiny_model), reward_funcs=[reward_len],
                                                            args=trial_config(tiny_model).args, peft_config=None))
+    # no second gate beside the backends' own: a caller asks the backend the plan would use
+    assert not hasattr(rollouts, "refusal") and not hasattr(rollouts.backend, "refusal")
 
 
 def test_the_batched_backends_refusal_is_its_config_gate_and_its_own_check_of_the_model(adapters, tiny_model):

@@ -34,8 +34,8 @@ def _made(cls: type) -> Any:
 
 
 def test_the_protocol_names_the_seam() -> None:
-    # what unit.py, roster.py, best.py and gang.py call on a runner (a guard against an empty protocol)
-    assert {"setup", "cleanup", "train_chunk", "evaluate", "evaluate_gang", "rollout_backend", "chunk_args", "state",
+    # what unit.py, roster.py, best.py, gang.py and evaluation call on a runner (a guard against an empty protocol)
+    assert {"setup", "cleanup", "train_chunk", "eval_member", "rollout_backend", "chunk_args", "state",
             "load_state", "load_weights", "trainable_weights"} <= set(METHODS)
     assert {"number", "config", "pool", "units_done", "global_step", "model", "tokenizer"} <= set(DATA)
 
@@ -72,13 +72,23 @@ def test_each_attribute_is_there(cls: type, name: str) -> None:
         f"{cls.__name__} has no {name!r}, which the engine reads of a runner")
 
 
-def test_everything_the_engine_and_a_gang_call_on_a_runner_is_declared() -> None:
+def test_a_runner_does_not_evaluate_itself_the_unit_evaluates_it_through_the_plans_backend() -> None:
+    """Evaluation is rfopt's (`rfopt.training.evaluation.evaluate_runners`, through the backend the plan chose), not a
+    runner's: a runner offers what evaluating it needs (`eval_member`), so a test's runner runs rfopt's evaluation."""
+    assert "eval_member" in METHODS
+    assert not {"evaluate", "evaluate_gang"} & set(METHODS)
+    assert not any(name in vars(ScriptedRunner) for name in ("evaluate", "evaluate_gang"))
+
+
+def test_everything_the_engine_a_gang_and_evaluation_call_on_a_runner_is_declared() -> None:
     root = Path(rfopt.__file__).parent
-    sources = [*sorted((root / "engine").glob("*.py")), root / "training" / "gang.py"]
+    sources = [*sorted((root / "engine").glob("*.py")), *(root / "training" / name for name in ("gang.py",
+                                                                                           "evaluation.py"))]
     called = set()
     for path in sources:
         called |= set(re.findall(r"\brunners?(?:\[0\])?\.([a-z_]\w*)", path.read_text()))
     called.discard("py")  # runner.py named in prose
     assert called, "no runner calls found: the pattern no longer matches the engine's code"
     missing = sorted(called - set(METHODS) - set(DATA))
-    assert not missing, f"the engine or a gang calls {missing} on a runner; declare them in rfopt.training.runner.Runner"
+    assert not missing, (f"the engine, a gang or evaluation calls {missing} on a runner; declare them in "
+                         "rfopt.training.runner.Runner")

@@ -42,7 +42,7 @@ SEQUENTIAL = "sequential"
 @dataclass(frozen=True)
 class UnitPlan:
     """One unit of work as decided: its members (trial numbers, in the order they run), the rollout backend they
-    generate through (a kind: `EXACT` or `BATCHED`; the model pool builds it), why a trial trains alone (None for a
+    generate and are evaluated through (a kind: `EXACT` or `BATCHED`; the model pool builds it), why a trial trains alone (None for a
     gang, or when the run trains one trial at a time), the id of the gang record, and how the gang trains.
 
     >>> UnitPlan(members=(3, 5), backend=BATCHED, gang_id="4f1c0e")      # doctest: +SKIP

@@ -9,7 +9,9 @@ This is the only code that trains a trial, evaluates it, writes its checkpoint o
 2. **train** one chunk with TRL's `GRPOTrainer` (`TrialRunner.train_chunk`); it stops between two
    steps if the claim on the trial is lost (a worker whose lease another took over). While it trains, its progress
    (step s of S, TRL's logs so far) is published, throttled (`rfopt.training.progress`).
-3. **evaluate** on the eval set with the study's fixed settings: the unit's value.
+3. **evaluate** on the eval set with the study's fixed settings, through the plan's rollout backend (the one the
+   members trained on) with rfopt's evaluation (`rfopt.training.evaluation.evaluate_runners`, from each runner's
+   `eval_member`): the unit's value.
 4. **checkpoint**: the trial's whole state and the unit's report, durably (`CheckpointStore.save`).
 5. **commit**: the claim's fence, then the unit's metrics and samples and ``trial.report(value,
    step=unit)``; the unit counts as done once its report is in storage. Then the run's subscribers
@@ -42,7 +44,7 @@ from rfopt.storage.checkpoints import CheckpointStore
 from rfopt.storage.crashpoints import reach
 from rfopt.storage.schema import TrialRecord, TrialRef
 from rfopt.storage.state import UnitReport
-from rfopt.training.evaluation import EvalResult
+from rfopt.training.evaluation import EvalResult, evaluate_runners
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.progress import (INTERVAL_SECONDS, ProgressPublisher, UnitProgress, evaluation_progress,
@@ -52,7 +54,7 @@ from rfopt.training.runner import Runner, TrialRunner
 from rfopt.training.trackers import Tracking
 
 from rfopt.engine.outputs.best import keep_if_best
-from rfopt.engine.planning.plan import UnitPlan, alone
+from rfopt.engine.planning.plan import EXACT, UnitPlan, alone
 from rfopt.engine.planning.scheduler import LiveTrial
 
 logger = logging.getLogger("rfopt")
@@ -211,8 +213,9 @@ def fresh_runner(ctx: Context, number: int, config: TrialConfig, schedule: Trial
 
 
 # ---------------------------------------------------------------------- 1. load
-def prepare(ctx: Context, live: Live, claim: Claim) -> None:
-    """Bring the runner to the trial's committed progress; commit a durable unit whose report is missing.
+def prepare(ctx: Context, live: Live, claim: Claim, backend: str = EXACT) -> None:
+    """Bring the runner to the trial's committed progress; commit a durable unit whose report is missing (evaluated
+    again through the rollout backend of kind `backend`, the unit's plan's, as its unit would have been).
 
     Raises `CheckpointError` if the trial's state is lost (committed units, but no checkpoint that holds them).
     """
@@ -241,14 +244,16 @@ def prepare(ctx: Context, live: Live, claim: Claim) -> None:
     if state.units_done == live.committed + 1:  # its last unit's checkpoint is durable, its report is not stored
         report = ctx.store.load_report(number)
         if report is None or report.unit != live.committed:  # written without its report: evaluate again
-            report = _report(ctx, live, live.committed, train=None)
+            report = _report(ctx, live, live.committed, train=None, backend=backend)
         commit(ctx, live, report, claim)
 
 
 def _report(ctx: Context, live: Live, unit: int, train: dict[str, float] | None,
-            steps: list[dict[str, float]] | None = None) -> UnitReport:
+            steps: list[dict[str, float]] | None = None, backend: str = EXACT) -> UnitReport:
     started = time.perf_counter()
-    result = live.runner.evaluate(ctx.eval_dataset, ctx.settings)
+    (result,) = evaluate_runners(live.runner.rollout_backend(backend), [live.runner], ctx.eval_dataset, ctx.settings)
+    if isinstance(result, Exception):
+        raise result
     return _report_of(ctx, live, unit, result, train, steps, eval_seconds=time.perf_counter() - started)
 
 
@@ -307,7 +312,7 @@ def run_units(ctx: Context, members: list[tuple[Live, Claim]], plan: UnitPlan | 
     whole run (Ctrl-C)."""
     plan = plan or alone(members[0][0].number)
     outcomes: dict[int, BaseException | None] = {}
-    ready = _ready(ctx, members, outcomes)
+    ready = _ready(ctx, members, outcomes, plan.backend)
     if not ready:
         return outcomes
     backend = ready[0][0].runner.rollout_backend(plan.backend)
@@ -341,8 +346,8 @@ def run_units(ctx: Context, members: list[tuple[Live, Claim]], plan: UnitPlan | 
     return outcomes
 
 
-def _ready(ctx: Context, members: list[tuple[Live, Claim]], outcomes: dict[int, BaseException | None]
-           ) -> list[tuple[Live, Claim]]:
+def _ready(ctx: Context, members: list[tuple[Live, Claim]], outcomes: dict[int, BaseException | None],
+           backend: str = EXACT) -> list[tuple[Live, Claim]]:
     """The members with a unit to train now, loaded and set up; the others' outcomes in `outcomes`. None at all when a
     unit a crash left durable was committed now: its rung is decided before the next unit starts, as it would have
     been without the crash."""
@@ -351,7 +356,7 @@ def _ready(ctx: Context, members: list[tuple[Live, Claim]], outcomes: dict[int, 
     for live, claim in members:
         before = live.committed
         try:
-            prepare(ctx, live, claim)
+            prepare(ctx, live, claim, backend)
         except Exception as exc:  # noqa: BLE001 - this member's state is lost or unreadable: it fails alone
             outcomes[live.number] = exc
             continue
@@ -409,12 +414,12 @@ def _train(ctx: Context, backend: RolloutBackend, ready: list[tuple[Live, Claim]
 
 def _evaluate(ctx: Context, backend: RolloutBackend, trained: list[_Trained], outcomes: dict[int, BaseException | None]
               ) -> list[tuple[Live, Claim, UnitReport]]:
-    """Each trained member's evaluation, through the backend it trained on, as its unit's report; a member whose
-    evaluation failed (or whose claim was lost) gets its outcome."""
+    """Each trained member's evaluation, through the backend it trained on (the plan's) with rfopt's evaluation
+    (`evaluate_runners`), as its unit's report; a member whose evaluation failed (or whose claim was lost) gets its
+    outcome."""
     started = time.perf_counter()
-    runners = [t.live.runner for t in trained]
-    results = runners[0].evaluate_gang(backend, runners, ctx.eval_dataset, ctx.settings,
-                                       progress=evaluation_progress([t.publisher for t in trained]))
+    results = evaluate_runners(backend, [t.live.runner for t in trained], ctx.eval_dataset, ctx.settings,
+                               progress=evaluation_progress([t.publisher for t in trained]))
     eval_seconds = time.perf_counter() - started
     for t in trained:
         t.publisher.saving()

@@ -1,11 +1,16 @@
-"""Rollouts: what a trial's generation goes through (`backend`: the `RolloutBackend` seam, the exact backend, and
-`refusal`, which decides who may share a batch), the batched backend (`batched`), its LoRA bank (`bank`) and its
-sampler (`sampler`).
+"""Rollouts: what a trial's generation goes through, in training and in evaluation: the `RolloutBackend` seam
+(`backend`: what a backend must implement, who calls each member and when, `make_backend`, the one place a backend is
+built from its kind, and the exact backend), the batched backend (`batched`, with its gate `BatchedBackend.refusal`,
+which decides who may share a batch), its LoRA bank (`bank`) and its sampler (`sampler`).
+
+Which kind a unit uses is its plan's (`rfopt.engine.planning.plan.UnitPlan.backend`); the model pool builds it
+(`rfopt.training.models.ModelPool.backend`, through `make_backend`), and the unit trains and evaluates its members
+through it.
 
 | module | owns |
 |---|---|
-| `backend.py` | the protocol, `GenerationRequest`/`Completions`, `Decoded` (how far a call has got), `refusal`/`model_refusal`, `ExactBackend` |
-| `batched.py` | `BatchedBackend`: prefill, static-cache buffers, the graph-safe step, the host loop |
+| `backend.py` | the protocol, `GenerationRequest`/`Completions`, `Decoded` (how far a call has got), `make_backend`, `ExactBackend`, `model_refusal` (the batched backend's check of the model it serves) |
+| `batched.py` | `BatchedBackend`: its gate (`refusal`: `config_refusal`, then `model_refusal`), prefill, static-cache buffers, the graph-safe step, the host loop |
 | `bank.py` | the LoRA bank (every adapter of a batch in fixed buffers) and the model's view that reads it |
 | `sampler.py` | `Sampling` (one request's settings, from `generation_settings`: merged as ``generate`` merges them), the vectorized sampler and its counter-based noise |
 """
@@ -22,8 +27,8 @@ from .backend import (
     Outcome,
     Progress,
     RolloutBackend,
+    make_backend,
     model_refusal,
-    refusal,
     seed_from_stream,
     until_eos,
 )
@@ -32,5 +37,5 @@ from .sampler import Sampling, Ungangable, generation_settings, request_sampling
 
 __all__ = ["BATCHED", "EXACT", "KINDS", "DecodeAborted", "BatchedBackend", "Completions", "DecodeStats", "Decoded",
            "ExactBackend", "GenerationRequest", "Outcome", "Progress", "RolloutBackend", "Sampling", "Ungangable",
-           "generation_settings", "model_refusal", "refusal", "request_sampling", "seed_from_stream", "until_eos"]
+           "generation_settings", "make_backend", "model_refusal", "request_sampling", "seed_from_stream", "until_eos"]
 

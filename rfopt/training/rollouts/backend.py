@@ -11,21 +11,32 @@ or the exception that ended that request alone. Two backends:
   through its own adapter (`rfopt.training.rollouts.bank`), with a static cache and a step captured as a CUDA graph
   on a GPU.
 
-Backends are built in one place, by kind (`EXACT`, `BATCHED`: `rfopt.training.models.ModelPool.backend`).
-`RolloutBackend.refusal(config)` is the one gate that decides, before training, whether a trial may generate through
-a backend: the unit's planner (`rfopt.engine.planning.plan`) asks it of the backend a gang would use, and a trial it refuses
-trains alone, on the exact backend. The batched backend's is `refusal` (the config: its adapter, its generation
-settings) and then its own `model_refusal` (the model it serves). A request the batched backend cannot sample all the
-same is decoded on the exact path (``model.generate``), never returned as a failure. `adapters_changed` is called
-after every gang member's optimizer step and after a unit loads its members' weights. A caller that shows how far a
-call has got passes `generate` a `progress` callback: the backend tells it each token decoded and each batch of rows
-done (`Decoded`), for people (the progress records say "decoding rollouts: 40 of 128 tokens", "16 of 32 prompts");
-it changes nothing decoded.
+**Where the plan is made, and where backends are built.** The unit's planner (`rfopt.engine.planning.plan.Planner`) decides
+which trials train together and on which kind of backend (`UnitPlan.backend`: `EXACT` or `BATCHED`); the unit
+(`rfopt.engine.running.unit.run_units`) asks the trial's runner for that kind (`Runner.rollout_backend`), which asks its model
+pool (`rfopt.training.models.ModelPool.backend`: which model, one batched backend per base model and device), which
+builds it with `make_backend`, the one place a backend is constructed from its kind. The batched backend's routing
+asks `make_backend` for the exact kind too. The unit then trains the gang (`rfopt.training.gang.Gang`) and evaluates
+it (`rfopt.training.evaluation.evaluate_runners`) through that same backend, so a third kind would serve both.
+
+**What a backend must implement** (`RolloutBackend`), who calls each member, and when:
+
+| member | called by | when |
+|---|---|---|
+| `refusal(config)` | the planner's gate (`rfopt.engine.running.roster.Roster.rollout_refusal`), asked of the backend the plan would use (the batched backend of the trial's base model) | once per trial and run, before its first unit, only when gangs are formed; a trial it refuses trains alone on the exact backend, the reason logged once. It is the one config gate: the batched backend's checks the config (`BatchedBackend.config_refusal`: its adapter, its generation settings), then the model it serves (`model_refusal`) |
+| `shares_batches` | the gang (`rfopt.training.gang.Gang`) | each unit: True, the members' trainers generate through `generate` (TRL's ``rollout_func``), one batch for the gang; False, each trainer generates on its own, as plain TRL |
+| `generate(requests, should_stop, progress)` | the gang's rollout hook, while it trains; evaluation (`evaluate_members`), after it trains; the baseline's evaluation (exact kind) | each rollout of a gang that shares batches; every evaluation. A request the backend cannot sample is routed (the batched backend decodes it through the exact kind), never returned as a failure; an exception in the list fails its request alone; `DecodeAborted` when `should_stop` says so between two tokens |
+| `adapters_changed(names)` | the unit (after it loads its members' weights: a checkpoint, a warm start, a fresh adapter) and the gang (after each member's optimizer step) | before the unit's first decode, and after every optimizer step |
+
+A caller that shows how far a call has got passes `generate` a `progress` callback: the backend tells it each token
+decoded and each batch of rows done (`Decoded`), for people (the progress records say "decoding rollouts: 40 of 128
+tokens", "16 of 32 prompts"); it changes nothing decoded.
 
 A vLLM backend would be a third: `generate` as ``LLM.generate`` with one ``LoRARequest`` per request (``enable_lora``,
 ``max_loras`` = the gang size), the seed as ``SamplingParams.seed``; `adapters_changed` reloads the named adapters
 after their optimizer steps (a vLLM engine holds its own copy of the weights; the two backends here read the trial's
-weights at every call, so it is a no-op for them).
+weights at every call, so it is a no-op for them); `refusal` its own limits (ranks, variants, sampling settings). It
+would be added to `KINDS`, to `make_backend` and to the planner's choice.
 """
 
 from __future__ import annotations
@@ -33,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -41,9 +51,8 @@ from typing import Any, Protocol
 
 from rfopt import compat
 from rfopt.errors import RfoptError
-from ..loading import rewrites_base
 
-from .sampler import Sampling, Ungangable, generation_settings
+from .sampler import Sampling, generation_settings
 
 logger = logging.getLogger("rfopt")
 
@@ -119,14 +128,16 @@ reason to fail the call."""
 
 
 class RolloutBackend(Protocol):
-    """What a gang's generation goes through (see the module docstring)."""
+    """What a trial's generation goes through, in training and in evaluation (see the module docstring: who calls each
+    member, and when)."""
 
     shares_batches: bool
     """True: the members' trainers generate through `generate` (TRL's ``rollout_func``), every member in one batch;
     False: each trainer generates on its own, as plain TRL."""
 
     def refusal(self, config: Any) -> str | None:
-        """Why `config`'s trial cannot train on this backend, or None."""
+        """Why `config`'s trial cannot train on this backend (it then trains alone, on the exact backend), or None:
+        the one config gate, asked by the planner before the trial's first unit."""
 
     def generate(self, requests: Sequence[GenerationRequest], should_stop: Callable[[], bool] | None = None,
                  progress: Progress | None = None) -> list[Outcome]:
@@ -135,95 +146,6 @@ class RolloutBackend(Protocol):
 
     def adapters_changed(self, names: Iterable[str]) -> None:
         """The named adapters' weights changed (an optimizer step, a loaded checkpoint)."""
-
-
-def refusal(config: Any) -> str | None:
-    """Why a trial's rollouts cannot share a batch (it then trains alone, on the exact backend, as with
-    ``gang_size=1``), or None: the one place that decides it.
-
-    The batched backend decodes plain LoRA adapters on Linear layers of a shared base model, with the sampling settings
-    ``model.generate`` knows from TRL's `GenerationConfig` (`Sampling`)."""
-    from transformers import GenerationConfig
-
-    peft = config.peft_config
-    if peft is None:
-        return "full fine-tuning trains its own copy of the model"
-    if str(getattr(peft, "peft_type", "")).split(".")[-1] != "LORA":
-        return f"{type(peft).__name__} is not a LoRA adapter"
-    if getattr(peft, "use_dora", False):
-        return "DoRA adapters are not decoded by the batched rollout backend"
-    variant = lora_variant(peft)
-    if variant is not None:
-        return f"{variant} makes a LoRA variant (the batched backend's bank serves plain LoRA)"
-    init = rewrites_base(peft)
-    if init is not None:
-        return (f"init_lora_weights={init!r} rewrites its base model's weights when its adapter is added: it trains on "
-                "a base model of its own")
-    if getattr(peft, "trainable_token_indices", None):
-        return "trainable_token_indices trains token embeddings (the batched decoder reads the base model's)"
-    for name, why in _UNSERVED.items():
-        if getattr(peft, name, None):
-            return f"LoRA {name} {why}"
-    if getattr(peft, "bias", "none") != "none":
-        return f"LoRA bias={peft.bias!r} trains the base model's biases"
-    if getattr(peft, "modules_to_save", None):
-        return "modules_to_save trains copies of base modules"
-    if getattr(peft, "target_parameters", None):
-        return "target_parameters adapts parameters, not Linear layers"
-    embedding = _embedding_target(getattr(peft, "target_modules", None))
-    if embedding is not None:
-        return f"target_modules names {embedding!r}, an embedding (only Linear layers are decoded in a batch)"
-    args = config.args
-    if getattr(args, "use_vllm", False):
-        return "it generates with vLLM"
-    if getattr(args, "use_transformers_continuous_batching", False):
-        return "it generates with transformers' continuous batching"
-    # The generation settings GRPOTrainer builds from its args (its `generation_config` without vLLM).
-    kwargs = {"max_new_tokens": args.max_completion_length, "do_sample": True, "temperature": args.temperature,
-              "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
-              "repetition_penalty": args.repetition_penalty, **(args.generation_kwargs or {})}
-    try:
-        Sampling.of(GenerationConfig(**kwargs))
-    except (Ungangable, ValueError, TypeError) as exc:
-        return str(exc)
-    return None
-
-
-_UNSERVED = {"layer_replication": "repeats layers the batched decoder does not repeat",
-             "use_qalora": "adapts a quantized layer the batched decoder does not serve",
-             "megatron_config": "adapts Megatron's parallel layers"}
-"""`LoraConfig` fields that make an adapter the batched backend does not decode, and why."""
-
-
-def lora_variant(peft: Any) -> str | None:
-    """The `LoraConfig` field (or ``init_lora_weights`` value) that makes `peft` one of PEFT's LoRA variants (DoRA,
-    aLoRA, Arrow, BD-LoRA, VeLoRA, MonteCLoRA, KaSA, MiCA, ...), as PEFT itself tells them (its fields' metadata), or
-    None for plain LoRA."""
-    import dataclasses
-
-    if not dataclasses.is_dataclass(peft):
-        return None
-    for field in dataclasses.fields(peft):
-        value = getattr(peft, field.name, None)
-        if field.metadata.get("is_lora_variant") and value:
-            return field.name
-        if value in field.metadata.get("lora_variants", ()):
-            return f"{field.name}={value!r}"
-    return None
-
-
-_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
-
-
-def _embedding_target(target_modules: Any) -> str | None:
-    """The embedding module name `target_modules` would adapt (a list of names, or a regular expression), if any."""
-    if target_modules is None or target_modules == "all-linear":  # PEFT's all-linear adapts Linear layers only
-        return None
-    if isinstance(target_modules, str):
-        return next((name for name in _EMBEDDINGS if re.fullmatch(target_modules, f"model.{name}")
-                     or re.fullmatch(target_modules, name)), None)
-    return next((t for t in target_modules if any(t == name or t.endswith("." + name) for name in _EMBEDDINGS)),
-                None)
 
 
 def model_refusal(model: Any, mode: str = "eager") -> str | None:
@@ -319,6 +241,7 @@ class ExactBackend:
         self.dtype = dtype
 
     def refusal(self, config: Any) -> str | None:
+        """None: every trial may train alone, as plain TRL."""
         return None
 
     def adapters_changed(self, names: Iterable[str]) -> None:
@@ -399,6 +322,25 @@ class ExactBackend:
         return Completions(completions, None)
 
 
+def make_backend(kind: str, model: Any, *, dtype: Any = None, **options: Any) -> RolloutBackend:
+    """The one place a rollout backend is built from its kind (`KINDS`), on `model`: `EXACT`, an `ExactBackend`;
+    `BATCHED`, a `rfopt.training.rollouts.batched.BatchedBackend` (`options`: its ``mode``, ``max_rows``). `dtype`: what
+    it computes in under mixed precision (None: the model's own). The model pool (`rfopt.training.models.ModelPool
+    .backend`) decides which model; a third kind is added here.
+
+    >>> make_backend(EXACT, model).generate([GenerationRequest(None, [[1, 5, 7]], sampling)])   # doctest: +SKIP
+    """
+    if kind == EXACT:
+        if options:
+            raise TypeError(f"the exact backend takes no {', '.join(sorted(options))}")
+        return ExactBackend(model, dtype=dtype)
+    if kind == BATCHED:
+        from .batched import BatchedBackend  # a module above this one: it decodes through this seam's types
+
+        return BatchedBackend(model, dtype=dtype, **options)
+    raise ValueError(f"rollout backend {kind!r}: give one of {', '.join(KINDS)}")
+
+
 def until_eos(ids: list[int], eos_ids: Sequence[int], pad_id: int | None) -> list[int]:
     """A completion cut after its first EOS; without one, ``generate``'s right padding removed."""
     for i, token in enumerate(ids):
@@ -408,4 +350,5 @@ def until_eos(ids: list[int], eos_ids: Sequence[int], pad_id: int | None) -> lis
 
 
 __all__ = ["BATCHED", "EXACT", "KINDS", "DecodeAborted", "Decoded", "Completions", "ExactBackend", "GenerationRequest",
-           "Outcome", "Progress", "RolloutBackend", "model_refusal", "refusal", "seed_from_stream", "told", "until_eos"]
+           "Outcome", "Progress", "RolloutBackend", "make_backend", "model_refusal", "seed_from_stream", "told",
+           "until_eos"]

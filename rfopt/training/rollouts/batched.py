@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -44,8 +45,9 @@ from typing import Any
 from rfopt.errors import Refusal
 from rfopt import compat
 
-from .backend import (DecodeAborted, Decoded, Completions, ExactBackend, GenerationRequest, Outcome, Progress,
-                      model_refusal, refusal, told)
+from ..loading import rewrites_base
+from .backend import (EXACT, DecodeAborted, Decoded, Completions, GenerationRequest, Outcome, Progress, make_backend,
+                      model_refusal, told)
 from .bank import LoraBank, adapter_refusal, decode_view
 from .sampler import Features, RowSettings, Sampling, Ungangable, row_key, sample, uniform_noise
 
@@ -209,9 +211,63 @@ class BatchedBackend:
     # ------------------------------------------------------------------ the protocol
     def refusal(self, config: Any) -> str | None:
         """Why `config`'s trial cannot generate through this backend (it then trains alone, on the exact backend), or
-        None: the config gate (`rfopt.training.rollouts.refusal`), then this backend's own check of the model it
-        serves (`model_refusal`)."""
-        return refusal(config) or model_refusal(self.model, self.mode)
+        None: the one gate, asked by the unit's planner before the trial's first unit. The config first
+        (`config_refusal`: its adapter, its generation settings), then this backend's own check of the model it serves
+        (`model_refusal`)."""
+        return self.config_refusal(config) or model_refusal(self.model, self.mode)
+
+    @staticmethod
+    def config_refusal(config: Any) -> str | None:
+        """The half of `refusal` that reads only the config: why its rollouts cannot share a batch, or None. Ask
+        `refusal`, the one gate (it adds this backend's check of the model it serves); this half is apart so that a
+        stand-in for the batched backend without a model (the tests' scripted backend) refuses what it refuses.
+
+        The batched backend decodes plain LoRA adapters on Linear layers of a shared base model, with the sampling
+        settings ``model.generate`` knows from TRL's `GenerationConfig` (`Sampling`)."""
+        from transformers import GenerationConfig
+
+        peft = config.peft_config
+        if peft is None:
+            return "full fine-tuning trains its own copy of the model"
+        if str(getattr(peft, "peft_type", "")).split(".")[-1] != "LORA":
+            return f"{type(peft).__name__} is not a LoRA adapter"
+        if getattr(peft, "use_dora", False):
+            return "DoRA adapters are not decoded by the batched rollout backend"
+        variant = lora_variant(peft)
+        if variant is not None:
+            return f"{variant} makes a LoRA variant (the batched backend's bank serves plain LoRA)"
+        init = rewrites_base(peft)
+        if init is not None:
+            return (f"init_lora_weights={init!r} rewrites its base model's weights when its adapter is added: it "
+                    "trains on a base model of its own")
+        if getattr(peft, "trainable_token_indices", None):
+            return "trainable_token_indices trains token embeddings (the batched decoder reads the base model's)"
+        for name, why in _UNSERVED.items():
+            if getattr(peft, name, None):
+                return f"LoRA {name} {why}"
+        if getattr(peft, "bias", "none") != "none":
+            return f"LoRA bias={peft.bias!r} trains the base model's biases"
+        if getattr(peft, "modules_to_save", None):
+            return "modules_to_save trains copies of base modules"
+        if getattr(peft, "target_parameters", None):
+            return "target_parameters adapts parameters, not Linear layers"
+        embedding = _embedding_target(getattr(peft, "target_modules", None))
+        if embedding is not None:
+            return f"target_modules names {embedding!r}, an embedding (only Linear layers are decoded in a batch)"
+        args = config.args
+        if getattr(args, "use_vllm", False):
+            return "it generates with vLLM"
+        if getattr(args, "use_transformers_continuous_batching", False):
+            return "it generates with transformers' continuous batching"
+        # The generation settings GRPOTrainer builds from its args (its `generation_config` without vLLM).
+        kwargs = {"max_new_tokens": args.max_completion_length, "do_sample": True, "temperature": args.temperature,
+                  "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
+                  "repetition_penalty": args.repetition_penalty, **(args.generation_kwargs or {})}
+        try:
+            Sampling.of(GenerationConfig(**kwargs))
+        except (Ungangable, ValueError, TypeError) as exc:
+            return str(exc)
+        return None
 
     def adapters_changed(self, names: Iterable[str]) -> None:
         """Nothing to do: every decode copies its adapters' current weights into the bank."""
@@ -279,8 +335,8 @@ class BatchedBackend:
                         done[i] = n
                     told(progress, Decoded(tuple(done), tuple(len(r.prompt_ids) for r in requests), d.tokens,
                                            d.max_tokens, d.seconds))
-                outs = ExactBackend(self.model, self.dtype).generate([requests[i] for i in routed], should_stop,
-                                                                     routed_progress if progress is not None else None)
+                outs = make_backend(EXACT, self.model, dtype=self.dtype).generate(
+                    [requests[i] for i in routed], should_stop, routed_progress if progress is not None else None)
             finally:
                 if self.model.active_adapter != active:
                     self.model.set_adapter(active)
@@ -590,9 +646,42 @@ class BatchedBackend:
         bucket.step.add_(1)
 
 
-def serves(model: Any) -> str | None:
-    """Why a `BatchedBackend` cannot serve `model`, or None (`rfopt.training.rollouts.backend.model_refusal`)."""
-    return model_refusal(model)
+_UNSERVED = {"layer_replication": "repeats layers the batched decoder does not repeat",
+             "use_qalora": "adapts a quantized layer the batched decoder does not serve",
+             "megatron_config": "adapts Megatron's parallel layers"}
+"""`LoraConfig` fields that make an adapter the batched backend does not decode, and why."""
 
 
-__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "decode_env", "decode_shape", "default_mode", "serves"]
+def lora_variant(peft: Any) -> str | None:
+    """The `LoraConfig` field (or ``init_lora_weights`` value) that makes `peft` one of PEFT's LoRA variants (DoRA,
+    aLoRA, Arrow, BD-LoRA, VeLoRA, MonteCLoRA, KaSA, MiCA, ...), as PEFT itself tells them (its fields' metadata), or
+    None for plain LoRA."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(peft):
+        return None
+    for spec in dataclasses.fields(peft):
+        value = getattr(peft, spec.name, None)
+        if spec.metadata.get("is_lora_variant") and value:
+            return spec.name
+        if value in spec.metadata.get("lora_variants", ()):
+            return f"{spec.name}={value!r}"
+    return None
+
+
+_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
+
+
+def _embedding_target(target_modules: Any) -> str | None:
+    """The embedding module name `target_modules` would adapt (a list of names, or a regular expression), if any."""
+    if target_modules is None or target_modules == "all-linear":  # PEFT's all-linear adapts Linear layers only
+        return None
+    if isinstance(target_modules, str):
+        return next((name for name in _EMBEDDINGS if re.fullmatch(target_modules, f"model.{name}")
+                     or re.fullmatch(target_modules, name)), None)
+    return next((t for t in target_modules if any(t == name or t.endswith("." + name) for name in _EMBEDDINGS)),
+                None)
+
+
+__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "decode_env", "decode_shape", "default_mode",
+           "lora_variant"]
