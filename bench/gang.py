@@ -173,7 +173,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     setup = quantized(setup, quantization)
 
     import rfopt
-    import rfopt.engine.unit
+    import rfopt.engine.running.unit
     import rfopt.training.memory
     import rfopt.training.models
     from rfopt.training import gang, rollouts
@@ -198,7 +198,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
             (rollouts.BatchedBackend, "generate", "decode"), (rollouts.ExactBackend, "generate", "decode"),
             (gang._MemberGlobals, "restore", "switching"),
             (gang._MemberGlobals, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
-            (rfopt.engine.unit, "evaluate_runners", "evaluation"),
+            (rfopt.engine.running.unit, "evaluate_runners", "evaluation"),
             (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
             (CheckpointStore, "save", "checkpoints"),
         ):
