@@ -13,7 +13,10 @@ Measured in one process:
    differ, and so does the work (their lengths): the mean completion length of each side is printed beside the ratio.
 2. **Where a gang's time goes**, per G: the batched decodes of rollouts; the rest of the members' training steps
    (rewards, loss, backward, optimizer); the hand-overs between members (random states, gradient state, model
-   patches, adapter switch); the evaluation (its decodes apart); checkpoints; the rest (storage, rungs, adapters).
+   patches, adapter switch); the evaluation after each chunk (its decode inside it, and shown on its own); the study's
+   baseline (the base model evaluated once, with no adapter: work plain TRL does not do; its decode likewise);
+   checkpoints; the rest (storage, rungs, best and final adapters). The parts sum to the wall time; plain TRL's own
+   evaluation time is printed beside them.
 3. **Generation throughput**: completion tokens per second of one `BatchedBackend.generate` call decoding G trials'
    rows together, of G calls decoding one trial's rows each, and of ``model.generate`` on one adapter G times.
 4. **Peak memory** of each gang run (the process's peak resident set, reset before the run; on a GPU
@@ -92,14 +95,21 @@ def _peak_rss() -> int | None:
 
 # ---------------------------------------------------------------------- timing by part
 class Parts:
-    """Wall seconds spent in a few functions during a gang study, by part; decodes told apart by where they ran."""
+    """Wall seconds spent in a few functions during a gang study, by part (each part's time includes what it calls);
+    decodes told apart by where they ran: in a gang's training (rollouts), in the study's baseline evaluation, or in
+    an evaluation after a chunk."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self._in_gang = 0
+        self._open: list[str] = []
 
     def add(self, part: str, seconds: float) -> None:
         self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+
+    def _decode_part(self) -> str:
+        if "gang" in self._open:
+            return "rollout_decode"
+        return "baseline_decode" if "baseline" in self._open else "eval_decode"
 
     @contextlib.contextmanager
     def wrapped(self, owner: Any, name: str, part: str) -> Iterator[None]:
@@ -108,15 +118,13 @@ class Parts:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
-            if part == "gang":
-                parts._in_gang += 1
+            where = parts._decode_part() if part == "decode" else part
+            parts._open.append(part)
             try:
                 return original(*args, **kwargs)
             finally:
-                if part == "gang":
-                    parts._in_gang -= 1
-                where = "rollout_decode" if part == "decode" and parts._in_gang else (
-                    "eval_decode" if part == "decode" else part)
+                # A gang's member (a greenlet) may leave its part after another member entered one: this one's goes.
+                del parts._open[len(parts._open) - 1 - parts._open[::-1].index(part)]
                 parts.add(where, time.perf_counter() - started)
 
         setattr(owner, name, wrapper)
@@ -176,6 +184,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     import rfopt.engine.running.unit
     import rfopt.training.memory
     import rfopt.training.models
+    from rfopt.engine.outputs.baselines import Baselines
     from rfopt.training import gang, rollouts
     from rfopt.storage import schema
     from rfopt.storage.checkpoints import CheckpointStore
@@ -198,7 +207,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
             (rollouts.BatchedBackend, "generate", "decode"), (rollouts.ExactBackend, "generate", "decode"),
             (gang._MemberGlobals, "restore", "switching"),
             (gang._MemberGlobals, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
-            (rfopt.engine.running.unit, "evaluate_runners", "evaluation"),
+            (rfopt.engine.running.unit, "evaluate_runners", "evaluation"), (Baselines, "_evaluate", "baseline"),
             (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
             (CheckpointStore, "save", "checkpoints"),
         ):
@@ -222,15 +231,20 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     training = s.get("gang", 0.0)  # every unit trains as a gang (a trial alone: a gang of one)
     # One trial at a time: its generation is TRL's own, inside the steps, not told apart here.
     rest_of_steps = training - s.get("rollout_decode", 0.0) - s.get("switching", 0.0)
+    # Each part's time includes its decodes: "evaluation_decode" is part of "evaluation", "baseline_decode" of
+    # "baseline"; the parts without a "_decode" twin sum to the wall time.
     breakdown = {
         "rollout_decode": s.get("rollout_decode", 0.0),
         "train_steps_rest": rest_of_steps,
         "switching": s.get("switching", 0.0),
         "evaluation": s.get("evaluation", 0.0),
         "evaluation_decode": s.get("eval_decode", 0.0),
+        "baseline": s.get("baseline", 0.0),
+        "baseline_decode": s.get("baseline_decode", 0.0),
         "checkpoints": s.get("checkpoints", 0.0),
     }
-    breakdown["storage_rungs_adapters"] = wall - training - breakdown["evaluation"] - breakdown["checkpoints"]
+    breakdown["storage_rungs_adapters"] = (wall - training - breakdown["evaluation"] - breakdown["baseline"]
+                                           - breakdown["checkpoints"])
     lengths = [m.train.get("completions/mean_length") for t in study.optuna.trials
                for m in schema.TrialRecord(t).unit_metrics()]
     dtype = rfopt.training.models.Placement.of(setup.device, setup.precision).compute_dtype()
@@ -352,16 +366,33 @@ def generation_throughput(setup: throughput.Setup, gangs: list[int], rows: int, 
 
 
 # ---------------------------------------------------------------------- main
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def study_arguments(parser: argparse.ArgumentParser, *, chunks: int, gangs: str) -> None:
+    """The options of a gang study that this script and bench/step_profile.py share (the model, the study's shape,
+    the gang sizes, torch's threads, the JSON result); `chunks` and `gangs` are each script's defaults."""
     parser.add_argument("--model", choices=sorted(throughput.MODELS), default="tiny")
     parser.add_argument("--configs", type=int, default=4, help="GRPO configs (trials)")
-    parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--chunks", type=int, default=chunks)
     parser.add_argument("--steps-per-chunk", type=int, default=1)
     parser.add_argument("--eval-prompts", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, help="default 16 (tiny), 64 (smollm2)")
-    parser.add_argument("--gangs", default="1,2,4", help="gang sizes of rfopt's side, comma-separated")
+    parser.add_argument("--gangs", default=gangs, help="gang sizes of rfopt's side, comma-separated")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--out", type=Path, help="JSON result; default /tmp/rfopt-bench/<model>-<result>.json")
+
+
+def study_args(parser: argparse.ArgumentParser, argv: list[str] | None, result: str) -> argparse.Namespace:
+    """`parser`'s arguments (made with `study_arguments`): ``--gangs`` as a list of sizes, ``--out`` defaulting to
+    ``/tmp/rfopt-bench/<model>-<result>.json``."""
+    args = parser.parse_args(argv)
+    args.gangs = [int(g) for g in args.gangs.split(",")]
+    args.out = args.out or Path(tempfile.gettempdir()) / "rfopt-bench" / f"{args.model}-{result}.json"
+    return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    study_arguments(parser, chunks=4, gangs="1,2,4")
     parser.add_argument("--gang-training", default="sequential",
                         help="gang training modes of rfopt's side, comma-separated (sequential, batched): each G runs "
                         "in each; a batched side is named G<g>-batched")
@@ -369,12 +400,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="how rfopt's gang sides load the base, comma-separated (none, nf4): each G runs with "
                         "each; an nf4 side is named G<g>-nf4 (QLoRA: needs bitsandbytes, pip install 'rfopt[qlora]')")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of every side, the order alternating")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--skip-study", action="store_true", help="only the generation throughput")
     parser.add_argument("--skip-generation", action="store_true", help="only the full study")
-    parser.add_argument("--out", type=Path, help="JSON result; default /tmp/rfopt-bench/<model>-gang.json")
-    args = parser.parse_args(argv)
-    args.gangs = [int(g) for g in args.gangs.split(",")]
+    args = study_args(parser, argv, "gang")
     args.quantization = [q.strip() for q in args.quantization.split(",")]
     unknown = [q for q in args.quantization if q not in QUANTIZATIONS]
     if unknown:
@@ -383,7 +411,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # whatever the mode.
     args.sides = [side_key(g, mode, q) for g in args.gangs for mode in args.gang_training.split(",")
                   for q in args.quantization if g > 1 or mode == "sequential"]
-    args.out = args.out or Path(tempfile.gettempdir()) / "rfopt-bench" / f"{args.model}-gang.json"
     return args
 
 
@@ -491,10 +518,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "weights: the loaded model's parameters and buffers; on the CPU, peak and held are the process's "
                   "resident set, which keeps what earlier sides freed)")
         print()
-        print("where a gang run's time goes (last repeat, seconds):")
+        print("where a gang run's time goes (last repeat, seconds; a part's decode is inside it, the parts sum to the "
+              "wall time):")
+        plain = record["repeats"][-1]["plain"]
+        print(f"  plain: evaluation {plain['evaluation_s']:.1f} (model.generate included) of {plain['wall_s']:.1f}")
         for key in args.sides:
             parts = record["repeats"][-1][key]["parts_s"]
-            print(f"  {key}: " + ", ".join(f"{name} {value:.1f}" for name, value in parts.items()))
+            print(f"  {key}: " + ", ".join(
+                f"{name} {value:.1f}" + (f" (its decode {parts[name + '_decode']:.1f})" if name + "_decode" in parts
+                                         else "")
+                for name, value in parts.items() if not name.endswith("_decode") or name == "rollout_decode"))
     if not args.skip_generation:
         print()
         print("generation throughput (completion tokens per second):")

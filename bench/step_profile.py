@@ -16,7 +16,8 @@ functions, scoring (advantages, reward metrics), old-policy / reference log-prob
 forward, the loss math and its metrics, backward, clipping, the optimizer, the scheduler, ``zero_grad``, TRL's
 logging, the callbacks (rfopt's chunk boundary, progress), ``train()``/``eval()`` walks, the trainer's construction,
 ``Trainer.train``'s own loop and ``free_memory``, switching between members. And the unit's bookkeeping, per unit:
-evaluation, checkpoints (the state's copy apart), the commit (storage), the best adapter, the final adapter, the
+evaluation, the study's baseline (its base model evaluated once, decode included: work plain TRL does not do),
+checkpoints (the state's copy apart), the commit (storage), the best adapter, the final adapter, the
 gang plan, loading, the rest (scheduler, rungs, storage reads). Gradient checkpointing and mixed precision are
 printed as the configs set them (the bench's configs: checkpointing off, float32 on the CPU: autocast is a no-op).
 
@@ -44,6 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gang  # noqa: E402 - bench/gang.py: the options of a gang study
 import throughput  # noqa: E402 - bench/throughput.py: the configs, the data, the warm-up
 
 STEP_PARTS = (
@@ -54,8 +56,8 @@ STEP_PARTS = (
     "free_memory (gc)", "chunk set-up (rest)", "switching", "gang driver",
 )
 UNIT_PARTS = (
-    "evaluation decode", "evaluation (rest)", "checkpoint: state copy", "checkpoint: files", "commit (storage)",
-    "best adapter", "final adapter", "gang plan", "load (prepare)", "rest (scheduler, rungs, storage reads)",
+    "evaluation decode", "evaluation (rest)", "baseline evaluation", "checkpoint: state copy", "checkpoint: files",
+    "commit (storage)", "best adapter", "final adapter", "gang plan", "load (prepare)", "rest (scheduler, rungs, storage reads)",
 )
 
 
@@ -134,6 +136,8 @@ def _logps_part(stack: list[str]) -> str:
 
 
 def _decode_part(stack: list[str]) -> str:
+    if "baseline evaluation" in stack:  # the study's base model, evaluated once: its decode is its own
+        return "baseline evaluation"
     return "evaluation decode" if "evaluation (rest)" in stack else "rollout decode"
 
 
@@ -151,6 +155,7 @@ def _targets() -> list[tuple[Any, str, Any]]:
     from trl import GRPOTrainer
 
     import rfopt.engine.running.unit as unit
+    from rfopt.engine.outputs.baselines import Baselines
     import rfopt.storage.schema as schema
     import rfopt.training.models as models
     from rfopt.storage.checkpoints import CheckpointStore
@@ -184,6 +189,7 @@ def _targets() -> list[tuple[Any, str, Any]]:
         (models.ModelPool, "activate", "switching"),
         (gang.Gang, "train", "gang driver"),
         (unit, "evaluate_runners", "evaluation (rest)"),
+        (Baselines, "_evaluate", "baseline evaluation"),
         (TrialRunner, "state", "checkpoint: state copy"),
         (CheckpointStore, "save_gang", "checkpoint: files"), (CheckpointStore, "save", "checkpoint: files"),
         (unit, "commit", "commit (storage)"),
@@ -255,19 +261,8 @@ def print_table(runs: list[dict[str, Any]]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=sorted(throughput.MODELS), default="tiny")
-    parser.add_argument("--configs", type=int, default=4, help="GRPO configs (trials)")
-    parser.add_argument("--chunks", type=int, default=2)
-    parser.add_argument("--steps-per-chunk", type=int, default=1)
-    parser.add_argument("--eval-prompts", type=int, default=8)
-    parser.add_argument("--max-completion-length", type=int, help="default 16 (tiny), 64 (smollm2)")
-    parser.add_argument("--gangs", default="1,4", help="gang sizes, comma-separated")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-    parser.add_argument("--out", type=Path, help="JSON result; default /tmp/rfopt-bench/<model>-step-profile.json")
-    args = parser.parse_args(argv)
-    args.gangs = [int(g) for g in args.gangs.split(",")]
-    args.out = args.out or Path(tempfile.gettempdir()) / "rfopt-bench" / f"{args.model}-step-profile.json"
-    return args
+    gang.study_arguments(parser, chunks=2, gangs="1,4")  # bench/gang.py's options of a gang study
+    return gang.study_args(parser, argv, "step-profile")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
