@@ -74,13 +74,13 @@ def work(args: argparse.Namespace) -> int:
 def _leave_without_teardown() -> None:
     """End a process of a data-parallel group now, its work committed and its output flushed, without the
     interpreter's teardown. There, one process in a few died with "terminate called without an active exception"
-    (SIGABRT, the launcher's exit 250). The cause, from a core dump: once DDP has run a backward, the gloo process
-    group outlives ``destroy_process_group`` (torch keeps a C++ reference no Python object shows), so its worker
+    (SIGABRT, the launcher's exit 250). The cause, from a core dump: once a model has been wrapped in DDP, the gloo
+    process group outlives ``destroy_process_group`` (torch keeps a C++ reference no Python object shows), so its worker
     threads are not joined there; a worker thread drops the last collective's work (``broadcast_object_list``'s
     tensors, whose Python objects they own) a moment after the main thread resumed, and where the interpreter is
     finalizing by then, the GIL it takes for that ends the thread (``pthread_exit``) inside a noexcept destructor.
-    A 40-line torch-only script (two gloo ranks, DDP forward and backward, broadcast_object_list, destroy) aborts
-    so in 7 runs of 25 on a loaded 2-core machine, in none without the backward. Skipping the teardown skips it."""
+    A 40-line torch-only script (two gloo ranks, a DDP forward and backward, broadcast_object_list, destroy) aborts
+    so in 7 runs of 25 on a loaded 2-core machine, in none of 13 without DDP. Skipping the teardown skips it."""
     import logging
     import os
     import sys
