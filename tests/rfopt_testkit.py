@@ -241,3 +241,18 @@ def saved_bytes(roots, exclude=frozenset()):
                         seen[storage.data_ptr()] = storage.nbytes()
         stack.extend(fn for fn, _ in node.next_functions)
     return sum(seen.values())
+
+
+def record_gang_modes(monkeypatch) -> list[tuple[int, str]]:
+    """(members, training mode) of every `rfopt.training.gang.Gang` built while the test runs, in order."""
+    from rfopt.training import gang as gang_module
+
+    modes: list[tuple[int, str]] = []
+    init = gang_module.Gang.__init__
+
+    def recording(self, backend, members, training=gang_module.DEFAULT_GANG_TRAINING, **kwargs):
+        modes.append((len(members), training))
+        init(self, backend, members, training, **kwargs)
+
+    monkeypatch.setattr(gang_module.Gang, "__init__", recording)
+    return modes

@@ -19,7 +19,8 @@ from rfopt.training.batched_step import BatchedBackbone, ForwardRequest, adapter
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.runner import TrialRunner
-from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, saved_bytes, trial_config
+from rfopt_testkit import (lora_config, prompts_dataset, record_gang_modes, reward_len, reward_raises, saved_bytes,
+                           trial_config)
 
 TOLERANCE = 1e-5
 
@@ -295,14 +296,7 @@ def test_every_gang_of_a_run_trains_in_the_mode_the_run_gives(scripted, tiny_mod
                                                                trained):
     import rfopt
 
-    modes = []
-    init = Gang.__init__
-
-    def recording(self, backend, members, training=gang_module.DEFAULT_GANG_TRAINING, **kwargs):
-        modes.append((len(members), training))
-        init(self, backend, members, training, **kwargs)
-
-    monkeypatch.setattr(Gang, "__init__", recording)
+    modes = record_gang_modes(monkeypatch)
     study = rfopt.create_study(study_name="mode", storage=f"sqlite:///{tmp_path / 'mode.db'}", num_chunks=2,
                                checkpoint_dir=tmp_path / "ck")
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])

@@ -22,7 +22,8 @@ from rfopt.training.models import ModelPool
 from rfopt.training.rollouts import Sampling
 from rfopt.training.runner import TrialRunner
 from rfopt.engine.planning.scheduler import LiveTrial, next_gang
-from rfopt_testkit import lora_config, prompts_dataset, reward_len, reward_raises, reward_vowels, trial_config
+from rfopt_testkit import (lora_config, prompts_dataset, record_gang_modes, reward_len, reward_raises, reward_vowels,
+                           trial_config)
 from scripted_runner import ScriptedRunner
 
 
@@ -291,7 +292,6 @@ def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny
 
 def test_a_batched_gang_that_would_not_fit_trains_sequentially_and_says_so_once(scripted, tiny_model, tmp_path,
                                                                                 monkeypatch, caplog):
-    from rfopt.training import gang as gang_module
     from rfopt.training import memory, models
 
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
@@ -303,14 +303,7 @@ def test_a_batched_gang_that_would_not_fit_trains_sequentially_and_says_so_once(
     room = estimate.need(3, with_base=False) * 1.21
     assert room < estimate.need(3, with_base=False, batched=True) * 1.2
     monkeypatch.setattr(models, "free_bytes", lambda device: int(room))
-    modes = []
-    init = Gang.__init__
-
-    def recording(self, backend, members, training=gang_module.DEFAULT_GANG_TRAINING, **kwargs):
-        modes.append((len(members), training))
-        init(self, backend, members, training, **kwargs)
-
-    monkeypatch.setattr(Gang, "__init__", recording)
+    modes = record_gang_modes(monkeypatch)
     study = _study(tmp_path)
     with caplog.at_level("WARNING", logger="rfopt"):
         study.optimize(configs, train, prompts_dataset(2, "E"), gang_size=3, gang_training="batched",

@@ -6,6 +6,7 @@ token for token, whoever shares the call; a request's samples depend on its seed
 whose adapter emits one token changes no other completion; a request whose logits cannot be sampled fails alone;
 ``should_stop`` stops between two tokens."""
 
+import contextlib
 import math
 
 import pytest
@@ -83,6 +84,21 @@ def _generate_alone(model, tokenizer, adapter, rows, max_new_tokens=16):
     return completions
 
 
+@contextlib.contextmanager
+def _nan_adapter(model, target_modules):
+    """An adapter named ``nan`` on `model` whose LoRA A weights are all NaN (its logits cannot be sampled), deleted
+    afterwards."""
+    model.add_adapter("nan", LoraConfig(r=2, lora_alpha=2, target_modules=target_modules, init_lora_weights=False))
+    try:
+        for module in model.modules():
+            if hasattr(module, "lora_A") and "nan" in module.lora_A:
+                with torch.no_grad():
+                    module.lora_A["nan"].weight.fill_(math.nan)
+        yield
+    finally:
+        model.delete_adapter("nan")
+
+
 def _tokens(outcomes):
     return [o.token_ids if not isinstance(o, Exception) else o for o in outcomes]
 
@@ -142,19 +158,12 @@ def test_a_partner_whose_adapter_emits_one_token_changes_no_other_completion(ada
 def test_a_request_whose_logits_cannot_be_sampled_fails_alone(adapters, backend_of):
     model, tokenizer = adapters
     rows = _ids(tokenizer)
-    model.add_adapter("nan", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj"], init_lora_weights=False))
-    try:
-        for module in model.modules():
-            if hasattr(module, "lora_A") and "nan" in module.lora_A:
-                with torch.no_grad():
-                    module.lora_A["nan"].weight.fill_(math.nan)
+    with _nan_adapter(model, ["q_proj"]):
         sampling = _sampling(tokenizer)
         backend = backend_of(model)
         out = backend.generate([GenerationRequest("nan", rows, sampling, seed=1),
                                 GenerationRequest("a", rows, sampling, seed=3)])
         alone = backend.generate([GenerationRequest("a", rows, sampling, seed=3)])[0]
-    finally:
-        model.delete_adapter("nan")
     assert isinstance(out[0], RuntimeError)
     assert out[1].token_ids == alone.token_ids
 
@@ -164,13 +173,7 @@ def test_a_request_decoded_where_a_nan_adapters_rows_were_is_not_contaminated_by
     the prompts held NaN keys and values (masked, but a masked NaN times a weight of 0 is still NaN)."""
     model, tokenizer = adapters
     rows = _ids(tokenizer)
-    model.add_adapter("nan", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj", "v_proj"],
-                                        init_lora_weights=False))
-    try:
-        for module in model.modules():
-            if hasattr(module, "lora_A") and "nan" in module.lora_A:
-                with torch.no_grad():
-                    module.lora_A["nan"].weight.fill_(math.nan)
+    with _nan_adapter(model, ["q_proj", "v_proj"]):
         sampling = _sampling(tokenizer)
         backend = backend_of(model)
         fresh = backend_of(model).generate([GenerationRequest("a", rows, sampling, seed=3),
@@ -179,8 +182,6 @@ def test_a_request_decoded_where_a_nan_adapters_rows_were_is_not_contaminated_by
                                    GenerationRequest("nan", rows, sampling, seed=1)])
         after = backend.generate([GenerationRequest("a", rows, sampling, seed=3),
                                   GenerationRequest("b", rows, sampling, seed=4)])
-    finally:
-        model.delete_adapter("nan")
     assert isinstance(failed[1], RuntimeError) and failed[0].token_ids == fresh[0].token_ids
     assert not any(isinstance(o, Exception) for o in after), after
     assert _tokens(after) == _tokens(fresh)
