@@ -113,7 +113,13 @@ def test_ctrl_c_releases_the_actors_and_leaves_every_trial_to_resume_where_it_wa
     while any(_alive(pid) for pid in actors) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in actors)  # released with the cluster the command started
-    assert any(t.state == optuna.trial.TrialState.RUNNING for t in trials(storage))
+    states = {t.number: t.state for t in trials(storage)}
+    # Ctrl-C lets the units in flight commit: where those were the sweep's last (4 trials x 2 chunks on the tiny model
+    # can end within the interrupt's handling), every trial has ended; otherwise some trial is left to resume.
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    assert (any(s == optuna.trial.TrialState.RUNNING for s in states.values())
+            or (len(states) == 4 and all(s in finished for s in states.values()))), states
+    assert optuna.trial.TrialState.FAIL not in states.values(), states
     rerun = rfopt_command("run", str(STUDY_FILE), "--storage", storage, "--checkpoint-dir", str(tmp_path / "ck"),
                           "--no-progress")
     assert run(rerun, tmp_path, env(tiny_model, **SWEEP), tmp_path / "rerun.log") == 0
