@@ -270,14 +270,21 @@ def test_the_memory_estimate_counts_each_adapter_and_the_base_model_as_built(tin
     assert estimate.step > 0 and len(estimate.decode) == 2 and estimate.total > estimate.base
 
 
-def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny_model, tmp_path, monkeypatch, caplog):
-    from rfopt.training import memory, models
+def _three_configs_and_their_gang_memory(tiny_model):
+    """Three LoRA configs of the tiny model, 8 training prompts, and the gang memory plan of the three."""
+    from rfopt.training import memory
 
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
     train = prompts_dataset(8)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     longest = max(map(len, EvalPrompts.of(train, tokenizer).token_ids(tokenizer)))
-    estimate = memory.gang_memory(configs, longest, eval_rows=2)
+    return configs, train, memory.gang_memory(configs, longest, eval_rows=2)
+
+
+def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny_model, tmp_path, monkeypatch, caplog):
+    from rfopt.training import models
+
+    configs, train, estimate = _three_configs_and_their_gang_memory(tiny_model)
     # Room for two members beside the (resident) base model, not three.
     room = estimate.need(2, with_base=False) * 1.21
     monkeypatch.setattr(models, "free_bytes", lambda device: int(room))
@@ -292,13 +299,9 @@ def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny
 
 def test_a_batched_gang_that_would_not_fit_trains_sequentially_and_says_so_once(scripted, tiny_model, tmp_path,
                                                                                 monkeypatch, caplog):
-    from rfopt.training import memory, models
+    from rfopt.training import models
 
-    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
-    train = prompts_dataset(8)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    longest = max(map(len, EvalPrompts.of(train, tokenizer).token_ids(tokenizer)))
-    estimate = memory.gang_memory(configs, longest, eval_rows=2)
+    configs, train, estimate = _three_configs_and_their_gang_memory(tiny_model)
     # Room for the three taking their steps one after another, beside the (resident) base model; not batched.
     room = estimate.need(3, with_base=False) * 1.21
     assert room < estimate.need(3, with_base=False, batched=True) * 1.2
