@@ -537,3 +537,30 @@ def test_padding_to_the_ladder_changes_no_rows_completion(seven, monkeypatch):
     assert padded == exact
     (padded_key,), (exact_key,) = padded_backend._buckets, exact_backend._buckets
     assert padded_key[:3] == (4, 4, 64) and exact_key[:2] == (3, 3) and exact_key[2] < 64  # it was padded
+
+
+def test_a_step_on_the_cpu_attends_only_the_columns_written_and_decodes_the_same_bits(seven, monkeypatch):
+    """Run eagerly on the CPU, a decode step attends the cache columns written so far, in whole blocks of
+    `LIVE_BLOCK`, not the whole padded cache: the tokens and log-probs are bit for bit those of steps that attend it
+    whole (a bucket of 256 columns, of which the first steps use one block)."""
+    from rfopt.training.rollouts import batched
+
+    model, tokenizer = seven
+    rows = _ids(tokenizer)
+    requests = [GenerationRequest("t0", rows, _sampling(tokenizer, do_sample=False, max_new_tokens=150), logprobs=True),
+                GenerationRequest("t1", rows, _sampling(tokenizer, temperature=0.9, top_p=0.9, max_new_tokens=150),
+                                  seed=3, logprobs=True)]
+
+    def decoded(block):
+        monkeypatch.setattr(batched, "LIVE_BLOCK", block)
+        backend = BatchedBackend(model, mode="eager")
+        out = backend.generate(requests)
+        ((groups, per_group, length, *_),) = backend._buckets
+        return [(o.token_ids, o.logprobs) for o in out], backend.stats, length
+
+    trimmed, stats, length = decoded(batched.LIVE_BLOCK)
+    whole, whole_stats, _ = decoded(None)
+    assert trimmed == whole
+    assert length == 256 and stats.cached == whole_stats.columns == whole_stats.cached
+    assert stats.columns < 0.8 * stats.cached  # it did leave columns out
+    assert any(len(ids) > 64 for ids in trimmed[1][0])  # rows ran past the first block

@@ -12,7 +12,8 @@ together, in four parts:
   sampling settings, seen tokens, noise keys and outputs, all preallocated and written in place;
 - the **step** (`_step`): one token for every row, a pure function of those buffers (the model's forward with a 4D
   mask built from them, then `rfopt.training.rollouts.sampler.sample`), with no host synchronisation, no Python hook
-  and no shape that depends on the data. On a CUDA device it is captured once per bucket as a CUDA graph and replayed
+  and no shape that depends on the data (but one: run eagerly on the CPU, a step attends only the cache columns written
+  so far, in whole blocks of `LIVE_BLOCK`, which gives the same bits). On a CUDA device it is captured once per bucket as a CUDA graph and replayed
   for every token (``RFOPT_DECODE=graph``, the default there), or compiled by ``torch.compile`` and then captured
   (``compiled``), or run eagerly (``eager``, the default on the CPU). Capturing costs one eager step; a bucket's graph
   serves every later decode of that shape, across chunks and trials, as long as the bank keeps its buffers (and
@@ -61,6 +62,11 @@ MAX_ROWS = 256
 """Rows decoded at once, at most; more are decoded in several rounds."""
 MAX_BUCKETS = 8
 """Buckets (each with its cache and captured step) kept per backend, the least recently used dropped first."""
+LIVE_BLOCK = 64
+"""On the CPU an eager step attends only the cache columns written so far, rounded up to a multiple of this: the
+columns past them are masked and add nothing, and leaving out whole blocks of 64 gives the same bits as attending them
+(torch's CPU attention reduces over whole blocks: `tests/training/test_rollouts.py` checks a decode's tokens and
+log-probs equal with and without). None: every step attends the whole cache."""
 MODES = ("eager", "graph", "compiled")
 
 
@@ -109,6 +115,11 @@ class DecodeStats:
     capture_seconds: float = 0.0
     routed: int = 0
     """Requests it could not sample, decoded on the exact path (``model.generate``) instead."""
+    columns: int = 0
+    """Cache columns the decode steps attended, summed over steps (`LIVE_BLOCK`)."""
+    cached: int = 0
+    """Cache columns the decode steps' buckets hold, summed over steps: `columns` is as many where every step attends
+    the whole cache."""
 
 
 @dataclass
@@ -390,15 +401,24 @@ class BatchedBackend:
             self._load(bucket, parts, source, cache, width, lengths)
             self._emit(bucket, logits.index_select(0, torch.tensor(source, device=self.device)))
             iterations = 1
-            for t in range(1, steps):
-                if tick is not None:
-                    tick(t, steps, time.perf_counter() - started)
-                if should_stop is not None and should_stop():
-                    raise DecodeAborted("decoding stopped")
-                if t % CHECK_EVERY == 0 and bool(bucket.done.all()):
-                    break
-                self._run_step(bucket)
-                iterations += 1
+            trims = LIVE_BLOCK is not None and bucket.graph is None and self.device.type == "cpu"
+            try:
+                for t in range(1, steps):
+                    if tick is not None:
+                        tick(t, steps, time.perf_counter() - started)
+                    if should_stop is not None and should_stop():
+                        raise DecodeAborted("decoding stopped")
+                    if t % CHECK_EVERY == 0 and bool(bucket.done.all()):
+                        break
+                    # The step writes column width + t - 1 and attends every column up to it.
+                    if trims:
+                        bucket.cache.live = min(bucket.length, -(-(width + t) // LIVE_BLOCK) * LIVE_BLOCK)
+                    self._run_step(bucket)
+                    self.stats.columns += bucket.cache.live or bucket.length
+                    self.stats.cached += bucket.length
+                    iterations += 1
+            finally:
+                bucket.cache.live = None
             out = bucket.out[:, :steps].tolist()
             logprobs = bucket.logprobs[:, :steps].tolist() if bucket.logprobs is not None else None
             bad = bucket.bad.tolist()
@@ -480,7 +500,7 @@ class BatchedBackend:
         device = self.device
         config = self._view.config
         vocab = int(config.get_text_config(decoder=True).vocab_size)
-        static = StaticCache(config=config, max_cache_len=length)
+        static = _live_cache(StaticCache)(config=config, max_cache_len=length)
         layers = cache.layers
         static.early_initialization(batch_size=rows, num_heads=[layer.keys.shape[1] for layer in layers],
                                     head_dim=[layer.keys.shape[3] for layer in layers], dtype=layers[0].keys.dtype,
@@ -614,7 +634,8 @@ class BatchedBackend:
         bucket's buffers, updated in place (see the module docstring)."""
         import torch
 
-        keep = bucket.keep & (bucket.columns <= bucket.cursor)
+        live = bucket.cache.live  # None: the whole cache (a captured step always reads it whole)
+        keep = bucket.keep[:, :live] & (bucket.columns[:live] <= bucket.cursor)
         if self._attention == "sdpa":
             mask = keep[:, None, None, :]
         else:  # eager attention adds a float mask
@@ -645,6 +666,25 @@ class BatchedBackend:
         bucket.tokens.copy_(tokens[:, None])
         bucket.step.add_(1)
 
+
+def _live_cache(static_cache: type) -> type:
+    """transformers' `StaticCache` whose `update` returns the keys and values of its first ``live`` columns only (all
+    of them while ``live`` is None): the columns an eager CPU step attends (`LIVE_BLOCK`)."""
+    if "LiveCache" not in _CLASSES:
+        class LiveCache(static_cache):  # type: ignore[misc, valid-type]
+            live: int | None = None
+
+            def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+                keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+                if self.live is None:
+                    return keys, values
+                return keys[:, :, :self.live], values[:, :, :self.live]
+
+        _CLASSES["LiveCache"] = LiveCache
+    return _CLASSES["LiveCache"]
+
+
+_CLASSES: dict[str, type] = {}
 
 _UNSERVED = {"layer_replication": "repeats layers the batched decoder does not repeat",
              "use_qalora": "adapts a quantized layer the batched decoder does not serve",
@@ -683,5 +723,5 @@ def _embedding_target(target_modules: Any) -> str | None:
                 None)
 
 
-__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "MODES", "decode_env", "decode_shape", "default_mode",
+__all__ = ["BatchedBackend", "CHECK_EVERY", "DecodeStats", "LIVE_BLOCK", "MODES", "decode_env", "decode_shape", "default_mode",
            "lora_variant"]
