@@ -564,3 +564,35 @@ def test_a_step_on_the_cpu_attends_only_the_columns_written_and_decodes_the_same
     assert length == 256 and stats.cached == whole_stats.columns == whole_stats.cached
     assert stats.columns < 0.8 * stats.cached  # it did leave columns out
     assert any(len(ids) > 64 for ids in trimmed[1][0])  # rows ran past the first block
+
+
+def test_prompts_that_share_a_prefix_have_it_prefilled_once_per_group_and_decode_as_generate_does(adapters):
+    """An evaluation's prompts share their chat template's system prompt: the prefill computes it once per group (one
+    adapter's keys and values) and each prompt's rest after it. Greedy rows are still ``model.generate``'s through
+    each adapter, token for token, and prompts with no such prefix are prefilled whole."""
+    from rfopt.training.rollouts.batched import MIN_PREFIX, shared_prefix
+
+    model, tokenizer = adapters
+    system = {"role": "system", "content": "Answer in one short sentence, and show the arithmetic you did first."}
+    rows = [tokenizer.apply_chat_template([system, {"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    assert shared_prefix(rows) >= MIN_PREFIX
+    greedy = _sampling(tokenizer, do_sample=False)
+    backend = BatchedBackend(model, mode="eager")
+    together = _tokens(backend.generate([GenerationRequest(name, rows, greedy) for name in "abc"]))
+    assert backend.stats.prefix_tokens == shared_prefix(rows) * (len(rows) - 1) * 3
+    for name, got in zip("abc", together):
+        assert got == _generate_alone(model, tokenizer, name, rows), name
+    plain = _ids(tokenizer)
+    assert shared_prefix(plain) < MIN_PREFIX
+    backend.generate([GenerationRequest("a", plain, greedy)])
+    assert backend.stats.prefix_tokens == shared_prefix(rows) * (len(rows) - 1) * 3  # nothing shared this time
+
+
+def test_a_shared_prefix_leaves_every_prompt_its_last_token():
+    from rfopt.training.rollouts.batched import shared_prefix
+
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3]]) == 2
+    assert shared_prefix([[5, 2], [1, 2]]) == 0
+    assert shared_prefix([[7]]) == 0

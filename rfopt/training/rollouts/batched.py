@@ -55,7 +55,10 @@ from .sampler import Features, RowSettings, Sampling, Ungangable, row_key, sampl
 logger = logging.getLogger("rfopt")
 
 CHECK_EVERY = 8
-"""Tokens between two reads of whether every row is done (each read waits for the device)."""
+"""Tokens between two reads of whether every row is done (each read waits for the device; on the CPU it is read
+after every token: no wait)."""
+MIN_PREFIX = 16
+"""The shortest prefix shared by a decode's prompts that its prefill computes once per group (`_prefill`)."""
 MIN_LENGTH = 64
 """The shortest cache length of a bucket (`decode_shape`)."""
 MAX_ROWS = 256
@@ -115,6 +118,8 @@ class DecodeStats:
     capture_seconds: float = 0.0
     routed: int = 0
     """Requests it could not sample, decoded on the exact path (``model.generate``) instead."""
+    prefix_tokens: int = 0
+    """Prompt tokens the prefills did not compute again: a prefix shared by a group's prompts, computed once."""
     columns: int = 0
     """Cache columns the decode steps attended, summed over steps (`LIVE_BLOCK`)."""
     cached: int = 0
@@ -175,6 +180,20 @@ def decode_shape(requests: int, rows: int, tokens: int) -> tuple[int, int, int]:
     (4, 8, 256)
     """
     return _pow2(requests), _pow2(rows), max(MIN_LENGTH, _pow2(tokens))
+
+
+def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """How many first tokens every prompt of `prompts` shares, leaving each at least its last token.
+
+    >>> shared_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]])
+    2
+    """
+    shortest = min(map(len, prompts)) - 1
+    first = prompts[0]
+    for n in range(max(0, shortest)):
+        if any(p[n] != first[n] for p in prompts):
+            return n
+    return max(0, shortest)
 
 
 def _rows_done(requests: Sequence[GenerationRequest], results: list[Any]) -> tuple[int, ...]:
@@ -394,11 +413,12 @@ class BatchedBackend:
             samplings = [r.sampling for r, _ in parts]
             features = Features.of(samplings, logprobs=any(r.logprobs for r, _ in parts))
             eos_width = _pow2(max(1, max(len(s.eos_token_ids) for s in samplings)))
-            logits, cache, lengths = self._prefill(parts, distinct, prefill_rows)
+            logits, cache, lengths, prefix = self._prefill(parts, distinct, prefill_rows)
+            width = cache.layers[0].keys.shape[2]  # at most the longest prompt: a shared prefix is held once
             prefilled = time.perf_counter()
             self._bank.groups = groups  # the decode steps: every group of the bucket, padding included
             bucket = self._bucket(groups, per_group, length, features, eos_width, cache)
-            self._load(bucket, parts, source, cache, width, lengths)
+            self._load(bucket, parts, source, cache, width, lengths, prefix)
             self._emit(bucket, logits.index_select(0, torch.tensor(source, device=self.device)))
             iterations = 1
             trims = LIVE_BLOCK is not None and bucket.graph is None and self.device.type == "cpu"
@@ -408,7 +428,7 @@ class BatchedBackend:
                         tick(t, steps, time.perf_counter() - started)
                     if should_stop is not None and should_stop():
                         raise DecodeAborted("decoding stopped")
-                    if t % CHECK_EVERY == 0 and bool(bucket.done.all()):
+                    if (t % CHECK_EVERY == 0 or self.device.type == "cpu") and bool(bucket.done.all()):
                         break
                     # The step writes column width + t - 1 and attends every column up to it.
                     if trims:
@@ -460,27 +480,46 @@ class BatchedBackend:
             self._pool = None  # the graphs that shared it are gone: a new capture needs a new pool
 
     def _prefill(self, parts: list[tuple[GenerationRequest, list[int]]], distinct: list[list[list[int]]],
-                 prefill_rows: int) -> tuple[Any, Any, list[int]]:
+                 prefill_rows: int) -> tuple[Any, Any, list[int], int]:
         """The distinct prompts through the view (group by group, padded to `prefill_rows` each): the last logits of
-        each (float32), the dynamic cache, and each prefill row's prompt length."""
+        each (float32), the dynamic cache, each prefill row's prompt length, and the length of the prefix they share.
+
+        Prompts that share a prefix of at least `MIN_PREFIX` tokens (an evaluation's prompts, rendered by one chat
+        template with one system prompt) have it prefilled once per group, and then each its own rest, after it: the
+        cache holds the prefix in its first columns, then each row's rest padded on the left (the padding masked, the
+        positions each token's own), so its columns are the prefix's, the padding's and the rest's in that order."""
         import torch
         from transformers import DynamicCache
 
         prompts = []
         for mine in distinct:
             prompts += mine + [mine[0]] * (prefill_rows - len(mine))
+        lengths = [len(p) for p in prompts]
+        prefix = shared_prefix(prompts) if prefill_rows > 1 else 0
+        if prefix < MIN_PREFIX:
+            prefix = 0
         pad = parts[0][0].sampling.pad_token_id
-        width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        rest = max(lengths) - prefix
+        ids = torch.full((len(prompts), rest), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), prefix + rest), dtype=torch.long)
+        mask[:, :prefix] = 1
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+            ids[i, rest - (len(p) - prefix):] = torch.tensor(p[prefix:], dtype=torch.long)
+            mask[i, prefix + rest - (len(p) - prefix):] = 1
         cache = DynamicCache()
-        out = self._view(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :].float(), out.past_key_values, [len(p) for p in prompts]
+        if prefix:  # once per group (a group's adapter makes its own keys and values), then one copy for each row
+            head = torch.tensor([prompts[0][:prefix]] * len(distinct), dtype=torch.long, device=self.device)
+            shared = self._view(input_ids=head, position_ids=torch.arange(prefix, device=self.device)[None],
+                                past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1).past_key_values
+            for index, layer in enumerate(shared.layers):
+                cache.update(layer.keys.repeat_interleave(prefill_rows, dim=0),
+                             layer.values.repeat_interleave(prefill_rows, dim=0), index)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        out = self._view(input_ids=ids, attention_mask=mask,
+                         position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0)[:, prefix:], past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        self.stats.prefix_tokens += prefix * (len(prompts) - len(distinct))
+        return out.logits[:, -1, :].float(), out.past_key_values, lengths, prefix
 
     # ------------------------------------------------------------------ buckets
     def _bucket(self, groups: int, per_group: int, length: int, features: Features, eos_width: int,
@@ -554,8 +593,9 @@ class BatchedBackend:
         self.stats.capture_seconds += time.perf_counter() - started
 
     def _load(self, bucket: _Bucket, parts: list[tuple[GenerationRequest, list[int]]], source: list[int],
-              cache: Any, width: int, lengths: list[int]) -> None:
-        """Write this decode's state into the bucket's buffers, in place."""
+              cache: Any, width: int, lengths: list[int], prefix: int = 0) -> None:
+        """Write this decode's state into the bucket's buffers, in place: `cache`'s `width` columns (`prefix` of them
+        the shared prefix, `_prefill`)."""
         import torch
 
         device = self.device
@@ -576,7 +616,7 @@ class BatchedBackend:
         keep = torch.ones((rows, bucket.length), dtype=torch.bool)
         positions = torch.zeros((rows, 1), dtype=torch.long)
         for row, src in enumerate(source):
-            keep[row, : width - lengths[src]] = False  # the prefill's left padding
+            keep[row, prefix: width - (lengths[src] - prefix)] = False  # the prefill's padding, after the prefix
             positions[row, 0] = lengths[src]
         samplings: list[Sampling] = []
         keys, limit, pad, eos, real = [], [], [], [], []
