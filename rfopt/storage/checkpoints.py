@@ -193,6 +193,8 @@ class CheckpointStore:
         self._files = files_at(root)
         self._files.create()
         self.root = self._files.location("")
+        self._tokenizers: dict[int, tuple[Any, tuple[Any, ...], dict[str, bytes]]] = {}
+        """Each tokenizer's files as ``save_pretrained`` wrote them, by the tokenizer's identity (`_tokenizer_files`)."""
 
     # ------------------------------------------------------------------ which study the store belongs to
     def owner(self) -> dict[str, Any] | None:
@@ -463,11 +465,13 @@ class CheckpointStore:
     # ------------------------------------------------------------------ final and best adapters
     def save_adapter(self, trial_number: int, model: Any, adapter: str, tokenizer: Any = None) -> Location:
         """Save a PEFT adapter so that ``PeftModel.from_pretrained(base, path)`` loads it (after `download` from a URL)."""
-        return self._save_dir(f"{_trial_key(trial_number)}/adapter", _weights_writer(model, adapter, tokenizer))
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter",
+                              _weights_writer(model, adapter, self._tokenizer_files(tokenizer)))
 
     def save_model(self, trial_number: int, model: Any, tokenizer: Any = None) -> Location:
         """Save a fully fine-tuned model (no adapter) where the adapter would go."""
-        return self._save_dir(f"{_trial_key(trial_number)}/adapter", _weights_writer(model, None, tokenizer))
+        return self._save_dir(f"{_trial_key(trial_number)}/adapter",
+                              _weights_writer(model, None, self._tokenizer_files(tokenizer)))
 
     def best_dir(self, trial_number: int) -> Location:
         return self._files.location(f"{_trial_key(trial_number)}/best")
@@ -476,7 +480,26 @@ class CheckpointStore:
         """Save the trial's weights now as its best checkpoint (``best/``, replacing the one there), in the format of
         its final adapter: a PEFT adapter (`adapter`, its name on the shared model), or with `adapter` None the fully
         fine-tuned model. What makes a checkpoint the best is the engine's (`rfopt.engine.outputs.best`)."""
-        return self._save_dir(f"{_trial_key(trial_number)}/best", _weights_writer(model, adapter, tokenizer))
+        return self._save_dir(f"{_trial_key(trial_number)}/best",
+                              _weights_writer(model, adapter, self._tokenizer_files(tokenizer)))
+
+    def _tokenizer_files(self, tokenizer: Any) -> dict[str, bytes] | None:
+        """The files `tokenizer`'s ``save_pretrained`` writes (None for no tokenizer), serialized once per tokenizer
+        and written again from these bytes beside every adapter saved with it: a study saves a trial's best adapter
+        after most of its units, and serializing SmolLM2's tokenizer (3.4 MB of JSON) took as long as writing the
+        adapter. Serialized again when what ``save_pretrained`` writes may have changed (`_tokenizer_key`)."""
+        if tokenizer is None:
+            return None
+        key = _tokenizer_key(tokenizer)
+        cached = self._tokenizers.get(id(tokenizer))
+        if cached is not None and cached[0] is tokenizer and cached[1] == key:
+            return cached[2]
+        with tempfile.TemporaryDirectory(prefix=".rfopt-tokenizer-") as folder:
+            tokenizer.save_pretrained(folder)
+            files = {str(path.relative_to(folder)): path.read_bytes()
+                     for path in sorted(Path(folder).rglob("*")) if path.is_file()}
+        self._tokenizers[id(tokenizer)] = (tokenizer, key, files)  # the tokenizer held: its id is not reused
+        return files
 
     def _save_dir(self, key: str, write: Callable[[Path], Path]) -> Location:
         """Write a directory with `write` (into a staging directory; it returns what to publish), then publish it
@@ -490,9 +513,10 @@ class CheckpointStore:
         return self._files.location(key)
 
 
-def _weights_writer(model: Any, adapter: str | None, tokenizer: Any) -> Callable[[Path], Path]:
+def _weights_writer(model: Any, adapter: str | None, tokenizer: dict[str, bytes] | None) -> Callable[[Path], Path]:
     """What `_save_dir` writes for a trial's weights: adapter `adapter` of a PEFT model (``PeftModel.from_pretrained``
-    loads it), or the whole model when `adapter` is None; with the tokenizer beside them."""
+    loads it), or the whole model when `adapter` is None; with the tokenizer's files beside them
+    (`CheckpointStore._tokenizer_files`)."""
 
     def write(staging: Path) -> Path:
         if adapter is None:
@@ -502,11 +526,24 @@ def _weights_writer(model: Any, adapter: str | None, tokenizer: Any) -> Callable
             model.save_pretrained(str(staging), selected_adapters=[adapter])
             # PEFT puts every adapter but "default" in a subdirectory named after it.
             saved = staging / adapter if (staging / adapter).is_dir() else staging
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(saved))
+        for name, data in (tokenizer or {}).items():
+            (saved / name).parent.mkdir(parents=True, exist_ok=True)
+            (saved / name).write_bytes(data)
         return saved
 
     return write
+
+
+def _tokenizer_key(tokenizer: Any) -> tuple[Any, ...]:
+    """What a tokenizer's saved files depend on that code may change after it is loaded (TRL sets a missing pad token,
+    a config its padding side or chat template): its files are serialized again when this differs."""
+    try:
+        size = len(tokenizer)
+    except TypeError:
+        size = None
+    return (size, repr(getattr(tokenizer, "special_tokens_map", None)), getattr(tokenizer, "padding_side", None),
+            getattr(tokenizer, "chat_template", None), getattr(tokenizer, "model_max_length", None),
+            repr(getattr(tokenizer, "init_kwargs", None)))
 
 
 def _trial_key(trial_number: int) -> str:
