@@ -17,6 +17,7 @@ of `repeats` calls.
 
     python bench/decode.py --model smollm2 --gangs 1,4 --threads 2          # the CPU
     python bench/decode.py --model tiny --gangs 1,2                          # a quick check of the script
+    python bench/decode.py --model smollm2 --gangs 4 --evaluation 8          # an evaluation's decode (prefill apart)
     (bench/gpu.py runs it on the GPU machine with the Qwen2.5-0.5B shape)
 
 It prints one line per measurement and writes JSON (default ``/tmp/rfopt-bench/<model>-decode.json``).
@@ -245,6 +246,56 @@ def run(peft: Any, tokenizer: Any, prompt: list[int], gangs: list[int], *, rows:
             print(f"  CUDA kernels per eager decode step, G=4: {kernels}", flush=True)
 
 
+def time_evaluation(peft: Any, tokenizer: Any, gang: int, prompts: list[list[int]], new_tokens: int, repeats: int,
+                    on_result: Callable[[dict[str, Any]], None]) -> None:
+    """An evaluation's decode (``--evaluation N``): G trials x N evaluation prompts (rendered by one chat template,
+    so they share its system prompt), greedy, ending at EOS, as a gang's evaluation decodes them; the shipped decoder
+    against itself with the shared prefix prefilled whole (``MIN_PREFIX`` out of reach) and with every step attending
+    the whole cache (``LIVE_BLOCK`` None), the variants alternating, best of `repeats`: prefill and steps apart."""
+    from rfopt.training.rollouts import BatchedBackend, GenerationRequest, Sampling, batched
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    sampling = Sampling(max_new_tokens=new_tokens, eos_token_ids=(tokenizer.eos_token_id,), pad_token_id=pad,
+                        do_sample=False)
+    requests = [GenerationRequest(f"g{i}", prompts, sampling) for i in range(gang)]
+    variants = {"shipped": {}, "prefix prefilled whole": {"MIN_PREFIX": 10 ** 9},
+                "whole cache attended": {"LIVE_BLOCK": None}}
+    best: dict[str, dict[str, float]] = {}
+    tokens: dict[str, Any] = {}
+    backend = BatchedBackend(peft, mode="eager")
+    backend.generate(requests)  # warm-up: the bucket is made here
+    for repeat in range(repeats):
+        for name in (list(variants) if repeat % 2 == 0 else list(variants)[::-1]):
+            saved = {key: getattr(batched, key) for key in variants[name]}
+            for key, value in variants[name].items():
+                setattr(batched, key, value)
+            try:
+                stats = backend.stats
+                prefill0, started = stats.prefill_seconds, time.perf_counter()
+                out = backend.generate(requests)
+                wall = time.perf_counter() - started
+            finally:
+                for key, value in saved.items():
+                    setattr(batched, key, value)
+            prefill = stats.prefill_seconds - prefill0
+            tokens[name] = [o.token_ids for o in out]
+            if name not in best or wall < best[name]["wall_s"]:
+                best[name] = {"wall_s": wall, "prefill_s": prefill, "steps_s": wall - prefill}
+    lengths = [len(p) for p in prompts]
+    from rfopt.training.rollouts.batched import shared_prefix
+
+    for name, figures in best.items():
+        same = sum(a == b for x, y in zip(tokens[name], tokens["shipped"]) for a, b in zip(x, y))
+        result = {"what": "evaluation", "variant": name, "gang_size": gang, "prompts": len(prompts),
+                  "prompt_tokens": [min(lengths), max(lengths)], "shared_prefix": shared_prefix(prompts),
+                  "rows_equal_to_shipped": same, **figures}
+        on_result(result)
+        print(f"  evaluation decode, {gang} trials x {len(prompts)} prompts ({min(lengths)}-{max(lengths)} tokens, "
+              f"{shared_prefix(prompts)} shared), {name:>22}: {figures['wall_s']:6.2f} s (prefill "
+              f"{figures['prefill_s']:5.2f} s, steps {figures['steps_s']:5.2f} s); rows equal to shipped: {same} of "
+              f"{gang * len(prompts)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
@@ -255,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--anchor", action="store_true", help="also model.generate with a static, compiled cache")
+    parser.add_argument("--evaluation", type=int, default=0, metavar="N",
+                        help="only an evaluation's decode: G (the largest of --gangs) trials x N evaluation prompts")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     import torch
@@ -280,8 +333,14 @@ def main(argv: list[str] | None = None) -> None:
     results: list[dict[str, Any]] = []
     print(f"decode - {args.model}, {len(prompt)}-token prompt, {args.rows} rows per trial, {args.new_tokens} new "
           f"tokens, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}", flush=True)
-    run(peft, tokenizer, prompt, gangs, rows=args.rows, new_tokens=args.new_tokens, modes=args.modes.split(","),
-        repeats=args.repeats, anchor=args.anchor, on_result=results.append)
+    if args.evaluation:
+        _, test = load_arithmetic(n_train=1, n_test=args.evaluation, seed=0)
+        prompts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)
+                   ["input_ids"] for p in test["prompt"]]
+        time_evaluation(peft, tokenizer, max(gangs), prompts, args.new_tokens, max(args.repeats, 2), results.append)
+    else:
+        run(peft, tokenizer, prompt, gangs, rows=args.rows, new_tokens=args.new_tokens, modes=args.modes.split(","),
+            repeats=args.repeats, anchor=args.anchor, on_result=results.append)
     out = args.out or Path(tempfile.gettempdir()) / "rfopt-bench" / f"{args.model}-decode.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "results": results, "loadavg_end": os.getloadavg()}, indent=1))
