@@ -44,8 +44,18 @@ def worker_command(storage: str, checkpoints: Path | str, *extra: str) -> list[s
                          *extra)
 
 
+_SIGINT_AT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execvp(sys.argv[1], sys.argv[1:])")
+"""Run the rest of the command line (``python -c THIS COMMAND...``) with SIGINT at its default, in the same process."""
+
+
 def start(command: list[str], cwd: Path, environ: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(command, cwd=cwd, env=environ, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    """Start `command` with SIGINT at its default, as a terminal starts a foreground command, however this process
+    holds it: a suite run as a background job of a non-interactive shell (``make test-all &``, ``nohup ... &``)
+    inherits SIGINT ignored, and so would every process it starts, which a test's Ctrl-C then does not reach (the
+    study runs to its end). The command replaces the small launcher (``exec``): the process's pid is the command's."""
+    return subprocess.Popen([sys.executable, "-c", _SIGINT_AT_DEFAULT, *command], cwd=cwd, env=environ,
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 
 def run(command: list[str], cwd: Path, environ: dict[str, str], log: Path, timeout: float = 600) -> int:

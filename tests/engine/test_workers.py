@@ -380,3 +380,23 @@ def test_worker_processes_end_with_the_rfopt_worker_process_that_started_them(ti
         assert "interrupted: rerun the same command" in (tmp_path / "parent.log").read_text()
     states = [t.state.name for t in trials(storage)]
     assert "RUNNING" in states and "FAIL" not in states  # stopped mid-study, every trial resumable
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_a_command_the_tests_start_hears_ctrl_c_also_where_the_suite_runs_with_it_ignored(tmp_path):
+    """A suite run as a background job of a non-interactive shell (``make test-all &``) has SIGINT ignored, and its
+    processes inherit that: `rfopt worker --devices` then never heard the test's Ctrl-C above, and its workers ran the
+    8 x 6 study to its end (every trial COMPLETE, no "interrupted" line: the [SIGINT] case failed every time). The
+    tests' commands start with SIGINT at its default, as from a terminal, under their own pid."""
+    import sys
+
+    script = ("import os, signal; print(os.getpid(), "
+              "signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)")
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process = start([sys.executable, "-c", script], tmp_path, dict(os.environ), tmp_path / "out.log")
+        assert process.wait(timeout=60) == 0
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    assert (tmp_path / "out.log").read_text().split() == [str(process.pid), "True"]
