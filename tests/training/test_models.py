@@ -389,3 +389,29 @@ def test_the_adapter_check_on_the_meta_device_refuses_what_peft_refuses_and_not_
     with pytest.raises(ConfigError, match="Target modules {'nope'} not found"):
         check_adapter(trial_config(tiny_model, peft=lora_config(target_modules=["nope"])))
     assert "the first chunk builds it" in check_adapter(trial_config("no/such-model-here"))
+
+
+def test_a_gangs_memory_is_estimated_once_and_its_room_decided_by_the_memory_free_at_each_ask(tiny_model, monkeypatch):
+    from rfopt.training import models
+
+    estimated = []
+
+    def counted(configs, *args, **kwargs):
+        estimated.append([id(c) for c in configs])
+        return models.gang_memory.__wrapped__(configs, *args, **kwargs)
+
+    counted.__wrapped__ = models.gang_memory
+    monkeypatch.setattr(models, "gang_memory", counted)
+    configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3)]
+    need = counted.__wrapped__(configs, 20, eval_rows=4).need(2) * models.ROOM_MARGIN
+    pool = models.ModelPool("cpu")
+    free = {"bytes": need * 2}
+    monkeypatch.setattr(models, "free_bytes", lambda device: int(free["bytes"]))
+
+    assert [pool.gang_room(configs, 20, 4).size for _ in range(3)] == [2, 2, 2]
+    free["bytes"] = need * 0.9  # the same gang, less memory free now: one member
+    assert pool.gang_room(configs, 20, 4).size == 1
+    assert len(estimated) == 1
+    pool.gang_room(configs[:1] + [trial_config(tiny_model, learning_rate=1e-2)], 20, 4)  # another gang: its own
+    pool.gang_room(configs, 30, 4)  # longer prompts
+    assert len(estimated) == 3
