@@ -93,7 +93,9 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     layer's. And each member's in a batched step (`GangMemory.steps`, summed by ``GangMemory.need(n, batched=True)``):
     its rows at the gang's longest ``tokens``, every layer's activations (the batched view runs without gradient
     checkpointing), and what the batched view keeps beyond that where rows are padded: the keys and values repeated to
-    every head, and the attention mask. The decoder: a bank of ``capacity x max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
+    every head, and the attention mask; and what its forward allocates beyond the graph's saved tensors at every Linear
+    some member adapts (the base output for every row and the members' pieces before they are concatenated: twice the
+    outputs, ``rows x tokens x out_features``), which the CPU's heap keeps through the step. The decoder: a bank of ``capacity x max rank x (in + out)`` per adapted Linear (capacity: the members rounded up to a power of two), and the bf16 copy
     of an unquantized base. Per member in the decoder: a key/value cache of ``2 x layers x kv_heads x head_dim`` values
     per token for its rollout rows (``per_device_train_batch_size``) and its evaluation rows, each rounded up to a
     power of two (a bucket's rows per group), over the prompt and completion rounded up as the decoder rounds them
@@ -114,11 +116,24 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     decode_width = compute_width or width
     base = base_bytes(model, configs[0].quantization_config, width)
 
+    # Every Linear some member adapts is a `GangLinear` in the batched view: the base layer's output for every row,
+    # then each member's slice plus its delta, concatenated (tests/training/test_memory.py).
+    served: dict[int, int] = {}
+    for config in configs:
+        if config.peft_config is not None:
+            served.update((id(module), module.out_features) for module, _ in _adapted(model, config.peft_config))
+    served_out = sum(served.values())
+
     def batched_extra(rows: int, tokens: int) -> int:
         # What the batched view keeps beyond a member's own step where its rows are padded (measured on the tiny model,
         # tests/training/test_memory.py, test_batched_step.py): keys and values repeated to every head (attention
-        # with an explicit mask) and the mask itself, per layer.
-        return rows * tokens * layers * (2 * (heads - kv_heads) * head_dim + tokens) * width
+        # with an explicit mask) and the mask itself, per layer. And what its forward allocates beyond the tensors the
+        # graph saves, per adapted Linear: the base layer's output for every row and the members' pieces before their
+        # concatenation (twice the outputs' size). Freed as the forward goes, but the CPU's heap does not give them
+        # back: on SmolLM2 (4 members x 4 rows x 149 tokens) the resident set grew by 5.41 GiB over the forward where
+        # the graph saves 2.70 GiB, 2.71 GiB beyond against 2.76 GiB counted here (BENCHMARKS.md).
+        padded = rows * tokens * layers * (2 * (heads - kv_heads) * head_dim + tokens) * width
+        return padded + 2 * rows * tokens * served_out * width
 
     def step_bytes(rows: int, tokens: int, own: int, checkpointed: bool = False) -> int:
         # Korthikanti et al. count bytes at 16 bits: scaled to the model's width; the logits over the member's own

@@ -115,6 +115,45 @@ def test_a_batched_gang_plans_every_members_step_activations_at_once(tiny_model)
     assert estimate.need(1, batched=True) == estimate.need(1)  # one member takes its own steps
 
 
+def _outputs(tiny_model, targets):
+    """Output features of the tiny model's Linears named `targets`, summed over its layers (from its config)."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(tiny_model)
+    kv = c.num_key_value_heads * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    width = {"q_proj": c.hidden_size, "k_proj": kv, "v_proj": kv, "o_proj": c.hidden_size,
+             "gate_proj": c.intermediate_size, "up_proj": c.intermediate_size, "down_proj": c.hidden_size}
+    return c.num_hidden_layers * sum(width[t] for t in targets)
+
+
+def test_the_batched_step_counts_every_adapted_linears_outputs_at_the_gangs_padded_length(tiny_model):
+    """The batched view's forward allocates, at every Linear some member adapts, the base output for all rows and the
+    members' pieces before they are concatenated (freed as it goes; the CPU's heap keeps them through the step: on
+    SmolLM2 the resident set grew by twice the graph's saved tensors, BENCHMARKS.md). The plan counts twice those
+    outputs per member, at the gang's longest sequence, over the union of the members' adapted Linears."""
+    prompt, rows = 20, 4
+
+    def steps(targets, lengths):
+        configs = [trial_config(tiny_model, peft=lora_config(target_modules=t), max_completion_length=n,
+                                per_device_train_batch_size=rows, num_generations=rows)
+                   for t, n in zip(targets, lengths)]
+        return gang_memory(configs, prompt).steps
+
+    qv, mlp = ["q_proj", "v_proj"], ["gate_proj", "up_proj", "down_proj"]
+    narrow, wide = steps([qv, qv], (8, 4)), steps([qv, mlp], (8, 4))
+    # The second member's MLP Linears are GangLinears for both members' rows: each member's step grows by them.
+    for a, b in zip(narrow, wide):
+        assert b - a == 2 * rows * (prompt + 8) * _outputs(tiny_model, mlp) * 4
+    # At the gang's longest sequence: a longer second member pads the first member's rows too.
+    longer = steps([qv, mlp], (8, 16))
+    assert longer[0] > wide[0] and longer[1] > wide[1]
+    assert steps([qv, mlp], (8, 8)) == (wide[0], wide[0])
+    # A third member adds its own step, and its adapted Linears to the others'.
+    three = steps([qv, mlp, ["o_proj"]], (8, 4, 4))
+    assert three[0] - wide[0] == 2 * rows * (prompt + 8) * _outputs(tiny_model, ["o_proj"]) * 4
+    assert sum(three) > sum(wide)
+
+
 def test_gradient_checkpointing_shrinks_a_sequential_step_and_not_a_batched_one(tiny_model):
     """The batched view runs without gradient checkpointing (it keeps its activations); a member's own step keeps
     only each layer's input with it."""
@@ -192,5 +231,11 @@ def test_the_batched_views_own_activations_are_planned_beyond_its_members_own(ti
     batched = saved_bytes(outs, weights)
     estimate = gang_memory(configs, prompt)
     beyond = sum(estimate.steps) - sum(gang_memory([c], prompt).step for c in configs)
+    # Less what the forward allocates beyond its saved tensors at every adapted Linear (its outputs twice: the test
+    # above), which the graph does not show.
+    rows = sum(c.args.per_device_train_batch_size for c in configs)
+    longest = prompt + max(c.args.max_completion_length for c in configs)
+    every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    beyond -= 2 * rows * longest * _outputs(tiny_model, every) * 4
     assert batched > alone
     assert batched - alone <= beyond <= 1.5 * (batched - alone)
