@@ -25,6 +25,9 @@ On a CUDA device the parts would need a synchronisation at each boundary to mean
 
     nice -n 5 python bench/step_profile.py --model smollm2 --configs 4 --chunks 2 --gangs 1,4
     python bench/step_profile.py --model tiny --configs 2 --chunks 2 --gangs 1,2     # a quick check of the script
+    nice -n 5 python bench/step_profile.py --model smollm2 --configs 4 --chunks 1 --gangs 4 \
+        --gang-training sequential,batched     # a gang's steps in both modes (G=4b: batched; its forward and
+                                               # backward are the parts "batched forward/backward (gang)")
 
 The result is also written as JSON (default ``/tmp/rfopt-bench/<model>-step-profile.json``).
 """
@@ -53,7 +56,8 @@ STEP_PARTS = (
     "scoring (advantages, metrics)", "old-policy/ref log-probs forward", "loss forward", "loss math and metrics",
     "backward", "clipping", "optimizer step", "scheduler step", "zero_grad", "training_step (rest)",
     "TRL logging", "callbacks", "train()/eval() walks", "trainer construction", "Trainer.train loop (rest)",
-    "free_memory (gc)", "chunk set-up (rest)", "switching", "gang driver",
+    "free_memory (gc)", "chunk set-up (rest)", "switching", "gang driver", "batched forward (gang)",
+    "batched backward (gang)",
 )
 UNIT_PARTS = (
     "evaluation decode", "evaluation (rest)", "baseline evaluation", "checkpoint: state copy", "checkpoint: files",
@@ -188,6 +192,7 @@ def _targets() -> list[tuple[Any, str, Any]]:
         (gang._MemberGlobals, "capture", "switching"), (gang._MemberGlobals, "restore", "switching"),
         (models.ModelPool, "activate", "switching"),
         (gang.Gang, "train", "gang driver"),
+        (gang.Gang, "_forward", "batched forward (gang)"), (gang.Gang, "_backward", "batched backward (gang)"),
         (unit, "evaluate_runners", "evaluation (rest)"),
         (Baselines, "_evaluate", "baseline evaluation"),
         (TrialRunner, "state", "checkpoint: state copy"),
@@ -201,8 +206,10 @@ def _targets() -> list[tuple[Any, str, Any]]:
     ]
 
 
-def profile_study(setup: throughput.Setup, out_dir: Path, gang_size: int) -> dict[str, Any]:
-    """``optimize(configs, ..., gang_size=G)`` with every part of `_targets` timed; seconds by part."""
+def profile_study(setup: throughput.Setup, out_dir: Path, gang_size: int,
+                  training: str = "sequential") -> dict[str, Any]:
+    """``optimize(configs, ..., gang_size=G, gang_training=training)`` with every part of `_targets` timed; seconds by
+    part."""
     import greenlet
     import optuna
 
@@ -223,7 +230,7 @@ def profile_study(setup: throughput.Setup, out_dir: Path, gang_size: int) -> dic
                                    pruner=optuna.pruners.NopPruner(), checkpoint_dir=out_dir / "checkpoints")
         study.optimize(setup.configs, setup.train, setup.test, num_chunks=setup.plan.num_chunks,
                        eval_settings=setup.settings, show_progress_bar=False, device=setup.device,
-                       precision=setup.precision, gang_size=gang_size)
+                       precision=setup.precision, gang_size=gang_size, gang_training=training)
         profile._charge(greenlet.getcurrent())
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     states = {t.number: t.state.name for t in study.optuna.trials}
@@ -231,13 +238,18 @@ def profile_study(setup: throughput.Setup, out_dir: Path, gang_size: int) -> dic
         raise RuntimeError(f"profiled study: trials did not all complete: {states}")
     member_steps = sum(s.num_units * s.steps_per_chunk for s in setup.schedules)
     units = sum(s.num_units for s in setup.schedules)
-    return {"gang_size": gang_size, "wall_s": wall, "cpu_s": cpu, "member_steps": member_steps, "units": units,
+    return {"gang_size": gang_size, "training": training, "side": _side(gang_size, training), "wall_s": wall,
+            "cpu_s": cpu, "member_steps": member_steps, "units": units,
             "seconds": dict(profile.seconds), "cpu_seconds": dict(profile.cpu), "calls": dict(profile.calls)}
+
+
+def _side(gang_size: int, training: str) -> str:
+    return f"G={gang_size}" + ("b" if training == "batched" and gang_size > 1 else "")
 
 
 def print_table(runs: list[dict[str, Any]]) -> None:
     """Per part: wall and CPU seconds per member step (the step's parts) or per unit (the bookkeeping)."""
-    heads = "".join(f"{'G=%d wall' % r['gang_size']:>11}{'cpu':>7}" for r in runs)
+    heads = "".join(f"{r['side'] + ' wall':>11}{'cpu':>7}" for r in runs)
 
     def row(part: str, per: str) -> str:
         return f"{part:<40}" + "".join(f"{r['seconds'].get(part, 0.0) / r[per]:11.3f}"
@@ -252,7 +264,7 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     print(f"\n{'per unit (s)':<40}{heads}")
     for part in UNIT_PARTS:
         print(row(part, "units"))
-    print(f"\n{'run (s)':<40}" + "".join(f"{'G=%d' % r['gang_size']:>10}" for r in runs))
+    print(f"\n{'run (s)':<40}" + "".join(f"{r['side']:>10}" for r in runs))
     for key in ("wall_s", "cpu_s"):
         print(f"{key:<40}" + "".join(f"{r[key]:10.1f}" for r in runs))
     print(f"{'model loading':<40}" + "".join(f"{r['seconds'].get('model loading', 0.0):10.1f}" for r in runs))
@@ -262,7 +274,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     gang.study_arguments(parser, chunks=2, gangs="1,4")  # bench/gang.py's options of a gang study
-    return gang.study_args(parser, argv, "step-profile")
+    parser.add_argument("--gang-training", default="sequential",
+                        help="gang training modes, comma-separated (sequential, batched): each G > 1 runs in each; a "
+                        "batched side is headed G=<g>b")
+    args = gang.study_args(parser, argv, "step-profile")
+    args.sides = [(g, mode) for g in args.gangs for mode in args.gang_training.split(",")
+                  if g > 1 or mode == "sequential"]
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -275,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     first = setup.configs[0].args
     print(f"rfopt step profile - model {args.model}, {args.configs} configs x {args.chunks} chunks x "
           f"{args.steps_per_chunk} steps, max_completion_length {first.max_completion_length}, {len(setup.test)} eval "
-          f"prompts; gangs {args.gangs}; {torch.get_num_threads()} threads; gradient_checkpointing "
+          f"prompts; gangs {args.gangs} ({args.gang_training}); {torch.get_num_threads()} threads; gradient_checkpointing "
           f"{first.gradient_checkpointing}, bf16 {first.bf16}; load average {os.getloadavg()[0]:.2f}", flush=True)
     record: dict[str, Any] = {"model": args.model, "configs": args.configs, "chunks": args.chunks,
                               "steps_per_chunk": args.steps_per_chunk, "eval_prompts": len(setup.test),
@@ -283,12 +301,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "gradient_checkpointing": bool(first.gradient_checkpointing), "bf16": bool(first.bf16),
                               "loadavg_start": os.getloadavg(), "runs": []}
     throughput.warm_up(setup, work / "warm")
-    for g in args.gangs:
+    for g, mode in args.sides:
         load = os.getloadavg()
-        run = profile_study(setup, work / f"G{g}", g)
+        run = profile_study(setup, work / f"G{g}-{mode}", g, mode)
         run["loadavg_before"], run["loadavg_after"] = load, os.getloadavg()
         record["runs"].append(run)
-        print(f"  G={g}: {run['wall_s']:.1f} s wall, {run['cpu_s']:.1f} s CPU (load {load[0]:.2f} -> "
+        print(f"  {run['side']}: {run['wall_s']:.1f} s wall, {run['cpu_s']:.1f} s CPU (load {load[0]:.2f} -> "
               f"{run['loadavg_after'][0]:.2f})", flush=True)
         gc.collect()
     print_table(record["runs"])

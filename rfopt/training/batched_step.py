@@ -8,9 +8,13 @@ reference forwards) wait for one another, and `BatchedBackbone.forward` runs the
 padded on the left to the longest member's length, with explicit position ids that give every real token the position
 it has when the member runs alone (HF decoders count a row's left pads as positions when given none, as TRL runs them);
 the extra pads are masked out. Every LoRA layer of the batched view (`GangLinear`) computes the base layer once for all
-rows and adds, to each member's row slice, that member's own delta through PEFT's own modules (its ``lora_A``,
-``lora_B``, dropout and scaling: its own parameters, so the gradient reaches them); a reference row (adapters disabled)
-gets none. Each member then gets its slice of the hidden states back, and its own head, loss and backward follow.
+rows and adds, to each member's row slice, that member's own delta (its ``lora_A``, ``lora_B`` and scaling: its own
+parameters, so the gradient reaches them); a reference row (adapters disabled) gets none. Without dropout or
+``lora_bias`` (the common case) one autograd node per layer (`GroupedLoRA`) adds every group's delta in place and writes
+its gradients group by group into one input gradient: no copy of the layer's output per group nor their
+concatenation, no zero-filled input gradient per group (on SmolLM2 those copies made the batched step slower than the
+members' own; BENCHMARKS.md); otherwise each group goes through PEFT's own modules. Each member then gets its slice of
+the hidden states back, and its own head, loss and backward follow.
 
 The view is a shallow copy of the backbone (`compat.module_view`) with gradient checkpointing off: the batched step
 keeps its activations (the gang mode's measured choice: faster, more memory; the sequential mode keeps the trainer's
@@ -71,6 +75,48 @@ def _gang_linear_class() -> type:
     import torch
     import torch.nn as nn
 
+    class GroupedLoRA(torch.autograd.Function):
+        """Every row group's LoRA delta added in place to the base layer's output, and the gradients written per group
+        into one input gradient: what PEFT computes for one active adapter, ``result + lora_B(lora_A(x)) * scaling``,
+        without a copy of the output per group and their concatenation, nor a full-size input gradient per group
+        (the slices' backward). Only for float32 or half rows of one dtype, dropout off and no ``lora_bias``
+        (`GangLinear._fast`); the others take PEFT's modules."""
+
+        @staticmethod
+        def forward(ctx: Any, result: Any, x: Any, spans: tuple[tuple[int, int, float], ...],
+                    *weights: Any) -> Any:
+            flat, rows = result.view(-1, result.shape[-1]), x.reshape(-1, x.shape[-1])
+            downs = []
+            for (start, end, scaling), lora_a, lora_b in zip(spans, weights[::2], weights[1::2]):
+                down = rows[start:end] @ lora_a.t()
+                flat[start:end].addmm_(down, lora_b.t(), alpha=scaling)
+                downs.append(down)
+            ctx.mark_dirty(result)
+            ctx.spans, ctx.shape = spans, x.shape
+            ctx.save_for_backward(x, *weights, *downs)
+            return result
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            x, *saved = ctx.saved_tensors
+            count = len(ctx.spans)
+            weights, downs = saved[:2 * count], saved[2 * count:]
+            flat, rows = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+            grad_x = None
+            if ctx.needs_input_grad[1]:
+                covered = sum(end - start for start, end, _ in ctx.spans)
+                grad_x = (torch.empty if covered == rows.shape[0] else torch.zeros)(rows.shape, dtype=x.dtype,
+                                                                                    device=x.device)
+            grads: list[Any] = []
+            for (start, end, scaling), lora_a, lora_b, down in zip(ctx.spans, weights[::2], weights[1::2], downs):
+                piece = flat[start:end]
+                grad_down = (piece @ lora_b).mul_(scaling)
+                grads.append(grad_down.t() @ rows[start:end] if ctx.needs_input_grad[3 + len(grads)] else None)
+                grads.append((piece.t() @ down).mul_(scaling) if ctx.needs_input_grad[3 + len(grads)] else None)
+                if grad_x is not None:
+                    torch.mm(grad_down, lora_a, out=grad_x[start:end])
+            return (grad, None if grad_x is None else grad_x.view(ctx.shape), None, *grads)
+
     class GangLinear(nn.Module):
         """A PEFT ``lora.Linear`` in the batched view: the base layer once for every row, then each row group's own
         adapter delta, as PEFT computes it for one active adapter."""
@@ -80,9 +126,29 @@ def _gang_linear_class() -> type:
             object.__setattr__(self, "layer", layer)  # not a child: the view must not own (or walk) the shared layer
             self.rows = rows
 
+        def _fast(self, adapters: list[str], x: Any, result: Any) -> bool:
+            """Whether `GroupedLoRA` computes these groups as PEFT would: one dtype, no dropout, no ``lora_bias``,
+            the base output its own contiguous tensor (a plain ``Linear``: its backward does not keep its output)."""
+            layer = self.layer
+            if type(layer.base_layer) is not nn.Linear or not result.is_contiguous() or x.dtype != result.dtype:
+                return False
+            return all(isinstance(layer.lora_dropout[a], nn.Identity) and layer.lora_B[a].bias is None
+                       and layer.lora_A[a].weight.dtype == x.dtype for a in adapters)
+
         def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
             layer = self.layer
             result = layer.base_layer(x, *args, **kwargs)
+            groups = [(start, end, adapter) for start, end, adapter in self.rows.groups
+                      if adapter is not None and adapter in layer.lora_A]
+            if not groups:
+                return result
+            if self._fast([adapter for _, _, adapter in groups], x, result):
+                per_row = x.numel() // (x.shape[0] * x.shape[-1])  # the tokens of a row
+                spans = tuple((start * per_row, end * per_row, float(layer.scaling[adapter]))
+                              for start, end, adapter in groups)
+                weights = [w for _, _, adapter in groups
+                           for w in (layer.lora_A[adapter].weight, layer.lora_B[adapter].weight)]
+                return GroupedLoRA.apply(result, x, spans, *weights)
             dtype = result.dtype
             pieces = []
             for start, end, adapter in self.rows.groups:

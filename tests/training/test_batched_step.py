@@ -39,15 +39,25 @@ def _rows(rows, length, pads, seed):
     return ids, mask
 
 
-def test_the_batched_backbone_gives_each_row_group_the_hidden_states_and_gradient_it_gets_alone(tiny_model):
+def _two_adapters(tiny_model, **lora):
     from peft import LoraConfig
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
-                           adapter_name="t1")
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                                      **lora), adapter_name="t1")
     model.add_adapter("t2", LoraConfig(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj", "up_proj"],
-                                       init_lora_weights=False))
-    model.train()
+                                       init_lora_weights=False, **lora))
+    return model
+
+
+# Grouped: every row group's delta added in place (`GroupedLoRA`); PEFT's modules: with dropout (compared in eval mode,
+# where it draws nothing) or a ``lora_bias``, each group goes through its own ``lora_A``/``lora_B`` as PEFT runs them.
+@pytest.mark.parametrize("lora, training", [({}, True), ({"lora_dropout": 0.1}, False), ({"lora_bias": True}, True)],
+                         ids=["grouped", "peft-modules-dropout", "peft-modules-bias"])
+def test_the_batched_backbone_gives_each_row_group_the_hidden_states_and_gradient_it_gets_alone(tiny_model, lora,
+                                                                                               training):
+    model = _two_adapters(tiny_model, **lora)
+    model.train(training)
     backbone = model.get_base_model().base_model
     # Different row counts and lengths; None is a reference forward (adapters disabled).
     batches = {"t1": _rows(2, 9, 2, 1), "t2": _rows(3, 13, 4, 2), None: _rows(2, 6, 1, 3)}
@@ -88,6 +98,42 @@ def test_the_batched_backbone_gives_each_row_group_the_hidden_states_and_gradien
         for p in adapter_parameters(model, adapter) if adapter else ():
             assert _relative(p.grad, alone[adapter][1][id(p)]) <= TOLERANCE
     assert "forward" not in vars(backbone)  # the shared model is untouched: the view is a copy of its own
+
+
+def _graph(output):
+    """The names of the autograd nodes behind `output`."""
+    seen, names, todo = set(), [], [output.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+def test_the_batched_forward_adds_each_groups_lora_in_place_without_copying_the_rows_per_group(tiny_model):
+    """The batched step's own cost (issue 42 point 2): no concatenation of every LoRA layer's output from its row
+    groups, no slice of the input per group (whose backward makes a zero-filled gradient of the whole input, once per
+    group and layer): one grouped node per LoRA layer."""
+    model = _two_adapters(tiny_model)
+    model.train()
+    backbone = model.get_base_model().base_model
+    for adapter in ("t1", "t2"):
+        for p in adapter_parameters(model, adapter):
+            p.requires_grad_(True)
+    batches = {"t1": _rows(2, 9, 2, 1), "t2": _rows(3, 13, 4, 2), None: _rows(2, 6, 1, 3)}
+    hidden = BatchedBackbone(backbone).forward([ForwardRequest(adapter, ids, mask, grad=True)
+                                                for adapter, (ids, mask) in batches.items()])
+    names = _graph(hidden[0].sum() + hidden[1].sum())
+    model.set_adapter("t2")
+    ids, mask = batches["t2"]
+    alone = _graph(backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state.sum())
+    layers = model.config.num_hidden_layers * 4  # t2's q, v, o and up projections (t1's are among them)
+    assert names.count("GroupedLoRABackward") == layers
+    assert names.count("CatBackward0") == alone.count("CatBackward0")  # the model's own (rotary halves), no more
+    assert names.count("SliceBackward0") <= alone.count("SliceBackward0") + 2 * 2  # and each member's hidden states
 
 
 # ---------------------------------------------------------------------- a gang's steps through TRL
