@@ -79,13 +79,14 @@ def _best(run: Callable[[], Any], repeats: int, device: Any) -> float:
 
 
 def time_batched(peft: Any, prompt: list[int], gangs: list[int], rows: int, new_tokens: int, mode: str,
-                 repeats: int, pad: int, on_result: Callable[[dict[str, Any]], None]) -> None:
+                 repeats: int, pad: int, on_result: Callable[[dict[str, Any]], None], dtype: Any = None) -> None:
     """The batched backend in `mode`, for each G in `gangs`. A decode iteration's time is the difference between
     calls of `new_tokens` and of half as many tokens, over the tokens between them (no prefill, no start-up, the
-    device's queue drained at both ends)."""
+    device's queue drained at both ends). `dtype`: what the decoder computes in (``torch.bfloat16``: the bf16 copy
+    of the base and the adapters that mixed precision decodes with); None: the model's own."""
     from rfopt.training.rollouts import BatchedBackend, GenerationRequest, Sampling
 
-    backend = BatchedBackend(peft, mode=mode)
+    backend = BatchedBackend(peft, mode=mode, dtype=dtype)
     half = new_tokens // 2
 
     def requests(g: int, tokens: int) -> list[Any]:
@@ -112,6 +113,7 @@ def time_batched(peft: Any, prompt: list[int], gangs: list[int], rows: int, new_
         short = _best(lambda: call(half), repeats, backend.device)
         tokens = g * rows * new_tokens
         result = {"what": "batched", "mode": mode, "gang_size": g, "rows": g * rows, "new_tokens": new_tokens,
+                  "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
                   "ms_per_iteration": (full - short) / (new_tokens - half) * 1e3, "prefill_ms": min(prefills) * 1e3,
                   "tok_s": tokens / full, "wall_s": full, "first_call_s": first, "capture_s": captured}
         on_result(result)

@@ -18,11 +18,20 @@ tokenizer; the prompts are rfopt's synthetic arithmetic set. One run measures, o
 - the Ray path: the sweep by ``rfopt run --ray --workers N`` on a local Ray cluster (an actor per GPU), and Ray's
   start-up alone (needs ``pip install 'rfopt[ray]'``);
 - gangs (issue 23): the same configs as a full study (evaluation after every chunk, adapters saved) by plain TRL one
-  after another against ``optimize(..., gang_size=G)`` for G in 1, 2, 4 (bench/gang.py's functions), with each gang
-  run's time by part and peak GPU memory against `rfopt.training.memory.gang_memory`'s estimate, and the rollout engine's
-  generation throughput (one batched call for G trials against G calls).
+  after another against ``optimize(..., gang_size=G, gang_training=mode)`` for each G and each mode (issue 42:
+  ``sequential`` and ``batched``; bench/gang.py's functions), with each gang run's time by part and peak GPU memory
+  against `rfopt.training.memory.gang_memory`'s estimate;
+- steps (issue 42): the members' training time per gang step (every part of a member step but the rollout decode,
+  bench/step_profile.py's profile) at G = the configs, in each mode, against one member's step alone (one config at
+  G=1); the goal: batched <= 1.5x one member alone;
+- study_decode (issue 42): the study configuration's rollout decode (G trials x 4 rows of a training prompt, the study's
+  completion length) by the batched backend in the float32 master weights and in the bf16 copy mixed precision decodes
+  with (`BatchedBackend(dtype=...)`);
+- big_gang (issue 42, opt-in): a 16-config study at G=16 against plain TRL (goal <= 0.05), plain TRL's 16 configs
+  extrapolated from its 4 (each config the same work: random weights never emit EOS), or ``--plain-wall-s``.
 
-    python bench/gpu.py                    # on the GPU machine: see bench/gpu.md
+    python bench/gpu.py                    # on the GPU machine: see bench/gpu.md (study_decode, gangs, steps)
+    python bench/gpu.py --only big_gang --plain-wall-s 234.3   # the G=16 study, plain TRL's 4 configs given
     python bench/gpu.py --dry-run          # the same code path on the CPU, tiny model, well under two minutes
     python bench/gpu.py --dry-run --workers none --data-parallel 2 --ray 1   # the new paths, as two CPU processes
 
@@ -67,10 +76,19 @@ RAY_WORKERS = (1,)
 GANG_SIZES = (4,)
 """Gang sizes of the full study by default (plain TRL alone takes ~240 s on an H100; --gangs 1,4,8 for more)."""
 DECODE_GANGS = (1, 4, 8, 16)
-PARTS = ("decode", "anchor", "gangs", "round_robin", "exactness", "workers", "data_parallel", "ray")
+GANG_TRAINING = ("sequential", "batched")
+"""The gang training modes the full study and the step profile compare by default (issue 42)."""
+STEP_CHUNKS = 2
+"""Chunks of the step profile's studies (the full study has 4): 4 gang steps per mode keep the part short."""
+BIG_GANG = 16
+"""The opt-in big gang's size and configs (issue 42: a 16-config study at G=16)."""
+STUDY_DECODE_GANGS = (4, 16)
+"""Trials per decode of the study configuration's decode (``study_decode``); the dry run decodes 1 and 2."""
+PARTS = ("decode", "anchor", "study_decode", "gangs", "steps", "big_gang", "round_robin", "exactness", "workers",
+         "data_parallel", "ray")
 """What bench/gpu.py can measure (``--only``); ``anchor``: transformers' static cache with its compiled forward."""
-DEFAULT_PARTS = ("decode", "anchor", "gangs")
-"""The default run (issue 31): fits in about 8 minutes on an H100."""
+DEFAULT_PARTS = ("study_decode", "gangs", "steps")
+"""The default run (issue 42), about 7.5 minutes on an H100 by BENCHMARKS.md's figures (bench/gpu.md, "How long")."""
 
 
 @dataclass(frozen=True)
@@ -384,27 +402,40 @@ def measure_ray(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) ->
 
 
 # ---------------------------------------------------------------------- report
-def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int], repeats: int,
-                  on_result: Any = None) -> dict[str, Any]:
-    """The full study by plain TRL against rfopt in gangs of each size: the gang runs before and after the one plain
-    run (``repeats`` = 2: gang, plain, gang), each ratio against the plain run, their median the figure."""
-    import gang as gang_bench  # bench/gang.py
-
+def _prompt_tokens(setup: throughput.Setup) -> int:
+    """The longest training prompt in tokens (what the gang memory estimate sizes its rows by)."""
     from rfopt.training.evaluation import EvalPrompts
     from rfopt.training.models import ModelPool
 
+    tokenizer = ModelPool(setup.device, setup.precision).tokenizer(setup.configs[0])
+    return max(map(len, EvalPrompts.of(setup.train, tokenizer).token_ids(tokenizer)))
+
+
+def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int], repeats: int,
+                  on_result: Any = None, modes: tuple[str, ...] = ("sequential",)) -> dict[str, Any]:
+    """The full study by plain TRL against rfopt in gangs of each size and each gang training mode (a side each,
+    named by bench/gang.py's `side_key`: ``G4``, ``G4-batched``; a gang of 1 trains alone whatever the mode): the gang
+    runs before and after the one plain run (``repeats`` = 2: gangs, plain, gangs), each ratio against the plain run,
+    their median the figure."""
+    import gang as gang_bench  # bench/gang.py
+
     if not gangs:
         return {}
-    tokenizer = ModelPool(setup.device, setup.precision).tokenizer(setup.configs[0])
-    prompt_tokens = max(map(len, EvalPrompts.of(setup.train, tokenizer).token_ids(tokenizer)))
-    record: dict[str, Any] = {"runs": {str(size): [] for size in gangs}, "load_before": os.getloadavg()[0]}
+    prompt_tokens = _prompt_tokens(setup)
+    sides = [(size, mode) for size in gangs for mode in modes if size > 1 or mode == modes[0]]
+    record: dict[str, Any] = {"runs": {gang_bench.side_key(size, mode): [] for size, mode in sides},
+                              "load_before": os.getloadavg()[0]}
 
     def gang_runs(tag: str) -> None:
-        for size in gangs:
+        for size, mode in sides:
+            key = gang_bench.side_key(size, mode)
             throughput._settle()
-            run = gang_bench.run_gang_study(setup, workdir / f"gang-{size}-{tag}", size, prompt_tokens)
-            record["runs"][str(size)].append(run)
-            print(f"  gangs of {size} ({tag}): {run['wall_s']:.1f} s; "
+            run = gang_bench.run_gang_study(setup, workdir / f"gang-{key}-{tag}", size, prompt_tokens, training=mode)
+            run["gang_training"] = mode
+            if "plain_wall_s" in record:
+                run["ratio_wall"] = run["wall_s"] / record["plain_wall_s"]
+            record["runs"][key].append(run)
+            print(f"  gangs of {size}, {mode} ({tag}): {run['wall_s']:.1f} s; "
                   + ", ".join(f"{k} {v:.1f}" for k, v in run["parts_s"].items()), flush=True)
             if on_result is not None:
                 on_result(record)
@@ -413,6 +444,7 @@ def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int], repe
     throughput._settle()
     plain = gang_bench.run_plain_side(setup, workdir / "plain")
     record["plain_wall_s"] = plain["wall_s"]
+    record["plain_evaluation_s"] = plain["evaluation_s"]
     print(f"  plain TRL: {plain['wall_s']:.1f} s", flush=True)
     for runs in record["runs"].values():
         for run in runs:
@@ -427,6 +459,128 @@ def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int], repe
     record["median_ratio_wall"] = {size: statistics.median(r["ratio_wall"] for r in runs)
                                    for size, runs in record["runs"].items()}
     record["load_after"] = os.getloadavg()[0]
+    return record
+
+
+def measure_steps(sizes: Sizes, source: Path, workdir: Path, modes: tuple[str, ...],
+                  on_result: Any = None) -> dict[str, Any]:
+    """The members' training time per gang step, in each gang training mode, against one member's step alone
+    (issue 42's goal: batched at G=4 <= 1.5x). bench/step_profile.py's profile of ``optimize``: one config at G=1,
+    then the configs in one gang of G = their number, over `STEP_CHUNKS` chunks; a run's training time is every part
+    of its member steps but the rollout decode (`step_profile.member_training_seconds`)."""
+    import step_profile  # bench/step_profile.py
+
+    setup = bench_setup(dataclasses.replace(sizes, chunks=STEP_CHUNKS), source, workdir / "setup")
+    gang_size = len(setup.configs)
+    record: dict[str, Any] = {"chunks": STEP_CHUNKS, "gang_size": gang_size, "runs": {}}
+
+    def profiled(key: str, where: throughput.Setup, size: int, mode: str) -> dict[str, Any]:
+        run = step_profile.profile_study(where, workdir / key, size, mode)
+        run["training_s"] = step_profile.member_training_seconds(run)
+        run["gang_steps"] = run["member_steps"] // size
+        run["training_s_per_gang_step"] = run["training_s"] / run["gang_steps"]
+        run["rollout_decode_s"] = run["seconds"].get("rollout decode", 0.0)
+        record["runs"][key] = run
+        print(f"  steps, {key}: {run['wall_s']:.1f} s; members' training {run['training_s']:.2f} s over "
+              f"{run['gang_steps']} gang steps ({run['training_s_per_gang_step'] * 1e3:.0f} ms each), rollout decode "
+              f"{run['rollout_decode_s']:.2f} s", flush=True)
+        if on_result is not None:
+            on_result(record)
+        return run
+
+    alone = profiled("alone", _one_trial(setup), 1, "sequential")
+    for mode in modes:
+        run = profiled(f"G{gang_size}-{mode}", setup, gang_size, mode)
+        run["ratio_to_one_member_alone"] = run["training_s_per_gang_step"] / alone["training_s_per_gang_step"]
+        if on_result is not None:
+            on_result(record)
+    return record
+
+
+def measure_study_decode(setup: throughput.Setup, gangs: tuple[int, ...], on_result: Any) -> dict[str, Any]:
+    """The study configuration's rollout decode: G trials x the study's rows per step (one prompt's group) of a
+    training prompt, the study's completion length, by the batched backend (captured graphs on a GPU, eager on the
+    CPU) reading the model's own weights (the float32 master weights mixed precision trains) and reading the bf16
+    copy (`BatchedBackend(dtype=torch.bfloat16)`, what a study under bf16 decodes with), per decode iteration
+    (bench/decode.py's `time_batched`)."""
+    import decode  # bench/decode.py
+    import torch
+
+    from rfopt.training.loading import load_model
+    from rfopt.training.models import Placement
+
+    model, tokenizer = load_model(setup.configs[0], setup.device)
+    peft = decode.adapters(model, max(gangs))
+    prompt = tokenizer.apply_chat_template(setup.train["prompt"][0], add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)["input_ids"]
+    new_tokens = setup.configs[0].args.max_completion_length
+    compute = Placement.of(setup.device, setup.precision).compute_dtype()
+    record: dict[str, Any] = {"prompt_tokens": len(prompt), "rows_per_trial": throughput.BATCH,
+                              "new_tokens": new_tokens, "model_dtype": str(next(model.parameters()).dtype),
+                              "study_compute_dtype": None if compute is None else str(compute), "results": []}
+
+    def heard(result: dict[str, Any]) -> None:
+        record["results"].append(result)
+        on_result(record)
+
+    mode = "graph" if setup.device.startswith("cuda") else "eager"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    # The bf16 copy on the CPU too (the dry run's study is fp32): the same code path as the GPU's.
+    for dtype in (None, torch.bfloat16):
+        try:
+            decode.time_batched(peft, prompt, list(gangs), throughput.BATCH, new_tokens, mode, 2, pad, heard,
+                                dtype=dtype)
+        except Exception as exc:  # noqa: BLE001 - the master weights failing must not cost the bf16 copy's figure
+            heard({"what": "batched", "mode": mode, "dtype": None if dtype is None else "bfloat16",
+                   "error": f"{type(exc).__name__}: {exc}"})
+            print(f"  study decode, {dtype}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    del peft, model
+    if setup.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return record
+
+
+def big_gang_learning_rates(sizes: Sizes, count: int) -> tuple[float, ...]:
+    """`count` learning rates spread geometrically between the smallest and largest of `sizes` (every config its
+    own)."""
+    low, high = min(sizes.learning_rates), max(sizes.learning_rates)
+    return tuple(low * (high / low) ** (i / max(count - 1, 1)) for i in range(count))
+
+
+def measure_big_gang(sizes: Sizes, source: Path, workdir: Path, size: int, modes: tuple[str, ...],
+                     plain_wall_s: float | None, plain_setup: throughput.Setup,
+                     on_result: Any = None) -> dict[str, Any]:
+    """`size` configs as one study in gangs of `size`, in each mode, against plain TRL's time for them: plain TRL's
+    `plain_setup` configs (4) one after another, measured here unless `plain_wall_s` gives that figure (the default
+    run's "plain TRL" row), scaled by `size` / their number (every config the same work on the GPU: the same rows,
+    shapes and completion lengths, random weights never emitting EOS)."""
+    import gang as gang_bench  # bench/gang.py
+
+    setup = bench_setup(dataclasses.replace(sizes, configs=size, learning_rates=big_gang_learning_rates(sizes, size)),
+                        source, workdir / "setup")
+    plain_configs = len(plain_setup.configs)
+    record: dict[str, Any] = {"configs": size, "gang_size": size, "plain_configs_measured": plain_configs,
+                              "plain_wall_s_given": plain_wall_s is not None, "runs": {}}
+    # plain_wall_s_given: this part did not run plain TRL's configs (--plain-wall-s, or this run's gangs part did)
+    if plain_wall_s is None:
+        throughput._settle()
+        plain_wall_s = gang_bench.run_plain_side(plain_setup, workdir / "plain")["wall_s"]
+        print(f"  plain TRL, {plain_configs} configs: {plain_wall_s:.1f} s", flush=True)
+    record["plain_wall_s_measured"] = plain_wall_s
+    record["plain_wall_s"] = plain_wall_s * size / plain_configs
+    if on_result is not None:
+        on_result(record)
+    prompt_tokens = _prompt_tokens(setup)
+    for mode in modes:
+        throughput._settle()
+        run = gang_bench.run_gang_study(setup, workdir / f"G{size}-{mode}", size, prompt_tokens, training=mode)
+        run["gang_training"] = mode
+        run["ratio_wall"] = run["wall_s"] / record["plain_wall_s"]
+        record["runs"][gang_bench.side_key(size, mode)] = run
+        print(f"  {size} configs in gangs of {size}, {mode}: {run['wall_s']:.1f} s, ratio {run['ratio_wall']:.3f}; "
+              + ", ".join(f"{k} {v:.1f}" for k, v in run["parts_s"].items()), flush=True)
+        if on_result is not None:
+            on_result(record)
     return record
 
 
@@ -483,6 +637,24 @@ def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
 
+def _gang_rows(key: str, runs: list[dict[str, Any]], median: float | None, goal: str = "") -> list[tuple[str, str]]:
+    """A gang side's rows: its wall ratio to plain TRL (each run), and its last run's memory and time by part."""
+    import gang as gang_bench  # bench/gang.py
+
+    size, mode, _ = gang_bench.parse_side(key)
+    ratios = ", ".join(f"{r['ratio_wall']:.3f}" for r in runs if "ratio_wall" in r)
+    walls = ", ".join(f"{r['wall_s']:.1f}" for r in runs)
+    head = f"{median:.3f} median " if median is not None and len(runs) > 1 else ""
+    rows = [(f"full study in gangs of {size}, {mode}, wall ratio to plain TRL (each run)",
+             f"{head}({ratios}; {walls} s){goal}")]
+    for r in runs[-1:]:
+        rows.append((f"  gangs of {size}, {mode}: peak memory / estimate",
+                     f"{_gib(r['peak_bytes'])} / {_gib(r['estimate_bytes'])}"))
+        rows.append((f"  gangs of {size}, {mode}: time by part",
+                     ", ".join(f"{k} {v:.1f} s" for k, v in r["parts_s"].items())))
+    return rows
+
+
 def print_table(record: dict[str, Any]) -> None:  # noqa: C901 - one row per figure, each optional
     cpu = record["device"] == "cpu"
     na = "n/a (cpu)" if cpu else "n/a"
@@ -520,18 +692,39 @@ def print_table(record: dict[str, Any]) -> None:  # noqa: C901 - one row per fig
     else:
         rows.append(("full study, plain TRL one after another, wall",
                      f"{gangs['plain_wall_s']:.1f} s" if "plain_wall_s" in gangs else "not finished"))
-        for size, runs in gangs["runs"].items():
-            ratios = ", ".join(f"{r['ratio_wall']:.3f}" for r in runs if "ratio_wall" in r)
-            median = gangs.get("median_ratio_wall", {}).get(size)
-            walls = ", ".join(f"{r['wall_s']:.1f}" for r in runs)
-            head = f"{median:.3f} median " if median is not None else ""
-            rows.append((f"full study in gangs of {size}, wall ratio to plain TRL (each run)",
-                         f"{head}({ratios}; {walls} s)"))
-            for r in runs[-1:]:
-                rows.append((f"  gangs of {size}: peak memory / estimate",
-                             f"{_gib(r['peak_bytes'])} / {_gib(r['estimate_bytes'])}"))
-                rows.append((f"  gangs of {size}: time by part",
-                             ", ".join(f"{k} {v:.1f} s" for k, v in r["parts_s"].items())))
+        if "plain_evaluation_s" in gangs:
+            rows.append(("  plain TRL: evaluation", f"{gangs['plain_evaluation_s']:.1f} s"))
+        for key, runs in gangs["runs"].items():
+            rows += _gang_rows(key, runs, gangs.get("median_ratio_wall", {}).get(key))
+    steps = record.get("steps")
+    if steps is not None:
+        alone = steps["runs"].get("alone")
+        if alone is not None:
+            rows.append(("members' training per step, one member alone (G=1)",
+                         f"{alone['training_s_per_gang_step'] * 1e3:.0f} ms ({alone['gang_steps']} steps)"))
+        for key, run in steps["runs"].items():
+            if key != "alone" and "ratio_to_one_member_alone" in run:
+                rows.append((f"members' training per gang step, {key}, x one member alone",
+                             f"{run['ratio_to_one_member_alone']:.2f}x ({run['training_s_per_gang_step'] * 1e3:.0f} "
+                             f"ms, {run['gang_steps']} gang steps; goal <= 1.5x)"))
+    study_decode = record.get("study_decode")
+    if study_decode is not None:
+        for r in study_decode["results"]:
+            weights = "bf16 copy" if r.get("dtype") else f"model's own weights ({study_decode['model_dtype']})"
+            if "error" in r:
+                rows.append((f"study decode, {weights}", f"FAILED: {r['error'][:80]}"))
+                continue
+            rows.append((f"study decode, {weights}, {r['gang_size']} trials x {r['rows'] // r['gang_size']} rows",
+                         f"{r['ms_per_iteration']:.2f} ms/iteration, {r['tok_s']:.0f} tok/s (prefill "
+                         f"{r['prefill_ms']:.0f} ms)"))
+    big = record.get("big_gang")
+    if big is not None and "plain_wall_s" in big:
+        how = "given or from the gangs part" if big["plain_wall_s_given"] else "measured here"
+        rows.append((f"plain TRL, {big['configs']} configs (x{big['configs']}/{big['plain_configs_measured']} of "
+                     f"{big['plain_configs_measured']} {how})",
+                     f"{big['plain_wall_s']:.1f} s ({big['plain_wall_s_measured']:.1f} s)"))
+        for key, run in big["runs"].items():
+            rows += _gang_rows(key, [run], run["ratio_wall"], goal=" (goal <= 0.05)")
     rr = record.get("round_robin")
     if rr is not None:
         busy = rr["gpu_busy_fraction"]
@@ -603,14 +796,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gangs", default=",".join(map(str, GANG_SIZES)),
                         help="gang sizes of the full-study comparison, comma-separated, or 'none' (default: "
                         "%(default)s)")
-    parser.add_argument("--gang-repeats", type=int, default=2, choices=(1, 2),
-                        help="gang runs of the full study: 2 runs it before and after the one plain TRL run "
+    parser.add_argument("--gang-repeats", type=int, default=1, choices=(1, 2),
+                        help="gang runs of the full study: 2 runs them before and after the one plain TRL run "
                         "(default: %(default)s)")
+    parser.add_argument("--gang-training", default=",".join(GANG_TRAINING),
+                        help="gang training modes of the full study and the step profile, comma-separated "
+                        "(default: %(default)s)")
+    parser.add_argument("--big-gang", type=int, default=BIG_GANG, metavar="G",
+                        help="configs and gang size of the big_gang part (default: %(default)s)")
+    parser.add_argument("--big-gang-training", default="batched",
+                        help="gang training modes of the big_gang part, comma-separated (default: %(default)s)")
+    parser.add_argument("--plain-wall-s", type=float, metavar="S",
+                        help="big_gang: plain TRL's wall time for the 4 configs (the default run's 'plain TRL' row), "
+                        "instead of measuring it again")
     parser.add_argument("--only", default=",".join(DEFAULT_PARTS),
                         help=f"parts to run, comma-separated, or 'all' ({', '.join(PARTS)}; default: %(default)s)")
     parser.add_argument("--decode-gangs", default=",".join(map(str, DECODE_GANGS)),
                         help="trials per batched decode (4 rows each; default: %(default)s)")
-    parser.add_argument("--decode-modes", default="graph,eager",
+    parser.add_argument("--decode-modes", default="graph",
                         help="batched decode modes on a GPU: graph, eager, compiled (default: %(default)s)")
     args = parser.parse_args(argv)
     args.only = list(PARTS) if args.only == "all" else [p.strip() for p in args.only.split(",") if p.strip()]
@@ -618,6 +821,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--only {','.join(unknown)}: not a part; give some of {', '.join(PARTS)}, or all")
     args.decode_gangs = [int(x) for x in args.decode_gangs.split(",")]
+    for flag in ("gang_training", "big_gang_training"):
+        modes = tuple(m.strip() for m in getattr(args, flag).split(",") if m.strip())
+        wrong = [m for m in modes if m not in GANG_TRAINING]
+        if wrong or not modes:
+            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)!r}: give {' and/or '.join(GANG_TRAINING)}, "
+                         "comma-separated")
+        setattr(args, flag, modes)
+    if args.big_gang < 2:
+        parser.error("--big-gang: a gang of 2 or more")
     args.decode_modes = [m.strip() for m in args.decode_modes.split(",")]
     try:
         args.workers = [] if args.workers == "none" else [int(x) for x in args.workers.split(",")]
@@ -706,14 +918,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             measure_decode(setup, args.decode_gangs, modes, "anchor" in parts,
                            on_result=lambda value: save("decode", value))
             print(f"decode: {time.perf_counter() - started:.1f} s", flush=True)
-        if any(p in parts for p in ("gangs", "round_robin", "exactness")):
+        if "study_decode" in parts:
+            started = time.perf_counter()
+            print("study decode:", flush=True)
+            measure_study_decode(setup, (1, 2) if args.dry_run else STUDY_DECODE_GANGS,
+                                 on_result=lambda value: save("study_decode", value))
+            print(f"study decode: {time.perf_counter() - started:.1f} s", flush=True)
+        if any(p in parts for p in ("gangs", "steps", "big_gang", "round_robin", "exactness")):
             print(f"warm-up: {throughput.warm_up(setup, workdir / 'warmup'):.1f} s", flush=True)
         if "gangs" in parts and args.gangs:
             started = time.perf_counter()
             print("gangs:", flush=True)
             save("gangs", measure_gangs(setup, workdir / "gangs", args.gangs, args.gang_repeats,
-                                        on_result=lambda value: save("gangs", value)))
+                                        on_result=lambda value: save("gangs", value), modes=args.gang_training))
             print(f"gangs: {time.perf_counter() - started:.1f} s", flush=True)
+        if "steps" in parts:
+            started = time.perf_counter()
+            print("steps:", flush=True)
+            save("steps", measure_steps(sizes, source, workdir / "steps", args.gang_training,
+                                        on_result=lambda value: save("steps", value)))
+            print(f"steps: {time.perf_counter() - started:.1f} s", flush=True)
+        if "big_gang" in parts:
+            started = time.perf_counter()
+            print(f"big gang ({args.big_gang} configs):", flush=True)
+            plain = args.plain_wall_s
+            if plain is None and record.get("gangs", {}).get("plain_wall_s") is not None:
+                plain = record["gangs"]["plain_wall_s"]  # this run's own plain TRL, the same 4 configs
+            save("big_gang", measure_big_gang(sizes, source, workdir / "big-gang", args.big_gang,
+                                              args.big_gang_training, plain, setup,
+                                              on_result=lambda value: save("big_gang", value)))
+            print(f"big gang: {time.perf_counter() - started:.1f} s", flush=True)
         if "round_robin" in parts:
             started = time.perf_counter()
             save("round_robin", measure_round_robin(setup, workdir / "round-robin"))

@@ -22,6 +22,8 @@ gang plan, loading, the rest (scheduler, rungs, storage reads). Gradient checkpo
 printed as the configs set them (the bench's configs: checkpointing off, float32 on the CPU: autocast is a no-op).
 
 On a CUDA device the parts would need a synchronisation at each boundary to mean anything: this is a CPU profile.
+bench/gpu.py's ``steps`` part runs `profile_study` on a GPU for one figure only, the members' training time (every part
+but the rollout decode, `member_training_seconds`), with the device waited for at the decodes' edges.
 
     nice -n 5 python bench/step_profile.py --model smollm2 --configs 4 --chunks 2 --gangs 1,4
     python bench/step_profile.py --model tiny --configs 2 --chunks 2 --gangs 1,2     # a quick check of the script
@@ -64,11 +66,26 @@ UNIT_PARTS = (
     "commit (storage)", "best adapter", "final adapter", "gang plan", "load (prepare)", "rest (scheduler, rungs, storage reads)",
 )
 
+SYNCED_PARTS = ("rollout decode", "evaluation decode", "baseline evaluation")
+"""Parts at whose edges a CUDA profile waits for the device (`Profile.sync`)."""
+TRAINING_EXCLUDED = ("rollout decode",)
+"""What `member_training_seconds` leaves out of a member step's parts: the decode, which a gang shares."""
+
+
+def member_training_seconds(run: dict[str, Any]) -> float:
+    """A profiled run's members' training time (every part of `STEP_PARTS` but the rollout decode: rewards, log-prob
+    and loss forwards, backward, clipping, optimizer, TRL's bookkeeping, switching), in seconds."""
+    return sum(run["seconds"].get(part, 0.0) for part in STEP_PARTS if part not in TRAINING_EXCLUDED)
+
 
 class Profile:
     """Exclusive wall seconds by part, each greenlet with its own stack of open parts."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.sync = sync
+        """On a CUDA device, ``torch.cuda.synchronize``: called at the edges of the decode parts (`SYNCED_PARTS`), so
+        that kernels queued by training are not charged to a decode that waits for them, nor a decode's to training.
+        The training parts' sum then means what it says; a part inside it, not (bench/gpu.py reads the sum)."""
         self.seconds: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
         """The process's CPU seconds (every thread: torch's intra-op threads too) by part: steadier than wall time
@@ -96,6 +113,8 @@ class Profile:
     def enter(self, label: str) -> None:
         import greenlet
 
+        if self.sync is not None and label in SYNCED_PARTS:
+            self.sync()
         self._charge(greenlet.getcurrent())
         self.stack().append(label)
         self.calls[label] = self.calls.get(label, 0) + 1
@@ -103,6 +122,8 @@ class Profile:
     def leave(self) -> None:
         import greenlet
 
+        if self.sync is not None and self.stack()[-1] in SYNCED_PARTS:
+            self.sync()
         self._charge(greenlet.getcurrent())
         self.stack().pop()
 
@@ -209,16 +230,18 @@ def _targets() -> list[tuple[Any, str, Any]]:
 def profile_study(setup: throughput.Setup, out_dir: Path, gang_size: int,
                   training: str = "sequential") -> dict[str, Any]:
     """``optimize(configs, ..., gang_size=G, gang_training=training)`` with every part of `_targets` timed; seconds by
-    part."""
+    part. On a CUDA device the decodes' edges wait for the device (`Profile.sync`)."""
     import greenlet
     import optuna
+    import torch
 
     import rfopt
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out_dir.mkdir(parents=True, exist_ok=True)
     throughput._settle()
-    profile = Profile()
+    cuda = setup.device.startswith("cuda")
+    profile = Profile(torch.cuda.synchronize if cuda else None)
     with contextlib.ExitStack() as stack:
         for owner, name, label in _targets():
             stack.enter_context(profile.wrapped(owner, name, label))
@@ -231,6 +254,8 @@ def profile_study(setup: throughput.Setup, out_dir: Path, gang_size: int,
         study.optimize(setup.configs, setup.train, setup.test, num_chunks=setup.plan.num_chunks,
                        eval_settings=setup.settings, show_progress_bar=False, device=setup.device,
                        precision=setup.precision, gang_size=gang_size, gang_training=training)
+        if cuda:
+            torch.cuda.synchronize()
         profile._charge(greenlet.getcurrent())
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     states = {t.number: t.state.name for t in study.optuna.trials}

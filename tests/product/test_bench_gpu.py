@@ -20,7 +20,7 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "gpu.py"), "--dry-run", "--only", "all", "--workers", "2",
          "--data-parallel", "2", "--ray", "1", "--gangs", "2", "--gang-repeats", "1", "--decode-gangs", "1,2",
-         "--out", str(out)],
+         "--big-gang", "4", "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -48,11 +48,35 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
     assert parallel["wall_s"] > 0 and parallel["wall_s_one_device"] > 0 and parallel["max_abs_value_diff"] == 0.0
     assert record["ray"]["startup_s"] > 0 and record["ray"]["1"]["wall_s"] > 0
 
-    # Gangs: the full study in gangs of 2 against plain TRL, by part.
-    assert "full study in gangs of 2, wall ratio to plain TRL" in table
+    # Gangs: the full study in gangs of 2 against plain TRL, by part, in both gang training modes (issue 42).
+    for mode in ("sequential", "batched"):
+        assert f"full study in gangs of 2, {mode}, wall ratio to plain TRL" in table, mode
     gangs = record["gangs"]
-    assert gangs["plain_wall_s"] > 0 and gangs["runs"]["2"][0]["ratio_wall"] > 0
-    assert gangs["runs"]["2"][0]["parts_s"]["rollout_decode"] > 0 and gangs["runs"]["2"][0]["estimate_bytes"] > 0
+    assert gangs["plain_wall_s"] > 0 and set(gangs["runs"]) == {"G2", "G2-batched"}
+    for key, runs in gangs["runs"].items():
+        assert runs[0]["ratio_wall"] > 0 and runs[0]["parts_s"]["rollout_decode"] > 0, key
+        assert runs[0]["estimate_bytes"] > 0 and runs[0]["gang_training"] in ("sequential", "batched"), key
+    # The members' training time per gang step in each mode against one member's step alone.
+    steps = record["steps"]["runs"]
+    assert set(steps) == {"alone", "G4-sequential", "G4-batched"}
+    assert steps["alone"]["gang_size"] == 1 and steps["alone"]["gang_steps"] == steps["alone"]["member_steps"] > 0
+    for key in ("G4-sequential", "G4-batched"):
+        run = steps[key]
+        assert run["training"] == key.split("-")[1] and run["gang_steps"] * 4 == run["member_steps"], key
+        assert run["training_s"] > 0 and run["ratio_to_one_member_alone"] == pytest.approx(
+            run["training_s_per_gang_step"] / steps["alone"]["training_s_per_gang_step"]), key
+        assert f"members' training per gang step, {key}, x one member alone" in table
+    # The study's decode in the model's own weights and in the bf16 copy, each at G = 1 and 2.
+    study_decode = record["study_decode"]
+    measured = {(r["dtype"], r["gang_size"]) for r in study_decode["results"] if "error" not in r}
+    assert measured == {(None, 1), (None, 2), ("bfloat16", 1), ("bfloat16", 2)}, study_decode["results"]
+    assert study_decode["rows_per_trial"] == 4 and study_decode["new_tokens"] == 8
+    assert "study decode, bf16 copy, 2 trials x 4 rows" in table
+    # The big gang (here 4 configs at G=4, batched) against plain TRL's 4 configs of the gangs part, scaled.
+    big = record["big_gang"]
+    assert big["plain_wall_s_given"] and big["plain_wall_s"] == pytest.approx(gangs["plain_wall_s"])
+    assert set(big["runs"]) == {"G4-batched"} and big["runs"]["G4-batched"]["ratio_wall"] > 0
+    assert "full study in gangs of 4, batched, wall ratio to plain TRL (each run)" in table
     # Decoding: the batched backend per iteration at each G, model.generate, and greedy agreement with it.
     decoded = {(r["what"], r.get("gang_size")) for r in record["decode"]["results"]}
     assert {("batched", 1), ("batched", 2), ("generate", 1), ("agreement", None)} <= decoded
@@ -60,16 +84,22 @@ def test_gpu_benchmark_dry_run_prints_the_table_and_writes_every_figure(tmp_path
     assert agreement["tokens_equal_before_first_difference"] == [64] * 4
 
 
-def test_gpu_benchmark_default_run_is_the_decode_the_anchor_and_the_study_and_parts_are_checked():
+def test_gpu_benchmark_default_run_is_the_study_decode_the_study_and_the_steps_and_parts_are_checked():
     sys.path.insert(0, str(REPO / "bench"))
     try:
         import gpu
     finally:
         sys.path.remove(str(REPO / "bench"))
-    assert gpu.parse_args([]).only == ["decode", "anchor", "gangs"]
+    default = gpu.parse_args([])
+    assert default.only == ["study_decode", "gangs", "steps"]
+    assert default.gang_training == ("sequential", "batched") and default.big_gang_training == ("batched",)
     assert gpu.parse_args(["--only", "all"]).only == list(gpu.PARTS)
     with pytest.raises(SystemExit):
         gpu.parse_args(["--only", "decode,nonsense"])
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--gang-training", "sequential,fused"])
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--big-gang", "1"])
 
 
 def test_gpu_benchmark_measures_what_the_machine_can_run_unless_told():
@@ -87,3 +117,15 @@ def test_gpu_benchmark_measures_what_the_machine_can_run_unless_told():
         gpu.default_counts(gpu.parse_args(["--data-parallel", "2"]), gpu.GPU, gpus=1, has_ray=True)
     with pytest.raises(SystemExit):
         gpu.parse_args(["--data-parallel", "1"])  # one device per trial is the reference, always run
+
+
+def test_big_gang_learning_rates_are_each_configs_own_between_the_benchmarks_extremes():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    rates = gpu.big_gang_learning_rates(gpu.GPU, 16)
+    assert len(set(rates)) == 16 and rates == tuple(sorted(rates))
+    assert rates[0] == pytest.approx(min(gpu.GPU.learning_rates)) and rates[-1] == pytest.approx(
+        max(gpu.GPU.learning_rates))
