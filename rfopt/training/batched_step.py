@@ -128,9 +128,11 @@ def _gang_linear_class() -> type:
 
         def _fast(self, adapters: list[str], x: Any, result: Any) -> bool:
             """Whether `GroupedLoRA` computes these groups as PEFT would: one dtype, no dropout, no ``lora_bias``,
-            the base output its own contiguous tensor (a plain ``Linear``: its backward does not keep its output)."""
+            the base output its own contiguous tensor (a plain ``Linear``: its backward does not keep its output), and
+            no autocast (which would cast the products inside, not the output they are added to)."""
             layer = self.layer
-            if type(layer.base_layer) is not nn.Linear or not result.is_contiguous() or x.dtype != result.dtype:
+            if (type(layer.base_layer) is not nn.Linear or not result.is_contiguous() or x.dtype != result.dtype
+                    or torch.is_autocast_enabled(x.device.type)):
                 return False
             return all(isinstance(layer.lora_dropout[a], nn.Identity) and layer.lora_B[a].bias is None
                        and layer.lora_A[a].weight.dtype == x.dtype for a in adapters)

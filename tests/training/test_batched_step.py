@@ -136,6 +136,25 @@ def test_the_batched_forward_adds_each_groups_lora_in_place_without_copying_the_
     assert names.count("SliceBackward0") <= alone.count("SliceBackward0") + 2 * 2  # and each member's hidden states
 
 
+def test_under_autocast_the_batched_forward_takes_peft_modules(tiny_model):
+    """Autocast would cast the grouped products but not the output they are added to in place: under it each group
+    goes through PEFT's own modules, as a member alone does (here a bfloat16 model, every dtype alike)."""
+    model = _two_adapters(tiny_model).to(torch.bfloat16)
+    model.train()
+    backbone = model.get_base_model().base_model
+    for adapter in ("t1", "t2"):
+        for p in adapter_parameters(model, adapter):
+            p.requires_grad_(True)
+    batches = {"t1": _rows(2, 9, 2, 1), "t2": _rows(3, 13, 4, 2)}
+    requests = [ForwardRequest(adapter, ids, mask, grad=True) for adapter, (ids, mask) in batches.items()]
+    step = BatchedBackbone(backbone)
+    assert "GroupedLoRABackward" in _graph(sum(h.float().sum() for h in step.forward(requests)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = step.forward(requests)
+    names = _graph(sum(h.float().sum() for h in hidden))
+    assert "GroupedLoRABackward" not in names and "CatBackward0" in names
+
+
 # ---------------------------------------------------------------------- a gang's steps through TRL
 class _Gradients(TrainerCallback):
     """The gradients a member's optimizer is about to step with (after its clipping), by parameter name."""
