@@ -402,6 +402,13 @@ def measure_ray(sizes: Sizes, source: Path, workdir: Path, counts: list[int]) ->
 
 
 # ---------------------------------------------------------------------- report
+def _failed(what: str, exc: Exception, **fields: Any) -> dict[str, Any]:
+    """A side that raised, as its result: one side failing on the GPU must not cost the next parts' figures (the
+    device time of a session is one call or two)."""
+    print(f"  {what}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    return {**fields, "error": f"{type(exc).__name__}: {exc}"}
+
+
 def _prompt_tokens(setup: throughput.Setup) -> int:
     """The longest training prompt in tokens (what the gang memory estimate sizes its rows by)."""
     from rfopt.training.evaluation import EvalPrompts
@@ -430,7 +437,15 @@ def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int], repe
         for size, mode in sides:
             key = gang_bench.side_key(size, mode)
             throughput._settle()
-            run = gang_bench.run_gang_study(setup, workdir / f"gang-{key}-{tag}", size, prompt_tokens, training=mode)
+            try:
+                run = gang_bench.run_gang_study(setup, workdir / f"gang-{key}-{tag}", size, prompt_tokens,
+                                                training=mode)
+            except Exception as exc:  # noqa: BLE001 - recorded; the other sides and parts go on
+                record["runs"][key].append(_failed(f"gangs of {size}, {mode} ({tag})", exc, gang_size=size,
+                                                   gang_training=mode))
+                if on_result is not None:
+                    on_result(record)
+                continue
             run["gang_training"] = mode
             if "plain_wall_s" in record:
                 run["ratio_wall"] = run["wall_s"] / record["plain_wall_s"]
@@ -448,16 +463,19 @@ def measure_gangs(setup: throughput.Setup, workdir: Path, gangs: list[int], repe
     print(f"  plain TRL: {plain['wall_s']:.1f} s", flush=True)
     for runs in record["runs"].values():
         for run in runs:
-            run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
+            if "wall_s" in run:
+                run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
     if on_result is not None:
         on_result(record)
     if repeats > 1:
         gang_runs("after")
     for runs in record["runs"].values():
         for run in runs:
-            run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
-    record["median_ratio_wall"] = {size: statistics.median(r["ratio_wall"] for r in runs)
-                                   for size, runs in record["runs"].items()}
+            if "wall_s" in run:
+                run["ratio_wall"] = run["wall_s"] / plain["wall_s"]
+    record["median_ratio_wall"] = {size: statistics.median(r["ratio_wall"] for r in runs if "ratio_wall" in r)
+                                   for size, runs in record["runs"].items()
+                                   if any("ratio_wall" in r for r in runs)}
     record["load_after"] = os.getloadavg()[0]
     return record
 
@@ -475,7 +493,13 @@ def measure_steps(sizes: Sizes, source: Path, workdir: Path, modes: tuple[str, .
     record: dict[str, Any] = {"chunks": STEP_CHUNKS, "gang_size": gang_size, "runs": {}}
 
     def profiled(key: str, where: throughput.Setup, size: int, mode: str) -> dict[str, Any]:
-        run = step_profile.profile_study(where, workdir / key, size, mode)
+        try:
+            run = step_profile.profile_study(where, workdir / key, size, mode)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other runs and parts go on
+            record["runs"][key] = _failed(f"steps, {key}", exc, gang_size=size, training=mode)
+            if on_result is not None:
+                on_result(record)
+            return record["runs"][key]
         run["training_s"] = step_profile.member_training_seconds(run)
         run["gang_steps"] = run["member_steps"] // size
         run["training_s_per_gang_step"] = run["training_s"] / run["gang_steps"]
@@ -491,6 +515,8 @@ def measure_steps(sizes: Sizes, source: Path, workdir: Path, modes: tuple[str, .
     alone = profiled("alone", _one_trial(setup), 1, "sequential")
     for mode in modes:
         run = profiled(f"G{gang_size}-{mode}", setup, gang_size, mode)
+        if "error" in run or "error" in alone:
+            continue
         run["ratio_to_one_member_alone"] = run["training_s_per_gang_step"] / alone["training_s_per_gang_step"]
         if on_result is not None:
             on_result(record)
@@ -573,7 +599,14 @@ def measure_big_gang(sizes: Sizes, source: Path, workdir: Path, size: int, modes
     prompt_tokens = _prompt_tokens(setup)
     for mode in modes:
         throughput._settle()
-        run = gang_bench.run_gang_study(setup, workdir / f"G{size}-{mode}", size, prompt_tokens, training=mode)
+        try:
+            run = gang_bench.run_gang_study(setup, workdir / f"G{size}-{mode}", size, prompt_tokens, training=mode)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other mode goes on
+            record["runs"][gang_bench.side_key(size, mode)] = _failed(f"{size} configs in gangs of {size}, {mode}",
+                                                                      exc, gang_size=size, gang_training=mode)
+            if on_result is not None:
+                on_result(record)
+            continue
         run["gang_training"] = mode
         run["ratio_wall"] = run["wall_s"] / record["plain_wall_s"]
         record["runs"][gang_bench.side_key(size, mode)] = run
@@ -642,12 +675,14 @@ def _gang_rows(key: str, runs: list[dict[str, Any]], median: float | None, goal:
     import gang as gang_bench  # bench/gang.py
 
     size, mode, _ = gang_bench.parse_side(key)
-    ratios = ", ".join(f"{r['ratio_wall']:.3f}" for r in runs if "ratio_wall" in r)
-    walls = ", ".join(f"{r['wall_s']:.1f}" for r in runs)
-    head = f"{median:.3f} median " if median is not None and len(runs) > 1 else ""
+    done = [r for r in runs if "error" not in r]
+    ratios = ", ".join(f"{r['ratio_wall']:.3f}" for r in done if "ratio_wall" in r)
+    walls = ", ".join(f"{r['wall_s']:.1f}" for r in done)
+    head = f"{median:.3f} median " if median is not None and len(done) > 1 else ""
     rows = [(f"full study in gangs of {size}, {mode}, wall ratio to plain TRL (each run)",
              f"{head}({ratios}; {walls} s){goal}")]
-    for r in runs[-1:]:
+    rows += [(f"  gangs of {size}, {mode}: a run", f"FAILED: {r['error'][:80]}") for r in runs if "error" in r]
+    for r in done[-1:]:
         rows.append((f"  gangs of {size}, {mode}: peak memory / estimate",
                      f"{_gib(r['peak_bytes'])} / {_gib(r['estimate_bytes'])}"))
         rows.append((f"  gangs of {size}, {mode}: time by part",
@@ -698,8 +733,11 @@ def print_table(record: dict[str, Any]) -> None:  # noqa: C901 - one row per fig
             rows += _gang_rows(key, runs, gangs.get("median_ratio_wall", {}).get(key))
     steps = record.get("steps")
     if steps is not None:
+        for key, run in steps["runs"].items():
+            if "error" in run:
+                rows.append((f"members' training per step, {key}", f"FAILED: {run['error'][:80]}"))
         alone = steps["runs"].get("alone")
-        if alone is not None:
+        if alone is not None and "error" not in alone:
             rows.append(("members' training per step, one member alone (G=1)",
                          f"{alone['training_s_per_gang_step'] * 1e3:.0f} ms ({alone['gang_steps']} steps)"))
         for key, run in steps["runs"].items():
@@ -724,7 +762,7 @@ def print_table(record: dict[str, Any]) -> None:  # noqa: C901 - one row per fig
                      f"{big['plain_configs_measured']} {how})",
                      f"{big['plain_wall_s']:.1f} s ({big['plain_wall_s_measured']:.1f} s)"))
         for key, run in big["runs"].items():
-            rows += _gang_rows(key, [run], run["ratio_wall"], goal=" (goal <= 0.05)")
+            rows += _gang_rows(key, [run], run.get("ratio_wall"), goal=" (goal <= 0.05)")
     rr = record.get("round_robin")
     if rr is not None:
         busy = rr["gpu_busy_fraction"]

@@ -129,3 +129,27 @@ def test_big_gang_learning_rates_are_each_configs_own_between_the_benchmarks_ext
     assert len(set(rates)) == 16 and rates == tuple(sorted(rates))
     assert rates[0] == pytest.approx(min(gpu.GPU.learning_rates)) and rates[-1] == pytest.approx(
         max(gpu.GPU.learning_rates))
+
+
+def test_a_gang_side_that_fails_is_recorded_and_the_other_sides_and_plain_trl_still_run(monkeypatch, tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import gang as gang_bench
+        import gpu
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+    def run_gang_study(setup, out_dir, size, prompt_tokens, training="sequential"):
+        if training == "batched":
+            raise RuntimeError("CUDA error: out of memory")
+        return {"wall_s": 5.0, "parts_s": {"rollout_decode": 1.0}, "peak_bytes": None, "estimate_bytes": None}
+
+    monkeypatch.setattr(gang_bench, "run_gang_study", run_gang_study)
+    monkeypatch.setattr(gang_bench, "run_plain_side", lambda setup, out_dir: {"wall_s": 20.0, "evaluation_s": 2.0})
+    monkeypatch.setattr(gpu, "_prompt_tokens", lambda setup: 10)
+    record = gpu.measure_gangs(None, tmp_path, [4], 2, modes=("sequential", "batched"))
+    assert [r["ratio_wall"] for r in record["runs"]["G4"]] == [0.25, 0.25]
+    assert [r["error"] for r in record["runs"]["G4-batched"]] == ["RuntimeError: CUDA error: out of memory"] * 2
+    assert record["plain_wall_s"] == 20.0 and record["median_ratio_wall"] == {"G4": 0.25}
+    rows = dict(gpu._gang_rows("G4-batched", record["runs"]["G4-batched"], None))
+    assert rows["  gangs of 4, batched: a run"].startswith("FAILED: RuntimeError: CUDA error: out of memory")
