@@ -117,7 +117,8 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     base = base_bytes(model, configs[0].quantization_config, width)
 
     # Every Linear some member adapts is a `GangLinear` in the batched view: the base layer's output for every row,
-    # then each member's slice plus its delta, concatenated (tests/training/test_memory.py).
+    # then each member's delta (added in place by `GroupedLoRA`, or through PEFT's modules and concatenated with
+    # dropout, lora_bias or autocast; tests/training/test_memory.py).
     served: dict[int, int] = {}
     for config in configs:
         if config.peft_config is not None:
@@ -131,7 +132,9 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
         # graph saves, per adapted Linear: the base layer's output for every row and the members' pieces before their
         # concatenation (twice the outputs' size). Freed as the forward goes, but the CPU's heap does not give them
         # back: on SmolLM2 (4 members x 4 rows x 149 tokens) the resident set grew by 5.41 GiB over the forward where
-        # the graph saves 2.70 GiB, 2.71 GiB beyond against 2.76 GiB counted here (BENCHMARKS.md).
+        # the graph saves 2.70 GiB, 2.71 GiB beyond against 2.76 GiB counted here (BENCHMARKS.md). Measured before
+        # `GroupedLoRA` added the deltas in place; with it this over-counts the common case, and a whole batched gang
+        # of those 4 configs held 7.42 GiB against 8.97 planned (1.21x, BENCHMARKS.md): kept, not re-derived.
         padded = rows * tokens * layers * (2 * (heads - kv_heads) * head_dim + tokens) * width
         return padded + 2 * rows * tokens * served_out * width
 

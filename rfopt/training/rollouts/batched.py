@@ -421,14 +421,15 @@ class BatchedBackend:
             self._load(bucket, parts, source, cache, width, lengths, prefix)
             self._emit(bucket, logits.index_select(0, torch.tensor(source, device=self.device)))
             iterations = 1
-            trims = LIVE_BLOCK is not None and bucket.graph is None and self.device.type == "cpu"
+            on_cpu = self.device.type == "cpu"  # reading the device there waits for nothing
+            trims = LIVE_BLOCK is not None and bucket.graph is None and on_cpu
             try:
                 for t in range(1, steps):
                     if tick is not None:
                         tick(t, steps, time.perf_counter() - started)
                     if should_stop is not None and should_stop():
                         raise DecodeAborted("decoding stopped")
-                    if (t % CHECK_EVERY == 0 or self.device.type == "cpu") and bool(bucket.done.all()):
+                    if (on_cpu or t % CHECK_EVERY == 0) and bool(bucket.done.all()):
                         break
                     # The step writes column width + t - 1 and attends every column up to it.
                     if trims:
