@@ -73,7 +73,11 @@ def sides(args: argparse.Namespace) -> dict[str, Callable[[], None]]:
     for i, width in enumerate(args.widths):
         ids = torch.randint(3, vocab, (args.rows, width), generator=torch.Generator().manual_seed(i))
         mask = torch.ones_like(ids)
-        mask[0, : width // 16] = 0  # left pads on a shorter prompt, right pads on a shorter completion
+        if args.prompt:  # GRPO's rows: completions of one prompt, left-padded alike
+            ids[:, : args.prompt] = ids[0, : args.prompt]
+            mask[:, : width // 16] = 0
+        else:
+            mask[0, : width // 16] = 0  # left pads on a shorter prompt, right pads on a shorter completion
         mask[-1, -3:] = 0
         batches.append((ids, mask))
     keep = min(64, min(args.widths))
@@ -99,6 +103,16 @@ def sides(args: argparse.Namespace) -> dict[str, Callable[[], None]]:
         return run
 
     found = {"sequential": sequential, "batched": batched(today)}
+    if args.prompt:  # the same batched step with every row's prompt computed on its own
+        unshared = batched(today)
+
+        def per_row() -> None:
+            saved, today.SHARE_PROMPTS_ON = today.SHARE_PROMPTS_ON, None
+            try:
+                unshared()
+            finally:
+                today.SHARE_PROMPTS_ON = saved
+        found["batched, prompts per row"] = per_row
     if args.against:
         found[f"batched at {args.against}"] = batched(_earlier(args.against))
     found["zero_grad"] = lambda: model.zero_grad(set_to_none=True)
@@ -112,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[tuple[float, float]]]:
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--widths", default="149,149,149,149", help="each member's row width, comma-separated")
     parser.add_argument("--rows", type=int, default=4, help="rows per member (num_generations)")
+    parser.add_argument("--prompt", type=int, default=0,
+                        help="a member's rows share their first N tokens, as GRPO's completions of one prompt do")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--against", help="a commit whose batched step is timed too")

@@ -186,6 +186,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     import rfopt.training.models
     from rfopt.engine.outputs.baselines import Baselines
     from rfopt.training import gang, rollouts
+    from rfopt.training.batched_step import shares_prompts
     from rfopt.storage import schema
     from rfopt.storage.checkpoints import CheckpointStore
     from rfopt.training.runner import TrialRunner
@@ -250,7 +251,8 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     dtype = rfopt.training.models.Placement.of(setup.device, setup.precision).compute_dtype()
     estimate = rfopt.training.memory.gang_memory(
         setup.configs[:gang_size], prompt_tokens, eval_rows=min(setup.settings.batch_size, len(setup.test)),
-        compute_width=None if dtype is None else dtype.itemsize)
+        compute_width=None if dtype is None else dtype.itemsize,
+        shared_prompts=batched and shares_prompts(setup.device))
     peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
     return {
         "gang_size": gang_size,

@@ -16,6 +16,18 @@ concatenation, no zero-filled input gradient per group (on SmolLM2 those copies 
 members' own; BENCHMARKS.md); otherwise each group goes through PEFT's own modules. Each member then gets its slice of
 the hidden states back, and its own head, loss and backward follow.
 
+Rows that share a prompt (GRPO's completions of one prompt, left-padded alike) have it computed once on the CPU
+(`shared_prompts`, `shares_prompts`): the forward runs the shared columns once per distinct prefix with a cache, then
+every row's rest attending to a copy of its prefix's keys and values, whose gradients flow back to the one prefix,
+summed. On SmolLM2 (4 members x 4 completions of an 85-token prompt, 64 new tokens) that is 0.59 of the members'
+own forwards and backwards against 0.98 without it (BENCHMARKS.md); the numbers differ from a member alone by rounding
+only, like the rest of the batched step. Not on a GPU yet: a step of this size is bound by kernel launches there, and
+a second forward adds to them (unmeasured).
+
+The backbone call served is the one TRL's fused LM head makes: token ids and a mask, and the arguments PEFT's
+``PeftModelForCausalLM`` passes on at their neutral values (`servable_call`, `NEUTRAL_ARGUMENTS`; a ``task_type=
+"CAUSAL_LM"`` adapter's model). Any other call runs the member's own forward, said once with what it carried.
+
 The view is a shallow copy of the backbone (`compat.module_view`) with gradient checkpointing off: the batched step
 keeps its activations (the gang mode's measured choice: faster, more memory; the sequential mode keeps the trainer's
 setting). The results differ from a member alone only by floating-point rounding (matrix shapes change with the
@@ -58,11 +70,34 @@ def member_refusal(model: Any, adapter: str, peft_config: Any) -> str | None:
     return adapter_refusal(model, adapter)
 
 
+NEUTRAL_ARGUMENTS = {"inputs_embeds": (None,), "output_attentions": (None, False),
+                     "output_hidden_states": (None, False), "return_dict": (None, True)}
+"""Backbone arguments a call may carry at these values (what PEFT's ``PeftModelForCausalLM.forward``, a
+``task_type="CAUSAL_LM"`` adapter's model, passes on) and still be the plain call the batched forward serves."""
+
+
 def servable_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a backbone call is one the batched forward serves: token ids and a mask, no cache, nothing else (a
-    multimodal or MoE model's extra inputs go through the member's own forward)."""
-    return (not args and kwargs.get("input_ids") is not None and not kwargs.get("use_cache")
-            and set(kwargs) <= {"input_ids", "attention_mask", "use_cache"})
+    """Whether a backbone call is one the batched forward serves: token ids and a mask, no cache, and nothing else but
+    `NEUTRAL_ARGUMENTS` at their neutral values (a multimodal or MoE model's extra inputs, embeddings given instead of
+    ids, or attentions asked for go through the member's own forward)."""
+    if args or kwargs.get("input_ids") is None or kwargs.get("use_cache"):
+        return False
+    return all(key in ("input_ids", "attention_mask", "use_cache")
+               or any(value is neutral for neutral in NEUTRAL_ARGUMENTS.get(key, ()))
+               for key, value in kwargs.items())
+
+
+def unservable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """What keeps a backbone call from the batched forward (`servable_call`), as a person reads it."""
+    if args:
+        return f"{len(args)} positional arguments"
+    if kwargs.get("input_ids") is None:
+        return "no input_ids"
+    if kwargs.get("use_cache"):
+        return "use_cache=True"
+    extra = sorted(key for key, value in kwargs.items() if key not in ("input_ids", "attention_mask", "use_cache")
+                   and not any(value is neutral for neutral in NEUTRAL_ARGUMENTS.get(key, ())))
+    return "the arguments " + ", ".join(extra)
 
 
 class _Rows:
@@ -183,13 +218,15 @@ class BatchedBackbone:
             return gang_linear(module, self.rows) if isinstance(module, served) else None
 
         self.view = compat.module_view(backbone, replace)
+        self.shared_tokens = 0
+        """Tokens the forwards did not compute again because their rows share a prompt (`shared_prompts`)."""
         for module in self.view.modules():
             if getattr(module, "gradient_checkpointing", False):
                 module.gradient_checkpointing = False  # the view's copy only: the shared model keeps its setting
 
     def forward(self, requests: Sequence[ForwardRequest]) -> list[Any]:
-        """Each request's ``last_hidden_state`` (its own rows and length), from one forward of every request's rows.
-        The requests must share one grad mode (the caller's)."""
+        """Each request's ``last_hidden_state`` (its own rows and length), from one forward of every request's rows
+        (two where rows share a prompt: `shared_prompts`). The requests must share one grad mode (the caller's)."""
         import torch
 
         view = self.view
@@ -213,14 +250,124 @@ class BatchedBackbone:
             groups.append((start, start + rows, request.adapter))
             offsets.append(extra)
             start += rows
-        self.rows.groups = groups
+        input_ids, attention_mask, position_ids = torch.cat(ids), torch.cat(masks), torch.cat(positions)
+        shared = (shared_prompts(input_ids, attention_mask, [(s, e) for s, e, _ in groups])
+                  if shares_prompts(first.device) else None)
         try:
-            out = view(input_ids=torch.cat(ids), attention_mask=torch.cat(masks), position_ids=torch.cat(positions),
-                       use_cache=False)
+            if shared is None:
+                self.rows.groups = groups
+                hidden = view(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=False).last_hidden_state
+            else:
+                hidden = self._forward_shared(input_ids, attention_mask, position_ids, groups, shared)
         finally:
             self.rows.groups = ()
-        hidden = out.last_hidden_state
         return [hidden[s:e, extra:] for (s, e, _), extra in zip(groups, offsets)]
+
+    def _forward_shared(self, input_ids: Any, attention_mask: Any, position_ids: Any,
+                        groups: list[tuple[int, int, str | None]], shared: SharedPrompts) -> Any:
+        """The forward of every row, the first `shared.width` columns once per distinct prefix: those rows through
+        the view with a cache, then every row's rest on a copy of its prefix's keys and values (the gradient of each
+        copy flows back to the one prefix, summed), and each row's hidden states, the prefix's then its rest's."""
+        import torch
+        from transformers import DynamicCache
+
+        view, cut, heads = self.view, shared.width, shared.heads
+        self.rows.groups = shared.head_groups(groups)
+        head = view(input_ids=input_ids[heads, :cut], attention_mask=attention_mask[heads, :cut],
+                    position_ids=position_ids[heads, :cut], past_key_values=DynamicCache(), use_cache=True)
+        cache = DynamicCache()
+        for index, layer in enumerate(head.past_key_values.layers):
+            cache.update(layer.keys.index_select(0, shared.source), layer.values.index_select(0, shared.source), index)
+        self.rows.groups = groups
+        rest = view(input_ids=input_ids[:, cut:], attention_mask=attention_mask, position_ids=position_ids[:, cut:],
+                    past_key_values=cache, use_cache=True)
+        self.shared_tokens += cut * (input_ids.shape[0] - len(heads))
+        return torch.cat([head.last_hidden_state.index_select(0, shared.source), rest.last_hidden_state], dim=1)
+
+
+SHARE_PROMPTS_ON: tuple[str, ...] | None = ("cpu",)
+"""The device types on which the batched forward computes a prompt its rows share once (`shared_prompts`)."""
+
+
+def shares_prompts(device: Any) -> bool:
+    """Whether the batched forward on `device` computes a prompt its rows share once (`shared_prompts`): on the CPU,
+    where a step's time is its arithmetic (SmolLM2: a member's prompt is 85 of its rows' 149 tokens; BENCHMARKS.md).
+    Not yet on a GPU: there a step of this size is bound by its kernel launches, which a second forward adds to, and
+    it is not measured."""
+    import torch
+
+    return SHARE_PROMPTS_ON is not None and torch.device(device).type in SHARE_PROMPTS_ON
+
+MIN_SHARED = 0.25
+"""Share a prefix only where it saves at least this fraction of the forward's tokens (a second forward costs its own
+launches and a copy of the prefix's keys and values)."""
+
+
+@dataclass
+class SharedPrompts:
+    """How a batched forward's rows share their first `width` columns: `heads`, one row of each distinct prefix
+    (grouped by request, in the requests' order), and for each row the index among `heads` of its prefix (`source`)."""
+
+    width: int
+    heads: Any  # a LongTensor
+    source: Any  # a LongTensor
+    counts: list[int]
+    """Distinct prefixes per request."""
+
+    def head_groups(self, groups: Sequence[tuple[int, int, str | None]]) -> list[tuple[int, int, str | None]]:
+        """The requests' row groups among `heads`."""
+        out, start = [], 0
+        for (_, _, adapter), count in zip(groups, self.counts):
+            out.append((start, start + count, adapter))
+            start += count
+        return out
+
+
+def shared_prompts(input_ids: Any, attention_mask: Any, spans: Sequence[tuple[int, int]],
+                   min_saved: float = MIN_SHARED) -> SharedPrompts | None:
+    """The prefix width that saves the most tokens when each request's rows (`spans` of the batch) that agree on it
+    (token ids and mask) have it computed once: a GRPO batch's completions of one prompt share that prompt (left-padded
+    alike). None where that saves less than `min_saved` of the batch's tokens, or nothing (rows of different requests
+    never share: their adapters differ)."""
+    import numpy as np
+    import torch
+
+    rows, width = input_ids.shape
+    if width < 2:
+        return None
+    # A row as one array: its ids where attended, -1 - id where masked (the mask is part of what must agree).
+    keyed = np.where(attention_mask.cpu().numpy() != 0, input_ids.cpu().numpy(), -1 - input_ids.cpu().numpy())
+    orders, gaps = [], []
+    for start, end in spans:
+        block = keyed[start:end]
+        order = np.lexsort(block.T[::-1])  # rows sorted as sequences: rows that share a prefix are adjacent
+        ordered = block[order]
+        differ = ordered[1:] != ordered[:-1]
+        # Each adjacent pair's common prefix (the whole width where they are equal).
+        lcp = np.where(differ.any(axis=1), differ.argmax(axis=1), width)
+        orders.append(order)
+        gaps.append(lcp)
+    best, best_saved = 0, 0
+    for cut in sorted({int(c) for lcp in gaps for c in lcp if c > 0}):
+        cut = min(cut, width - 1)
+        saved = cut * sum(int((lcp >= cut).sum()) for lcp in gaps)
+        if saved > best_saved:
+            best, best_saved = cut, saved
+    if best_saved < min_saved * rows * width:
+        return None
+    heads, source, counts = [], [0] * rows, []
+    for (start, _), order, lcp in zip(spans, orders, gaps):
+        count = 0
+        for k, row in enumerate(order):
+            if k == 0 or lcp[k - 1] < best:  # a new prefix: this row is its head
+                heads.append(start + int(row))
+                count += 1
+            source[start + int(row)] = len(heads) - 1
+        counts.append(count)
+    device = input_ids.device
+    return SharedPrompts(width=best, heads=torch.tensor(heads, device=device),
+                         source=torch.tensor(source, device=device), counts=counts)
 
 
 def adapter_parameters(model: Any, adapter: str) -> list[Any]:

@@ -65,7 +65,8 @@ from rfopt import compat
 from rfopt.storage.schema import Activity
 from rfopt.storage.state import RngState
 
-from .batched_step import BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, servable_call
+from .batched_step import (BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, servable_call,
+                           unservable)
 from .models import adapter_name
 from .rollouts import DecodeAborted, Decoded, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
 from .rollouts.bank import lora_layers
@@ -430,7 +431,15 @@ class Gang:
         from transformers.modeling_outputs import BaseModelOutputWithPast
 
         i = self._current
-        if i is None or not self._turns[i].batched or not servable_call(args, kwargs):
+        if i is None or not self._turns[i].batched:
+            return original(*args, **kwargs)
+        if not servable_call(args, kwargs):  # its own forward, as in the sequential mode: said once per reason
+            reason = unservable(args, kwargs)
+            if reason not in _SAID:
+                _SAID.add(reason)
+                logger.warning("trial %d runs its own forward beside its gang's batched step: its model calls the "
+                               "backbone with %s, which the batched forward does not serve", self.members[i].number,
+                               reason)
             return original(*args, **kwargs)
         disabled = self._adapters_disabled()  # the reference forward: the base model alone
         request = ForwardRequest(None if disabled else adapter_name(self.members[i].number), kwargs["input_ids"],

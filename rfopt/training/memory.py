@@ -8,6 +8,7 @@ from typing import Any
 
 from rfopt.config.trial import TrialConfig
 
+from .batched_step import MIN_SHARED
 from .loading import meta_model
 from .quantization import adapter_bytes, base_bytes
 from .rollouts.batched import decode_shape
@@ -76,12 +77,14 @@ logits, their sorted copy with int64 indices and a float64 cumulative sum (top-p
 
 
 def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: int = 0,
-                eval_new_tokens: int | None = None, compute_width: int | None = None) -> GangMemory | None:
+                eval_new_tokens: int | None = None, compute_width: int | None = None,
+                shared_prompts: bool = False) -> GangMemory | None:
     """Estimate what a gang of `configs` (one base model) needs, with prompts of `prompt_tokens` tokens; None where
     the base model's shape cannot be told without loading it. `eval_rows`: prompts each member evaluates in one batched
     decode (`EvalSettings.batch_size`), `eval_new_tokens` their completions' length (default: each member's
     ``max_completion_length``); `compute_width`: bytes per value the batched decoder computes in when it is not the
-    model's own (2 under bf16 mixed precision: the decoder reads a bf16 copy of the base model).
+    model's own (2 under bf16 mixed precision: the decoder reads a bf16 copy of the base model); `shared_prompts`: the
+    batched forward computes a prompt its rows share once (`rfopt.training.batched_step.shares_prompts`, on the CPU).
 
     The base model: `model_bytes`. Per member: its LoRA weights (``r x in`` and ``out x r`` per adapted Linear) with
     their gradients and optimizer moments (`rfopt.training.quantization.adapter_bytes`: 16 bytes a weight in fp32 with
@@ -146,15 +149,39 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
         kept = rows * tokens * layers * hidden * width + layer if checkpointed else layers * layer
         return kept + 2 * rows * own * vocab * 4
 
+    def shared_step(rows: int, prompts: int, prefix: int, tokens: int, own: int) -> int:
+        # A batched step whose rows share their prompts (`rfopt.training.batched_step.shared_prompts`): the `prefix`
+        # columns computed once per prompt, every row's rest attending to its prompt's keys and values (copied per row
+        # and concatenated with its own, per layer), and the outputs of every adapted Linear for those tokens.
+        rest = tokens - prefix
+        layer = (prompts * prefix * (34 * hidden + 5 * heads * prefix) + rows * rest * (34 * hidden + 5 * heads * tokens)
+                 ) * width // 2
+        copies = rows * tokens * 2 * kv_heads * head_dim * width
+        padded = (prompts * prefix * (2 * (heads - kv_heads) * head_dim + prefix)
+                  + rows * (tokens * 2 * (heads - kv_heads) * head_dim + rest * tokens)) * width
+        outputs = 2 * (prompts * prefix + rows * rest) * served_out * width
+        return layers * (layer + copies + padded) + outputs + 2 * rows * own * vocab * 4
+
     longest = prompt_tokens + max(config.args.max_completion_length for config in configs)
+    # Rows of one prompt: a micro-batch of `per_device_train_batch_size` rows holds its `num_generations`' prompts.
+    prompts_of = [min(c.args.per_device_train_batch_size, max(1, -(-c.args.per_device_train_batch_size
+                                                                 // max(1, c.args.num_generations or 1))))
+                  for c in configs]
+    shared = shared_prompts and (
+        sum((c.args.per_device_train_batch_size - p) * (longest - c.args.max_completion_length)
+            for c, p in zip(configs, prompts_of))
+        >= MIN_SHARED * longest * sum(c.args.per_device_train_batch_size for c in configs))
     members, step, steps, decode = [], 0, [], []
-    for config in configs:
+    for config, prompts in zip(configs, prompts_of):
         tokens = prompt_tokens + config.args.max_completion_length
         rows = config.args.per_device_train_batch_size
         members.append(adapter_bytes(_lora_tensors(model, config.peft_config), config))
         step = max(step, step_bytes(rows, tokens, tokens, bool(config.args.gradient_checkpointing)))
         # the batched view keeps its activations (no gradient checkpointing), and a little more
-        steps.append(step_bytes(rows, longest, tokens) + batched_extra(rows, longest))
+        if shared:  # its prompt, left-padded to the gang's longest sequence, once per prompt
+            steps.append(shared_step(rows, prompts, longest - config.args.max_completion_length, longest, tokens))
+        else:
+            steps.append(step_bytes(rows, longest, tokens) + batched_extra(rows, longest))
         share = 0
         for rows_of, new in ((rows, config.args.max_completion_length),
                              (eval_rows, eval_new_tokens or config.args.max_completion_length)):

@@ -20,6 +20,7 @@ from typing import Any
 from rfopt.config.trial import TrialConfig
 from rfopt.errors import Refusal
 
+from .batched_step import shares_prompts
 from .loading import load_model, rewrites_base
 from .memory import GIB, GangMemory, free_bytes, gang_memory, model_bytes
 from .rollouts import BATCHED, EXACT, KINDS, RolloutBackend, make_backend
@@ -235,8 +236,9 @@ class ModelPool:
         held = self._estimates.get(key)
         if held is None or any(a is not b for a, b in zip(held[0], configs)):
             # The configs are held beside their estimate, so that their ids name them while it is kept.
-            held = self._estimates[key] = (list(configs), gang_memory(configs, prompt_tokens, eval_rows=eval_rows,
-                                                                      compute_width=width))
+            held = self._estimates[key] = (list(configs), gang_memory(
+                configs, prompt_tokens, eval_rows=eval_rows, compute_width=width,
+                shared_prompts=shares_prompts(self.device)))
         estimate = held[1]
         free = free_bytes(self.device)
         if estimate is None or free is None:

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from rfopt.chunks import ChunkPlan, trial_schedule
 from rfopt.training import gang as gang_module
-from rfopt.training.batched_step import BatchedBackbone, ForwardRequest, adapter_parameters
+from rfopt.training.batched_step import (BatchedBackbone, ForwardRequest, adapter_parameters, servable_call,
+                                         shared_prompts, shares_prompts, unservable)
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
 from rfopt.training.runner import TrialRunner
@@ -98,6 +99,102 @@ def test_the_batched_backbone_gives_each_row_group_the_hidden_states_and_gradien
         for p in adapter_parameters(model, adapter) if adapter else ():
             assert _relative(p.grad, alone[adapter][1][id(p)]) <= TOLERANCE
     assert "forward" not in vars(backbone)  # the shared model is untouched: the view is a copy of its own
+
+
+def _grpo_rows(prompts, per_prompt, prompt_length, completion_length, seed):
+    """A GRPO batch: `per_prompt` completions of each of `prompts` prompts (left-padded alike: each prompt's pads
+    differ), the completions right-padded after their ends."""
+    g = torch.Generator().manual_seed(seed)
+    ids, mask = [], []
+    for p in range(prompts):
+        prompt = torch.randint(3, 50, (prompt_length,), generator=g)
+        pads = p + 1
+        for c in range(per_prompt):
+            completion = torch.randint(3, 50, (completion_length,), generator=g)
+            row_mask = torch.ones(prompt_length + completion_length, dtype=torch.long)
+            row_mask[:pads] = 0
+            row_mask[prompt_length + completion_length - c:] = 0  # shorter completions, padded on the right
+            ids.append(torch.cat([prompt, completion]))
+            mask.append(row_mask)
+    return torch.stack(ids), torch.stack(mask)
+
+
+def test_rows_that_share_a_prompt_have_it_computed_once_and_each_row_group_gets_the_gradient_it_gets_alone(tiny_model):
+    model = _two_adapters(tiny_model)
+    model.train(True)
+    backbone = model.get_base_model().base_model
+    # t1: 2 prompts x 3 completions; t2: 4 completions of one prompt, longer; a reference forward of 2 x 2.
+    batches = {"t1": _grpo_rows(2, 3, 10, 6, 1), "t2": _grpo_rows(1, 4, 14, 7, 2), None: _grpo_rows(2, 2, 10, 6, 3)}
+    weights = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(5))
+
+    def loss_of(hidden, mask):
+        return ((hidden @ weights) * mask).pow(2).mean()
+
+    alone = {}
+    for adapter, (ids, mask) in batches.items():
+        model.zero_grad(set_to_none=True)
+        if adapter is None:
+            with model.disable_adapter(), torch.no_grad():
+                alone[adapter] = (backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state, {})
+            continue
+        model.set_adapter(adapter)
+        for p in adapter_parameters(model, adapter):
+            p.requires_grad_(True)
+        hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        loss_of(hidden, mask).backward()
+        alone[adapter] = (hidden.detach(), {id(p): p.grad.clone() for p in adapter_parameters(model, adapter)})
+    model.zero_grad(set_to_none=True)
+    for adapter in ("t1", "t2"):
+        for p in adapter_parameters(model, adapter):
+            p.requires_grad_(True)
+
+    batched = BatchedBackbone(backbone)
+    hidden = batched.forward([ForwardRequest(adapter, ids, mask, grad=True) for adapter, (ids, mask) in batches.items()])
+    torch.autograd.backward([loss_of(h, batches[a][1]) for h, a in zip(hidden, batches) if a is not None])
+
+    # Each batch's prompts were computed once: (6 - 2) + (4 - 1) + (4 - 2) rows did not compute the shared columns.
+    assert batched.shared_tokens >= 9 * 10
+    for h, (adapter, (_, mask)) in zip(hidden, batches.items()):
+        real = mask.bool()
+        assert h.shape == alone[adapter][0].shape
+        assert _relative(h.detach()[real], alone[adapter][0][real]) <= TOLERANCE
+        for p in adapter_parameters(model, adapter) if adapter else ():
+            assert _relative(p.grad, alone[adapter][1][id(p)]) <= TOLERANCE
+
+
+def test_the_backbone_call_of_a_causal_lm_adapters_model_is_served_and_a_call_the_batch_cannot_serve_is_named():
+    ids = torch.ones((2, 3), dtype=torch.long)
+    # What PEFT's PeftModelForCausalLM (task_type="CAUSAL_LM", as TRL's examples configure LoRA) passes on.
+    peft_causal_lm = dict(input_ids=ids, attention_mask=ids, inputs_embeds=None, output_attentions=None,
+                          output_hidden_states=None, return_dict=None, use_cache=False)
+    assert servable_call((), peft_causal_lm)
+    assert servable_call((), dict(input_ids=ids, attention_mask=ids, use_cache=False))
+    for key, value in [("output_hidden_states", True), ("inputs_embeds", torch.zeros(2, 3, 4)), ("pixel_values", None)]:
+        call = peft_causal_lm | {key: value}
+        assert not servable_call((), call) and unservable((), call) == f"the arguments {key}"
+    assert not servable_call((), peft_causal_lm | {"use_cache": True})
+    assert not servable_call((ids,), {})
+
+
+def test_a_shared_prompt_is_found_where_it_saves_tokens_and_never_across_requests():
+    ids, mask = _grpo_rows(2, 4, 12, 4, 7)
+    shared = shared_prompts(ids, mask, [(0, 8)])
+    assert shared is not None and shared.width >= 12  # the prompts (and any completion start they share)
+    assert shared.counts == [2] and shared.source.tolist() == [0] * 4 + [1] * 4
+    # The same rows as two requests (two adapters) share within each, never across.
+    same = torch.cat([ids[:4], ids[:4]]), torch.cat([mask[:4], mask[:4]])
+    split = shared_prompts(*same, [(0, 4), (4, 8)])
+    assert split.counts == [1, 1] and set(split.source.tolist()) == {0, 1}
+    # Rows that share nothing, or too little to pay for a second forward: one forward as before.
+    distinct = torch.arange(40).view(4, 10) + 3
+    assert shared_prompts(distinct, torch.ones_like(distinct), [(0, 4)]) is None
+    little = distinct.clone()
+    little[:, 0] = 3  # one column of ten shared
+    assert shared_prompts(little, torch.ones_like(little), [(0, 4)]) is None
+    # The mask is part of the prefix: the same ids padded differently are different prompts.
+    padded = mask.clone()
+    padded[0, :3] = 0
+    assert shared_prompts(ids, padded, [(0, 8)]).counts == [3]
 
 
 def _graph(output):
@@ -192,8 +289,8 @@ def _gang(tiny_model, members, training, spoil=None, stops=None):
 
 
 # Ranks, alphas, target modules, learning rates, temperatures, completion lengths, beta and accumulation all differ.
-MEMBERS = [
-    (0, 5e-3, lora_config(), {}, (reward_len,)),
+MEMBERS = [  # the first adapter makes the shared model a PeftModelForCausalLM, whose forward passes more arguments on
+    (0, 5e-3, lora_config(task_type="CAUSAL_LM"), {}, (reward_len,)),
     (1, 1e-2, lora_config(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj"]),
      {"max_completion_length": 5, "temperature": 0.7}, (reward_len,)),
     (2, 2e-3, lora_config(r=2, lora_alpha=16), {"beta": 0.1, "gradient_accumulation_steps": 2,
@@ -207,11 +304,13 @@ def _own(number, grads):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_batched_gang_step_gives_each_member_the_gradient_it_gets_in_its_own_step(tiny_model):
+def test_a_batched_gang_step_gives_each_member_the_gradient_it_gets_in_its_own_step(tiny_model, monkeypatch, caplog):
+    monkeypatch.setattr(gang_module, "_SAID", set())
     batched, gang = _gang(tiny_model, MEMBERS, "batched")
     sequential, _ = _gang(tiny_model, MEMBERS, "sequential")
     again, _ = _gang(tiny_model, MEMBERS, "batched")
     assert gang.forwards > 0 and gang.backwards > 0  # the steps did run batched
+    assert "runs its own forward" not in caplog.text  # every forward did: none went round the batch
     for number, (steps, weights, error) in batched.items():
         alone_steps, alone_weights, _ = sequential[number]
         assert error is None and len(steps) == len(alone_steps) == 4
@@ -328,9 +427,9 @@ def test_the_memory_plan_covers_the_activations_a_batched_gang_step_holds(tiny_m
                for _, lr, peft, grpo, rewards in members]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompt_tokens = max(len(tokenizer(p)["input_ids"]) for p in prompts_dataset(8)["prompt"])
-    estimate = gang_memory(configs, prompt_tokens)
+    estimate = gang_memory(configs, prompt_tokens, shared_prompts=shares_prompts("cpu"))
     print(f"held at a backward: {peak}; planned: step {estimate.step}, batched {sum(estimate.steps)}")
-    assert peak["batched"] > 1.5 * peak["sequential"]  # every member's at once
+    assert peak["batched"] > 1.3 * peak["sequential"]  # every member's at once (each prompt once: less than the sum)
     # What the graph keeps is a floor of what a step holds (its transients and the allocator's slack are not seen): the
     # plan covers it in both modes, and grows with the members as the batched step does. (Korthikanti's count and the
     # logits' gradient count more than the tiny model keeps: TRL's chunked head recomputes its logits.)

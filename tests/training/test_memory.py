@@ -175,7 +175,7 @@ def test_a_batched_gang_that_does_not_fit_takes_its_steps_one_after_another_rath
     from rfopt.training.models import ROOM_MARGIN
 
     configs = [trial_config(tiny_model, learning_rate=lr) for lr in (1e-3, 5e-3, 1e-2)]
-    estimate = gang_memory(configs, 20, eval_rows=EVAL_ROWS)
+    estimate = gang_memory(configs, 20, eval_rows=EVAL_ROWS, shared_prompts=True)  # the pool's CPU shares prompts
     sequential, batched = estimate.need(3) * ROOM_MARGIN, estimate.need(3, batched=True) * ROOM_MARGIN
     assert batched > sequential
 
@@ -239,3 +239,20 @@ def test_the_batched_views_own_activations_are_planned_beyond_its_members_own(ti
     beyond -= 2 * rows * longest * _outputs(tiny_model, every) * 4
     assert batched > alone
     assert batched - alone <= beyond <= 1.5 * (batched - alone)
+
+
+def test_a_batched_step_whose_rows_share_their_prompts_counts_each_prompt_once(tiny_model):
+    """Where the batched forward computes a prompt its rows share once (on the CPU: `shares_prompts`), the plan counts
+    the prompt's activations once per prompt, and every row's completion attending to it; rows that share no prompt
+    (a prompt too short to pay for a second forward) are planned as before."""
+    def steps(generations, shared, prompt=60):
+        configs = [trial_config(tiny_model, max_completion_length=8, per_device_train_batch_size=4,
+                                num_generations=generations)] * 2
+        return gang_memory(configs, prompt, shared_prompts=shared).steps
+
+    grpo, own = steps(4, True), steps(4, False)
+    assert all(s < o for s, o in zip(grpo, own))
+    assert sum(grpo) < 0.6 * sum(own)  # 4 rows of 68 tokens: 60 of them computed once
+    assert steps(2, True)[0] > grpo[0]  # two prompts in a batch of four: each once
+    # No prompt shared by enough rows to pay for a second forward (a short prompt): as before.
+    assert steps(4, True, prompt=2) == steps(4, False, prompt=2)
