@@ -187,12 +187,13 @@ class Study:
             gang_size: live trials of one base model trained at once, in lockstep, their rollouts decoded in one
                 batch (`rfopt.training.gang`; see the README, "Gangs"). 1 trains one trial at a time, exactly as plain TRL;
                 None: `rfopt.training.gang.DEFAULT_GANG_SIZE`.
-            gang_training: how a gang's members take their training steps (README, "Gangs"): ``"sequential"`` (the
-                default: each member its own forwards and backward, one after another, exactly as alone) or
-                ``"batched"`` (one forward of the shared base for every member's rows, each through its own adapter,
-                and one backward; each member keeps its own loss, clipping, optimizer and schedule; equal to the
-                sequential mode up to floating-point rounding; it holds every member's step activations at once, and
-                a gang that fits in memory only taking its steps one after another trains so, said once).
+            gang_training: how a gang's members take their training steps (README, "Gangs"): ``"batched"`` (None: the
+                default, `rfopt.training.gang.DEFAULT_GANG_TRAINING`: one forward of the shared base for every member's
+                rows, each through its own adapter, and one backward; each member keeps its own loss, clipping,
+                optimizer and schedule; equal to the sequential mode up to floating-point rounding; it holds every
+                member's step activations at once, and a gang that fits in memory only taking its steps one after
+                another trains so, said once) or ``"sequential"`` (each member its own forwards and backward, one after
+                another, bit for bit as alone).
             prune_collapsed: prune a trial as soon as an evaluation finds its completions collapsed (one text answering
                 at least half the eval prompts: `rfopt.training.diversity`), with that reason. Off by default: a
                 collapsed checkpoint is never kept as a trial's best nor recommended either way, and the leaderboard

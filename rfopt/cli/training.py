@@ -71,10 +71,11 @@ def plan_arguments(parser: argparse.ArgumentParser, *, max_concurrent: str, star
                         "batch; 1 trains one trial at a time, bit for bit as plain TRL (default: the study file's, "
                         f"else {DEFAULT_GANG_SIZE}, or 1 with --devices-per-trial; see the README, Gangs)")
     parser.add_argument("--gang-training", choices=GANG_TRAINING,
-                        help="how a gang's members take their training steps: sequential (each its own forwards and "
-                        "backward, exactly as alone) or batched (one forward and backward for all, each its own "
-                        "loss, clipping and optimizer; equal up to rounding; every member's activations in memory at "
-                        "once, and a gang that does not fit so trains sequentially) (default: the study file's, else "
+                        help="how a gang's members take their training steps: batched (one forward and backward for "
+                        "all, each its own loss, clipping and optimizer; equal up to rounding; every member's "
+                        "activations in memory at once, and a gang that does not fit so trains sequentially) or "
+                        "sequential (each its own forwards and backward, bit for bit as alone) (default: the study "
+                        "file's, else "
                         f"{DEFAULT_GANG_TRAINING}; see the README, Gangs)")
     parser.add_argument("--report-to", action="append", metavar="TRACKER",
                         help="send each trial's TRL logs to this tracker, as TRL's report_to (tensorboard, wandb, "

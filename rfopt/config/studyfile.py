@@ -60,8 +60,8 @@ class StudySpec:
     gang_size: int | None = None
     """Trials trained at once in lockstep (``--gang-size``; `Study.optimize`'s `gang_size`); None: rfopt's default."""
     gang_training: str | None = None
-    """How a gang's members take their training steps, ``"sequential"`` or ``"batched"`` (``--gang-training``;
-    `Study.optimize`'s `gang_training`); None: rfopt's default."""
+    """How a gang's members take their training steps, ``"batched"`` or ``"sequential"`` (``--gang-training``;
+    `Study.optimize`'s `gang_training`); None: rfopt's default (``"batched"``)."""
     pruner: Callable[[], Any] | None = None
     """Returns the Optuna pruner (a factory, so the file stays cheap to import)."""
     prune_collapsed: bool = False

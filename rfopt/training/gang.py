@@ -34,8 +34,8 @@ A member that raises (a reward function, a sampling error of its own) leaves the
 How the members' training steps run is the gang's ``training`` mode (`GANG_TRAINING`):
 
 - ``"sequential"``: each member runs its own forwards and backward, one member after another, exactly as it would
-  alone (bit for bit: the default).
-- ``"batched"``: two more sync points, like the rollout one. A member's backbone calls (the loss forward with grad; the
+  alone (bit for bit).
+- ``"batched"`` (the default): two more sync points, like the rollout one. A member's backbone calls (the loss forward with grad; the
   old-policy and the adapter-disabled reference forwards without) wait for the others' calls of the same kind, and the
   gang runs them as one forward of the shared base, each row through its own member's adapter
   (`rfopt.training.batched_step`); each member's own fused LM head (its temperature), loss and metrics follow on its
@@ -83,10 +83,11 @@ GANG_TRAINING = ("sequential", "batched")
 """How a gang's members run their training steps (see the module docstring): each its own, or one batched forward and
 backward for all."""
 
-DEFAULT_GANG_TRAINING = "sequential"
-"""``gang_training`` when a run gives none: the mode whose numbers are each trial's own, bit for bit. The batched mode
-cut the members' training time by 3% on the CPU (SmolLM2, G=4; the study's by 1.6%) for 2.6x the memory; its case, a launch-bound step on a GPU, is
-not measured yet (README, "Gangs")."""
+DEFAULT_GANG_TRAINING = "batched"
+"""``gang_training`` when a run gives none: one batched step for the gang (on the CPU each prompt computed once: SmolLM2,
+G=4, the members' training 0.74x of sequential and the whole study 0.90x, for 1.26x the memory; BENCHMARKS.md). A gang
+that fits in memory only taking its steps one after another trains so, said once; ``"sequential"`` keeps each trial's
+numbers bit for bit as alone (README, "Gangs"). Not yet measured on a GPU (``bench/gpu.py`` measures both)."""
 
 _ORDER = ("rollout", "forward", "forward+grad", "backward")
 """What the gang serves first when members wait on different things: a step's earlier phase, so that a member behind

@@ -37,7 +37,7 @@ def test_a_gang_is_one_plan_on_the_batched_backend_with_its_record_id(tiny_model
     trials = [_Trial(n, trial_config(tiny_model)) for n in range(3)]
     plan = Planner(4, gate=_gate).plan(trials)
     assert plan.members == (0, 1) and plan.backend == BATCHED and plan.alone_because is None
-    assert plan.in_gang and len(plan.gang_id) == 12 and plan.training == "sequential"
+    assert plan.in_gang and len(plan.gang_id) == 12 and plan.training == "batched"  # the default
 
 
 def test_a_gangs_plan_carries_the_runs_gang_training_and_a_trial_alone_trains_as_plain_trl(tiny_model):

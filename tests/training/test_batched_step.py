@@ -454,7 +454,7 @@ def test_gang_training_is_checked_before_anything_trains(tiny_model, tmp_path, c
     assert "argument --gang-training: invalid choice: 'fast'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("given", "trained"), [(None, "sequential"), ("batched", "batched"),
+@pytest.mark.parametrize(("given", "trained"), [(None, "batched"), ("batched", "batched"),
                                                 ("sequential", "sequential")])
 def test_every_gang_of_a_run_trains_in_the_mode_the_run_gives(scripted, tiny_model, tmp_path, monkeypatch, given,
                                                                trained):

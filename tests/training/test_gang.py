@@ -290,7 +290,8 @@ def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny
     monkeypatch.setattr(models, "free_bytes", lambda device: int(room))
     study = _study(tmp_path)
     with caplog.at_level("WARNING", logger="rfopt"):
-        study.optimize(configs, train, prompts_dataset(2, "E"), gang_size=3, show_progress_bar=False)
+        study.optimize(configs, train, prompts_dataset(2, "E"), gang_size=3, gang_training="sequential",
+                       show_progress_bar=False)
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     sizes = {len(schema.gang_plan(t, 0).numbers) for t in study.trials}
     assert max(sizes) < 3
