@@ -488,3 +488,22 @@ def test_the_command_line_flag_overrides_the_study_files_gang_training():
     assert run_arguments(flagged, spec, space)["gang_training"] == "sequential"
     plain = StudySpec(name="s", datasets=lambda: None, space=space, n_trials=1)
     assert run_arguments(parser.parse_args([]), plain, space)["gang_training"] is None
+
+
+@pytest.mark.parametrize(("file_gives", "flags", "trained"), [
+    (None, (), "batched"), ("sequential", (), "sequential"), ("sequential", ("--gang-training", "batched"), "batched")])
+def test_rfopt_run_trains_its_gangs_batched_unless_the_study_file_or_the_flag_says_otherwise(
+        scripted, tiny_model, tmp_path, monkeypatch, file_gives, flags, trained):
+    """``rfopt run`` with neither ``--gang-training`` nor a study file's ``gang_training``: rfopt's default, batched
+    (`rfopt.training.gang.DEFAULT_GANG_TRAINING`); the study file's choice, then the flag, override it."""
+    from crashkit import STUDY_FILE, run_here, trials
+
+    monkeypatch.setenv("RFOPT_TEST_TINY_MODEL", str(tiny_model))
+    study_file = tmp_path / "study.py"
+    study_file.write_text(STUDY_FILE.read_text().replace(
+        "    gang_size=1,\n", f"    gang_size=3,\n    gang_training={file_gives!r},\n"))
+    modes = record_gang_modes(monkeypatch)
+    storage = f"sqlite:///{tmp_path / 'mode.db'}"
+    assert run_here(study_file, storage, tmp_path / "ck", *flags) == 0
+    assert {t.state.name for t in trials(storage, "tiny")} == {"COMPLETE"}
+    assert modes and {mode for size, mode in modes if size > 1} == {trained}

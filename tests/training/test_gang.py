@@ -28,7 +28,7 @@ from scripted_runner import ScriptedRunner
 
 
 # ---------------------------------------------------------------------- gangs of runners
-def _train(tiny_model, members, chunks=2, **grpo):
+def _train(tiny_model, members, chunks=2, training="sequential", **grpo):
     """Train `members` ((trial number, learning rate, extra GRPO settings)) together for `chunks` chunks; their
     adapters' weights and per-chunk metrics."""
     dataset = prompts_dataset(8)
@@ -45,7 +45,7 @@ def _train(tiny_model, members, chunks=2, **grpo):
     metrics = {r.number: [] for r in runners}
     decodes = 0
     for _ in range(chunks):
-        gang = Gang(backend, [GangMember(r) for r in runners])
+        gang = Gang(backend, [GangMember(r) for r in runners], training)
         gang.train()
         decodes += gang.decodes
         for member in gang.members:
@@ -197,12 +197,23 @@ def _study(tmp_path, name="gang", num_chunks=2):
                               checkpoint_dir=tmp_path / "ck")
 
 
-def test_a_gang_study_run_twice_ends_identically_and_stores_who_trained_together(scripted_or_trl, tiny_model, tmp_path):
+def test_a_gang_study_run_twice_ends_identically_and_stores_who_trained_together(scripted_or_trl, tiny_model, tmp_path,
+                                                                                monkeypatch):
+    """With rfopt's defaults (``gang_training="batched"``): through TRL, the members' forwards are batched, and a
+    batched gang is deterministic, so the second run's values and weights equal the first's bit for bit."""
+    from rfopt.training.batched_step import BatchedBackbone
+
+    forwards = []
+    forward = BatchedBackbone.forward
+    monkeypatch.setattr(BatchedBackbone, "forward",
+                        lambda self, requests: forwards.append(len(requests)) or forward(self, requests))
     configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 5e-3, 1e-2])
     train, test = prompts_dataset(8), prompts_dataset(2, "E")
     first, second = _study(tmp_path / "a"), _study(tmp_path / "b")
     first.optimize(configs, train, test, gang_size=3, show_progress_bar=False)
     second.optimize(configs, train, test, gang_size=3, show_progress_bar=False)
+    if scripted_or_trl is None:  # through TRL: the default gang shared its forwards (scripted runners have none)
+        assert forwards and max(forwards) == 3
     for a, b in zip(first.trials, second.trials):
         assert a.state == b.state == optuna.trial.TrialState.COMPLETE
         assert a.intermediate_values == b.intermediate_values
@@ -285,7 +296,7 @@ def test_a_gang_that_would_not_fit_is_made_smaller_with_a_message(scripted, tiny
     from rfopt.training import models
 
     configs, train, estimate = _three_configs_and_their_gang_memory(tiny_model)
-    # Room for two members beside the (resident) base model, not three.
+    # Room for two members taking their steps one after another beside the (resident) base model, not three.
     room = estimate.need(2, with_base=False) * 1.21
     monkeypatch.setattr(models, "free_bytes", lambda device: int(room))
     study = _study(tmp_path)
