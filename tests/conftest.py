@@ -194,8 +194,8 @@ def tiny_study_reference(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_gang_study_reference(tiny_model, tmp_path_factory):
-    """``(storage, checkpoint_dir)`` of tests/tiny_study.py run to the end in gangs of 3 (``--gang-size 3``) by one
-    uninterrupted `rfopt run`."""
+    """``(storage, checkpoint_dir)`` of tests/tiny_study.py run to the end in gangs of 3 (``--gang-size 3``), their
+    members taking their steps one after another (``--gang-training sequential``), by one uninterrupted `rfopt run`."""
     return _gang_study_reference(tiny_model, tmp_path_factory, "sequential")
 
 
