@@ -25,7 +25,7 @@ only, like the rest of the batched step. Not on a GPU yet: a step of this size i
 a second forward adds to them (unmeasured).
 
 The backbone call served is the one TRL's fused LM head makes: token ids and a mask, and the arguments PEFT's
-``PeftModelForCausalLM`` passes on at their neutral values (`servable_call`, `NEUTRAL_ARGUMENTS`; a ``task_type=
+``PeftModelForCausalLM`` passes on at their neutral values (`unservable`, `NEUTRAL_ARGUMENTS`; a ``task_type=
 "CAUSAL_LM"`` adapter's model). Any other call runs the member's own forward, said once with what it carried.
 
 The view is a shallow copy of the backbone (`compat.module_view`) with gradient checkpointing off: the batched step
@@ -76,19 +76,10 @@ NEUTRAL_ARGUMENTS = {"inputs_embeds": (None,), "output_attentions": (None, False
 ``task_type="CAUSAL_LM"`` adapter's model, passes on) and still be the plain call the batched forward serves."""
 
 
-def servable_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a backbone call is one the batched forward serves: token ids and a mask, no cache, and nothing else but
-    `NEUTRAL_ARGUMENTS` at their neutral values (a multimodal or MoE model's extra inputs, embeddings given instead of
-    ids, or attentions asked for go through the member's own forward)."""
-    if args or kwargs.get("input_ids") is None or kwargs.get("use_cache"):
-        return False
-    return all(key in ("input_ids", "attention_mask", "use_cache")
-               or any(value is neutral for neutral in NEUTRAL_ARGUMENTS.get(key, ()))
-               for key, value in kwargs.items())
-
-
-def unservable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """What keeps a backbone call from the batched forward (`servable_call`), as a person reads it."""
+def unservable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """What keeps a backbone call from the batched forward, as a person reads it; None for a call it serves: token ids
+    and a mask, no cache, and nothing else but `NEUTRAL_ARGUMENTS` at their neutral values (a multimodal or MoE model's
+    extra inputs, embeddings given instead of ids, or attentions asked for go through the member's own forward)."""
     if args:
         return f"{len(args)} positional arguments"
     if kwargs.get("input_ids") is None:
@@ -97,7 +88,7 @@ def unservable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         return "use_cache=True"
     extra = sorted(key for key, value in kwargs.items() if key not in ("input_ids", "attention_mask", "use_cache")
                    and not any(value is neutral for neutral in NEUTRAL_ARGUMENTS.get(key, ())))
-    return "the arguments " + ", ".join(extra)
+    return "the arguments " + ", ".join(extra) if extra else None
 
 
 class _Rows:
@@ -298,6 +289,7 @@ def shares_prompts(device: Any) -> bool:
     import torch
 
     return SHARE_PROMPTS_ON is not None and torch.device(device).type in SHARE_PROMPTS_ON
+
 
 MIN_SHARED = 0.25
 """Share a prefix only where it saves at least this fraction of the forward's tokens (a second forward costs its own

@@ -65,8 +65,7 @@ from rfopt import compat
 from rfopt.storage.schema import Activity
 from rfopt.storage.state import RngState
 
-from .batched_step import (BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, servable_call,
-                           unservable)
+from .batched_step import BatchedBackbone, ForwardRequest, adapter_parameters, member_refusal, unservable
 from .models import adapter_name
 from .rollouts import DecodeAborted, Decoded, GenerationRequest, RolloutBackend, request_sampling, seed_from_stream
 from .rollouts.bank import lora_layers
@@ -434,8 +433,8 @@ class Gang:
         i = self._current
         if i is None or not self._turns[i].batched:
             return original(*args, **kwargs)
-        if not servable_call(args, kwargs):  # its own forward, as in the sequential mode: said once per reason
-            reason = unservable(args, kwargs)
+        reason = unservable(args, kwargs)
+        if reason is not None:  # its own forward, as in the sequential mode: said once per reason
             if reason not in _SAID:
                 _SAID.add(reason)
                 logger.warning("trial %d runs its own forward beside its gang's batched step: its model calls the "

@@ -164,9 +164,7 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
 
     longest = prompt_tokens + max(config.args.max_completion_length for config in configs)
     # Rows of one prompt: a micro-batch of `per_device_train_batch_size` rows holds its `num_generations`' prompts.
-    prompts_of = [min(c.args.per_device_train_batch_size, max(1, -(-c.args.per_device_train_batch_size
-                                                                 // max(1, c.args.num_generations or 1))))
-                  for c in configs]
+    prompts_of = [-(-c.args.per_device_train_batch_size // max(1, c.args.num_generations or 1)) for c in configs]
     shared = shared_prompts and (
         sum((c.args.per_device_train_batch_size - p) * (longest - c.args.max_completion_length)
             for c, p in zip(configs, prompts_of))

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from rfopt.chunks import ChunkPlan, trial_schedule
 from rfopt.training import gang as gang_module
-from rfopt.training.batched_step import (BatchedBackbone, ForwardRequest, adapter_parameters, servable_call,
+from rfopt.training.batched_step import (BatchedBackbone, ForwardRequest, adapter_parameters,
                                          shared_prompts, shares_prompts, unservable)
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
@@ -51,6 +51,45 @@ def _two_adapters(tiny_model, **lora):
     return model
 
 
+def _batched_as_alone(model, batches, loss_of):
+    """Each of `batches` (adapter or None, a reference forward: its ids and mask) through the backbone alone and then
+    all through one `BatchedBackbone` forward, `loss_of(hidden, mask)` backward: each row group's hidden states (where
+    attended) and its adapter's gradients match alone within `TOLERANCE`. Returns the batched backbone."""
+    backbone = model.get_base_model().base_model
+
+    def trainable(*adapters):
+        for adapter in adapters:
+            for p in adapter_parameters(model, adapter):
+                p.requires_grad_(True)
+
+    alone = {}
+    for adapter, (ids, mask) in batches.items():
+        model.zero_grad(set_to_none=True)
+        if adapter is None:
+            with model.disable_adapter(), torch.no_grad():
+                alone[adapter] = (backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state, {})
+            continue
+        model.set_adapter(adapter)
+        trainable(adapter)
+        hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        loss_of(hidden, mask).backward()
+        alone[adapter] = (hidden.detach(), {id(p): p.grad.clone() for p in adapter_parameters(model, adapter)})
+    model.zero_grad(set_to_none=True)
+    trainable(*(adapter for adapter in batches if adapter is not None))
+
+    batched = BatchedBackbone(backbone)
+    hidden = batched.forward([ForwardRequest(adapter, ids, mask, grad=True) for adapter, (ids, mask) in batches.items()])
+    torch.autograd.backward([loss_of(h, batches[a][1]) for h, a in zip(hidden, batches) if a is not None])
+
+    for h, (adapter, (_, mask)) in zip(hidden, batches.items()):
+        real = mask.bool()
+        assert h.shape == alone[adapter][0].shape
+        assert _relative(h.detach()[real], alone[adapter][0][real]) <= TOLERANCE
+        for p in adapter_parameters(model, adapter) if adapter else ():
+            assert _relative(p.grad, alone[adapter][1][id(p)]) <= TOLERANCE
+    return batched
+
+
 # Grouped: every row group's delta added in place (`GroupedLoRA`); PEFT's modules: with dropout (compared in eval mode,
 # where it draws nothing) or a ``lora_bias``, each group goes through its own ``lora_A``/``lora_B`` as PEFT runs them.
 @pytest.mark.parametrize("lora, training", [({}, True), ({"lora_dropout": 0.1}, False), ({"lora_bias": True}, True)],
@@ -63,41 +102,7 @@ def test_the_batched_backbone_gives_each_row_group_the_hidden_states_and_gradien
     # Different row counts and lengths; None is a reference forward (adapters disabled).
     batches = {"t1": _rows(2, 9, 2, 1), "t2": _rows(3, 13, 4, 2), None: _rows(2, 6, 1, 3)}
     weights = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(5))
-
-    def loss_of(hidden):
-        return (hidden @ weights).pow(2).mean()
-
-    def trainable(*adapters):
-        for adapter in adapters:
-            for p in adapter_parameters(model, adapter):
-                p.requires_grad_(True)
-
-    alone = {}
-    for adapter, (ids, mask) in batches.items():
-        model.zero_grad(set_to_none=True)
-        if adapter is None:
-            with model.disable_adapter(), torch.no_grad():
-                hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-            alone[adapter] = (hidden, {})
-            continue
-        model.set_adapter(adapter)
-        trainable(adapter)
-        hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        loss_of(hidden).backward()
-        alone[adapter] = (hidden.detach(), {id(p): p.grad.clone() for p in adapter_parameters(model, adapter)})
-    model.zero_grad(set_to_none=True)
-    trainable("t1", "t2")
-
-    batched = BatchedBackbone(backbone)
-    hidden = batched.forward([ForwardRequest(adapter, ids, mask, grad=True) for adapter, (ids, mask) in batches.items()])
-    torch.autograd.backward([loss_of(h) for h, adapter in zip(hidden, batches) if adapter is not None])
-
-    for h, (adapter, (_, mask)) in zip(hidden, batches.items()):
-        real = mask.bool()
-        assert h.shape == alone[adapter][0].shape
-        assert _relative(h.detach()[real], alone[adapter][0][real]) <= TOLERANCE
-        for p in adapter_parameters(model, adapter) if adapter else ():
-            assert _relative(p.grad, alone[adapter][1][id(p)]) <= TOLERANCE
+    _batched_as_alone(model, batches, lambda hidden, mask: (hidden @ weights).pow(2).mean())
     assert "forward" not in vars(backbone)  # the shared model is untouched: the view is a copy of its own
 
 
@@ -122,44 +127,12 @@ def _grpo_rows(prompts, per_prompt, prompt_length, completion_length, seed):
 def test_rows_that_share_a_prompt_have_it_computed_once_and_each_row_group_gets_the_gradient_it_gets_alone(tiny_model):
     model = _two_adapters(tiny_model)
     model.train(True)
-    backbone = model.get_base_model().base_model
     # t1: 2 prompts x 3 completions; t2: 4 completions of one prompt, longer; a reference forward of 2 x 2.
     batches = {"t1": _grpo_rows(2, 3, 10, 6, 1), "t2": _grpo_rows(1, 4, 14, 7, 2), None: _grpo_rows(2, 2, 10, 6, 3)}
     weights = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(5))
-
-    def loss_of(hidden, mask):
-        return ((hidden @ weights) * mask).pow(2).mean()
-
-    alone = {}
-    for adapter, (ids, mask) in batches.items():
-        model.zero_grad(set_to_none=True)
-        if adapter is None:
-            with model.disable_adapter(), torch.no_grad():
-                alone[adapter] = (backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state, {})
-            continue
-        model.set_adapter(adapter)
-        for p in adapter_parameters(model, adapter):
-            p.requires_grad_(True)
-        hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        loss_of(hidden, mask).backward()
-        alone[adapter] = (hidden.detach(), {id(p): p.grad.clone() for p in adapter_parameters(model, adapter)})
-    model.zero_grad(set_to_none=True)
-    for adapter in ("t1", "t2"):
-        for p in adapter_parameters(model, adapter):
-            p.requires_grad_(True)
-
-    batched = BatchedBackbone(backbone)
-    hidden = batched.forward([ForwardRequest(adapter, ids, mask, grad=True) for adapter, (ids, mask) in batches.items()])
-    torch.autograd.backward([loss_of(h, batches[a][1]) for h, a in zip(hidden, batches) if a is not None])
-
+    batched = _batched_as_alone(model, batches, lambda hidden, mask: ((hidden @ weights) * mask).pow(2).mean())
     # Each batch's prompts were computed once: (6 - 2) + (4 - 1) + (4 - 2) rows did not compute the shared columns.
     assert batched.shared_tokens >= 9 * 10
-    for h, (adapter, (_, mask)) in zip(hidden, batches.items()):
-        real = mask.bool()
-        assert h.shape == alone[adapter][0].shape
-        assert _relative(h.detach()[real], alone[adapter][0][real]) <= TOLERANCE
-        for p in adapter_parameters(model, adapter) if adapter else ():
-            assert _relative(p.grad, alone[adapter][1][id(p)]) <= TOLERANCE
 
 
 def test_the_backbone_call_of_a_causal_lm_adapters_model_is_served_and_a_call_the_batch_cannot_serve_is_named():
@@ -167,13 +140,13 @@ def test_the_backbone_call_of_a_causal_lm_adapters_model_is_served_and_a_call_th
     # What PEFT's PeftModelForCausalLM (task_type="CAUSAL_LM", as TRL's examples configure LoRA) passes on.
     peft_causal_lm = dict(input_ids=ids, attention_mask=ids, inputs_embeds=None, output_attentions=None,
                           output_hidden_states=None, return_dict=None, use_cache=False)
-    assert servable_call((), peft_causal_lm)
-    assert servable_call((), dict(input_ids=ids, attention_mask=ids, use_cache=False))
+    assert unservable((), peft_causal_lm) is None
+    assert unservable((), dict(input_ids=ids, attention_mask=ids, use_cache=False)) is None
     for key, value in [("output_hidden_states", True), ("inputs_embeds", torch.zeros(2, 3, 4)), ("pixel_values", None)]:
         call = peft_causal_lm | {key: value}
-        assert not servable_call((), call) and unservable((), call) == f"the arguments {key}"
-    assert not servable_call((), peft_causal_lm | {"use_cache": True})
-    assert not servable_call((ids,), {})
+        assert unservable((), call) == f"the arguments {key}"
+    assert unservable((), peft_causal_lm | {"use_cache": True}) == "use_cache=True"
+    assert unservable((ids,), {}) == "1 positional arguments"
 
 
 def test_a_shared_prompt_is_found_where_it_saves_tokens_and_never_across_requests():
