@@ -209,8 +209,12 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
             (gang._MemberGlobals, "restore", "switching"),
             (gang._MemberGlobals, "capture", "switching"), (rfopt.training.models.ModelPool, "activate", "switching"),
             (rfopt.engine.running.unit, "evaluate_runners", "evaluation"), (Baselines, "_evaluate", "baseline"),
-            (TrialRunner, "train_chunk", "train_chunk"), (CheckpointStore, "save_gang", "checkpoints"),
-            (CheckpointStore, "save", "checkpoints"),
+            (TrialRunner, "train_chunk", "train_chunk"),
+            # A unit's checkpoint files are staged by a thread while it is evaluated (``stage``, shown apart: its time
+            # overlaps the evaluation's); what the unit waits for is the rest: the staging it still waits for after
+            # its evaluation, the report, publishing and naming.
+            (rfopt.engine.running.unit._Staging, "written", "checkpoints"), (CheckpointStore, "stage", "staged"),
+            (CheckpointStore, "save_gang", "checkpoints"), (CheckpointStore, "save_staged", "checkpoints"),
         ):
             stack.enter_context(parts.wrapped(owner, name, part))
         loaded: list[int] = []
@@ -233,7 +237,8 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     # One trial at a time: its generation is TRL's own, inside the steps, not told apart here.
     rest_of_steps = training - s.get("rollout_decode", 0.0) - s.get("switching", 0.0)
     # Each part's time includes its decodes: "evaluation_decode" is part of "evaluation", "baseline_decode" of
-    # "baseline"; the parts without a "_decode" twin sum to the wall time.
+    # "baseline"; the parts without a "_decode" twin sum to the wall time. "checkpoints_staged" ran beside the
+    # evaluation, in a thread: in no sum.
     breakdown = {
         "rollout_decode": s.get("rollout_decode", 0.0),
         "train_steps_rest": rest_of_steps,
@@ -243,6 +248,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
         "baseline": s.get("baseline", 0.0),
         "baseline_decode": s.get("baseline_decode", 0.0),
         "checkpoints": s.get("checkpoints", 0.0),
+        "checkpoints_staged": s.get("staged", 0.0),
     }
     breakdown["storage_rungs_adapters"] = (wall - training - breakdown["evaluation"] - breakdown["baseline"]
                                            - breakdown["checkpoints"])
@@ -529,7 +535,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"  {key}: " + ", ".join(
                 f"{name} {value:.1f}" + (f" (its decode {parts[name + '_decode']:.1f})" if name + "_decode" in parts
                                          else "")
-                for name, value in parts.items() if not name.endswith("_decode") or name == "rollout_decode"))
+                + (f" (and {parts[name + '_staged']:.1f} written while evaluating)" if name + "_staged" in parts
+                   else "")
+                for name, value in parts.items()
+                if not name.endswith(("_decode", "_staged")) or name == "rollout_decode"))
     if not args.skip_generation:
         print()
         print("generation throughput (completion tokens per second):")

@@ -217,7 +217,9 @@ def _targets() -> list[tuple[Any, str, Any]]:
         (unit, "evaluate_runners", "evaluation (rest)"),
         (Baselines, "_evaluate", "baseline evaluation"),
         (TrialRunner, "state", "checkpoint: state copy"),
-        (CheckpointStore, "save_gang", "checkpoint: files"), (CheckpointStore, "save", "checkpoint: files"),
+        (CheckpointStore, "save_gang", "checkpoint: files"), (CheckpointStore, "save_staged", "checkpoint: files"),
+        # the files staged while the unit was evaluated, as far as the unit still waits for them after it:
+        (unit._Staging, "written", "checkpoint: files"),
         (unit, "commit", "commit (storage)"),
         (unit, "keep_if_best", "best adapter"),
         (unit, "finish", "final adapter"),

@@ -417,8 +417,8 @@ def run_study(setup: Setup, out_dir: Path) -> SideResult:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_timed(rfopt.training.models, "load_model", loads))
         stack.enter_context(_timed(TrialRunner, "evaluate", evals))
-        stack.enter_context(_timed(CheckpointStore, "save", saves))
-        stack.enter_context(_timed(TrialRunner, "train_chunk", chunks))
+        stack.enter_context(_timed(CheckpointStore, "save_staged", saves))  # what the engine waits for: the files
+        stack.enter_context(_timed(TrialRunner, "train_chunk", chunks))   # were staged while the unit was evaluated
         clock = Clock()
         with clock.measure():
             study = rfopt.create_study(

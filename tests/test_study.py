@@ -2,6 +2,7 @@
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import optuna
@@ -127,6 +128,102 @@ def test_checkpoint_of_each_chunk_is_written_and_older_ones_removed(scripted, ti
     # 8 prompts, one prompt (4 completions) per optimizer step: 4 steps a chunk, 8 in all.
     assert state.units_done == 2 and state.global_step == 8
     assert json.loads((trial_dir / "unit-0002" / "state.json").read_text())["units_done"] == 2
+
+
+@pytest.mark.parametrize("gang_size", [1, 2])
+def test_a_units_checkpoint_is_written_while_it_is_evaluated_and_named_with_its_report_after(
+        scripted, tiny_model, storage, tmp_path, monkeypatch, gang_size):
+    """The checkpoint's state files are written by a thread while the unit is evaluated (issue 42 point 6); the
+    checkpoint is published and named, with the evaluation's report inside, only after the evaluation, so a unit is
+    still committed only once its files are durable."""
+    from rfopt.engine.running import unit
+    from rfopt.storage.checkpoints import CheckpointStore
+
+    evaluating, staging = threading.Event(), threading.Event()
+    seen: list[tuple[str, bool]] = []
+    stage, evaluate = CheckpointStore.stage, unit.evaluate_runners
+    root = tmp_path / "ck"
+
+    def stage_waiting(self, number, state):
+        staging.set()
+        seen.append(("staged while evaluating", evaluating.wait(10)))
+        return stage(self, number, state)
+
+    def evaluate_waiting(backend, runners, *args, **kwargs):
+        evaluating.set()
+        seen.append(("evaluated while staging", staging.wait(10)))
+        results = evaluate(backend, runners, *args, **kwargs)
+        for runner in runners:  # this unit's checkpoint is not named yet
+            assert not (root / f"trial-{runner.number:05d}" / f"unit-{runner.units_done:04d}").exists()
+        evaluating.clear()
+        staging.clear()
+        return results
+
+    monkeypatch.setattr(CheckpointStore, "stage", stage_waiting)
+    monkeypatch.setattr(unit, "evaluate_runners", evaluate_waiting)
+    study = rfopt.create_study(study_name="c", storage=storage, checkpoint_dir=root)
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 2e-3])
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2, gang_size=gang_size,
+                   show_progress_bar=False)
+
+    assert len(seen) == 4 + 4 // gang_size and all(ok for _, ok in seen), seen  # each side waited for the other
+    for trial in study.optuna.trials:
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+        report = json.loads((root / f"trial-{trial.number:05d}" / "unit-0002" / "report.json").read_text())
+        assert report["unit"] == 1 and report["value"] == trial.intermediate_values[1]
+        assert study.checkpoints.load(trial.number).units_done == 2
+
+
+def test_a_unit_whose_evaluation_fails_drops_its_staged_checkpoint_and_keeps_its_previous_one(
+        scripted, tiny_model, storage, tmp_path, monkeypatch):
+    """A trial whose second evaluation raises fails alone with the reason; the checkpoint written while it was being
+    evaluated is removed, never named: the trial keeps its first unit's checkpoint."""
+    from rfopt.engine.running import unit
+
+    evaluate = unit.evaluate_runners
+
+    def evaluate_failing(backend, runners, *args, **kwargs):
+        results = evaluate(backend, runners, *args, **kwargs)
+        return [RuntimeError("the evaluation broke") if runner.number == 1 and runner.units_done == 2 else result
+                for runner, result in zip(runners, results)]
+
+    monkeypatch.setattr(unit, "evaluate_runners", evaluate_failing)
+    study = rfopt.create_study(study_name="c", storage=storage, checkpoint_dir=tmp_path / "ck")
+    configs = rfopt.grid(trial_config(tiny_model), learning_rate=[1e-3, 2e-3])
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2, show_progress_bar=False)
+
+    failed = study.optuna.trials[1]
+    assert failed.state == optuna.trial.TrialState.FAIL
+    assert "the evaluation broke" in trial_attrs(failed)["rfopt:fail_reason"]
+    trial_dir = tmp_path / "ck" / "trial-00001"
+    assert sorted(p.name for p in trial_dir.iterdir()) == ["LATEST", "best", "unit-0001"]  # nothing staged is left
+    assert study.optuna.trials[0].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_ctrl_c_during_an_evaluation_leaves_no_staged_checkpoint_and_the_rerun_ends_as_an_uninterrupted_run(
+        scripted, tiny_model, storage, tmp_path, monkeypatch):
+    from rfopt.engine.running import unit
+
+    evaluate = unit.evaluate_runners
+
+    def evaluate_interrupted(backend, runners, *args, **kwargs):
+        if runners[0].units_done == 2:
+            raise KeyboardInterrupt
+        return evaluate(backend, runners, *args, **kwargs)
+
+    monkeypatch.setattr(unit, "evaluate_runners", evaluate_interrupted)
+    configs = [trial_config(tiny_model)]
+    study = rfopt.create_study(study_name="c", storage=storage, checkpoint_dir=tmp_path / "ck")
+    with pytest.raises(KeyboardInterrupt):
+        study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2, show_progress_bar=False)
+    assert sorted(p.name for p in (tmp_path / "ck" / "trial-00000").iterdir()) == ["LATEST", "best", "unit-0001"]
+
+    monkeypatch.setattr(unit, "evaluate_runners", evaluate)
+    study = rfopt.create_study(study_name="c", storage=storage, checkpoint_dir=tmp_path / "ck", load_if_exists=True)
+    study.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2, show_progress_bar=False)
+    reference = rfopt.create_study(study_name="r", storage=storage, checkpoint_dir=tmp_path / "ref")
+    reference.optimize(configs, prompts_dataset(8), prompts_dataset(2, "E"), num_chunks=2, show_progress_bar=False)
+    assert study.optuna.trials[0].intermediate_values == reference.optuna.trials[0].intermediate_values
 
 
 @pytest.mark.e2e

@@ -19,8 +19,8 @@ Layout under the store's root (a local directory, or an fsspec URL such as ``s3:
         adapter/               the finished trial's adapter in PEFT format (PeftModel.from_pretrained loads it)
     gangs/<id>.json            while a gang's units are being named: which checkpoint each member's LATEST names
 
-A checkpoint's files are first written to a local staging directory, then published, and only then
-named in ``LATEST``; older checkpoints are removed after that. ``LATEST`` is the commit point. In a
+A checkpoint's files are first written to a local staging directory (the state's files while its unit is being
+evaluated, `stage`; the unit's report after), then published, and only then named in ``LATEST``; older checkpoints are removed after that. ``LATEST`` is the commit point. In a
 local directory, publishing is fsync and rename, and ``LATEST`` is replaced by rename. In an object
 store (no directory rename there), every file of the checkpoint is uploaded first and ``LATEST`` is
 then written as one object, which S3 and GCS replace atomically. A crash at any moment leaves the
@@ -54,7 +54,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,18 @@ Location = Path | str
 """Where something in a store is: a `Path` in a local store, a URL string (``s3://bucket/prefix/...``) in an object store."""
 
 OWNER_FILE = "rfopt-study.json"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A unit's checkpoint whose state is written to a local staging directory (`CheckpointStore.stage`), not yet
+    published or named."""
+
+    trial: int
+    name: str
+    """The checkpoint's name once published (``unit-0002``)."""
+    units_done: int
+    path: Path
 
 
 def location_exists(location: Location) -> bool:
@@ -249,49 +261,19 @@ class CheckpointStore:
         Returns the checkpoint's location. Raises `CheckpointError` if the write fails (e.g. the disk is full, an
         upload is refused); the previous checkpoint is then intact and still the latest.
         """
-        name = self._write_unit(trial_number, state, report)
-        self._name_latest(trial_number, name)
-        return self._files.location(f"{_trial_key(trial_number)}/{name}")
+        return self.save_staged(self.stage(trial_number, state), report)
 
-    def save_gang(self, entries: list[tuple[int, TrialSnapshot, UnitReport | None]], gang: str
-                  ) -> dict[int, Location | CheckpointError]:
-        """Write the checkpoints of a gang's units (`rfopt.training.gang`) so that they become the latest all together or not
-        at all: every checkpoint is written first, then one gang record (``gangs/<gang>.json``, the commit point),
-        then each trial's ``LATEST``. A crash before the record leaves every trial at its previous checkpoint (the
-        gang trains the unit again, with the same members); after it, `load` finishes naming them. `gang` names the
-        record (unique per gang unit).
+    def stage(self, trial_number: int, state: TrialSnapshot) -> Staged:
+        """Write `state`'s files (tensors and ``state.json``) to a new staging directory and flush them to disk; nothing
+        is published or named yet. `save_staged` or `save_gang` adds the unit's report and makes it the latest;
+        `discard` drops it. The engine stages a unit's checkpoint while the unit is evaluated
+        (`rfopt.engine.running.unit`): `state` must not change meanwhile.
 
-        Returns each trial's new checkpoint, or the `CheckpointError` that kept its own from being written (its
-        previous checkpoint stays its latest; the others' are saved without it). Raises `CheckpointError` when the
-        gang record cannot be written (every trial keeps its previous checkpoint)."""
-        names, failed = [], {}
-        for number, state, report in entries:
-            try:
-                names.append((number, self._write_unit(number, state, report)))
-            except CheckpointError as exc:  # this trial's own write (a full disk, a late worker): it fails alone
-                failed[number] = exc
-        if not names:
-            return failed
-        record = {"units": {str(number): name for number, name in names}}
-        reach("gang-units-written", trial=names[0][0], unit=entries[0][1].units_done - 1)
-        try:
-            self._files.write_pointer(_gang_key(gang), json.dumps(record).encode())  # the commit point
-        except Exception as exc:  # noqa: BLE001 - as a failed checkpoint: the previous ones stay the latest
-            raise CheckpointError(f"trials {[n for n, _ in names]}: writing the gang record {_gang_key(gang)} in "
-                                  f"{self.root} failed ({exc}); their previous checkpoints are kept") from exc
-        reach("gang-saved", trial=names[0][0], unit=entries[0][1].units_done - 1)
-        for number, name in names:
-            self._name_latest(number, name)
-        self._files.remove(_gang_key(gang))
-        return {**failed, **{number: self._files.location(f"{_trial_key(number)}/{name}") for number, name in names}}
-
-    def _write_unit(self, trial_number: int, state: TrialSnapshot, report: UnitReport | None) -> str:
-        """Write and publish the checkpoint's files (not yet named in ``LATEST``); returns its name."""
+        Raises `CheckpointError` if the write fails; nothing is left behind then."""
         from safetensors.torch import save_file
 
         trial = _trial_key(trial_number)
         name = f"unit-{state.units_done:04d}"
-        unit = state.units_done - 1
         try:
             staging = self._files.staging(trial, name, stale=".unit-*")
         except OSError as exc:
@@ -300,22 +282,78 @@ class CheckpointStore:
             tensors, meta = to_tensors(state)
             save_file(tensors, str(staging / "tensors.safetensors"))
             (staging / "state.json").write_bytes(json.dumps(meta).encode())
+            self._files.flush(staging)  # on disk now, so that publishing has only the report to flush
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, Exception):  # OSError, safetensors' own error
+                raise self._write_error(trial_number, name, exc) from exc
+            raise
+        return Staged(trial_number, name, state.units_done, staging)
+
+    def discard(self, staged: Staged) -> None:
+        """Drop a staged checkpoint that will not be saved (its unit's evaluation failed)."""
+        shutil.rmtree(staged.path, ignore_errors=True)
+
+    def save_staged(self, staged: Staged, report: UnitReport | None = None) -> Location:
+        """`stage`'s checkpoint, with `report`, published and made the trial's latest: as `save`."""
+        self._publish_unit(staged, report)
+        self._name_latest(staged.trial, staged.name)
+        return self._files.location(f"{_trial_key(staged.trial)}/{staged.name}")
+
+    def save_gang(self, entries: list[tuple[Staged, UnitReport | None]], gang: str
+                  ) -> dict[int, Location | CheckpointError]:
+        """Publish the staged checkpoints (`stage`) of a gang's units (`rfopt.training.gang`), each with its report, so
+        that they become the latest all together or not at all: every checkpoint is published first, then one gang
+        record (``gangs/<gang>.json``, the commit point), then each trial's ``LATEST``. A crash before the record
+        leaves every trial at its previous checkpoint (the gang trains the unit again, with the same members); after
+        it, `load` finishes naming them. `gang` names the record (unique per gang unit).
+
+        Returns each trial's new checkpoint, or the `CheckpointError` that kept its own from being written (its
+        previous checkpoint stays its latest; the others' are saved without it). Raises `CheckpointError` when the
+        gang record cannot be written (every trial keeps its previous checkpoint)."""
+        names, failed = [], {}
+        for staged, report in entries:
+            try:
+                self._publish_unit(staged, report)
+                names.append((staged.trial, staged.name))
+            except CheckpointError as exc:  # this trial's own write (a full disk, a late worker): it fails alone
+                failed[staged.trial] = exc
+        if not names:
+            return failed
+        unit = entries[0][0].units_done - 1
+        record = {"units": {str(number): name for number, name in names}}
+        reach("gang-units-written", trial=names[0][0], unit=unit)
+        try:
+            self._files.write_pointer(_gang_key(gang), json.dumps(record).encode())  # the commit point
+        except Exception as exc:  # noqa: BLE001 - as a failed checkpoint: the previous ones stay the latest
+            raise CheckpointError(f"trials {[n for n, _ in names]}: writing the gang record {_gang_key(gang)} in "
+                                  f"{self.root} failed ({exc}); their previous checkpoints are kept") from exc
+        reach("gang-saved", trial=names[0][0], unit=unit)
+        for number, name in names:
+            self._name_latest(number, name)
+        self._files.remove(_gang_key(gang))
+        return {**failed, **{number: self._files.location(f"{_trial_key(number)}/{name}") for number, name in names}}
+
+    def _publish_unit(self, staged: Staged, report: UnitReport | None) -> None:
+        """Add the report to a staged checkpoint and publish its files (not yet named in ``LATEST``)."""
+        trial_number, name = staged.trial, staged.name
+        unit = staged.units_done - 1
+        try:
             if report is not None:
-                (staging / "report.json").write_bytes(json.dumps(asdict(report)).encode())
+                (staged.path / "report.json").write_bytes(json.dumps(asdict(report)).encode())
             reach("checkpoint-staged", trial=trial_number, unit=unit)
             newer = self._latest_name(trial_number)
             if newer is not None and newer > name:  # a worker whose lease expired, writing late
                 raise CheckpointError(f"trial {trial_number}: not writing {name}, the trial already has {newer}")
-            self._files.publish(staging, f"{trial}/{name}")
+            self._files.publish(staged.path, f"{_trial_key(trial_number)}/{name}")
             reach("checkpoint-renamed", trial=trial_number, unit=unit)
         except BaseException as exc:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staged.path, ignore_errors=True)
             if isinstance(exc, CheckpointError):
                 raise
-            if isinstance(exc, Exception):  # OSError, safetensors' own error, an object store's refusal
+            if isinstance(exc, Exception):  # OSError, an object store's refusal
                 raise self._write_error(trial_number, name, exc) from exc
             raise
-        return name
 
     def _name_latest(self, trial_number: int, name: str) -> None:
         """Make checkpoint `name` the trial's latest (the commit point of a single save), then remove older ones."""

@@ -74,6 +74,10 @@ class CheckpointFiles(Protocol):
     def staging(self, key: str, name: str, stale: str | None = None) -> Path:
         """A new local directory to write `name` into before `publish`."""
 
+    def flush(self, staged: Path) -> None:
+        """Put what is written so far in a staging directory on disk where publishing would (so that `publish` has
+        only what is written after it to flush)."""
+
     def publish(self, staged: Path, key: str) -> None:
         """Make the staged directory visible at `key`, whole (replacing what was there)."""
 
@@ -121,6 +125,11 @@ class _LocalFiles:
         for old in folder.glob(stale) if stale else ():  # left by a process killed mid-write
             shutil.rmtree(old, ignore_errors=True)
         return Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
+
+    def flush(self, staged: Path) -> None:
+        for path in staged.rglob("*"):
+            if path.is_file():
+                _fsync_file(path)
 
     def publish(self, staged: Path, key: str) -> None:
         for path in staged.rglob("*"):
@@ -200,6 +209,9 @@ class _ObjectFiles:
     def staging(self, key: str, name: str, stale: str | None = None) -> Path:
         """A local temporary directory to write `name` into before it is uploaded."""
         return Path(tempfile.mkdtemp(prefix=f".{name}."))
+
+    def flush(self, staged: Path) -> None:
+        """Nothing: its staged files are uploaded from where they are, and the upload is what makes them durable."""
 
     def publish(self, staged: Path, key: str) -> None:
         self.remove(key)  # what an earlier, unfinished attempt left under this name

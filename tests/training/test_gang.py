@@ -5,6 +5,7 @@ What must hold: each trial samples from its own stream (its completions and its 
 shares its gang); a gang is deterministic; a failing member fails alone; and the study around it (pruning, ops, crash
 and rerun) works as for trials trained one at a time."""
 
+import json
 import os
 
 import optuna
@@ -151,6 +152,44 @@ def test_a_gang_samples_with_the_models_own_generation_config_and_its_evaluation
     backend.generate = generate
     results = evaluate_runners(backend, runners, prompts_dataset(3, "E"), EvalSettings())
     assert not any(isinstance(r, Exception) for r in results), results
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_an_evaluation_changes_nothing_in_the_state_a_checkpoint_stores(tiny_model):
+    """The engine writes a unit's checkpoint from the state taken before its evaluation, while the evaluation runs
+    (`rfopt.engine.running.unit._Staging`): an evaluation through either backend, sampling (the RNG drawn from),
+    must leave that state (weights, optimizer, scheduler, counters, RNG states) exactly as it was."""
+    from rfopt.config.settings import EvalSettings
+    from rfopt.storage.state import to_tensors
+
+    dataset = prompts_dataset(8)
+    plan = ChunkPlan.build(len(dataset), 2, seed=0)
+    pool = ModelPool("cpu")
+    runners = []
+    for number, lr in enumerate((5e-3, 2e-2)):
+        config = trial_config(tiny_model, learning_rate=lr, beta=0.04, peft=lora_config(lora_dropout=0.1))
+        runners.append(TrialRunner(number, config, plan, trial_schedule(plan, config.args), dataset, pool,
+                                   "/tmp/rfopt-test-gang"))
+        runners[-1].setup()
+    Gang(runners[0].rollout_backend("batched"), [GangMember(r) for r in runners], training="batched").train()
+
+    def stored(runner):
+        tensors, meta = to_tensors(runner.state())
+        return {key: value.clone() for key, value in tensors.items()}, json.dumps(meta, sort_keys=True)
+
+    before = [stored(r) for r in runners]
+    sampling = EvalSettings(temperature=1.0, num_samples=2)
+    results = evaluate_runners(runners[0].rollout_backend("batched"), runners, prompts_dataset(3, "E"), sampling)
+    for runner in runners:
+        results += evaluate_runners(runner.rollout_backend("exact"), [runner], prompts_dataset(3, "E"), sampling)
+    assert not any(isinstance(r, Exception) for r in results), results
+    for (tensors, meta), (tensors_after, meta_after) in zip(before, [stored(r) for r in runners]):
+        assert meta_after == meta
+        assert tensors_after.keys() == tensors.keys()
+        for key, value in tensors.items():
+            assert torch.equal(tensors_after[key], value), key
+    assert any(key.startswith("optimizer.") for key in before[0][0])  # the optimizer's tensors were compared too
 
 
 @pytest.mark.e2e

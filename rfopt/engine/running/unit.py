@@ -12,7 +12,10 @@ This is the only code that trains a trial, evaluates it, writes its checkpoint o
 3. **evaluate** on the eval set with the study's fixed settings, through the plan's rollout backend (the one the
    members trained on) with rfopt's evaluation (`rfopt.training.evaluation.evaluate_runners`, from each runner's
    `eval_member`): the unit's value.
-4. **checkpoint**: the trial's whole state and the unit's report, durably (`CheckpointStore.save`).
+4. **checkpoint**: the trial's whole state and the unit's report, durably. The state is taken right after training
+   and its files are written by a thread while the unit is evaluated (`CheckpointStore.stage`); the report is added
+   once the evaluation returns, and only then is the checkpoint published and named (`CheckpointStore.save_staged`,
+   a gang's `save_gang`).
 5. **commit**: the claim's fence, then the unit's metrics and samples and ``trial.report(value,
    step=unit)``; the unit counts as done once its report is in storage. Then the run's subscribers
    hear of it (`UnitCommitted`): the progress bar, the dashboard's artifacts, `on_unit`.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,10 +44,10 @@ from rfopt.config.settings import EvalSettings
 from rfopt.config.trial import TrialConfig
 from rfopt.errors import CheckpointError, RfoptError
 from rfopt.storage import schema
-from rfopt.storage.checkpoints import CheckpointStore
+from rfopt.storage.checkpoints import CheckpointStore, Staged
 from rfopt.storage.crashpoints import reach
 from rfopt.storage.schema import TrialRecord, TrialRef
-from rfopt.storage.state import UnitReport
+from rfopt.storage.state import TrialSnapshot, UnitReport
 from rfopt.training.evaluation import EvalResult, evaluate_runners
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
@@ -325,10 +329,13 @@ def run_units(ctx: Context, members: list[tuple[Live, Claim]], plan: UnitPlan | 
     trained = _train(ctx, backend, ready, record, outcomes, plan.training)
     if not trained:
         return outcomes
-    reports = _evaluate(ctx, backend, trained, outcomes)
-    if not reports:
-        return outcomes
-    saved = _save(ctx, reports, record)
+    staging = _Staging(ctx.store, trained)  # the checkpoints' files written while the units are evaluated
+    try:
+        reports = _evaluate(ctx, backend, trained, outcomes)
+    except BaseException:  # Ctrl-C, say: nothing staged is published
+        staging.drop()
+        raise
+    saved = _save(ctx, reports, staging.written(), record)
     failed_callback: CallbackFailed | None = None
     for live, claim, report in reports:
         if isinstance(saved[live.number], Exception):  # its own checkpoint could not be written: it fails alone
@@ -441,24 +448,74 @@ def _evaluate(ctx: Context, backend: RolloutBackend, trained: list[_Trained], ou
     return reports
 
 
-def _save(ctx: Context, reports: list[tuple[Live, Claim, UnitReport]], plan: schema.GangPlan | None
-          ) -> dict[int, Any]:
-    """The units' checkpoints, durably: a trial alone's as its latest (`CheckpointStore.save`), a gang's all together
-    or none (`CheckpointStore.save_gang`). Each trial's location, or the exception that kept its checkpoint from being
-    written (every member's, when the gang record could not be written)."""
-    if plan is None:
-        saved: dict[int, Any] = {}
-        for live, _, report in reports:
+class _Staging:
+    """The trained members' checkpoint files (`CheckpointStore.stage`: tensors and ``state.json``, flushed to disk),
+    written by a thread of their own while the main thread evaluates the units; what the evaluation gives, the report,
+    is added afterwards (`_save`), and only then is a checkpoint published, named and its unit committed, as before.
+
+    Each member's state is taken here, on the calling thread, right after its chunk: the evaluation changes nothing
+    in it (its weights are copies, its RNG states were taken at the chunk's last step, no optimizer steps until the
+    next chunk; tests/training/test_gang.py::test_an_evaluation_changes_nothing_in_the_state_a_checkpoint_stores), so the files are those a save after the evaluation would write."""
+
+    def __init__(self, store: CheckpointStore, trained: list[_Trained]) -> None:
+        self._store = store
+        self._results: dict[int, Staged | Exception] = {}
+        states: list[tuple[int, TrialSnapshot]] = []
+        for t in trained:
             try:
-                saved[live.number] = ctx.store.save(live.number, live.runner.state(), report)
+                states.append((t.live.number, t.live.runner.state()))
+            except Exception as exc:  # noqa: BLE001 - its state cannot be read: it fails alone, at its save
+                self._results[t.live.number] = exc
+        self._thread = threading.Thread(target=self._write, args=(states,), name="rfopt-checkpoint-staging",
+                                        daemon=True)
+        self._thread.start()
+
+    def _write(self, states: list[tuple[int, TrialSnapshot]]) -> None:
+        while states:
+            number, state = states.pop(0)  # the snapshot's tensors are let go once written
+            try:
+                self._results[number] = self._store.stage(number, state)
+            except Exception as exc:  # noqa: BLE001 - a full disk: this member's save fails alone, with the reason
+                self._results[number] = exc
+
+    def written(self) -> dict[int, Staged | Exception]:
+        """Each member's staged checkpoint, or what kept it from being written; waits for the thread."""
+        self._thread.join()
+        return self._results
+
+    def drop(self) -> None:
+        """Wait for the thread and remove what it wrote (the units will not be saved)."""
+        for entry in self.written().values():
+            if isinstance(entry, Staged):
+                self._store.discard(entry)
+
+
+def _save(ctx: Context, reports: list[tuple[Live, Claim, UnitReport]], staged: dict[int, Staged | Exception],
+          plan: schema.GangPlan | None) -> dict[int, Any]:
+    """The units' checkpoints (staged while they were evaluated), each with its report, durably: a trial alone's as
+    its latest (`CheckpointStore.save_staged`), a gang's all together or none (`CheckpointStore.save_gang`); a staged
+    checkpoint whose unit has no report (its evaluation failed) is dropped. Each trial's location, or the exception
+    that kept its checkpoint from being written (every member's, when the gang record could not be written)."""
+    reported = {live.number for live, _, _ in reports}
+    for number, entry in staged.items():
+        if number not in reported and isinstance(entry, Staged):
+            ctx.store.discard(entry)
+    saved: dict[int, Any] = {live.number: staged[live.number] for live, _, _ in reports
+                             if isinstance(staged[live.number], Exception)}
+    ready = [(staged[live.number], report) for live, _, report in reports if live.number not in saved]
+    if plan is None:
+        for entry, report in ready:
+            try:
+                saved[entry.trial] = ctx.store.save_staged(entry, report)
             except Exception as exc:  # noqa: BLE001 - the disk, an object store: it fails alone
-                saved[live.number] = exc
+                saved[entry.trial] = exc
+        return saved
+    if not ready:
         return saved
     try:
-        return ctx.store.save_gang([(live.number, live.runner.state(), report) for live, _, report in reports],
-                                   gang=f"{plan.id}-{reports[0][2].unit}")
+        return saved | ctx.store.save_gang(ready, gang=f"{plan.id}-{reports[0][2].unit}")
     except Exception as exc:  # noqa: BLE001 - the gang record could not be written: the members fail, as alone
-        return {live.number: exc for live, _, _ in reports}
+        return saved | {entry.trial: exc for entry, _ in ready}
 
 
 # ---------------------------------------------------------------------- the end
