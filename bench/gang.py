@@ -258,7 +258,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
     estimate = rfopt.training.memory.gang_memory(
         setup.configs[:gang_size], prompt_tokens, eval_rows=min(setup.settings.batch_size, len(setup.test)),
         compute_width=None if dtype is None else dtype.itemsize,
-        shared_prompts=batched and shares_prompts(setup.device))
+        shared_prompts=batched and shares_prompts(setup.device), on_cpu=not cuda)
     peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
     return {
         "gang_size": gang_size,
@@ -274,7 +274,7 @@ def run_gang_study(setup: throughput.Setup, out_dir: Path, gang_size: int, promp
         "estimate_bytes": None if estimate is None else estimate.need(gang_size, batched=batched),
         "estimate_parts": None if estimate is None else {
             "base": estimate.base, "members": sum(estimate.members),
-            "step": sum(estimate.steps) if batched and gang_size > 1 else estimate.step,
+            "step": sum(estimate.steps) if batched and gang_size > 1 else estimate.step + estimate.kept,
             "decoder": estimate.decoder, "decode": sum(estimate.decode)},
     }
 

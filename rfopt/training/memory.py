@@ -55,6 +55,10 @@ class GangMemory:
     steps: tuple[int, ...] = ()
     """Each member's step activations in a batched gang's forward (its rows padded to the gang's longest sequence, and
     no gradient checkpointing: the batched view keeps its activations): such a gang holds the sum of its members'."""
+    kept: int = 0
+    """What the CPU's heap keeps of the steps before, where members take their steps one after another: the largest
+    step again (`GangMemory.step`) among members whose activations glibc's malloc moves to its heap (`HEAP_KEEPS`);
+    0 off the CPU."""
 
     @property
     def total(self) -> int:
@@ -64,12 +68,22 @@ class GangMemory:
         """Bytes for the first `n` members (a smaller gang), with the base model's weights or without them (a base
         model that is resident already); `batched`: the members take one batched training step
         (``gang_training="batched"``), so every member's step activations are held at once (one member alone takes
-        its own steps)."""
+        its own steps); otherwise one step's and, on the CPU, what its heap keeps of the steps before
+        (`GangMemory.kept`)."""
         padding = (1 << max(0, (n - 1).bit_length())) - n  # the decoder pads the groups to a power of two
-        step = sum(self.steps[:n]) if batched and n > 1 and self.steps else self.step
+        step = sum(self.steps[:n]) if batched and n > 1 and self.steps else self.step + self.kept
         return ((self.base if with_base else 0) + sum(self.members[:n]) + step + self.decoder
                 + sum(self.decode[:n]) + padding * max(self.decode[:n], default=0))
 
+
+HEAP_KEEPS = (128 * 1024, 32 * 1024 * 1024)
+"""Sizes of one tensor (bytes) that glibc's malloc serves from its heap on the CPU once a like one has been freed: it
+maps a block of 128 KiB or more on its own (and unmaps it when freed) until the first such block is freed, then raises
+this threshold to that block's size, up to 32 MiB (its dynamic mmap threshold). From then on a step's activations of
+these sizes come from the heap, which keeps them when they are freed and reuses them for the next step only in part:
+on SmolLM2 (hidden states of 1.4 MiB a layer) the resident set grew by 1.78, 1.99, 2.39, 2.83 GiB over the model after
+1, 2, 3, 4 members' steps whose activations were 0.87 GiB, and a sequential gang of 4 held 3.60 GiB against a plan of
+2.68 without this (BENCHMARKS.md, "The sequential gang's memory plan")."""
 
 SAMPLER_SCRATCH = 40
 """Bytes per row and vocabulary entry that one decode step holds at once beyond the model's own outputs: the float32
@@ -78,13 +92,14 @@ logits, their sorted copy with int64 indices and a float64 cumulative sum (top-p
 
 def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: int = 0,
                 eval_new_tokens: int | None = None, compute_width: int | None = None,
-                shared_prompts: bool = False) -> GangMemory | None:
+                shared_prompts: bool = False, on_cpu: bool = False) -> GangMemory | None:
     """Estimate what a gang of `configs` (one base model) needs, with prompts of `prompt_tokens` tokens; None where
     the base model's shape cannot be told without loading it. `eval_rows`: prompts each member evaluates in one batched
     decode (`EvalSettings.batch_size`), `eval_new_tokens` their completions' length (default: each member's
     ``max_completion_length``); `compute_width`: bytes per value the batched decoder computes in when it is not the
     model's own (2 under bf16 mixed precision: the decoder reads a bf16 copy of the base model); `shared_prompts`: the
-    batched forward computes a prompt its rows share once (`rfopt.training.batched_step.shares_prompts`, on the CPU).
+    batched forward computes a prompt its rows share once (`rfopt.training.batched_step.shares_prompts`, on the CPU);
+    `on_cpu`: the gang trains on the CPU, whose heap keeps what a step freed (`GangMemory.kept`, `HEAP_KEEPS`).
 
     The base model: `model_bytes`. Per member: its LoRA weights (``r x in`` and ``out x r`` per adapted Linear) with
     their gradients and optimizer moments (`rfopt.training.quantization.adapter_bytes`: 16 bytes a weight in fp32 with
@@ -93,7 +108,8 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     tokens)`` bytes at 16 bits (Korthikanti et al.'s count for a transformer layer without recomputation), scaled to
     the model's width, and the LM head's logits with their gradient (``batch x tokens x vocab`` twice); with
     ``args.gradient_checkpointing`` (TRL's default), each layer's input and one layer's activations instead of every
-    layer's. And each member's in a batched step (`GangMemory.steps`, summed by ``GangMemory.need(n, batched=True)``):
+    layer's. On the CPU, that step once more where its hidden states (``rows x tokens x hidden``) are a size glibc's
+    heap serves and keeps (`HEAP_KEEPS`, `GangMemory.kept`): what the heap keeps of the steps before. And each member's in a batched step (`GangMemory.steps`, summed by ``GangMemory.need(n, batched=True)``):
     its rows at the gang's longest ``tokens``, every layer's activations (the batched view runs without gradient
     checkpointing), and what the batched view keeps beyond that where rows are padded: the keys and values repeated to
     every head, and the attention mask; and what its forward allocates beyond the graph's saved tensors at every Linear
@@ -169,12 +185,15 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
         sum((c.args.per_device_train_batch_size - p) * (longest - c.args.max_completion_length)
             for c, p in zip(configs, prompts_of))
         >= MIN_SHARED * longest * sum(c.args.per_device_train_batch_size for c in configs))
-    members, step, steps, decode = [], 0, [], []
+    members, step, kept, steps, decode = [], 0, 0, [], []
     for config, prompts in zip(configs, prompts_of):
         tokens = prompt_tokens + config.args.max_completion_length
         rows = config.args.per_device_train_batch_size
         members.append(adapter_bytes(_lora_tensors(model, config.peft_config), config))
-        step = max(step, step_bytes(rows, tokens, tokens, bool(config.args.gradient_checkpointing)))
+        own = step_bytes(rows, tokens, tokens, bool(config.args.gradient_checkpointing))
+        step = max(step, own)
+        if on_cpu and HEAP_KEEPS[0] <= rows * tokens * hidden * width <= HEAP_KEEPS[1]:  # a layer's hidden states
+            kept = max(kept, own)
         # the batched view keeps its activations (no gradient checkpointing), and a little more
         if shared:  # its prompt, left-padded to the gang's longest sequence, once per prompt
             steps.append(shared_step(rows, prompts, longest - config.args.max_completion_length, longest, tokens))
@@ -197,7 +216,7 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
         if decode_width != width and configs[0].quantization_config is None:
             decoder += sum(p.numel() for p in model.parameters()) * decode_width
     return GangMemory(base=base, members=tuple(members), step=step, decode=tuple(decode), decoder=decoder,
-                      steps=tuple(steps))
+                      steps=tuple(steps), kept=kept)
 
 
 def _lora_tensors(model: Any, peft_config: Any) -> list[int]:

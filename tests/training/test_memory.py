@@ -256,3 +256,49 @@ def test_a_batched_step_whose_rows_share_their_prompts_counts_each_prompt_once(t
     assert steps(2, True)[0] > grpo[0]  # two prompts in a batch of four: each once
     # No prompt shared by enough rows to pay for a second forward (a short prompt): as before.
     assert steps(4, True, prompt=2) == steps(4, False, prompt=2)
+
+
+# ---------------------------------------------------------------------- what the CPU's heap keeps
+def _hidden_states_bytes(tiny_model, config, prompt):
+    """One layer's hidden states in `config`'s step: rows x tokens x hidden x 4 bytes (the tiny model is float32)."""
+    from transformers import AutoConfig
+
+    tokens = prompt + config.args.max_completion_length
+    return config.args.per_device_train_batch_size * tokens * AutoConfig.from_pretrained(tiny_model).hidden_size * 4
+
+
+@pytest.mark.parametrize("completion", [4, 44, 16400], ids=["below-the-heap", "on-the-heap", "mapped-alone"])
+def test_a_sequential_gang_on_the_cpu_plans_what_the_heap_keeps_of_the_steps_before(tiny_model, completion):
+    """On the CPU, glibc's malloc serves a step's activations of 128 KiB to 32 MiB a tensor from its heap once the first
+    such block is freed, and keeps them: a gang whose members take their steps one after another is planned the
+    largest step's activations twice where its hidden states fall in that range (`HEAP_KEEPS`), once otherwise; off the
+    CPU, once. A batched gang's plan (every member's step at once) is unchanged."""
+    from rfopt.training.memory import HEAP_KEEPS
+
+    prompt = 20
+    configs = [trial_config(tiny_model, max_completion_length=completion, per_device_train_batch_size=16,
+                            num_generations=4, learning_rate=lr) for lr in (1e-3, 5e-3)]
+    off, on = (gang_memory(configs, prompt, on_cpu=cpu) for cpu in (False, True))
+    heap = HEAP_KEEPS[0] <= _hidden_states_bytes(tiny_model, configs[0], prompt) <= HEAP_KEEPS[1]
+    assert heap == (completion == 44)
+    assert off.kept == 0 and on.kept == (on.step if heap else 0)
+    for n in (1, 2):
+        assert on.need(n) - off.need(n) == on.kept
+    assert on.need(2, batched=True) == off.need(2, batched=True)
+    assert on.need(1, batched=True) == on.need(1)  # one member alone takes its own steps
+
+
+def test_a_pool_on_the_cpu_makes_a_sequential_gang_smaller_by_what_the_heap_keeps(tiny_model, monkeypatch):
+    """`ModelPool.gang_room` on the CPU plans with `GangMemory.kept`: memory that holds a gang's members stepping one
+    after another by the plan without it, and not with it, fits one member fewer."""
+    from rfopt.training.models import ROOM_MARGIN
+
+    configs = [trial_config(tiny_model, max_completion_length=44, per_device_train_batch_size=16, num_generations=4,
+                            learning_rate=lr) for lr in (1e-3, 5e-3)]
+    without = gang_memory(configs, 20, eval_rows=EVAL_ROWS).need(2) * ROOM_MARGIN
+    heap = gang_memory(configs, 20, eval_rows=EVAL_ROWS, on_cpu=True).need(2) * ROOM_MARGIN
+    assert heap > without
+    room = _pool_with_free(monkeypatch, (without + heap) / 2).gang_room(configs, 20, EVAL_ROWS)
+    assert (room.size, room.batched) == (1, False) and "training 1 at once" in room.message
+    room = _pool_with_free(monkeypatch, heap * 1.01).gang_room(configs, 20, EVAL_ROWS)
+    assert (room.size, room.message) == (2, None)
