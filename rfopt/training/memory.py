@@ -81,9 +81,9 @@ HEAP_KEEPS = (128 * 1024, 32 * 1024 * 1024)
 maps a block of 128 KiB or more on its own (and unmaps it when freed) until the first such block is freed, then raises
 this threshold to that block's size, up to 32 MiB (its dynamic mmap threshold). From then on a step's activations of
 these sizes come from the heap, which keeps them when they are freed and reuses them for the next step only in part:
-on SmolLM2 (hidden states of 1.4 MiB a layer) the resident set grew by 1.78, 1.99, 2.39, 2.83 GiB over the model after
-1, 2, 3, 4 members' steps whose activations were 0.87 GiB, and a sequential gang of 4 held 3.60 GiB against a plan of
-2.68 without this (BENCHMARKS.md, "The sequential gang's memory plan")."""
+on SmolLM2 (hidden states of 1.4 MiB a layer) the resident set stood 1.27, 1.50, 1.92, 2.34 GiB over the loaded model
+after 1, 2, 3, 4 members' steps that each peak at 0.87 GiB, and a sequential gang of 4 held 3.67 GiB against a plan of
+2.68 without this, 3.78 with it (BENCHMARKS.md, "The sequential gang's memory plan")."""
 
 SAMPLER_SCRATCH = 40
 """Bytes per row and vocabulary entry that one decode step holds at once beyond the model's own outputs: the float32
