@@ -5,13 +5,14 @@ counters); `UnitReport` is what one unit commits to storage (its value, metrics 
 runner produces both, the checkpoint store writes and reads them, the engine commits the report.
 They live here, below all three, so that none of them imports another for its types.
 
-`to_tensors` lays a `TrialSnapshot` out as a checkpoint stores it (its tensors for ``tensors.safetensors``, the rest
+`on_cpu` brings its tensors to the CPU (before a thread writes them); `to_tensors` lays a `TrialSnapshot` out as a checkpoint stores it (its tensors for ``tensors.safetensors``, the rest
 for ``state.json``); `from_tensors` reads it back, bit for bit (a bitsandbytes 8-bit optimizer's quantized state,
 nested in its state dict, included).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,28 @@ class TrialSnapshot:
     optimizer: dict[str, Any] | None
     scheduler: dict[str, Any] | None
     rng: RngState | None
+
+
+def on_cpu(state: TrialSnapshot) -> TrialSnapshot:
+    """`state` with its weights' and optimizer's tensors on the CPU: copies of those elsewhere, those on the CPU as
+    they are, and a tensor held by several entries (bitsandbytes' quantization maps) still one. What a thread may write
+    while the device goes on working: a copy off a GPU made from another thread waits on the device's queue, and while
+    the main thread captures a CUDA graph (the batched decoder does, in an evaluation) it is an error."""
+    import torch
+
+    copies: dict[int, Any] = {}
+
+    def cpu(value: Any) -> Any:
+        if torch.is_tensor(value):
+            if id(value) not in copies:
+                copies[id(value)] = value.detach().cpu()
+            return copies[id(value)]
+        if isinstance(value, dict):
+            return {key: cpu(inner) for key, inner in value.items()}
+        return value
+
+    optimizer = None if state.optimizer is None else {**state.optimizer, "state": cpu(state.optimizer["state"])}
+    return dataclasses.replace(state, weights=cpu(state.weights), optimizer=optimizer)
 
 
 @dataclass

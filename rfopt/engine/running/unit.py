@@ -47,7 +47,7 @@ from rfopt.storage import schema
 from rfopt.storage.checkpoints import CheckpointStore, Staged
 from rfopt.storage.crashpoints import reach
 from rfopt.storage.schema import TrialRecord, TrialRef
-from rfopt.storage.state import TrialSnapshot, UnitReport
+from rfopt.storage.state import TrialSnapshot, UnitReport, on_cpu
 from rfopt.training.evaluation import EvalResult, evaluate_runners
 from rfopt.training.gang import Gang, GangMember
 from rfopt.training.models import ModelPool, adapter_name
@@ -453,9 +453,12 @@ class _Staging:
     written by a thread of their own while the main thread evaluates the units; what the evaluation gives, the report,
     is added afterwards (`_save`), and only then is a checkpoint published, named and its unit committed, as before.
 
-    Each member's state is taken here, on the calling thread, right after its chunk: the evaluation changes nothing
-    in it (its weights are copies, its RNG states were taken at the chunk's last step, no optimizer steps until the
-    next chunk; tests/training/test_gang.py::test_an_evaluation_changes_nothing_in_the_state_a_checkpoint_stores), so the files are those a save after the evaluation would write."""
+    Each member's state is taken here, on the calling thread, right after its chunk, and copied to the CPU here
+    (`on_cpu`: the thread does no device work, which would wait on the evaluation's queue or break its CUDA graph
+    capture). The evaluation changes nothing in it (its weights are copies, its RNG states were taken at the chunk's
+    last step, no optimizer steps until the next chunk: tests/training/test_gang.py::
+    test_an_evaluation_changes_nothing_in_the_state_a_checkpoint_stores), so the files are those a save after the
+    evaluation would write."""
 
     def __init__(self, store: CheckpointStore, trained: list[_Trained]) -> None:
         self._store = store
@@ -463,7 +466,7 @@ class _Staging:
         states: list[tuple[int, TrialSnapshot]] = []
         for t in trained:
             try:
-                states.append((t.live.number, t.live.runner.state()))
+                states.append((t.live.number, on_cpu(t.live.runner.state())))  # no device work in the thread
             except Exception as exc:  # noqa: BLE001 - its state cannot be read: it fails alone, at its save
                 self._results[t.live.number] = exc
         self._thread = threading.Thread(target=self._write, args=(states,), name="rfopt-checkpoint-staging",
