@@ -20,8 +20,8 @@ Layout under the store's root (a local directory, or an fsspec URL such as ``s3:
     gangs/<id>.json            while a gang's units are being named: which checkpoint each member's LATEST names
 
 A checkpoint's files are first written to a local staging directory (the state's files while its unit is being
-evaluated, `stage`; the unit's report after), then published, and only then named in ``LATEST``; older checkpoints are removed after that. ``LATEST`` is the commit point. In a
-local directory, publishing is fsync and rename, and ``LATEST`` is replaced by rename. In an object
+evaluated, `stage`; the unit's report after), then published, and only then named in ``LATEST``; older checkpoints
+are removed after that. ``LATEST`` is the commit point. In a local directory, publishing is fsync and rename, and ``LATEST`` is replaced by rename. In an object
 store (no directory rename there), every file of the checkpoint is uploaded first and ``LATEST`` is
 then written as one object, which S3 and GCS replace atomically. A crash at any moment leaves the
 previous checkpoint intact and named; a failed write (a full disk, a refused upload) raises

@@ -132,9 +132,7 @@ class _LocalFiles:
                 _fsync_file(path)
 
     def publish(self, staged: Path, key: str) -> None:
-        for path in staged.rglob("*"):
-            if path.is_file():
-                _fsync_file(path)
+        self.flush(staged)
         target = self.root / key
         if target.exists():
             shutil.rmtree(target)

@@ -5,9 +5,9 @@ counters); `UnitReport` is what one unit commits to storage (its value, metrics 
 runner produces both, the checkpoint store writes and reads them, the engine commits the report.
 They live here, below all three, so that none of them imports another for its types.
 
-`on_cpu` brings its tensors to the CPU (before a thread writes them); `to_tensors` lays a `TrialSnapshot` out as a checkpoint stores it (its tensors for ``tensors.safetensors``, the rest
-for ``state.json``); `from_tensors` reads it back, bit for bit (a bitsandbytes 8-bit optimizer's quantized state,
-nested in its state dict, included).
+`on_cpu` brings its tensors to the CPU (before a thread writes them); `to_tensors` lays a `TrialSnapshot` out as a
+checkpoint stores it (its tensors for ``tensors.safetensors``, the rest for ``state.json``); `from_tensors` reads it
+back, bit for bit (a bitsandbytes 8-bit optimizer's quantized state, nested in its state dict, included).
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ def gang_memory(configs: list[TrialConfig], prompt_tokens: int, *, eval_rows: in
     the model's width, and the LM head's logits with their gradient (``batch x tokens x vocab`` twice); with
     ``args.gradient_checkpointing`` (TRL's default), each layer's input and one layer's activations instead of every
     layer's. On the CPU, that step once more where its hidden states (``rows x tokens x hidden``) are a size glibc's
-    heap serves and keeps (`HEAP_KEEPS`, `GangMemory.kept`): what the heap keeps of the steps before. And each member's in a batched step (`GangMemory.steps`, summed by ``GangMemory.need(n, batched=True)``):
+    heap serves and keeps (`HEAP_KEEPS`, `GangMemory.kept`): what the heap keeps of the steps before. And each
+    member's in a batched step (`GangMemory.steps`, summed by ``GangMemory.need(n, batched=True)``):
     its rows at the gang's longest ``tokens``, every layer's activations (the batched view runs without gradient
     checkpointing), and what the batched view keeps beyond that where rows are padded: the keys and values repeated to
     every head, and the attention mask; and what its forward allocates beyond the graph's saved tensors at every Linear

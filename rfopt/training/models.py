@@ -230,8 +230,6 @@ class ModelPool:
         not counted again. `batched`: the gang would take one batched training step (every member's activations at
         once, `GangMemory.need`); where that does not fit but the members' steps one after another would fit more of
         them, the room says so: the gang trains sequentially (``batched=False``), rather than smaller."""
-        import torch
-
         dtype = self.placement.compute_dtype()
         width = None if dtype is None else dtype.itemsize
         key = (tuple(map(id, configs)), prompt_tokens, eval_rows, width)
@@ -240,7 +238,7 @@ class ModelPool:
             # The configs are held beside their estimate, so that their ids name them while it is kept.
             held = self._estimates[key] = (list(configs), gang_memory(
                 configs, prompt_tokens, eval_rows=eval_rows, compute_width=width,
-                shared_prompts=shares_prompts(self.device), on_cpu=torch.device(self.device).type == "cpu"))
+                shared_prompts=shares_prompts(self.device), on_cpu=self.placement.use_cpu))
         estimate = held[1]
         free = free_bytes(self.device)
         if estimate is None or free is None:

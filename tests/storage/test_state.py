@@ -11,7 +11,8 @@ def test_a_snapshot_brought_to_the_cpu_keeps_its_values_and_a_tensor_held_twice_
     so the checkpoint's files are those of the snapshot itself."""
     shared = torch.linspace(-1, 1, 256)
     state = TrialSnapshot(
-        units_done=2, global_step=8, tokens_seen=100, weights={"lora_A": torch.randn(4, 8), "lora_B": torch.zeros(8, 4)},
+        units_done=2, global_step=8, tokens_seen=100,
+        weights={"lora_A": torch.randn(4, 8), "lora_B": torch.zeros(8, 4)},
         optimizer={"state": {0: {"step": torch.tensor(8.0), "exp_avg": torch.randn(4, 8), "qmap1": shared,
                                  "nested": {"qmap2": shared, "absmax": torch.rand(2)}}},
                    "param_groups": [{"lr": 1e-3, "params": [0]}]},
