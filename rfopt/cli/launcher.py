@@ -92,11 +92,15 @@ def end_with_parent(parent: int) -> None:
     import threading
     import time
 
+    from rfopt.engine.running.interrupts import remember_in_this_process
+
     def interrupt() -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
-    # A Ctrl-C ends the worker even where it was started with SIGINT ignored (a shell's background job).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A Ctrl-C ends the worker even where it was started with SIGINT ignored (a shell's background job), and one that
+    # comes while it loads (the parent died early), whose KeyboardInterrupt a library's `__del__` may swallow, still
+    # stops it before its first unit.
+    remember_in_this_process()
     if sys.platform.startswith("linux"):
         import ctypes
 

@@ -58,7 +58,7 @@ LAYERS = {
     "engine.trials": [{"ops"}, {"clones"}, {"population", "replicates"}, {"__init__"}],
     "engine.outputs": [{"best", "artifacts", "baselines"}, {"__init__"}],
     "engine.planning": [{"scheduler"}, {"plan"}, {"request"}, {"checks"}, {"__init__"}],
-    "engine.running": [{"unit"}, {"coordinator", "roster"}, {"driver"}, {"run"}, {"__init__"}],
+    "engine.running": [{"unit", "interrupts"}, {"coordinator", "roster"}, {"driver"}, {"run"}, {"__init__"}],
     "engine.cluster": [{"ray_worker"}, {"ray_cluster"}, {"__init__"}],
     "dashboard": [{"access", "actions", "views", "markup"}, {"leaderboard", "samples"}, {"pages"}, {"routes"},
                   {"server"}, {"__init__"}],

@@ -102,22 +102,25 @@ def test_progress_is_written_when_a_unit_starts_after_its_first_step_then_at_mos
     writes: list[ProgressRecord] = []
     monkeypatch.setattr(rfopt.training.progress, "write_progress",
                         lambda ref, record: (writes.append(record), schema.write_progress(ref, record)))
+    # A step every 1000 s of the fake clock: a throttled write's timer (it waits the rest of the interval in real
+    # seconds) never fires while the test runs, however slowly it runs.
     publisher = ProgressPublisher(_ref(study, study.trials[1]), unit=1, num_units=2, steps=8, listeners=[heard.append],
-                                  interval=3.0, clock=clock)
+                                  interval=3000.0, clock=clock)
     publisher.loading()
     for step in range(1, 9):
-        clock.now += 1.0  # a step a second
-        publisher.step(StepDone(step=step, steps=8, global_step=8 + step, seconds=float(step),
+        clock.now += 1000.0
+        publisher.step(StepDone(step=step, steps=8, global_step=8 + step, seconds=1000.0 * step,
                                 logs={"step": 8 + step, "reward": 0.1 * step}))
     publisher.evaluating()
-    # Written: loading, step 1, then steps 4 and 7 (3 s apart), then evaluating: 5 writes for 8 steps.
+    # Written: loading, step 1, then steps 4 and 7 (3000 s apart), then evaluating: 5 writes for 8 steps.
     assert [(w.phase, w.step) for w in writes] == [("loading", 0), ("training", 1), ("training", 4),
                                                     ("training", 7), ("evaluating", 8)]
     assert [(e.phase, e.step) for e in heard] == [("loading", 0)] + [("training", s) for s in range(1, 9)] + [
         ("evaluating", 8)]  # listeners hear every step
     last = TrialRecord(study.trials[1]).progress
-    assert last == writes[-1] and last.step_seconds == 1.0 and last.started == 100.0 and last.updated == 108.0
-    assert [w.stepped for w in writes] == [100.0, 101.0, 104.0, 107.0, 108.0]  # when each step ended (or phase began)
+    assert last == writes[-1] and last.step_seconds == 1000.0 and last.started == 100.0 and last.updated == 8100.0
+    # When each step ended (or phase began).
+    assert [w.stepped for w in writes] == [100.0, 1100.0, 4100.0, 7100.0, 8100.0]
     assert [r["reward"] for r in last.step_logs()] == pytest.approx([0.1 * s for s in range(1, 9)])
     assert last.holder and last.gang == ()
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable
 
@@ -36,32 +34,10 @@ from rfopt.training.gang import DEFAULT_GANG_TRAINING
 
 from rfopt.engine.planning.plan import Planner
 
+from .interrupts import remembered
 from .roster import Roster, RunProgress
 
 logger = logging.getLogger("rfopt")
-
-
-@contextlib.contextmanager
-def _interrupts():
-    """Remember every SIGINT while the loop runs. Python raises a Ctrl-C's KeyboardInterrupt wherever the main thread
-    is, and where that is a weakref callback or a ``__del__`` (as garbage collection inside torch or sqlite runs them)
-    it only prints "Exception ignored" and goes on: the study would run to its end. The remembered signal stops the
-    loop before its next unit. Off the main thread, or with a handler of the caller's own, nothing changes."""
-    seen = threading.Event()
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield seen
-        return
-
-    def handler(signum, frame):
-        seen.set()
-        signal.default_int_handler(signum, frame)
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def drive(  # noqa: C901 - one round of the loop, in the order the module docstring gives
@@ -80,9 +56,9 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
     study = roster.study
     started = time.time()
     planner = Planner(gang_size, roster.rollout_refusal, gang_training)  # who trains together, on which backend (`rfopt.engine.planning.plan`)
-    with compat.optimize_loop(study), _interrupts() as interrupted:  # study.stop() stops asking, as in Study.optimize
+    with compat.optimize_loop(study), remembered() as interrupted:  # study.stop() stops asking, as in Study.optimize
         while True:
-            if interrupted.is_set():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (see `_interrupts`)
+            if interrupted():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (`rfopt.engine.running.interrupts`)
                 raise KeyboardInterrupt
             if deadline is not None and time.monotonic() >= deadline:
                 logger.info("timeout: no unit starts after it; the live trials stay resumable")

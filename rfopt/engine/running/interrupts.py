@@ -1,0 +1,60 @@
+"""Ctrl-Cs remembered. Python raises a SIGINT's KeyboardInterrupt wherever the main thread is, and where that is a
+weakref callback or a ``__del__`` (as garbage collection inside torch, sqlite or regex runs them) it only prints
+"Exception ignored" and goes on: the study would run to its end. `remembered` keeps every SIGINT that comes while the
+loop runs (`rfopt.engine.running.driver` stops before its next unit); a process that must stop at any SIGINT, however
+early (a worker process ending with the ``rfopt worker --devices`` process that started it: Linux interrupts it while
+it may still be loading), calls `remember_in_this_process` first, and the loop then also stops for one that came
+before it started."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+_HEARD = threading.Event()
+"""A SIGINT came to this process since `remember_in_this_process`."""
+
+
+def _remember(signum: int, frame: object) -> None:
+    _HEARD.set()
+    signal.default_int_handler(signum, frame)
+
+
+def remember_in_this_process() -> None:
+    """From now on, until this process ends, remember every SIGINT (a Ctrl-C still raises KeyboardInterrupt at once):
+    a run started later stops before its first unit if one came, even one whose KeyboardInterrupt was swallowed.
+    Call it on the main thread."""
+    signal.signal(signal.SIGINT, _remember)
+
+
+@contextlib.contextmanager
+def remembered() -> Iterator[Callable[[], bool]]:
+    """While the block runs, remember every SIGINT; yields whether one came (since the block started, or in a
+    process that remembers them, since `remember_in_this_process`). Off the main thread, or with a handler of the
+    caller's own, nothing changes and the answer is always no."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    current = signal.getsignal(signal.SIGINT)
+    if current is _remember:
+        yield _HEARD.is_set
+        return
+    if current is not signal.default_int_handler:
+        yield lambda: False
+        return
+    heard = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        heard.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield heard.is_set
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+__all__ = ["remember_in_this_process", "remembered"]
