@@ -28,13 +28,15 @@ def _ctrl_c_swallowed():
 
 @pytest.fixture
 def swallowed(monkeypatch):
-    """The KeyboardInterrupts Python swallowed ("Exception ignored") during the test; the SIGINT handler and what
-    this process remembers are restored after it."""
+    """The KeyboardInterrupts Python swallowed ("Exception ignored") during the test, which runs with Python's own
+    SIGINT handler, as from a terminal (a suite run as a shell's background job has SIGINT ignored); the handler and
+    what this process remembers are restored after it."""
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable.exc_type))
     monkeypatch.setattr(interrupts, "_HEARD", threading.Event())
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield seen
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, before)
 
 
 def _optimize(study, tiny_model, **kwargs):
