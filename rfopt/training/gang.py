@@ -78,7 +78,7 @@ DEFAULT_GANG_SIZE = 4
 (BENCHMARKS.md, "Gangs"). Memory planning trains fewer at once where the device is short (`rfopt.training.memory.gang_memory`);
 ``gang_size=1`` trains one trial at a time, bit for bit as plain TRL."""
 
-GANG_TRAINING = ("sequential", "batched")
+GANG_TRAINING = ("batched", "sequential")
 """How a gang's members run their training steps (see the module docstring): each its own, or one batched forward and
 backward for all."""
 

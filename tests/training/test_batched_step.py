@@ -418,7 +418,7 @@ def test_gang_training_is_checked_before_anything_trains(tiny_model, tmp_path, c
 
     study = rfopt.create_study(study_name="mode", storage=f"sqlite:///{tmp_path / 'mode.db'}",
                                checkpoint_dir=tmp_path / "ck")
-    with pytest.raises(ValueError, match="gang_training='fast': give one of 'sequential', 'batched'"):
+    with pytest.raises(ValueError, match="gang_training='fast': give one of 'batched', 'sequential'"):
         study.optimize([trial_config(tiny_model)], prompts_dataset(8), prompts_dataset(2), gang_training="fast")
     assert study.trials == []
     with pytest.raises(SystemExit) as exit_:

@@ -446,7 +446,7 @@ class Roster:
         """Live trials that hold a slot: paused ones free theirs."""
         return sum(not live.paused for live in self.live.values())
 
-    def fit_gang(self, picks: list[int], training: str = SEQUENTIAL) -> tuple[list[int], str]:
+    def fit_gang(self, picks: list[int], training: str) -> tuple[list[int], str]:
         """The first of `picks` (a gang's trial numbers) that fit in the device's memory, and how they train
         (`ModelPool.gang_room`): a gang planned to take a batched step (`training`, `UnitPlan.training`) that does not
         fit in memory but fits taking its members' steps one after another trains so, rather than smaller. Says once
