@@ -80,6 +80,29 @@ def test_a_ctrl_c_swallowed_before_a_study_runs_stops_it_only_in_a_process_that_
     assert [t.state for t in study.optuna.trials] == [optuna.trial.TrialState.WAITING] * 2
 
 
+def test_a_unit_that_fails_after_a_ctrl_c_fails_no_trial_the_run_stops_every_trial_resumable(
+        scripted, tiny_model, storage, swallowed, monkeypatch):
+    """A Ctrl-C landing inside torch's context managers can surface as their own error ("trying to pop from empty
+    mode stack", seen in a worker killed with its starter): not the trial's failure."""
+    from rfopt.engine.running import unit
+
+    evaluate = unit.evaluate_runners
+
+    def evaluate_broken_by_a_ctrl_c(backend, runners, *args, **kwargs):
+        results = evaluate(backend, runners, *args, **kwargs)
+        if runners[0].units_done == 2:
+            _ctrl_c_swallowed()
+            results[-1] = RuntimeError("trying to pop from empty mode stack")
+        return results
+
+    monkeypatch.setattr(unit, "evaluate_runners", evaluate_broken_by_a_ctrl_c)
+    study = rfopt.create_study(study_name="torn", storage=storage)
+    with pytest.raises(KeyboardInterrupt):
+        _optimize(study, tiny_model)
+    assert swallowed == [KeyboardInterrupt]
+    assert [t.state for t in study.optuna.trials] == [optuna.trial.TrialState.RUNNING] * 2  # none FAIL
+
+
 @pytest.mark.subprocess
 def test_a_worker_process_that_ends_with_its_starter_remembers_a_ctrl_c_from_its_start(tmp_path):
     """Linux interrupts the worker when its starter dies (PR_SET_PDEATHSIG), perhaps while it loads; once

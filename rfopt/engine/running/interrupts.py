@@ -4,7 +4,8 @@ weakref callback or a ``__del__`` (as garbage collection inside torch, sqlite or
 loop runs (`rfopt.engine.running.driver` stops before its next unit); a process that must stop at any SIGINT, however
 early (a worker process ending with the ``rfopt worker --devices`` process that started it: Linux interrupts it while
 it may still be loading), calls `remember_in_this_process` first, and the loop then also stops for one that came
-before it started."""
+before it started. A unit that fails once one came (`heard`) fails no trial: the run stops, every trial resumable (a
+KeyboardInterrupt raised inside torch's context managers can surface as another error)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from collections.abc import Callable, Iterator
 
 _HEARD = threading.Event()
 """A SIGINT came to this process since `remember_in_this_process`."""
+
+_heard_now: Callable[[], bool] = lambda: False  # noqa: E731 - what the `remembered` block running now yields
 
 
 def _remember(signum: int, frame: object) -> None:
@@ -39,22 +42,41 @@ def remembered() -> Iterator[Callable[[], bool]]:
         return
     current = signal.getsignal(signal.SIGINT)
     if current is _remember:
-        yield _HEARD.is_set
+        with _answering(_HEARD.is_set):
+            yield _HEARD.is_set
         return
     if current is not signal.default_int_handler:
         yield lambda: False
         return
-    heard = threading.Event()
+    seen = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
-        heard.set()
+        seen.set()
         signal.default_int_handler(signum, frame)
 
     signal.signal(signal.SIGINT, handler)
     try:
-        yield heard.is_set
+        with _answering(seen.is_set):
+            yield seen.is_set
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-__all__ = ["remember_in_this_process", "remembered"]
+@contextlib.contextmanager
+def _answering(answer: Callable[[], bool]) -> Iterator[None]:
+    global _heard_now
+    before, _heard_now = _heard_now, answer
+    try:
+        yield
+    finally:
+        _heard_now = before
+
+
+def heard() -> bool:
+    """Whether a SIGINT came while the `remembered` block running now runs (or, in a process that remembers them, since
+    `remember_in_this_process`). A failure then may be the Ctrl-C's doing, not a trial's: a KeyboardInterrupt raised
+    inside torch's context managers can surface as their RuntimeError ("trying to pop from empty mode stack")."""
+    return _heard_now()
+
+
+__all__ = ["heard", "remember_in_this_process", "remembered"]

@@ -50,7 +50,7 @@ from rfopt.engine.planning.scheduler import completed_rungs
 from rfopt.engine.trials import ops
 from rfopt.engine.trials.population import PopulationRungs
 
-from . import unit
+from . import interrupts, unit
 from .unit import Claim, Context, Live
 
 logger = logging.getLogger("rfopt")
@@ -372,6 +372,8 @@ class Roster:
                            "further here", live.number, told or "ended outside this process", live.committed + 1)
             self._drop(live.number)
             return
+        if interrupts.heard():  # a Ctrl-C came meanwhile, and may be what failed: the run stops, the trial resumable
+            raise KeyboardInterrupt from error
         try:
             claim.fence_finish(live.number)
         except LeaseLost:
