@@ -110,7 +110,7 @@ def test_a_worker_process_that_ends_with_its_starter_remembers_a_ctrl_c_from_its
     script = """if True:
         import os, signal
         from rfopt.cli.launcher import end_with_parent
-        from rfopt.engine.running.interrupts import remembered
+        from rfopt.engine.running.interrupts import heard, remembered
 
         end_with_parent(os.getppid())
 
@@ -119,7 +119,7 @@ def test_a_worker_process_that_ends_with_its_starter_remembers_a_ctrl_c_from_its
                 os.kill(os.getpid(), signal.SIGINT)
 
         Swallows()
-        with remembered() as heard:
+        with remembered():
             print("heard" if heard() else "not heard", flush=True)
     """
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,

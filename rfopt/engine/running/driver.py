@@ -34,7 +34,7 @@ from rfopt.training.gang import DEFAULT_GANG_TRAINING
 
 from rfopt.engine.planning.plan import Planner
 
-from .interrupts import remembered
+from .interrupts import heard, remembered
 from .roster import Roster, RunProgress
 
 logger = logging.getLogger("rfopt")
@@ -56,9 +56,9 @@ def drive(  # noqa: C901 - one round of the loop, in the order the module docstr
     study = roster.study
     started = time.time()
     planner = Planner(gang_size, roster.rollout_refusal, gang_training)  # who trains together, on which backend (`rfopt.engine.planning.plan`)
-    with compat.optimize_loop(study), remembered() as interrupted:  # study.stop() stops asking, as in Study.optimize
+    with compat.optimize_loop(study), remembered():  # study.stop() stops asking, as in Study.optimize
         while True:
-            if interrupted():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (`rfopt.engine.running.interrupts`)
+            if heard():  # a Ctrl-C whose KeyboardInterrupt Python swallowed (`rfopt.engine.running.interrupts`)
                 raise KeyboardInterrupt
             if deadline is not None and time.monotonic() >= deadline:
                 logger.info("timeout: no unit starts after it; the live trials stay resumable")

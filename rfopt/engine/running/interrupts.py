@@ -1,7 +1,7 @@
 """Ctrl-Cs remembered. Python raises a SIGINT's KeyboardInterrupt wherever the main thread is, and where that is a
 weakref callback or a ``__del__`` (as garbage collection inside torch, sqlite or regex runs them) it only prints
 "Exception ignored" and goes on: the study would run to its end. `remembered` keeps every SIGINT that comes while the
-loop runs (`rfopt.engine.running.driver` stops before its next unit); a process that must stop at any SIGINT, however
+loop runs (`heard`: `rfopt.engine.running.driver` stops before its next unit); a process that must stop at any SIGINT, however
 early (a worker process ending with the ``rfopt worker --devices`` process that started it: Linux interrupts it while
 it may still be loading), calls `remember_in_this_process` first, and the loop then also stops for one that came
 before it started. A unit that fails once one came (`heard`) fails no trial: the run stops, every trial resumable (a
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 _HEARD = threading.Event()
 """A SIGINT came to this process since `remember_in_this_process`."""
 
-_heard_now: Callable[[], bool] = lambda: False  # noqa: E731 - what the `remembered` block running now yields
+_heard_now: Callable[[], bool] = lambda: False  # noqa: E731 - what `heard` asks: the `remembered` block's
 
 
 def _remember(signum: int, frame: object) -> None:
@@ -33,43 +33,33 @@ def remember_in_this_process() -> None:
 
 
 @contextlib.contextmanager
-def remembered() -> Iterator[Callable[[], bool]]:
-    """While the block runs, remember every SIGINT; yields whether one came (since the block started, or in a
+def remembered() -> Iterator[None]:
+    """While the block runs, remember every SIGINT: `heard` says whether one came (since the block started, or in a
     process that remembers them, since `remember_in_this_process`). Off the main thread, or with a handler of the
-    caller's own, nothing changes and the answer is always no."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    current = signal.getsignal(signal.SIGINT)
-    if current is _remember:
-        with _answering(_HEARD.is_set):
-            yield _HEARD.is_set
-        return
-    if current is not signal.default_int_handler:
-        yield lambda: False
-        return
-    seen = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        seen.set()
-        signal.default_int_handler(signum, frame)
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        with _answering(seen.is_set):
-            yield seen.is_set
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@contextlib.contextmanager
-def _answering(answer: Callable[[], bool]) -> Iterator[None]:
+    caller's own, nothing changes (`heard` answers as it did before the block: no, outside any)."""
     global _heard_now
+    current = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if current is _remember:
+        answer = _HEARD.is_set
+    elif current is signal.default_int_handler:
+        seen = threading.Event()
+
+        def handler(signum: int, frame: object) -> None:
+            seen.set()
+            signal.default_int_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, handler)
+        answer = seen.is_set
+    else:
+        yield
+        return
     before, _heard_now = _heard_now, answer
     try:
         yield
     finally:
         _heard_now = before
+        if current is signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def heard() -> bool:
